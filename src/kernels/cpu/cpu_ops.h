@@ -1,0 +1,14 @@
+// Fast CPU kernels: oneDNN GEMMs and OpenMP loops. Same list and semantics as kernels/ref.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace moe::cpu {
+#define MOE_OP(name, params, args) void name params;
+#include "kernels/op_list.inc"
+#undef MOE_OP
+
+// Threads used by the CPU kernels (OpenMP), and how many the machine offers.
+void set_num_threads(int n);
+int num_threads();
+}  // namespace moe::cpu

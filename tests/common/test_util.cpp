@@ -1,0 +1,103 @@
+#include "common/test_util.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "core/rng.h"
+
+namespace moe::test {
+
+uint64_t test_seed() {
+  static uint64_t seed = [] {
+    if (const char* s = std::getenv("MOE_TEST_SEED")) return static_cast<uint64_t>(std::strtoull(s, nullptr, 10));
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ static_cast<uint64_t>(rd());
+  }();
+  return seed;
+}
+
+double get(const Tensor& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::kF32: return static_cast<const float*>(t.data)[i];
+    case DType::kF64: return static_cast<const double*>(t.data)[i];
+    case DType::kBF16: return static_cast<float>(static_cast<const bf16*>(t.data)[i]);
+    case DType::kI32: return static_cast<const int32_t*>(t.data)[i];
+  }
+  return 0;
+}
+
+void set(const Tensor& t, int64_t i, double value) {
+  switch (t.dtype) {
+    case DType::kF32: static_cast<float*>(t.data)[i] = static_cast<float>(value); break;
+    case DType::kF64: static_cast<double*>(t.data)[i] = value; break;
+    case DType::kBF16: static_cast<bf16*>(t.data)[i] = bf16(static_cast<float>(value)); break;
+    case DType::kI32: static_cast<int32_t*>(t.data)[i] = static_cast<int32_t>(value); break;
+  }
+}
+
+void fill_uniform(const Tensor& t, uint64_t seed, uint64_t salt, double lo, double hi) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    set(t, i, lo + (hi - lo) * random_uniform(seed, 1000 + salt, static_cast<uint64_t>(i)));
+}
+
+void fill_ids(const Tensor& t, uint64_t seed, uint64_t salt, int32_t n) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    int32_t v = static_cast<int32_t>(random_uniform(seed, 2000 + salt, static_cast<uint64_t>(i)) * n);
+    set(t, i, v < n ? v : n - 1);
+  }
+}
+
+void poison(const Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    set(t, i, t.dtype == DType::kI32 ? std::numeric_limits<int32_t>::min()
+                                     : std::numeric_limits<double>::quiet_NaN());
+}
+
+void copy_tensor(const Tensor& src, const Tensor& dst) {
+  MOE_CHECK(src.numel() == dst.numel(), "copy_tensor: sizes differ");
+  if (src.dtype == dst.dtype) {
+    std::memcpy(dst.data, src.data, src.nbytes());
+    return;
+  }
+  for (int64_t i = 0; i < src.numel(); ++i) set(dst, i, get(src, i));
+}
+
+OwnedTensor clone(const Tensor& src, DType dtype) {
+  OwnedTensor out(dtype, {1});
+  out.t = src;
+  out.t.dtype = dtype;
+  out.buffer = Buffer(out.t.nbytes());
+  out.t.data = out.buffer.data();
+  copy_tensor(src, out.t);
+  return out;
+}
+
+OwnedTensor clone(const Tensor& src) { return clone(src, src.dtype); }
+
+std::vector<double> to_vector(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = get(t, i);
+  return v;
+}
+
+double rel_error(const Tensor& a, const Tensor& b) {
+  MOE_CHECK(a.numel() == b.numel(), "rel_error: sizes differ ", a.shape_str(), " vs ", b.shape_str());
+  double max_diff = 0, max_ref = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double x = get(a, i), y = get(b, i);
+    if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<double>::infinity();
+    max_diff = std::max(max_diff, std::fabs(x - y));
+    max_ref = std::max(max_ref, std::fabs(y));
+  }
+  if (max_ref == 0) return max_diff;
+  return max_diff / max_ref;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data, b.data, a.nbytes()) == 0;
+}
+
+}  // namespace moe::test

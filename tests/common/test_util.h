@@ -1,0 +1,37 @@
+// Shared test helpers: owned random tensors, poisoning, and the error measure every test uses,
+// max|a - b| / max|b| over a tensor.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "core/buffer.h"
+#include "core/tensor.h"
+
+namespace moe::test {
+
+// Seed for random test inputs: MOE_TEST_SEED if set, else fresh each run. Printed on failure
+// by the tests through SCOPED_TRACE so a failure can be replayed.
+uint64_t test_seed();
+
+// Uniform in [lo, hi) from a counter-based RNG keyed by (seed, salt).
+void fill_uniform(const Tensor& t, uint64_t seed, uint64_t salt, double lo = -1.0, double hi = 1.0);
+// Ids uniform in [0, n).
+void fill_ids(const Tensor& t, uint64_t seed, uint64_t salt, int32_t n);
+// NaN for floats, INT32_MIN for ints: an output a kernel forgets to write is caught.
+void poison(const Tensor& t);
+// Elementwise copy between float dtypes (f64 <-> f32 <-> bf16), or identical i32.
+void copy_tensor(const Tensor& src, const Tensor& dst);
+OwnedTensor clone(const Tensor& src, DType dtype);
+OwnedTensor clone(const Tensor& src);
+std::vector<double> to_vector(const Tensor& t);
+// max|a-b| / max|b| (b is the reference); NaN anywhere gives +inf.
+double rel_error(const Tensor& a, const Tensor& b);
+bool bitwise_equal(const Tensor& a, const Tensor& b);
+double get(const Tensor& t, int64_t i);
+void set(const Tensor& t, int64_t i, double value);
+
+}  // namespace moe::test
