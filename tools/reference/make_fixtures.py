@@ -1,0 +1,1019 @@
+#!/usr/bin/env python
+"""Writes the golden fixtures tests/golden/<name>.safetensors (see tools/reference/README.md).
+
+Sources of truth:
+- OLMoE configurations (pre-norm, qk_norm "full", softmax, no dense layers, no shared expert):
+  logits and gradients from transformers' OlmoeForCausalLM (float64), cross-entropy from
+  transformers' own `fixed_cross_entropy` (sum / num_items_in_batch), load-balancing and router
+  z-losses from ai2-olmo-core's `olmo_core.nn.moe.loss` functions applied to the HF router logits,
+  all backpropagated through the HF model. The 10 training steps also run on the HF model.
+- Other configurations: the plain module tools/reference/moe_reference.py (which reproduces
+  OlmoeForCausalLM in the OLMoE configuration; the difference is recorded in every fixture),
+  with the same olmo-core loss functions.
+The training loop (micro-batches, accumulation, torch.nn.utils.clip_grad_norm_, MODEL.md's LR
+schedule, torch.optim.AdamW with weight-decay groups, loss-free bias update) is in this script.
+
+Usage: /path/to/venv/bin/python tools/reference/make_fixtures.py [--only NAME ...] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import struct
+import sys
+from collections import OrderedDict
+from dataclasses import asdict
+from importlib.metadata import version as pkg_version
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import moe_reference as R  # noqa: E402
+
+F64 = torch.float64
+torch.set_num_threads(1)  # bitwise-repeatable regeneration
+torch.set_default_dtype(F64)
+
+# Hard requirements of the brief.
+GAP_STEP0_MIN = 1e-3  # K-th vs (K+1)-th selection score at step 0
+GAP_ALL_MIN = 1e-9  # over all 10 steps
+GAP_REDRAW_TARGET = 2e-3  # embedding rows of tokens closer than this are redrawn (margin)
+
+
+# =========================================================================== configurations
+def olmoe_model(**kw):
+    m = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+             norm_eps=1e-5, norm_placement="pre", tie_embeddings=False, rope_theta=10000.0,
+             qk_norm="full", n_dense_layers=0, dense_hidden=0, num_experts=8, top_k=2,
+             expert_hidden=16, score_func="softmax", norm_topk_prob=False, shared_hidden=0,
+             shared_merge="sum", routing="learned", router_bias_gamma=0.0, init_std=0.02)
+    m.update(kw)
+    return R.ModelConfig(**m)
+
+
+def optim(**kw):
+    o = dict(lr=3e-3, min_lr=3e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
+             no_decay_embeddings_norms=True, max_grad_norm=1.0, schedule="cosine",
+             warmup_steps=3, decay_steps=0)
+    o.update(kw)
+    return R.OptimConfig(**o)
+
+
+# design: how the initial parameters and the batch are drawn (see init_params / make_batch).
+#   embed_std, embed_offset: embedding rows ~ TN(0, embed_std) plus embed_offset on dimension 0
+#     for every token (a shared direction the zero-token experts are steered away from; a large
+#     embedding scale also keeps each token's routing well away from ties);
+#   router_std: router rows ~ TN(0, router_std); zero_experts: (layer, expert, value) sets
+#     router[expert, 0] = value (strongly negative along the offset dimension -> zero tokens);
+#   norm weights ~ U(1-0.2, 1+0.2) (final_norm times final_norm_scale), peri output norms
+#     ~ out_norm_scale * U(0.8, 1.2); all other matrices ~ TN(0, init_std) truncated at 3 std;
+#   bias_std: initial loss-free router bias ~ U(-bias_std, bias_std) (only if gamma > 0);
+#   masked: number of extra masked labels in micro-batch 0, 1 (unequal loss tokens).
+FIXTURES = OrderedDict()
+
+FIXTURES["olmoe_pre"] = dict(
+    source="hf",
+    model=olmoe_model(),
+    loss=R.LossConfig(lm_z_coef=0.0, lbl_coef=0.05, router_z_coef=0.005),
+    optim=optim(max_grad_norm=0.275),
+    train=R.TrainConfig(steps=10, seq_len=150, batch_size=4, micro_batch_size=2),
+    design=dict(seed=1001, embed_std=1.0, embed_offset=3.0, router_std=0.3,
+                zero_experts=[(0, 5, -8.0)], final_norm_scale=1.0, out_norm_scale=None,
+                bias_std=0.0, masked=(7, 23)),
+)
+
+FIXTURES["olmoe_topk"] = dict(
+    source="hf",
+    model=olmoe_model(norm_topk_prob=True, tie_embeddings=True),
+    loss=R.LossConfig(lm_z_coef=1e-3, lbl_coef=0.05, router_z_coef=0.005),
+    optim=optim(max_grad_norm=2.5),
+    train=R.TrainConfig(steps=10, seq_len=150, batch_size=4, micro_batch_size=2),
+    design=dict(seed=2002, embed_std=1.0, embed_offset=3.0, router_std=0.3,
+                zero_experts=[(1, 2, -8.0)], final_norm_scale=0.15, out_norm_scale=None,
+                bias_std=0.0, masked=(19, 4)),
+)
+
+FIXTURES["olmo3_peri"] = dict(
+    source="plain",
+    model=R.ModelConfig(
+        vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
+        norm_eps=1e-6, norm_placement="peri", tie_embeddings=False, rope_theta=500000.0,
+        qk_norm="per_head", n_dense_layers=1, dense_hidden=48, num_experts=8, top_k=2,
+        expert_hidden=16, score_func="sigmoid", norm_topk_prob=False, shared_hidden=16,
+        shared_merge="sum", routing="learned", router_bias_gamma=1e-3, init_std=0.02),
+    loss=R.LossConfig(lm_z_coef=2e-4, lbl_coef=0.05, router_z_coef=0.005),
+    optim=optim(max_grad_norm=0.27),
+    train=R.TrainConfig(steps=10, seq_len=150, batch_size=4, micro_batch_size=2),
+    design=dict(seed=3003, embed_std=1.0, embed_offset=3.0, router_std=0.3,
+                zero_experts=[(1, 6, -8.0)], final_norm_scale=1.0, out_norm_scale=0.04,
+                bias_std=0.05, masked=(11, 30)),
+)
+
+FIXTURES["olmo_v1"] = dict(
+    source="plain",
+    model=R.ModelConfig(
+        vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=1, head_dim=12,
+        norm_eps=1e-5, norm_placement="pre", tie_embeddings=True, rope_theta=10000.0,
+        qk_norm="none", n_dense_layers=1, dense_hidden=40, num_experts=8, top_k=3,
+        expert_hidden=8, score_func="softmax", norm_topk_prob=True, shared_hidden=16,
+        shared_merge="v1", routing="learned", router_bias_gamma=0.0, init_std=0.02),
+    loss=R.LossConfig(lm_z_coef=1e-3, lbl_coef=0.05, router_z_coef=0.005),
+    optim=optim(max_grad_norm=2.7),
+    train=R.TrainConfig(steps=10, seq_len=70, batch_size=4, micro_batch_size=2),
+    design=dict(seed=4004, embed_std=1.0, embed_offset=3.0, router_std=0.3,
+                zero_experts=[(1, 0, -8.0)], final_norm_scale=0.15, out_norm_scale=None,
+                bias_std=0.0, masked=(3, 9)),
+)
+
+
+# =========================================================================== init and batch
+def tn(shape, std, gen):
+    t = torch.empty(shape, dtype=F64)
+    torch.nn.init.trunc_normal_(t, std=std, a=-3 * std, b=3 * std, generator=gen)
+    return t
+
+
+def unif(shape, lo, hi, gen):
+    return lo + (hi - lo) * torch.rand(shape, dtype=F64, generator=gen)
+
+
+def embed_row(D, design, gen):
+    r = tn((D,), design["embed_std"], gen)
+    r[0] += design["embed_offset"]
+    return r
+
+
+def init_params(cfg: R.ModelConfig, design, gen):
+    P = OrderedDict()
+    for name, shape in R.param_shapes(cfg).items():
+        if name == "embed":
+            t = torch.stack([embed_row(cfg.d_model, design, gen) for _ in range(shape[0])])
+        elif name.endswith(".router"):
+            t = tn(shape, design["router_std"], gen)
+        elif name.endswith("out_norm"):
+            t = design["out_norm_scale"] * unif(shape, 0.8, 1.2, gen)
+        elif name == "final_norm":
+            t = design["final_norm_scale"] * unif(shape, 0.8, 1.2, gen)
+        elif name.endswith("norm"):
+            t = unif(shape, 0.8, 1.2, gen)
+        else:
+            t = tn(shape, cfg.init_std, gen)
+        P[name] = t
+    for L, e, v in design["zero_experts"]:
+        assert L in cfg.moe_layers()
+        P[f"layers.{L}.router"][e, 0] = v
+    return P
+
+
+def init_bias(cfg, design, gen):
+    if cfg.router_bias_gamma <= 0:
+        return None
+    s = design["bias_std"]
+    return OrderedDict((L, unif((cfg.num_experts,), -s, s, gen)) for L in cfg.moe_layers())
+
+
+def make_batch(cfg, tr: R.TrainConfig, design, gen):
+    B, S, mbs = tr.batch_size, tr.seq_len, tr.micro_batch_size
+    assert B % mbs == 0 and B // mbs == 2
+    ids = torch.randint(0, cfg.vocab_size, (B, S), generator=gen, dtype=torch.int64)
+    labels = torch.full((B, S), -100, dtype=torch.int64)
+    labels[:, :-1] = ids[:, 1:]
+    for m, nmask in enumerate(design["masked"]):
+        rows = torch.arange(m * mbs, (m + 1) * mbs)
+        cand = [(int(b), s) for b in rows for s in range(S - 1)]
+        pick = torch.randperm(len(cand), generator=gen)[:nmask]
+        for i in pick.tolist():
+            b, s = cand[i]
+            labels[b, s] = -100
+    return ids, labels
+
+
+def selection_gaps(info, K):
+    """min over tokens of (K-th - (K+1)-th) selection score, per layer; and per-token gaps."""
+    g = {r["layer"]: (r["sel_sorted"][:, K - 1] - r["sel_sorted"][:, K]) for r in info}
+    return g
+
+
+def redraw_until_separated(cfg, design, P, bias, ids, gen, max_iter=200):
+    """Redraw embedding rows of tokens whose top-K selection is within GAP_REDRAW_TARGET of a tie
+    (at any occurrence, any MoE layer) until no such token is left. Returns #rows redrawn."""
+    n_redrawn = 0
+    K = cfg.top_k
+    for it in range(max_iter):
+        model = R.MoEReference(cfg, P)
+        with torch.no_grad():
+            _, info = model(ids, bias)
+        gaps = selection_gaps(info, K)
+        bad = torch.zeros(ids.numel(), dtype=torch.bool)
+        for L, g in gaps.items():
+            bad |= g < GAP_REDRAW_TARGET
+        if not bad.any():
+            return n_redrawn, it
+        for v in torch.unique(ids.reshape(-1)[bad]).tolist():
+            P["embed"][v] = embed_row(cfg.d_model, design, gen)
+            n_redrawn += 1
+    raise RuntimeError("could not separate routing; change the design seed")
+
+
+# =========================================================================== transformers side
+@contextlib.contextmanager
+def hf_f64_patches(active=True):
+    """transformers' Olmoe upcasts to *float32* in RMSNorm, router softmax and RoPE (and its loss
+    function casts logits to float32). In a float64 model these are downcasts that cost ~1e-7.
+    Patch them to upcast to at least float32 instead (i.e. keep float64): pure precision changes,
+    the formulas are untouched. Unpatched ('stock') differences are recorded in `checks`."""
+    from transformers.models.olmoe import modeling_olmoe as MO
+    if not active:
+        yield
+        return
+
+    def rms_forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hs = hidden_states.to(torch.promote_types(input_dtype, torch.float32))
+        variance = hs.pow(2).mean(-1, keepdim=True)
+        hs = hs * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hs.to(input_dtype)
+
+    def router_forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        router_logits = F.linear(hidden_states, self.weight)
+        router_probs = torch.nn.functional.softmax(
+            router_logits, dtype=torch.promote_types(router_logits.dtype, torch.float32), dim=-1)
+        router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+        router_top_value = router_top_value.to(router_logits.dtype)
+        return router_logits, router_top_value, router_indices
+
+    def rotary_forward(self, x, position_ids):
+        dt = torch.promote_types(x.dtype, torch.float32)
+        freqs = position_ids[..., None].to(dt) * self.inv_freq.to(device=x.device, dtype=dt)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+    saved = [(MO.OlmoeRMSNorm, "forward", MO.OlmoeRMSNorm.forward),
+             (MO.OlmoeTopKRouter, "forward", MO.OlmoeTopKRouter.forward),
+             (MO.OlmoeRotaryEmbedding, "forward", MO.OlmoeRotaryEmbedding.forward)]
+    MO.OlmoeRMSNorm.forward = rms_forward
+    MO.OlmoeTopKRouter.forward = router_forward
+    MO.OlmoeRotaryEmbedding.forward = rotary_forward
+    try:
+        yield
+    finally:
+        for cls, attr, fn in saved:
+            setattr(cls, attr, fn)
+
+
+def hf_supported(cfg: R.ModelConfig):
+    return (cfg.norm_placement == "pre" and cfg.qk_norm == "full" and cfg.n_dense_layers == 0
+            and cfg.shared_hidden == 0 and cfg.score_func == "softmax"
+            and cfg.router_bias_gamma == 0 and cfg.head_dim * cfg.n_heads == cfg.d_model)
+
+
+class HFAdapter:
+    """OlmoeForCausalLM holding the fixture's parameters; exposes MODEL.md names."""
+
+    def __init__(self, cfg: R.ModelConfig, params, f64_patched=True):
+        from transformers import OlmoeConfig, OlmoeForCausalLM
+        assert hf_supported(cfg)
+        self.cfg = cfg
+        self.patched = f64_patches = bool(f64_patched)
+        hcfg = OlmoeConfig(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.expert_hidden,
+            num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+            num_key_value_heads=cfg.n_kv_heads, rms_norm_eps=cfg.norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+            num_experts=cfg.num_experts, num_experts_per_tok=cfg.top_k,
+            norm_topk_prob=cfg.norm_topk_prob, tie_word_embeddings=cfg.tie_embeddings,
+            pad_token_id=None, bos_token_id=None, eos_token_id=None,  # no padding_idx (it kills the row's grad)
+            max_position_embeddings=4096, attention_bias=False, attention_dropout=0.0,
+            clip_qkv=None, attn_implementation="sdpa", experts_implementation="eager")
+        torch.manual_seed(0)  # HF's own init is overwritten below
+        m = OlmoeForCausalLM(hcfg).to(F64)
+        m.train()
+        assert m.model.embed_tokens.padding_idx is None
+        assert m.config._attn_implementation == "sdpa"
+        assert m.config._experts_implementation == "eager"
+        if cfg.tie_embeddings:
+            assert m.lm_head.weight is m.model.embed_tokens.weight
+        if f64_patches:
+            hd = cfg.head_dim
+            m.model.rotary_emb.inv_freq = 1.0 / (
+                cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=F64) / hd))
+        self.m = m
+        self.hf = self._name_map()
+        with torch.no_grad():
+            for name, t in params.items():
+                self._view(name, "data").copy_(t)
+        self.captured = []
+        for L, layer in enumerate(m.model.layers):
+            layer.mlp.gate.register_forward_hook(
+                lambda mod, inp, out, L=L: self.captured.append((L, out)))
+
+    def _name_map(self):
+        F_ = self.cfg.expert_hidden
+        mp = OrderedDict()
+        mp["embed"] = ("model.embed_tokens.weight", None)
+        for L in range(self.cfg.n_layers):
+            h = f"model.layers.{L}."
+            p = f"layers.{L}."
+            mp[p + "attn_norm"] = (h + "input_layernorm.weight", None)
+            mp[p + "wq"] = (h + "self_attn.q_proj.weight", None)
+            mp[p + "wk"] = (h + "self_attn.k_proj.weight", None)
+            mp[p + "wv"] = (h + "self_attn.v_proj.weight", None)
+            mp[p + "wo"] = (h + "self_attn.o_proj.weight", None)
+            mp[p + "q_norm"] = (h + "self_attn.q_norm.weight", None)
+            mp[p + "k_norm"] = (h + "self_attn.k_norm.weight", None)
+            mp[p + "ffn_norm"] = (h + "post_attention_layernorm.weight", None)
+            mp[p + "router"] = (h + "mlp.gate.weight", None)
+            # fused (E, 2F, D): gate = rows [0, F), up = rows [F, 2F) (chunk(2, dim=-1) of the output)
+            mp[p + "experts.gate"] = (h + "mlp.experts.gate_up_proj", slice(0, F_))
+            mp[p + "experts.up"] = (h + "mlp.experts.gate_up_proj", slice(F_, 2 * F_))
+            mp[p + "experts.down"] = (h + "mlp.experts.down_proj", None)
+        mp["final_norm"] = ("model.norm.weight", None)
+        if not self.cfg.tie_embeddings:
+            mp["lm_head"] = ("lm_head.weight", None)
+        assert list(mp) == list(R.param_shapes(self.cfg)), "name map != MODEL.md table"
+        hf_names = {n for n, _ in self.m.named_parameters()}
+        assert {v[0] for v in mp.values()} == hf_names, hf_names ^ {v[0] for v in mp.values()}
+        return mp
+
+    def _view(self, name, what):
+        hname, sl = self.hf[name]
+        p = self.m.get_parameter(hname)
+        t = p.data if what == "data" else p.grad
+        if t is None:
+            return None
+        return t[:, sl] if sl is not None else t
+
+    def ref_params(self):
+        return OrderedDict((n, self._view(n, "data").detach().clone()) for n in self.hf)
+
+    def ref_grads(self):
+        return OrderedDict((n, self._view(n, "grad").detach().clone()) for n in self.hf)
+
+    def opt_params(self):
+        out, seen = [], set()
+        for hname, p in self.m.named_parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            ref = [n for n, (h, _) in self.hf.items() if h == hname][0]
+            out.append((ref, p, not R.is_no_decay(ref)))
+        return out
+
+    def forward(self, ids, router_bias=None):
+        assert router_bias is None
+        self.captured.clear()
+        out = self.m(input_ids=ids, output_router_logits=True, use_cache=False)
+        info = []
+        for (L, (z, top_w, idx)), z2 in zip(self.captured, out.router_logits):
+            assert z is z2 or torch.equal(z, z2)
+            s = torch.softmax(z, dim=-1)
+            info.append(dict(layer=L, logits=z, scores=s, idx=idx, weights=top_w,
+                             sel_sorted=torch.sort(s.detach(), dim=-1, descending=True).values))
+        return out.logits, info
+
+
+class PlainAdapter:
+    def __init__(self, cfg, params):
+        self.cfg = cfg
+        self.m = R.MoEReference(cfg, params)
+        self.patched = True
+
+    def ref_params(self):
+        return OrderedDict((n, p.detach().clone()) for n, p in self.m.named_ref())
+
+    def ref_grads(self):
+        return OrderedDict((n, p.grad.detach().clone()) for n, p in self.m.named_ref())
+
+    def opt_params(self):
+        return [(n, p, not R.is_no_decay(n)) for n, p in self.m.named_ref()]
+
+    def forward(self, ids, router_bias=None):
+        return self.m(ids, router_bias)
+
+
+# =========================================================================== losses and training
+def olmo_core_aux(route, Bm, S, E, K, score_func, T_step):
+    """LBL and router z-loss of one layer on one micro-batch with olmo-core's functions, scaled to
+    the step (loss_div_factor = T_step gives (T_m / T_step) * X_m, MODEL.md's token weighting)."""
+    from olmo_core.nn.moe.loss import (MoELoadBalancingLossGranularity, load_balancing_loss,
+                                       router_z_loss)
+    from olmo_core.ops.moe import batched_histc
+    scores = route["scores"]
+    if score_func == "sigmoid":  # as MoERouterV2.compute_aux_loss (MODEL.md: normalize first)
+        scores = scores / scores.sum(dim=-1, keepdim=True)
+    with torch.no_grad():
+        batched = batched_histc(route["idx"].reshape(Bm, S * K), E)  # (Bm, E) per sequence
+        counts = batched.sum(dim=0)
+    lbl = load_balancing_loss(num_experts=E, top_k=K, expert_scores=scores.view(Bm, S, E),
+                              batch_size_per_expert=counts, batched_batch_size_per_expert=batched,
+                              granularity=MoELoadBalancingLossGranularity.local_batch,
+                              loss_div_factor=T_step)
+    rz = router_z_loss(expert_logits=route["logits"].view(Bm, S, E), loss_div_factor=T_step)
+    return lbl, rz, counts
+
+
+def lm_losses(adapter, logits, labels, n_loss):
+    V = logits.shape[-1]
+    if isinstance(adapter, HFAdapter):
+        from transformers.loss.loss_utils import fixed_cross_entropy
+        ce = fixed_cross_entropy(logits.reshape(-1, V), labels.reshape(-1),
+                                 num_items_in_batch=n_loss, ignore_index=-100)
+        _, z_sum = R.lm_loss_sums(logits, labels)
+    else:
+        ce_sum, z_sum = R.lm_loss_sums(logits, labels)
+        ce = ce_sum / n_loss
+    return ce, z_sum / n_loss
+
+
+def run_training(adapter, fx, ids, labels, bias0, checks=None):
+    cfg, lc, oc, tr = fx["model"], fx["loss"], fx["optim"], fx["train"]
+    B, S, mbs, E, K = tr.batch_size, tr.seq_len, tr.micro_batch_size, cfg.num_experts, cfg.top_k
+    M = B // mbs
+    T_step = B * S
+    n_loss = int((labels >= 0).sum())
+    moe_layers = cfg.moe_layers()
+    triples = adapter.opt_params()
+    params = [p for _, p, _ in triples]
+    groups = [dict(params=[p for _, p, d in triples if d], weight_decay=oc.weight_decay),
+              dict(params=[p for _, p, d in triples if not d],
+                   weight_decay=0.0 if oc.no_decay_embeddings_norms else oc.weight_decay)]
+    opt = torch.optim.AdamW(groups, lr=oc.lr, betas=(oc.beta1, oc.beta2), eps=oc.eps,
+                            foreach=False, fused=False)
+    bias = None if bias0 is None else OrderedDict((L, b.clone()) for L, b in bias0.items())
+    rec = dict(total=[], ce=[], lm_z=[], grad_norm=[], grad_norm_sumsq=[], lr=[], min_gap=[],
+               counts=[], bias=[])
+    step0 = None
+    for n in range(1, tr.steps + 1):
+        opt.zero_grad(set_to_none=True)
+        acc = dict(total=0.0, ce=0.0, lm_z=0.0)
+        lbl = {L: 0.0 for L in moe_layers}
+        rz = {L: 0.0 for L in moe_layers}
+        counts = {L: torch.zeros(E, dtype=torch.int64) for L in moe_layers}
+        logits_all, min_gap = [], math.inf
+        for m in range(M):
+            sl = slice(m * mbs, (m + 1) * mbs)
+            logits, info = adapter.forward(ids[sl], bias)
+            assert [r["layer"] for r in info] == moe_layers
+            ce, lmz = lm_losses(adapter, logits, labels[sl], n_loss)
+            total = ce + lc.lm_z_coef * lmz
+            for r in info:
+                l_, z_, c_ = olmo_core_aux(r, mbs, S, E, K, cfg.score_func, T_step)
+                total = total + lc.lbl_coef * l_ + lc.router_z_coef * z_
+                lbl[r["layer"]] += float(l_.detach())
+                rz[r["layer"]] += float(z_.detach())
+                counts[r["layer"]] += c_.to(torch.int64)
+                g = r["sel_sorted"][:, K - 1] - r["sel_sorted"][:, K]
+                min_gap = min(min_gap, float(g.min()))
+                if n == 1 and m == 0 and checks is not None:
+                    aux_definition_checks(r, mbs, S, cfg, T_step, checks)
+            total.backward()
+            acc["total"] += float(total.detach())
+            acc["ce"] += float(ce.detach())
+            acc["lm_z"] += float(lmz.detach())
+            logits_all.append(logits.detach().clone())
+        for p in params:  # experts with no tokens etc.: zero gradient, not None
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if n == 1:
+            step0 = dict(logits=torch.cat(logits_all, 0), grads=adapter.ref_grads(),
+                         total=acc["total"], ce=acc["ce"], lm_z=acc["lm_z"], lbl=dict(lbl),
+                         rz=dict(rz), counts={L: c.clone() for L, c in counts.items()},
+                         min_gap=min_gap)
+        sumsq = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params))
+        gn = float(torch.nn.utils.clip_grad_norm_(params, oc.max_grad_norm, foreach=False))
+        lr = R.lr_at(n, oc, tr.steps)
+        for gr in opt.param_groups:
+            gr["lr"] = lr
+        opt.step()
+        if bias is not None:
+            for L in moe_layers:
+                bias[L] = R.loss_free_bias_update(bias[L], counts[L], cfg.router_bias_gamma)
+        rec["total"].append(acc["total"])
+        rec["ce"].append(acc["ce"])
+        rec["lm_z"].append(acc["lm_z"])
+        rec["grad_norm"].append(gn)
+        rec["grad_norm_sumsq"].append(sumsq)
+        rec["lr"].append(lr)
+        rec["min_gap"].append(min_gap)
+        rec["counts"].append({L: c.tolist() for L, c in counts.items()})
+    rec["final_params"] = adapter.ref_params()
+    rec["final_bias"] = bias
+    rec["step0"] = step0
+    return rec
+
+
+def aux_definition_checks(r, Bm, S, cfg, T_step, checks):
+    """olmo-core's functions vs MODEL.md's definitions on one micro-batch (no step scaling)."""
+    from olmo_core.nn.moe.loss import (MoELoadBalancingLossGranularity, load_balancing_loss,
+                                       router_z_loss)
+    E, K = cfg.num_experts, cfg.top_k
+    with torch.no_grad():
+        counts = torch.bincount(r["idx"].reshape(-1), minlength=E)
+        sc = r["scores"]
+        if cfg.score_func == "sigmoid":
+            sc = sc / sc.sum(dim=-1, keepdim=True)
+        oc_lbl = load_balancing_loss(
+            num_experts=E, top_k=K, expert_scores=sc.view(Bm, S, E), batch_size_per_expert=counts,
+            batched_batch_size_per_expert=counts[None].expand(Bm, E),
+            granularity=MoELoadBalancingLossGranularity.local_batch, loss_div_factor=None)
+        oc_rz = router_z_loss(expert_logits=r["logits"].view(Bm, S, E), loss_div_factor=None)
+        d_lbl = R.lbl_definition(r["scores"], counts, K, cfg.score_func)
+        d_rz = R.router_z_definition(r["logits"])
+        # scaled form used in training: loss_div_factor = T_step -> (T_m/T_step) * definition
+        oc_lbl_s = load_balancing_loss(
+            num_experts=E, top_k=K, expert_scores=sc.view(Bm, S, E), batch_size_per_expert=counts,
+            batched_batch_size_per_expert=counts[None].expand(Bm, E),
+            granularity=MoELoadBalancingLossGranularity.local_batch, loss_div_factor=T_step)
+    L = r["layer"]
+    checks.setdefault("olmo_core_loss_vs_definition", {})[f"layer{L}_microbatch0"] = dict(
+        lbl_olmo_core=float(oc_lbl), lbl_definition=float(d_lbl),
+        lbl_abs_diff=abs(float(oc_lbl - d_lbl)),
+        router_z_olmo_core=float(oc_rz), router_z_definition=float(d_rz),
+        router_z_abs_diff=abs(float(oc_rz - d_rz)),
+        lbl_step_scaled_abs_diff=abs(float(oc_lbl_s - d_lbl * (Bm * S) / T_step)))
+
+
+# =========================================================================== cross-checks
+def max_abs(a, b):
+    return float((a - b).abs().max())
+
+
+def compare_grads(g1, g2):
+    worst, worst_rel, where = 0.0, 0.0, None
+    for n in g1:
+        d = max_abs(g1[n], g2[n])
+        scale = float(g1[n].abs().max())
+        if d > worst:
+            worst, where = d, n
+        if scale > 0:
+            worst_rel = max(worst_rel, d / scale)
+    return worst, worst_rel, where
+
+
+def hf_vs_plain(fx, P, ids, labels):
+    """Plain module vs OlmoeForCausalLM (patched f64 and stock) on step 0 (forward + grads of
+    the full step loss), and over the whole 10-step training run (patched)."""
+    cfg = fx["model"]
+    out = {}
+    plain = PlainAdapter(cfg, P)
+    rp = run_training(plain, fx, ids, labels, None)
+    for label, patched in (("f64_patched", True), ("stock_transformers", False)):
+        with hf_f64_patches(patched):
+            hf = HFAdapter(cfg, P, f64_patched=patched)
+            rh = run_training(hf, fx, ids, labels, None)
+        g, grel, where = compare_grads(rh["step0"]["grads"], rp["step0"]["grads"])
+        d = dict(step0_logits_max_abs=max_abs(rh["step0"]["logits"], rp["step0"]["logits"]),
+                 step0_total_abs=abs(rh["step0"]["total"] - rp["step0"]["total"]),
+                 step0_grad_max_abs=g, step0_grad_max_rel_to_tensor_max=grel,
+                 step0_grad_worst_param=where,
+                 step0_counts_equal=all(torch.equal(rh["step0"]["counts"][L],
+                                                    rp["step0"]["counts"][L])
+                                        for L in cfg.moe_layers()),
+                 train_total_max_abs=max(abs(a - b) for a, b in zip(rh["total"], rp["total"])),
+                 train_grad_norm_max_abs=max(abs(a - b) for a, b in
+                                             zip(rh["grad_norm"], rp["grad_norm"])),
+                 final_param_max_abs=compare_grads(rh["final_params"], rp["final_params"])[0],
+                 routing_counts_equal_all_steps=rh["counts"] == rp["counts"])
+        out[label] = d
+    return out, rp
+
+
+def hf_stock_loss_check(fx, P, ids, labels):
+    """transformers' full ForCausalLMLoss (which casts logits to float32) vs the float64 CE."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+    cfg, tr = fx["model"], fx["train"]
+    n_loss = int((labels >= 0).sum())
+    with hf_f64_patches(True):
+        hf = HFAdapter(cfg, P)
+        with torch.no_grad():
+            d = d2 = 0.0
+            for m in range(tr.batch_size // tr.micro_batch_size):
+                sl = slice(m * tr.micro_batch_size, (m + 1) * tr.micro_batch_size)
+                logits, _ = hf.forward(ids[sl])
+                a = ForCausalLMLoss(logits, None, cfg.vocab_size, num_items_in_batch=n_loss,
+                                    shift_labels=labels[sl])
+                b, _ = lm_losses(hf, logits, labels[sl], n_loss)
+                c = R.lm_loss_sums(logits, labels[sl])[0] / n_loss
+                d = max(d, abs(float(a) - float(b)))
+                d2 = max(d2, abs(float(b) - float(c)))
+    return dict(ForCausalLMLoss_fp32_vs_f64_abs=d, fixed_cross_entropy_vs_definition_abs=d2)
+
+
+def olmo_core_router_check(fx, P, bias, ids):
+    """olmo-core's MoERouterV2 (gating, top-k on scores + score_bias, normalize_expert_weights,
+    post_batch bias update) vs the plain module's routing, on the step-0 router inputs.
+    MoERouterV2 casts the router input and weight to float32, so weights agree to ~1e-7."""
+    from olmo_core.nn.moe.router import MoERouterGatingFunction
+    from olmo_core.nn.moe.v2.router import MoERouterV2
+    cfg = fx["model"]
+    E, K, D = cfg.num_experts, cfg.top_k, cfg.d_model
+    model = R.MoEReference(cfg, P)
+    hs = {}
+
+    orig = model._moe
+
+    def spy(L, h, rb, info):
+        hs[L] = h.detach().clone()
+        return orig(L, h, rb, info)
+
+    model._moe = spy
+    with torch.no_grad():
+        _, info = model(ids, bias)
+    res = {}
+    for r in info:
+        L = r["layer"]
+        rt = MoERouterV2(d_model=D, num_experts=E, top_k=K,
+                         gating_function=MoERouterGatingFunction(cfg.score_func),
+                         bias_gamma=cfg.router_bias_gamma if cfg.router_bias_gamma > 0 else None,
+                         normalize_expert_weights=1.0 if cfg.norm_topk_prob else None,
+                         sigmoid_stability_epsilon=0.0, lb_loss_weight=1.0, z_loss_weight=1.0,
+                         dtype=F64)
+        rt.train()
+        with torch.no_grad():
+            rt.weight.copy_(P[f"layers.{L}.router"].reshape(-1))
+            if bias is not None:
+                rt.score_bias.copy_(bias[L])
+        B, S = ids.shape
+        w, idx, bspe, aux_info = rt(hs[L], scores_only=False, loss_div_factor=None)
+        idx = idx.reshape(-1, K)
+        same_idx = bool(torch.equal(idx, r["idx"]))
+        wd = max_abs(w.reshape(-1, K).to(F64), r["weights"].detach())
+        entry = dict(indices_equal=same_idx, weights_max_abs=wd,
+                     counts_equal=bool(torch.equal(bspe.to(torch.int64),
+                                                   torch.bincount(r["idx"].reshape(-1),
+                                                                  minlength=E))))
+        if bias is not None:
+            rt.score_bias_batch_size_per_expert = bspe.float().clone()
+            before = rt.score_bias.clone()
+            rt.post_batch()
+            mine = R.loss_free_bias_update(before, bspe.to(torch.int64), cfg.router_bias_gamma)
+            entry["bias_update_max_abs"] = max_abs(rt.score_bias.to(F64), mine)
+        res[f"layer{L}"] = entry
+    return res
+
+
+def olmo_core_dense_block_check(fx, P, ids):
+    """olmo-core's own TransformerBlock / PeriNormTransformerBlock (attention with RoPE, QK-norm
+    full/per-head/none, GQA, dense SwiGLU FFN, pre/peri norms), cast to float64, vs the plain
+    module's layer 0 (a dense layer). Checks the semantics of the options HF's Olmoe lacks."""
+    from olmo_core.nn.attention import AttentionBackendName, AttentionConfig
+    from olmo_core.nn.feed_forward import FeedForwardConfig
+    from olmo_core.nn.layer_norm import LayerNormConfig, LayerNormType
+    from olmo_core.nn.rope import RoPEConfig
+    from olmo_core.nn.transformer.block import PeriNormTransformerBlock, TransformerBlock
+    cfg = fx["model"]
+    assert cfg.n_dense_layers >= 1
+    # full_precision=False: olmo-core would otherwise cast RMSNorm and RoPE to float32.
+    ln = LayerNormConfig(name=LayerNormType.rms, eps=cfg.norm_eps, bias=False, full_precision=False)
+    att = AttentionConfig(
+        n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, bias=False,
+        rope=RoPEConfig(theta=cfg.rope_theta, full_precision=False),
+        qk_norm=None if cfg.qk_norm == "none" else ln,
+        use_head_qk_norm=cfg.qk_norm == "per_head", backend=AttentionBackendName.torch)
+    ff = FeedForwardConfig(hidden_size=cfg.dense_hidden, bias=False)
+    cls = PeriNormTransformerBlock if cfg.norm_placement == "peri" else TransformerBlock
+    blk = cls(d_model=cfg.d_model, block_idx=0, n_layers=cfg.n_layers, sequence_mixer=att,
+              feed_forward=ff, layer_norm=ln).to(F64)
+    mp = {"attention.w_q.weight": "wq", "attention.w_k.weight": "wk", "attention.w_v.weight": "wv",
+          "attention.w_out.weight": "wo", "attention.q_norm.weight": "q_norm",
+          "attention.k_norm.weight": "k_norm", "attention_norm.weight": "attn_norm",
+          "feed_forward.w1.weight": "mlp.gate", "feed_forward.w3.weight": "mlp.up",
+          "feed_forward.w2.weight": "mlp.down", "feed_forward_norm.weight": "ffn_norm",
+          "post_attention_norm.weight": "attn_out_norm",
+          "post_feed_forward_norm.weight": "ffn_out_norm"}
+    names = dict(blk.named_parameters())
+    with torch.no_grad():
+        for n, p in names.items():
+            p.copy_(P["layers.0." + mp[n]])
+    # olmo-core computes the RoPE tables with float32 positions / inverse frequencies; pre-fill its
+    # cache with the same tables (same formula) in float64.
+    S, hd = ids.shape[1], cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=F64) / hd))
+    ang = torch.arange(S, dtype=F64)[:, None] * inv[None, :]
+    ang = torch.cat((ang, ang), dim=-1)
+    blk.attention.rope._cache["rope_pos_sin"] = ang.sin()
+    blk.attention.rope._cache["rope_pos_cos"] = ang.cos()
+    model = R.MoEReference(cfg, P)
+    hidden = []
+    with torch.no_grad():
+        model(ids, None, hidden)
+        y = blk(hidden[0])
+    return dict(block=cls.__name__, olmo_core_params=sorted(names),
+                layer0_output_max_abs=max_abs(y, hidden[1]),
+                layer0_update_max=float((hidden[1] - hidden[0]).abs().max()))
+
+
+# =========================================================================== output
+def versions():
+    return dict(python=platform.python_version(), torch=torch.__version__,
+                transformers=pkg_version("transformers"),
+                **{"ai2-olmo-core": pkg_version("ai2-olmo-core")},
+                safetensors=pkg_version("safetensors"), numpy=pkg_version("numpy"),
+                script="tools/reference/make_fixtures.py")
+
+
+def to_np(t):
+    t = t.detach().contiguous()
+    if t.dtype.is_floating_point:
+        return t.to(F64).numpy()
+    return t.to(torch.int32).numpy()
+
+
+def write_fixture(path, tensors: "OrderedDict[str, torch.Tensor]", metadata: dict):
+    """Writes safetensors by hand (byte-for-byte reproducible: the `safetensors` package orders
+    __metadata__ through a hash map). Layout: u64 little-endian header length, JSON header
+    (__metadata__ first, then tensors), padded with spaces to a multiple of 8 bytes, then the raw
+    little-endian data: all F64 tensors (8-byte aligned), then all I32 tensors, in insertion order."""
+    arrays = OrderedDict((k, np.ascontiguousarray(to_np(v))) for k, v in tensors.items())
+    order = [k for k, a in arrays.items() if a.dtype == np.float64] + \
+            [k for k, a in arrays.items() if a.dtype == np.int32]
+    assert len(order) == len(arrays)
+    header = OrderedDict()
+    header["__metadata__"] = OrderedDict((k, str(v)) for k, v in metadata.items())
+    off = 0
+    blobs = []
+    for k in order:
+        a = arrays[k]
+        b = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes(order="C")
+        header[k] = OrderedDict(dtype="F64" if a.dtype == np.float64 else "I32",
+                                shape=list(a.shape), data_offsets=[off, off + len(b)])
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    h += b" " * ((-len(h)) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    return arrays
+
+
+def read_safetensors_plain(path):
+    """Independent reader with json + struct only: validates the layout and returns the arrays."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    data = raw[8 + n:]
+    meta = header.pop("__metadata__")
+    assert all(isinstance(v, str) for v in meta.values())
+    sizes = {"F64": 8, "I32": 4}
+    fmt = {"F64": "d", "I32": "i"}
+    spans = []
+    out = {}
+    for name, h in header.items():
+        assert h["dtype"] in sizes, (name, h["dtype"])
+        b, e = h["data_offsets"]
+        count = 1
+        for d in h["shape"]:
+            count *= d
+        assert e - b == count * sizes[h["dtype"]], name
+        spans.append((b, e))
+        vals = struct.unpack("<%d%s" % (count, fmt[h["dtype"]]), data[b:e])
+        out[name] = (h["dtype"], tuple(h["shape"]), vals)
+    spans.sort()
+    pos = 0
+    for b, e in spans:  # contiguous, non-overlapping, covering the whole buffer
+        assert b == pos, (b, pos)
+        pos = e
+    assert pos == len(data)
+    return meta, out
+
+
+def self_test_file(path, arrays, metadata):
+    meta, out = read_safetensors_plain(path)
+    assert meta == metadata
+    assert meta["format"] == "moecore-golden-v1"
+    for k in ("config", "versions", "checks", "notes"):
+        json.loads(meta[k])
+    assert set(out) == set(arrays)
+    for k, a in arrays.items():
+        dt, shape, vals = out[k]
+        assert shape == a.shape, k
+        assert dt == ("F64" if a.dtype == np.float64 else "I32")
+        assert np.array_equal(np.array(vals, dtype=a.dtype).reshape(shape), a), k
+    # and the official package agrees
+    from safetensors.numpy import load_file
+    ref = load_file(path)
+    assert set(ref) == set(arrays)
+    for k, a in arrays.items():
+        assert ref[k].dtype == a.dtype and np.array_equal(ref[k], a), k
+    return len(out)
+
+
+def roundtrip_check(path):
+    """Re-read a written fixture (json + struct only), rebuild the config from the metadata keys,
+    rerun the whole 10-step computation with the plain module from the stored initial state and
+    return the largest differences to the stored results (proves the file is self-consistent)."""
+    meta, out = read_safetensors_plain(path)
+    c = json.loads(meta["config"])
+    fx = dict(model=R.ModelConfig(**c["model"]), loss=R.LossConfig(**c["loss"]),
+              optim=R.OptimConfig(**c["optim"]), train=R.TrainConfig(**c["train"]))
+    cfg = fx["model"]
+
+    def T(name):
+        dt, shape, vals = out[name]
+        t = torch.tensor(vals, dtype=F64 if dt == "F64" else torch.int64)
+        return t.reshape(shape)
+
+    P = OrderedDict((n, T("param." + n)) for n in R.param_shapes(cfg))
+    bias0 = None
+    if cfg.router_bias_gamma > 0:
+        bias0 = OrderedDict((L, T(f"router_bias.{L}")) for L in cfg.moe_layers())
+    rec = run_training(PlainAdapter(cfg, P), fx, T("ids"), T("labels"), bias0)
+    s0 = rec["step0"]
+    d = dict(
+        logits=max_abs(s0["logits"], T("step0.logits")),
+        scalars=max(abs(s0[k] - float(T("step0." + k)[0])) for k in ("ce", "lm_z", "total")),
+        aux=max(max(abs(s0["lbl"][L] - float(T(f"step0.lbl.{L}")[0])),
+                    abs(s0["rz"][L] - float(T(f"step0.router_z.{L}")[0])))
+                for L in cfg.moe_layers()),
+        grads=compare_grads(OrderedDict((n, T("step0.grad." + n)) for n in P), s0["grads"])[0],
+        train=max(max_abs(torch.tensor(rec[k]), T("train." + k))
+                  for k in ("total", "ce", "grad_norm", "lr")),
+        final=compare_grads(OrderedDict((n, T("final.param." + n)) for n in P),
+                            rec["final_params"])[0],
+    )
+    for L in cfg.moe_layers():
+        assert torch.equal(s0["counts"][L], T(f"step0.counts.{L}")), L
+        if bias0 is not None:
+            d["final_bias"] = max(d.get("final_bias", 0.0),
+                                  max_abs(rec["final_bias"][L], T(f"final.router_bias.{L}")))
+    return d
+
+
+# =========================================================================== main
+def build_fixture(name, fx, shared_checks):
+    cfg, lc, oc, tr, design = fx["model"], fx["loss"], fx["optim"], fx["train"], fx["design"]
+    cfg.validate()
+    gen = torch.Generator().manual_seed(design["seed"])
+    torch.manual_seed(design["seed"])
+    P = init_params(cfg, design, gen)
+    bias0 = init_bias(cfg, design, gen)
+    ids, labels = make_batch(cfg, tr, design, gen)
+    n_redrawn, n_iter = redraw_until_separated(cfg, design, P, bias0, ids, gen)
+
+    checks = OrderedDict()
+    checks["embedding_rows_redrawn_for_routing_separation"] = n_redrawn
+    if fx["source"] == "hf":
+        with hf_f64_patches(True):
+            adapter = HFAdapter(cfg, P)
+            rec = run_training(adapter, fx, ids, labels, bias0, checks)
+        checks["hf_vs_plain_this_config"], _ = hf_vs_plain(fx, P, ids, labels)
+        checks.update(hf_stock_loss_check(fx, P, ids, labels))
+    else:
+        adapter = PlainAdapter(cfg, P)
+        rec = run_training(adapter, fx, ids, labels, bias0, checks)
+        checks["olmo_core_router_v2_vs_plain_step0"] = olmo_core_router_check(fx, P, bias0, ids)
+        if cfg.n_dense_layers >= 1:
+            checks["olmo_core_dense_block_vs_plain_layer0"] = olmo_core_dense_block_check(
+                fx, P, ids)
+    checks["plain_vs_OlmoeForCausalLM_olmoe_pre"] = shared_checks["plain_vs_hf"]
+
+    s0 = rec["step0"]
+    mbs = tr.micro_batch_size
+    M = tr.batch_size // mbs
+    loss_tok = [int((labels[m * mbs:(m + 1) * mbs] >= 0).sum()) for m in range(M)]
+    assert len(set(loss_tok)) == M, "micro-batches must have unequal loss tokens"
+    zero = [dict(layer=L, expert=e) for L in cfg.moe_layers()
+            for e in range(cfg.num_experts) if int(s0["counts"][L][e]) == 0]
+    for L, e, _ in design["zero_experts"]:
+        assert dict(layer=L, expert=e) in zero, ("designed zero expert got tokens", L, e)
+    assert s0["min_gap"] >= GAP_STEP0_MIN, s0["min_gap"]
+    assert min(rec["min_gap"]) > GAP_ALL_MIN, rec["min_gap"]
+    clipped = [n + 1 for n, g in enumerate(rec["grad_norm"]) if g > oc.max_grad_norm]
+    assert 1 in clipped, "clipping must trigger at step 1"
+    checks["tokens_per_microbatch"] = [mbs * tr.seq_len] * M
+    checks["loss_tokens_per_microbatch"] = loss_tok
+    checks["zero_token_experts_step0"] = zero
+    checks["zero_expert_design"] = [dict(layer=L, expert=e, router_weight_dim0=v,
+                                         embed_offset_dim0=design["embed_offset"])
+                                    for L, e, v in design["zero_experts"]]
+    checks["step_counts"] = rec["counts"]
+    checks["min_topk_gap_step0"] = s0["min_gap"]
+    checks["min_topk_gap_per_step"] = rec["min_gap"]
+    checks["min_topk_gap_all_steps"] = min(rec["min_gap"])
+    checks["max_grad_norm"] = oc.max_grad_norm
+    checks["grad_norm_pre_clip"] = rec["grad_norm"]
+    checks["clipped_steps"] = clipped
+    checks["clip_grad_norm_vs_sqrt_sumsq_max_abs"] = max(
+        abs(a - b) for a, b in zip(rec["grad_norm"], rec["grad_norm_sumsq"]))
+    checks["train_total"] = rec["total"]
+
+    T = OrderedDict()
+    for n, t in P.items():
+        T["param." + n] = t
+    if bias0 is not None:
+        for L, b in bias0.items():
+            T[f"router_bias.{L}"] = b
+    T["ids"] = ids
+    T["labels"] = labels
+    T["step0.logits"] = s0["logits"]
+    T["step0.ce"] = torch.tensor([s0["ce"]])
+    T["step0.lm_z"] = torch.tensor([s0["lm_z"]])
+    T["step0.total"] = torch.tensor([s0["total"]])
+    T["step0.grad_norm"] = torch.tensor([rec["grad_norm"][0]])
+    for L in cfg.moe_layers():
+        T[f"step0.lbl.{L}"] = torch.tensor([s0["lbl"][L]])
+        T[f"step0.router_z.{L}"] = torch.tensor([s0["rz"][L]])
+        T[f"step0.counts.{L}"] = s0["counts"][L].to(torch.int32)
+    for n, g in s0["grads"].items():
+        T["step0.grad." + n] = g
+    T["train.total"] = torch.tensor(rec["total"])
+    T["train.ce"] = torch.tensor(rec["ce"])
+    T["train.grad_norm"] = torch.tensor(rec["grad_norm"])
+    T["train.lr"] = torch.tensor(rec["lr"])
+    for n, t in rec["final_params"].items():
+        T["final.param." + n] = t
+    if rec["final_bias"] is not None:
+        for L, b in rec["final_bias"].items():
+            T[f"final.router_bias.{L}"] = b
+    for n in R.param_shapes(cfg):  # sanity: all names present, shapes as in the table
+        assert tuple(T["param." + n].shape) == R.param_shapes(cfg)[n]
+        assert tuple(T["step0.grad." + n].shape) == R.param_shapes(cfg)[n]
+        assert tuple(T["final.param." + n].shape) == R.param_shapes(cfg)[n]
+
+    source = ("transformers OlmoeForCausalLM (float64; RMSNorm/router-softmax/RoPE float32 "
+              "upcasts patched to keep float64) + olmo-core loss functions"
+              if fx["source"] == "hf" else
+              "tools/reference/moe_reference.py (plain float64 module) + olmo-core loss functions")
+    notes = dict(
+        source=source,
+        batches="the same batch (ids, labels) is used at every one of the 10 steps",
+        layers="per-layer tensors (step0.lbl.L, step0.router_z.L, step0.counts.L, "
+               "router_bias.L) are keyed by the model layer index L (MoE layers: %s)"
+               % cfg.moe_layers(),
+        step0="initial parameters, whole step (all micro-batches); grads accumulated over "
+              "micro-batches BEFORE clipping; step0.grad_norm == train.grad_norm[0]",
+        train="train.X[n-1] is optimizer step n (n = 1..10): total/ce/grad_norm measured on the "
+              "parameters before step n, train.lr the LR used by step n; final.* after step 10",
+        aux_normalization="step LBL / router z-loss = sum_m (T_m/T_step) X_m (MODEL.md); olmo-core "
+                          "functions called with loss_div_factor = T_step",
+        design=dict(design, zero_experts=[list(z) for z in design["zero_experts"]],
+                    embedding_rows_redrawn=n_redrawn),
+    )
+    cfg_json = dict(model=asdict(cfg), loss=asdict(lc), optim=asdict(oc), train=asdict(tr))
+    metadata = OrderedDict()
+    metadata["format"] = "moecore-golden-v1"
+    metadata["config"] = json.dumps(cfg_json)
+    metadata["versions"] = json.dumps(versions())
+    metadata["checks"] = json.dumps(checks)
+    metadata["notes"] = json.dumps(notes)
+    return T, dict(metadata), checks
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--out", default=os.path.join(REPO, "tests", "golden"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+
+    # The plain module must reproduce OlmoeForCausalLM; computed once on olmoe_pre, recorded in
+    # every fixture.
+    fx0 = FIXTURES["olmoe_pre"]
+    gen = torch.Generator().manual_seed(fx0["design"]["seed"])
+    P0 = init_params(fx0["model"], fx0["design"], gen)
+    init_bias(fx0["model"], fx0["design"], gen)
+    ids0, labels0 = make_batch(fx0["model"], fx0["train"], fx0["design"], gen)
+    redraw_until_separated(fx0["model"], fx0["design"], P0, None, ids0, gen)
+    plain_vs_hf, _ = hf_vs_plain(fx0, P0, ids0, labels0)
+    print("plain vs HF (olmoe_pre):", json.dumps(plain_vs_hf, indent=1))
+    shared = dict(plain_vs_hf=plain_vs_hf)
+
+    total = 0
+    for name, fx in FIXTURES.items():
+        if args.only and name not in args.only:
+            continue
+        T, meta, checks = build_fixture(name, fx, shared)
+        path = os.path.join(args.out, name + ".safetensors")
+        arrays = write_fixture(path, T, meta)
+        n = self_test_file(path, arrays, meta)
+        rt = roundtrip_check(path)
+        print(f"{name}: roundtrip (plain module rerun from the file) max diffs {rt}")
+        assert max(rt.values()) < 1e-10, rt
+        size = os.path.getsize(path)
+        total += size
+        print(f"{name}: {n} tensors, {size} bytes -> {path}")
+        print(json.dumps(checks, indent=1)[:6000])
+    print("total bytes", total)
+    assert total < 5 * 1024 * 1024
+
+
+if __name__ == "__main__":
+    main()
