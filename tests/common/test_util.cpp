@@ -101,3 +101,35 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 }
 
 }  // namespace moe::test
+
+namespace moe::test {
+
+double fd_check(const Tensor& x, const Tensor& analytic, const std::function<double()>& loss, double h,
+                int64_t max_checks) {
+  MOE_CHECK(x.dtype == DType::kF64, "fd_check needs an f64 input");
+  const int64_t n = x.numel();
+  const int64_t stride = std::max<int64_t>(1, n / max_checks);
+  double max_err = 0, max_an = 1e-12;
+  for (int64_t i = 0; i < n; i += stride) {
+    double* p = x.as<double>() + i;
+    const double saved = *p;
+    *p = saved + h;
+    const double lp = loss();
+    *p = saved - h;
+    const double lm = loss();
+    *p = saved;
+    const double fd = (lp - lm) / (2 * h), an = get(analytic, i);
+    max_err = std::max(max_err, std::fabs(fd - an));
+    max_an = std::max(max_an, std::fabs(an));
+  }
+  return max_err / max_an;
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  MOE_CHECK(a.numel() == b.numel(), "dot: sizes differ");
+  double s = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) s += get(a, i) * get(b, i);
+  return s;
+}
+
+}  // namespace moe::test

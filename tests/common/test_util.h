@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <vector>
 
@@ -33,5 +34,17 @@ double rel_error(const Tensor& a, const Tensor& b);
 bool bitwise_equal(const Tensor& a, const Tensor& b);
 double get(const Tensor& t, int64_t i);
 void set(const Tensor& t, int64_t i, double value);
+
+}  // namespace moe::test
+
+namespace moe::test {
+
+// Central finite differences in double: for each element i of `x` (f64), perturbs it by +-h,
+// evaluates loss(), and compares (L+ - L-)/2h with analytic[i]. Returns max|fd - an| / max|an|
+// (max|an| floored at 1e-12). Checks at most `max_checks` evenly spread elements.
+double fd_check(const Tensor& x, const Tensor& analytic, const std::function<double()>& loss,
+                double h = 1e-6, int64_t max_checks = 64);
+// sum(a * b) in double for same-shape float tensors: the scalar "loss" of FD checks.
+double dot(const Tensor& a, const Tensor& b);
 
 }  // namespace moe::test

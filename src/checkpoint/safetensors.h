@@ -1,0 +1,39 @@
+// safetensors reader (the format of Hugging Face checkpoints and of our golden fixtures):
+// 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}, and
+// "__metadata__": {string: string}}, then the raw little-endian data. Malformed headers, offsets
+// out of range, overlapping tensors and dtype/shape mismatches are refused with the reason.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/buffer.h"
+
+namespace moe {
+
+struct SafetensorsEntry {
+  std::string dtype;  // "F64", "F32", "BF16", "I32", "I64", ...
+  std::vector<int64_t> shape;
+  size_t begin = 0, end = 0;  // byte offsets into the data section
+};
+
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
+  bool contains(const std::string& name) const { return entries_.count(name) != 0; }
+  const SafetensorsEntry& entry(const std::string& name) const;
+  // The tensor converted to dtype (floats: F64/F32/BF16/F16 sources; ints: I32/I64 sources).
+  OwnedTensor read(const std::string& name, DType dtype) const;
+  std::string meta(const std::string& key) const;
+
+ private:
+  std::string path_;
+  std::vector<unsigned char> data_;  // the data section
+  std::map<std::string, SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace moe

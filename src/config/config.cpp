@@ -1,0 +1,408 @@
+#include "config/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <toml++/toml.h>
+#include <variant>
+
+#include "core/check.h"
+
+namespace moe {
+namespace {
+
+using Ref = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+
+struct Field {
+  std::string section, key;
+  std::function<Ref(Config&)> ref;
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  std::vector<std::string> choices;
+  std::string help;
+};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The single declaration of every config key.
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = [] {
+    std::vector<Field> f;
+    auto add = [&](std::string section, std::string key, std::function<Ref(Config&)> ref,
+                   double lo, double hi, std::vector<std::string> choices, std::string help) {
+      f.push_back({std::move(section), std::move(key), std::move(ref), lo, hi, std::move(choices),
+                   std::move(help)});
+    };
+#define M(name) [](Config& c) -> Ref { return &c.model.name; }
+    add("model", "vocab_size", M(vocab_size), 2, 1 << 30, {}, "vocabulary size");
+    add("model", "d_model", M(d_model), 1, 1 << 20, {}, "model width D");
+    add("model", "n_layers", M(n_layers), 1, 4096, {}, "transformer blocks");
+    add("model", "n_heads", M(n_heads), 1, 4096, {}, "query heads H");
+    add("model", "n_kv_heads", M(n_kv_heads), 1, 4096, {}, "key/value heads (divides n_heads)");
+    add("model", "head_dim", M(head_dim), 0, 4096, {}, "head dim (0 = d_model / n_heads)");
+    add("model", "norm_eps", M(norm_eps), 0, 1, {}, "RMSNorm epsilon (OLMoE 1e-5, Olmo-core 1e-6)");
+    add("model", "norm_placement", M(norm_placement), 0, 0, {"pre", "peri"}, "block norm placement");
+    add("model", "tie_embeddings", M(tie_embeddings), 0, 0, {}, "LM head shares the embedding");
+    add("model", "rope_theta", M(rope_theta), 1, kInf, {}, "RoPE base");
+    add("model", "qk_norm", M(qk_norm), 0, 0, {"none", "full", "per_head"}, "QK RMSNorm");
+    add("model", "n_dense_layers", M(n_dense_layers), 0, 4096, {}, "leading dense-FFN blocks");
+    add("model", "dense_hidden", M(dense_hidden), 0, 1 << 24, {}, "dense FFN width (0 = k*expert_hidden + shared_hidden)");
+    add("model", "num_experts", M(num_experts), 1, 1 << 16, {}, "routed experts E");
+    add("model", "top_k", M(top_k), 1, 1 << 16, {}, "experts per token K");
+    add("model", "expert_hidden", M(expert_hidden), 1, 1 << 24, {}, "expert FFN width");
+    add("model", "score_func", M(score_func), 0, 0, {"softmax", "sigmoid"}, "router scores");
+    add("model", "norm_topk_prob", M(norm_topk_prob), 0, 0, {}, "renormalize the K weights");
+    add("model", "shared_hidden", M(shared_hidden), 0, 1 << 24, {}, "shared expert width (0 = none)");
+    add("model", "shared_merge", M(shared_merge), 0, 0, {"sum", "v1"}, "shared + routed merge rule");
+    add("model", "routing", M(routing), 0, 0, {"learned", "uniform", "random"}, "expert choice");
+    add("model", "router_bias_gamma", M(router_bias_gamma), 0, kInf, {}, "loss-free balancing rate (0 = off)");
+    add("model", "init_std", M(init_std), 0, kInf, {}, "truncated-normal init std");
+#undef M
+#define L(name) [](Config& c) -> Ref { return &c.loss.name; }
+    add("loss", "lm_z_coef", L(lm_z_coef), 0, kInf, {}, "LM z-loss weight");
+    add("loss", "lbl_coef", L(lbl_coef), 0, kInf, {}, "load-balancing loss weight");
+    add("loss", "router_z_coef", L(router_z_coef), 0, kInf, {}, "router z-loss weight");
+#undef L
+#define O(name) [](Config& c) -> Ref { return &c.optim.name; }
+    add("optim", "lr", O(lr), 0, kInf, {}, "peak learning rate");
+    add("optim", "min_lr", O(min_lr), 0, kInf, {}, "final learning rate");
+    add("optim", "beta1", O(beta1), 0, 1, {}, "Adam beta1");
+    add("optim", "beta2", O(beta2), 0, 1, {}, "Adam beta2");
+    add("optim", "eps", O(eps), 0, kInf, {}, "Adam epsilon");
+    add("optim", "weight_decay", O(weight_decay), 0, kInf, {}, "decoupled weight decay");
+    add("optim", "no_decay_embeddings_norms", O(no_decay_embeddings_norms), 0, 0, {}, "no decay on embeddings and norms");
+    add("optim", "max_grad_norm", O(max_grad_norm), 0, kInf, {}, "global grad-norm clip (0 = off)");
+    add("optim", "schedule", O(schedule), 0, 0, {"cosine", "linear", "wsd", "constant"}, "LR schedule after warm-up");
+    add("optim", "warmup_steps", O(warmup_steps), 0, 1e15, {}, "linear warm-up steps");
+    add("optim", "decay_steps", O(decay_steps), 0, 1e15, {}, "WSD final decay steps");
+#undef O
+#define T(name) [](Config& c) -> Ref { return &c.train.name; }
+    add("train", "steps", T(steps), 1, 1e15, {}, "optimizer steps");
+    add("train", "seq_len", T(seq_len), 2, 1 << 24, {}, "tokens per sequence");
+    add("train", "batch_size", T(batch_size), 1, 1 << 24, {}, "sequences per optimizer step");
+    add("train", "micro_batch_size", T(micro_batch_size), 1, 1 << 24, {}, "sequences per forward/backward");
+    add("train", "seed", T(seed), 0, 1.8e19, {}, "seed of every random draw");
+    add("train", "precision", T(precision), 0, 0, {"fp32", "bf16"}, "GEMM compute precision");
+    add("train", "backend", T(backend), 0, 0, {"cpu", "ref"}, "kernel backend");
+    add("train", "threads", T(threads), 0, 4096, {}, "CPU threads (0 = all)");
+    add("train", "recompute", T(recompute), 0, 0, {}, "recompute each block in backward");
+    add("train", "log_every", T(log_every), 1, 1e15, {}, "steps between log lines");
+    add("train", "eval_every", T(eval_every), 0, 1e15, {}, "steps between validations (0 = never)");
+    add("train", "eval_batches", T(eval_batches), 1, 1e15, {}, "validation micro-batches");
+    add("train", "time_limit_s", T(time_limit_s), 0, kInf, {}, "stop after this many seconds (0 = none)");
+    add("train", "out_dir", T(out_dir), 0, 0, {}, "metrics and outputs");
+#undef T
+#define D(name) [](Config& c) -> Ref { return &c.data.name; }
+    add("data", "train_path", D(train_path), 0, 0, {}, "training token file");
+    add("data", "valid_path", D(valid_path), 0, 0, {}, "validation token file");
+    add("data", "token_dtype", D(token_dtype), 0, 0, {"uint16", "uint32"}, "token file element type");
+#undef D
+    return f;
+  }();
+  return table;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s;
+}
+
+std::string keys_of(const std::string& section) {
+  std::vector<std::string> keys;
+  for (const Field& f : fields())
+    if (f.section == section) keys.push_back(f.key);
+  return join(keys);
+}
+
+std::vector<std::string> sections() { return {"model", "loss", "optim", "train", "data"}; }
+
+const Field& find_field(const std::string& section, const std::string& key) {
+  bool section_known = false;
+  for (const Field& f : fields()) {
+    if (f.section == section) section_known = true;
+    if (f.section == section && f.key == key) return f;
+  }
+  if (!section_known)
+    MOE_FAIL("unknown config section '", section, "' (allowed: ", join(sections()), ")");
+  MOE_FAIL("unknown config key '", section, ".", key, "' (allowed in [", section, "]: ",
+           keys_of(section), ")");
+}
+
+// A value as parsed from TOML or from an override string.
+using Value = std::variant<int64_t, double, bool, std::string>;
+
+std::string describe(const Value& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        std::ostringstream s;
+        if constexpr (std::is_same_v<std::decay_t<decltype(x)>, bool>) s << (x ? "true" : "false");
+        else if constexpr (std::is_same_v<std::decay_t<decltype(x)>, std::string>) s << '"' << x << '"';
+        else s << x;
+        return s.str();
+      },
+      v);
+}
+
+void assign(Config& config, const Field& f, const Value& v) {
+  std::string name = f.section + "." + f.key;
+  auto range_check = [&](double x) {
+    MOE_CHECK(x >= f.min && x <= f.max, name, " = ", describe(v), " is out of range [", f.min,
+              ", ", f.max, "] (", f.help, ")");
+  };
+  Ref ref = f.ref(config);
+  if (auto p = std::get_if<int64_t*>(&ref)) {
+    const int64_t* i = std::get_if<int64_t>(&v);
+    MOE_CHECK(i, name, " = ", describe(v), ": expected an integer (", f.help, ")");
+    range_check(static_cast<double>(*i));
+    **p = *i;
+  } else if (auto p = std::get_if<uint64_t*>(&ref)) {
+    const int64_t* i = std::get_if<int64_t>(&v);
+    MOE_CHECK(i && *i >= 0, name, " = ", describe(v), ": expected a non-negative integer");
+    **p = static_cast<uint64_t>(*i);
+  } else if (auto p = std::get_if<double*>(&ref)) {
+    double x;
+    if (auto i = std::get_if<int64_t>(&v)) x = static_cast<double>(*i);
+    else if (auto d = std::get_if<double>(&v)) x = *d;
+    else MOE_FAIL(name, " = ", describe(v), ": expected a number (", f.help, ")");
+    MOE_CHECK(std::isfinite(x) || f.max == kInf, name, " must be finite");
+    range_check(x);
+    **p = x;
+  } else if (auto p = std::get_if<bool*>(&ref)) {
+    const bool* b = std::get_if<bool>(&v);
+    MOE_CHECK(b, name, " = ", describe(v), ": expected true or false");
+    **p = *b;
+  } else if (auto p = std::get_if<std::string*>(&ref)) {
+    const std::string* s = std::get_if<std::string>(&v);
+    MOE_CHECK(s, name, " = ", describe(v), ": expected a string",
+              f.choices.empty() ? "" : " (allowed: " + join(f.choices) + ")");
+    if (!f.choices.empty()) {
+      bool ok = false;
+      for (const auto& c : f.choices) ok = ok || c == *s;
+      MOE_CHECK(ok, name, " = \"", *s, "\" is not allowed (allowed: ", join(f.choices), ")");
+    }
+    **p = *s;
+  }
+}
+
+Value from_toml(const toml::node& node, const std::string& name) {
+  if (auto i = node.as_integer()) return i->get();
+  if (auto d = node.as_floating_point()) return d->get();
+  if (auto b = node.as_boolean()) return b->get();
+  if (auto s = node.as_string()) return s->get();
+  MOE_FAIL(name, ": unsupported value type (expected a number, boolean or string)");
+}
+
+// Override values are typed by the field they set: "true"/"false" for bools, numbers for
+// numbers, anything else for strings (quotes optional).
+Value parse_override_value(const Field& f, const std::string& text, Config& config) {
+  Ref ref = f.ref(config);
+  std::string name = f.section + "." + f.key;
+  if (std::holds_alternative<bool*>(ref)) {
+    if (text == "true") return true;
+    if (text == "false") return false;
+    MOE_FAIL(name, " = ", text, ": expected true or false");
+  }
+  if (std::holds_alternative<std::string*>(ref)) {
+    if (text.size() >= 2 && text.front() == '"' && text.back() == '"')
+      return text.substr(1, text.size() - 2);
+    return text;
+  }
+  size_t used = 0;
+  try {
+    if (std::holds_alternative<double*>(ref)) {
+      double x = std::stod(text, &used);
+      if (used == text.size()) return x;
+    } else {
+      long long x = std::stoll(text, &used);
+      if (used == text.size()) return static_cast<int64_t>(x);
+    }
+  } catch (const std::exception&) {
+  }
+  MOE_FAIL(name, " = ", text, ": expected ",
+           std::holds_alternative<double*>(ref) ? "a number" : "an integer", " (", f.help, ")");
+}
+
+}  // namespace
+
+Config parse_config(const std::string& toml_text, const std::vector<std::string>& overrides,
+                    const std::string& source_name) {
+  Config config;
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source_name);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream s;
+    s << e.description() << " at " << source_name << ":" << e.source().begin.line << ":"
+      << e.source().begin.column;
+    MOE_FAIL("config parse error: ", s.str());
+  }
+  for (auto&& [section_key, section_node] : root) {
+    std::string section(section_key.str());
+    const toml::table* table = section_node.as_table();
+    if (!table) {
+      bool known = false;
+      for (const auto& s : sections()) known = known || s == section;
+      MOE_FAIL(source_name, ": '", section, "' must be a [section] (allowed sections: ",
+               join(sections()), ")", known ? "" : "; it is not a known section either");
+    }
+    for (auto&& [key, node] : *table) {
+      const Field& f = find_field(section, std::string(key.str()));
+      assign(config, f, from_toml(node, section + "." + std::string(key.str())));
+    }
+  }
+  for (const std::string& o : overrides) {
+    size_t eq = o.find('=');
+    size_t dot = o.find('.');
+    MOE_CHECK(eq != std::string::npos && dot != std::string::npos && dot < eq,
+              "override '", o, "' must look like section.key=value");
+    const Field& f = find_field(o.substr(0, dot), o.substr(dot + 1, eq - dot - 1));
+    assign(config, f, parse_override_value(f, o.substr(eq + 1), config));
+  }
+  config.validate();
+  return config;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  MOE_CHECK(in.good(), "cannot open config file '", path, "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), overrides, path);
+}
+
+Config config_from_json(const std::string& json_text) {
+  Config config;
+  nlohmann::json root = nlohmann::json::parse(json_text);
+  for (auto& [section, table] : root.items()) {
+    MOE_CHECK(table.is_object(), "config JSON: '", section, "' must be an object");
+    for (auto& [key, value] : table.items()) {
+      const Field& f = find_field(section, key);
+      Value v;
+      if (value.is_boolean()) v = value.get<bool>();
+      else if (value.is_number_integer()) v = value.get<int64_t>();
+      else if (value.is_number()) v = value.get<double>();
+      else if (value.is_string()) v = value.get<std::string>();
+      else MOE_FAIL("config JSON: ", section, ".", key, " has an unsupported type");
+      assign(config, f, v);
+    }
+  }
+  config.validate();
+  return config;
+}
+
+namespace {
+template <class Emit> void for_each_value(const Config& config, Emit emit) {
+  Config& c = const_cast<Config&>(config);  // fields() hands out mutable refs; we only read
+  for (const Field& f : fields()) emit(f, f.ref(c));
+}
+}  // namespace
+
+std::string config_to_toml(const Config& config) {
+  std::ostringstream out;
+  std::string section;
+  out.precision(17);
+  for_each_value(config, [&](const Field& f, Ref ref) {
+    if (f.section != section) {
+      out << (section.empty() ? "" : "\n") << "[" << f.section << "]\n";
+      section = f.section;
+    }
+    out << f.key << " = ";
+    std::visit(
+        [&](auto* p) {
+          using T = std::decay_t<decltype(*p)>;
+          if constexpr (std::is_same_v<T, bool>) out << (*p ? "true" : "false");
+          else if constexpr (std::is_same_v<T, std::string>) out << '"' << *p << '"';
+          else if constexpr (std::is_same_v<T, double>) {
+            std::ostringstream num;
+            num.precision(17);
+            num << *p;
+            std::string s = num.str();
+            if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+            out << s;
+          } else out << *p;
+        },
+        ref);
+    out << "\n";
+  });
+  return out.str();
+}
+
+std::string config_to_json(const Config& config) {
+  nlohmann::json root;
+  for_each_value(config, [&](const Field& f, Ref ref) {
+    std::visit([&](auto* p) { root[f.section][f.key] = *p; }, ref);
+  });
+  return root.dump(2);
+}
+
+void Config::validate() const {
+  model.validate();
+  MOE_CHECK(train.batch_size % train.micro_batch_size == 0, "train.batch_size = ",
+            train.batch_size, " is not a multiple of train.micro_batch_size = ",
+            train.micro_batch_size);
+  MOE_CHECK(optim.min_lr <= optim.lr, "optim.min_lr = ", optim.min_lr, " exceeds optim.lr = ", optim.lr);
+  MOE_CHECK(optim.warmup_steps <= train.steps, "optim.warmup_steps = ", optim.warmup_steps,
+            " exceeds train.steps = ", train.steps);
+  if (optim.schedule == "wsd")
+    MOE_CHECK(optim.decay_steps >= 1 && optim.decay_steps <= train.steps - optim.warmup_steps,
+              "optim.decay_steps = ", optim.decay_steps, " must be in [1, steps - warmup_steps = ",
+              train.steps - optim.warmup_steps, "] for the wsd schedule");
+  if (train.backend == "ref")
+    MOE_CHECK(train.precision == "fp32", "train.precision = \"", train.precision,
+              "\" needs train.backend = \"cpu\" (the reference backend has no bf16 GEMMs)");
+}
+
+void ModelConfig::validate() const {
+  MOE_CHECK(n_heads % n_kv_heads == 0, "model.n_kv_heads = ", n_kv_heads,
+            " does not divide model.n_heads = ", n_heads);
+  MOE_CHECK(head_dim > 0 || d_model % n_heads == 0, "model.d_model = ", d_model,
+            " is not divisible by model.n_heads = ", n_heads, " (set model.head_dim explicitly)");
+  MOE_CHECK(hd() % 2 == 0, "head dim ", hd(), " must be even for rotate-halves RoPE");
+  MOE_CHECK(n_dense_layers <= n_layers, "model.n_dense_layers = ", n_dense_layers,
+            " exceeds model.n_layers = ", n_layers);
+  MOE_CHECK(top_k <= num_experts, "model.top_k = ", top_k, " exceeds model.num_experts = ", num_experts);
+  MOE_CHECK(router_bias_gamma == 0 || routing == "learned",
+            "model.router_bias_gamma needs model.routing = \"learned\"");
+}
+
+int64_t ModelConfig::num_params() const {
+  const int64_t D = d_model, q = n_heads * hd(), kv = n_kv_heads * hd();
+  int64_t n = vocab_size * D * (tie_embeddings ? 1 : 2) + D;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    n += D * (norm_placement == "peri" ? 4 : 2);
+    n += D * q * 2 + D * kv * 2;
+    if (qk_norm == "full") n += q + kv;
+    if (qk_norm == "per_head") n += 2 * hd();
+    if (!is_moe_layer(l)) n += 3 * D * dense_width();
+    else n += num_experts * D + 3 * num_experts * expert_hidden * D + 3 * D * shared_hidden;
+  }
+  return n;
+}
+
+int64_t ModelConfig::num_active_matmul_params() const {
+  const int64_t D = d_model, q = n_heads * hd(), kv = n_kv_heads * hd();
+  int64_t n = vocab_size * D;  // LM head (runs even when tied)
+  for (int64_t l = 0; l < n_layers; ++l) {
+    n += D * q * 2 + D * kv * 2;
+    if (!is_moe_layer(l)) n += 3 * D * dense_width();
+    else n += num_experts * D + 3 * top_k * expert_hidden * D + 3 * D * shared_hidden;
+  }
+  return n;
+}
+
+double ModelConfig::train_flops_per_token(int64_t seq_len) const {
+  return 6.0 * static_cast<double>(num_active_matmul_params()) +
+         12.0 * static_cast<double>(n_layers * n_heads * hd()) * static_cast<double>(seq_len + 1) / 2.0;
+}
+
+double ModelConfig::train_flops_per_token_noncausal(int64_t seq_len) const {
+  return 6.0 * static_cast<double>(num_active_matmul_params()) +
+         12.0 * static_cast<double>(n_layers * n_heads * hd()) * static_cast<double>(seq_len);
+}
+
+}  // namespace moe

@@ -1,0 +1,116 @@
+// The run's configuration: model, losses, optimizer, training loop, data, parallel layout.
+// Every field is declared once in config.cpp's field table with its type, range or allowed
+// values and help text; TOML files and --set overrides are parsed against that table, so an
+// unknown key, a wrong type or an out-of-range value is an error that names the key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moe {
+
+struct ModelConfig {
+  int64_t vocab_size = 256;
+  int64_t d_model = 256;
+  int64_t n_layers = 4;
+  int64_t n_heads = 8;
+  int64_t n_kv_heads = 4;
+  int64_t head_dim = 0;  // 0 = d_model / n_heads
+  double norm_eps = 1e-5;
+  std::string norm_placement = "pre";  // pre | peri
+  bool tie_embeddings = false;
+  double rope_theta = 10000.0;
+  std::string qk_norm = "full";  // none | full | per_head
+  int64_t n_dense_layers = 0;
+  int64_t dense_hidden = 0;  // 0 = top_k * expert_hidden + shared_hidden
+  int64_t num_experts = 8;
+  int64_t top_k = 2;
+  int64_t expert_hidden = 256;
+  std::string score_func = "softmax";  // softmax | sigmoid
+  bool norm_topk_prob = false;
+  int64_t shared_hidden = 0;         // 0 = no shared expert
+  std::string shared_merge = "sum";  // sum | v1
+  std::string routing = "learned";   // learned | uniform | random
+  double router_bias_gamma = 0.0;    // > 0 enables loss-free balancing
+  double init_std = 0.02;
+
+  int64_t hd() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
+  int64_t dense_width() const { return dense_hidden > 0 ? dense_hidden : top_k * expert_hidden + shared_hidden; }
+  bool is_moe_layer(int64_t layer) const { return layer >= n_dense_layers; }
+  int64_t num_moe_layers() const { return n_layers - n_dense_layers; }
+  // Throws moe::Error naming the inconsistent fields.
+  void validate() const;
+  int64_t num_params() const;
+  // Parameters one token touches: routed experts counted K times out of E; embedding excluded.
+  int64_t num_active_matmul_params() const;
+  // Training FLOPs per token, causal attention: 6*active + 12*L*H*hd*(S+1)/2.
+  double train_flops_per_token(int64_t seq_len) const;
+  // The non-causal convention many published MFU figures use: 6*active + 12*L*H*hd*S.
+  double train_flops_per_token_noncausal(int64_t seq_len) const;
+};
+
+struct LossConfig {
+  double lm_z_coef = 0.0;
+  double lbl_coef = 0.01;
+  double router_z_coef = 0.001;
+};
+
+struct OptimConfig {
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  bool no_decay_embeddings_norms = true;
+  double max_grad_norm = 1.0;  // 0 = no clipping
+  std::string schedule = "cosine";  // cosine | linear | wsd | constant
+  int64_t warmup_steps = 100;
+  int64_t decay_steps = 0;  // wsd only
+};
+
+struct TrainConfig {
+  int64_t steps = 1000;
+  int64_t seq_len = 256;
+  int64_t batch_size = 16;        // sequences per optimizer step
+  int64_t micro_batch_size = 8;   // sequences per forward/backward
+  uint64_t seed = 1234;
+  std::string precision = "fp32";  // fp32 | bf16
+  std::string backend = "cpu";     // cpu | ref
+  int64_t threads = 0;             // 0 = all cores
+  bool recompute = false;          // recompute each block in backward
+  int64_t log_every = 10;
+  int64_t eval_every = 100;
+  int64_t eval_batches = 8;
+  double time_limit_s = 0;         // stop after this many seconds (0 = no limit)
+  std::string out_dir = "runs/default";
+};
+
+struct DataConfig {
+  std::string train_path = "data/kjv/train.bin";
+  std::string valid_path = "data/kjv/valid.bin";
+  std::string token_dtype = "uint16";  // uint16 | uint32
+};
+
+struct Config {
+  ModelConfig model;
+  LossConfig loss;
+  OptimConfig optim;
+  TrainConfig train;
+  DataConfig data;
+
+  void validate() const;
+};
+
+// Parses TOML text (an empty string gives the defaults) and applies "section.key=value"
+// overrides in order. Errors name the key, the value and what is allowed.
+Config parse_config(const std::string& toml_text, const std::vector<std::string>& overrides,
+                    const std::string& source_name = "config");
+Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+// Loads the config embedded in a fixture or checkpoint (JSON with the same sections/keys).
+Config config_from_json(const std::string& json_text);
+std::string config_to_toml(const Config& config);
+std::string config_to_json(const Config& config);
+
+}  // namespace moe

@@ -1,0 +1,409 @@
+// Fast MoE routing kernels: OpenMP over tokens (every output row is owned by one iteration), and
+// reductions over tokens in fixed-size chunks combined in chunk order, so that results do not
+// depend on the thread count. Same semantics as kernels/ref/moe_routing.cpp.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/rng.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ref/ref_ops.h"
+
+namespace moe::cpu {
+namespace {
+
+constexpr int64_t kChunk = 256;  // tokens per reduction chunk (fixed: independent of threads)
+
+template <class F> void dispatch(DType t, F&& f) {
+  if (t == DType::kF32) f(float{});
+  else if (t == DType::kF64) f(double{});
+  else MOE_FAIL("cpu routing kernels take f32 or f64, got ", dtype_name(t));
+}
+
+template <class T> void topk_row(const T* sel, int64_t E, int64_t K, int32_t* out) {
+  // K is small: repeated selection of the maximum, ties to the lower index, O(K*E).
+  uint64_t taken_small = 0;
+  std::vector<char> taken_big;
+  if (E > 64) taken_big.assign(static_cast<size_t>(E), 0);
+  for (int64_t j = 0; j < K; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      bool used = E > 64 ? taken_big[static_cast<size_t>(e)] != 0 : ((taken_small >> e) & 1u) != 0;
+      if (!used && (best < 0 || sel[e] > sel[best])) best = e;
+    }
+    out[j] = static_cast<int32_t>(best);
+    if (E > 64) taken_big[static_cast<size_t>(best)] = 1;
+    else taken_small |= 1ull << best;
+  }
+}
+
+}  // namespace
+
+void router_scores_fwd(const Tensor& logits, int kind, const Tensor& scores) {
+  check_same_shape(logits, scores, "router_scores_fwd");
+  dispatch(logits.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const T* z = logits.as<T>();
+    T* s = scores.as<T>();
+    const int64_t N = logits.rows(), E = logits.cols();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      const T* zr = z + t * E;
+      T* sr = s + t * E;
+      if (kind == 1) {
+        for (int64_t e = 0; e < E; ++e) sr[e] = T(1) / (T(1) + std::exp(-zr[e]));
+        continue;
+      }
+      T mx = zr[0];
+      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, zr[e]);
+      T sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += (sr[e] = std::exp(zr[e] - mx));
+      const T inv = T(1) / sum;
+      for (int64_t e = 0; e < E; ++e) sr[e] *= inv;
+    }
+  });
+}
+
+void router_scores_bwd(const Tensor& dscores, const Tensor& scores, int kind, const Tensor& dlogits) {
+  check_same_shape(dscores, scores, "router_scores_bwd");
+  check_same_shape(dlogits, scores, "router_scores_bwd");
+  dispatch(scores.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const T* ds = dscores.as<T>();
+    const T* s = scores.as<T>();
+    T* dz = dlogits.as<T>();
+    const int64_t N = scores.rows(), E = scores.cols();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      const T* dr = ds + t * E;
+      const T* sr = s + t * E;
+      T* zr = dz + t * E;
+      if (kind == 1) {
+        for (int64_t e = 0; e < E; ++e) zr[e] += dr[e] * sr[e] * (T(1) - sr[e]);
+        continue;
+      }
+      T dot = 0;
+      for (int64_t e = 0; e < E; ++e) dot += dr[e] * sr[e];
+      for (int64_t e = 0; e < E; ++e) zr[e] += sr[e] * (dr[e] - dot);
+    }
+  });
+}
+
+void router_topk(const Tensor& scores, const Tensor& bias, const Tensor& expert_idx) {
+  const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
+  check_shape(expert_idx, {N, K}, "router_topk expert_idx");
+  MOE_CHECK(K <= E, "router_topk: K=", K, " > E=", E);
+  if (!bias.empty()) check_shape(bias, {E}, "router_topk bias");
+  dispatch(scores.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const T* s = scores.as<T>();
+    const T* b = bias.empty() ? nullptr : bias.as<T>();
+    int32_t* idx = expert_idx.as<int32_t>();
+#pragma omp parallel
+    {
+      std::vector<T> sel(static_cast<size_t>(E));
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < N; ++t) {
+        const T* row = s + t * E;
+        if (b) {
+          for (int64_t e = 0; e < E; ++e) sel[static_cast<size_t>(e)] = row[e] + b[e];
+          row = sel.data();
+        }
+        topk_row(row, E, K, idx + t * K);
+      }
+    }
+  });
+}
+
+void router_assign(int kind, uint64_t seed, uint64_t stream, int64_t token_base, int num_experts,
+                   const Tensor& expert_idx) {
+  const int64_t N = expert_idx.rows(), K = expert_idx.cols(), E = num_experts;
+  MOE_CHECK(K <= E, "router_assign: K=", K, " > E=", E);
+  int32_t* idx = expert_idx.as<int32_t>();
+#pragma omp parallel
+  {
+    std::vector<double> draw(static_cast<size_t>(E));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      const uint64_t g = static_cast<uint64_t>(token_base + t);
+      if (kind == 0) {
+        for (int64_t j = 0; j < K; ++j)
+          idx[t * K + j] = static_cast<int32_t>((g * static_cast<uint64_t>(K) + static_cast<uint64_t>(j)) % static_cast<uint64_t>(E));
+        continue;
+      }
+      for (int64_t e = 0; e < E; ++e)
+        draw[static_cast<size_t>(e)] = random_uniform(seed, stream, g * static_cast<uint64_t>(E) + static_cast<uint64_t>(e));
+      topk_row(draw.data(), E, K, idx + t * K);
+    }
+  }
+}
+
+void router_gather(const Tensor& scores, const Tensor& expert_idx, bool norm_topk, const Tensor& weights) {
+  const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
+  check_shape(weights, {N, K}, "router_gather weights");
+  dispatch(scores.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const T* s = scores.as<T>();
+    const int32_t* idx = expert_idx.as<int32_t>();
+    T* w = weights.as<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      T sum = 0;
+      for (int64_t j = 0; j < K; ++j) sum += (w[t * K + j] = s[t * E + idx[t * K + j]]);
+      if (norm_topk)
+        for (int64_t j = 0; j < K; ++j) w[t * K + j] /= sum;
+    }
+  });
+}
+
+void router_gather_bwd(const Tensor& dweights, const Tensor& scores, const Tensor& expert_idx,
+                       bool norm_topk, const Tensor& dscores) {
+  const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
+  check_same_shape(dscores, scores, "router_gather_bwd dscores");
+  dispatch(scores.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const T* s = scores.as<T>();
+    const T* dw = dweights.as<T>();
+    const int32_t* idx = expert_idx.as<int32_t>();
+    T* ds = dscores.as<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      if (!norm_topk) {
+        for (int64_t j = 0; j < K; ++j) ds[t * E + idx[t * K + j]] += dw[t * K + j];
+        continue;
+      }
+      T sum = 0;
+      for (int64_t j = 0; j < K; ++j) sum += s[t * E + idx[t * K + j]];
+      T dot = 0;
+      for (int64_t j = 0; j < K; ++j) dot += dw[t * K + j] * s[t * E + idx[t * K + j]] / sum;
+      for (int64_t j = 0; j < K; ++j) ds[t * E + idx[t * K + j]] += (dw[t * K + j] - dot) / sum;
+    }
+  });
+}
+
+void router_bias_update(const Tensor& step_counts, double gamma, const Tensor& bias) {
+  ref::router_bias_update(step_counts, gamma, bias);  // E values, once per step: nothing to speed up
+}
+
+void add_counts(const Tensor& counts, const Tensor& total) { ref::add_counts(counts, total); }
+
+void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
+              const Tensor& sorted_slot, const Tensor& slot_pos) {
+  const int64_t R = expert_idx.numel(), E = counts.numel();
+  check_shape(offsets, {E + 1}, "moe_plan offsets");
+  check_shape(sorted_slot, {R}, "moe_plan sorted_slot");
+  check_shape(slot_pos, {R}, "moe_plan slot_pos");
+  const int32_t* idx = expert_idx.as<int32_t>();
+  // Parallel stable counting sort: per-chunk histograms, an exclusive scan in (expert, chunk)
+  // order, then each chunk scatters its slots in order. The result is the unique stable order.
+  const int64_t chunk = 4096, num_chunks = (R + chunk - 1) / chunk;
+  std::vector<int32_t> hist(static_cast<size_t>(std::max<int64_t>(num_chunks, 1) * E), 0);
+  bool bad = false;
+#pragma omp parallel for schedule(static) reduction(|| : bad)
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    int32_t* h = hist.data() + c * E;
+    for (int64_t r = c * chunk; r < std::min(R, (c + 1) * chunk); ++r) {
+      if (idx[r] < 0 || idx[r] >= E) { bad = true; continue; }
+      ++h[idx[r]];
+    }
+  }
+  MOE_CHECK(!bad, "moe_plan: expert id out of range [0,", E, ")");
+  int32_t* cnt = counts.as<int32_t>();
+  int32_t* off = offsets.as<int32_t>();
+  int32_t running = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    off[e] = running;
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      int32_t n = hist[static_cast<size_t>(c * E + e)];
+      hist[static_cast<size_t>(c * E + e)] = running;
+      running += n;
+    }
+    cnt[e] = running - off[e];
+  }
+  off[E] = running;
+  int32_t* sorted = sorted_slot.as<int32_t>();
+  int32_t* pos = slot_pos.as<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    int32_t* next = hist.data() + c * E;
+    for (int64_t r = c * chunk; r < std::min(R, (c + 1) * chunk); ++r) {
+      int32_t p = next[idx[r]]++;
+      sorted[p] = static_cast<int32_t>(r);
+      pos[r] = p;
+    }
+  }
+}
+
+void moe_gather(const Tensor& x, const Tensor& sorted_slot, const Tensor& xs) {
+  const int64_t T = x.rows(), D = x.cols(), R = sorted_slot.numel();
+  MOE_CHECK(T > 0 && R % T == 0, "moe_gather: ", R, " slots for ", T, " tokens");
+  const int64_t K = R / T;
+  check_shape(xs, {R, D}, "moe_gather xs");
+  MOE_CHECK(xs.dtype == x.dtype, "moe_gather: dtypes differ");
+  const size_t row = static_cast<size_t>(D) * dtype_size(x.dtype);
+  const int32_t* sorted = sorted_slot.as<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < R; ++p) {
+    const int64_t t = sorted[p] / K;
+    std::memcpy(static_cast<char*>(xs.data) + p * row, static_cast<const char*>(x.data) + t * row, row);
+  }
+}
+
+void moe_gather_bwd(const Tensor& dxs, const Tensor& slot_pos, const Tensor& dx) {
+  const int64_t T = dx.rows(), D = dx.cols(), K = slot_pos.numel() / T;
+  dispatch(dx.dtype, [&](auto zero) {
+    using F = decltype(zero);
+    const F* g = dxs.as<F>();
+    F* out = dx.as<F>();
+    const int32_t* pos = slot_pos.as<int32_t>();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j) {
+        const F* src = g + pos[t * K + j] * D;
+        F* dst = out + t * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) dst[d] += src[d];
+      }
+  });
+}
+
+void moe_combine(const Tensor& ys, const Tensor& slot_pos, const Tensor& weights, const Tensor& out,
+                 bool accumulate) {
+  const int64_t T = out.rows(), D = out.cols(), K = weights.cols();
+  check_shape(weights, {T, K}, "moe_combine weights");
+  dispatch(out.dtype, [&](auto zero) {
+    using F = decltype(zero);
+    const F* y = ys.as<F>();
+    const F* w = weights.as<F>();
+    const int32_t* pos = slot_pos.as<int32_t>();
+    F* o = out.as<F>();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      F* dst = o + t * D;
+      if (!accumulate)
+        for (int64_t d = 0; d < D; ++d) dst[d] = 0;
+      // Same order as the reference (j inner per element), so fast == ref bitwise in f32.
+      for (int64_t d = 0; d < D; ++d) {
+        F acc = 0;
+        for (int64_t j = 0; j < K; ++j) acc += w[t * K + j] * y[pos[t * K + j] * D + d];
+        dst[d] += acc;
+      }
+    }
+  });
+}
+
+void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_pos,
+                     const Tensor& weights, const Tensor& dys, const Tensor& dweights) {
+  const int64_t T = dout.rows(), D = dout.cols(), K = weights.cols();
+  check_shape(dweights, {T, K}, "moe_combine_bwd dweights");
+  dispatch(dout.dtype, [&](auto zero) {
+    using F = decltype(zero);
+    const F* g = dout.as<F>();
+    const F* y = ys.as<F>();
+    const F* w = weights.as<F>();
+    const int32_t* pos = slot_pos.as<int32_t>();
+    F* dy = dys.as<F>();
+    F* dw = dweights.as<F>();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j) {
+        const int64_t p = pos[t * K + j];
+        const F wt = w[t * K + j];
+        F dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < D; ++d) {
+          dy[p * D + d] = wt * g[t * D + d];
+          dot += g[t * D + d] * y[p * D + d];
+        }
+        dw[t * K + j] = dot;
+      }
+  });
+}
+
+void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int top_k,
+                       double value_scale, double grad_scale, const Tensor& out,
+                       const Tensor& dscores, const Tensor& mean_prob) {
+  const int64_t T = scores.rows(), E = scores.cols();
+  check_shape(counts, {E}, "load_balance_loss counts");
+  check_shape(mean_prob, {E}, "load_balance_loss mean_prob");
+  dispatch(scores.dtype, [&](auto zero) {
+    using F = decltype(zero);
+    const F* s = scores.as<F>();
+    const int32_t* c = counts.as<int32_t>();
+    F* ds = dscores.empty() ? nullptr : dscores.as<F>();
+    F* P = mean_prob.as<F>();
+    std::vector<F> f(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) f[static_cast<size_t>(e)] = static_cast<F>(c[e]) / static_cast<F>(top_k * T);
+    const int64_t num_chunks = (T + kChunk - 1) / kChunk;
+    std::vector<F> partial(static_cast<size_t>(num_chunks * E), F(0));
+#pragma omp parallel for schedule(static)
+    for (int64_t ch = 0; ch < num_chunks; ++ch) {
+      F* acc = partial.data() + ch * E;
+      for (int64_t t = ch * kChunk; t < std::min(T, (ch + 1) * kChunk); ++t) {
+        F norm = 1;
+        if (kind == 1) {
+          norm = 0;
+          for (int64_t e = 0; e < E; ++e) norm += s[t * E + e];
+        }
+        for (int64_t e = 0; e < E; ++e) acc[e] += s[t * E + e] / norm;
+      }
+    }
+    F loss = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      F sum = 0;
+      for (int64_t ch = 0; ch < num_chunks; ++ch) sum += partial[static_cast<size_t>(ch * E + e)];
+      P[e] = sum / static_cast<F>(T);
+      loss += f[static_cast<size_t>(e)] * P[e];
+    }
+    out.as<double>()[0] += value_scale * static_cast<double>(static_cast<F>(E) * loss);
+    if (!ds) return;
+    const F gscale = static_cast<F>(grad_scale) * static_cast<F>(E) / static_cast<F>(T);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      if (kind == 0) {
+        for (int64_t e = 0; e < E; ++e) ds[t * E + e] += gscale * f[static_cast<size_t>(e)];
+        continue;
+      }
+      F norm = 0, dot = 0;
+      for (int64_t e = 0; e < E; ++e) norm += s[t * E + e];
+      for (int64_t e = 0; e < E; ++e) dot += f[static_cast<size_t>(e)] * s[t * E + e] / norm;
+      for (int64_t e = 0; e < E; ++e) ds[t * E + e] += gscale * (f[static_cast<size_t>(e)] - dot) / norm;
+    }
+  });
+}
+
+void router_z_loss(const Tensor& logits, double value_scale, double grad_scale, const Tensor& out,
+                   const Tensor& dlogits) {
+  const int64_t T = logits.rows(), E = logits.cols();
+  dispatch(logits.dtype, [&](auto zero) {
+    using F = decltype(zero);
+    const F* z = logits.as<F>();
+    F* dz = dlogits.empty() ? nullptr : dlogits.as<F>();
+    const int64_t num_chunks = (T + kChunk - 1) / kChunk;
+    std::vector<double> partial(static_cast<size_t>(num_chunks), 0.0);
+#pragma omp parallel for schedule(static)
+    for (int64_t ch = 0; ch < num_chunks; ++ch) {
+      double acc = 0;
+      for (int64_t t = ch * kChunk; t < std::min(T, (ch + 1) * kChunk); ++t) {
+        F mx = z[t * E];
+        for (int64_t e = 1; e < E; ++e) mx = std::max(mx, z[t * E + e]);
+        F sum = 0;
+        for (int64_t e = 0; e < E; ++e) sum += std::exp(z[t * E + e] - mx);
+        const F lse = mx + std::log(sum);
+        acc += static_cast<double>(lse) * static_cast<double>(lse);
+        if (!dz) continue;
+        const F g = static_cast<F>(grad_scale) * F(2) * lse / static_cast<F>(T);
+        for (int64_t e = 0; e < E; ++e) dz[t * E + e] += g * std::exp(z[t * E + e] - lse);
+      }
+      partial[static_cast<size_t>(ch)] = acc;
+    }
+    double total = 0;
+    for (double p : partial) total += p;
+    out.as<double>()[0] += value_scale * total / static_cast<double>(T);
+  });
+}
+
+}  // namespace moe::cpu

@@ -1,0 +1,84 @@
+// Attention sublayer, forward then backward:
+//   h = RMSNorm(x); q,k,v = h W^T; [QK-norm]; RoPE(q,k); o = causal GQA attention; y = o wo^T
+//   pre: x_out = x + y          peri: x_out = x + RMSNorm_out(y)
+#include "model/transformer.h"
+
+namespace moe {
+
+void Transformer::attention_forward(int64_t l, const Tensor& x_in, AttnActs& a, const Tensor& x_out) {
+  const LayerWeights& W = params_.layers[static_cast<size_t>(l)];
+  const LayerWeights& Wc = operands_.layers[static_cast<size_t>(l)];
+  const int64_t T = dims_.T, H = cfg_.n_heads, G = cfg_.n_kv_heads, hd = cfg_.hd();
+  Tensor h_act = norm_input(x_in, W.attn_norm, a.rstd_in, Tensor(), a.h_act);
+  Tensor q2 = a.q.view({T, H * hd}), k2 = a.k.view({T, G * hd});
+  if (cfg_.qk_norm == "none") {
+    ops_.linear_fwd(h_act, Wc.wq, q2, false);
+    ops_.linear_fwd(h_act, Wc.wk, k2, false);
+  } else {
+    ops_.linear_fwd(h_act, Wc.wq, a.q_lin, false);
+    ops_.linear_fwd(h_act, Wc.wk, a.k_lin, false);
+    if (cfg_.qk_norm == "full") {
+      ops_.rmsnorm_fwd(a.q_lin, W.q_norm, cfg_.norm_eps, q2, a.rstd_q);
+      ops_.rmsnorm_fwd(a.k_lin, W.k_norm, cfg_.norm_eps, k2, a.rstd_k);
+    } else {  // per head: rows of hd values, one weight of size hd shared by all heads
+      ops_.rmsnorm_fwd(a.q_lin.view({T * H, hd}), W.q_norm, cfg_.norm_eps, q2.view({T * H, hd}), a.rstd_q);
+      ops_.rmsnorm_fwd(a.k_lin.view({T * G, hd}), W.k_norm, cfg_.norm_eps, k2.view({T * G, hd}), a.rstd_k);
+    }
+  }
+  ops_.linear_fwd(h_act, Wc.wv, a.v.view({T, G * hd}), false);
+  ops_.rope_fwd(a.q, cfg_.rope_theta);
+  ops_.rope_fwd(a.k, cfg_.rope_theta);
+  ops_.attention_fwd(a.q, a.k, a.v, a.o, a.lse);
+  Tensor o_act = operand(a.o.view({T, H * hd}), a.o_act);
+  const bool peri = cfg_.norm_placement == "peri";
+  Tensor y = peri ? a.out : x_out;
+  ops_.linear_fwd(o_act, Wc.wo, y, false);
+  finish_sublayer(y, W.attn_out_norm, a.rstd_out, x_in, x_out);
+}
+
+// On entry scratch_.dx holds d(x_out); on exit d(x_in) (the residual passes straight through).
+void Transformer::attention_backward(int64_t l, const Tensor& x_in, AttnActs& a) {
+  const LayerWeights& W = params_.layers[static_cast<size_t>(l)];
+  const LayerWeights& Wc = operands_.layers[static_cast<size_t>(l)];
+  LayerWeights& dW = grads_.layers[static_cast<size_t>(l)];
+  Scratch& s = scratch_;
+  const int64_t T = dims_.T, H = cfg_.n_heads, G = cfg_.n_kv_heads, hd = cfg_.hd();
+  const bool peri = cfg_.norm_placement == "peri";
+  Tensor dy = sublayer_output_grad(peri ? a.out : Tensor(), W.attn_out_norm, a.rstd_out, dW.attn_out_norm);
+
+  Tensor dy_act = operand_grad(dy);
+  Tensor o_act = dims_.adt == dims_.cdt ? a.o.view({T, H * hd}) : a.o_act;
+  ops_.linear_bwd_data(dy_act, Wc.wo, s.dO.view({T, H * hd}), false);
+  ops_.linear_bwd_weight(dy_act, o_act, dW.wo);
+  ops_.attention_bwd(s.dO, a.q, a.k, a.v, a.o, a.lse, s.dq, s.dk, s.dv);
+  ops_.rope_bwd(s.dq, cfg_.rope_theta);
+  ops_.rope_bwd(s.dk, cfg_.rope_theta);
+
+  Tensor dq = s.dq.view({T, H * hd}), dk = s.dk.view({T, G * hd});
+  if (cfg_.qk_norm == "full") {
+    ops_.rmsnorm_bwd(dq, a.q_lin, W.q_norm, a.rstd_q, s.dq_lin, dW.q_norm);
+    ops_.rmsnorm_bwd(dk, a.k_lin, W.k_norm, a.rstd_k, s.dk_lin, dW.k_norm);
+    dq = s.dq_lin;
+    dk = s.dk_lin;
+  } else if (cfg_.qk_norm == "per_head") {
+    ops_.rmsnorm_bwd(dq.view({T * H, hd}), a.q_lin.view({T * H, hd}), W.q_norm, a.rstd_q,
+                     s.dq_lin.view({T * H, hd}), dW.q_norm);
+    ops_.rmsnorm_bwd(dk.view({T * G, hd}), a.k_lin.view({T * G, hd}), W.k_norm, a.rstd_k,
+                     s.dk_lin.view({T * G, hd}), dW.k_norm);
+    dq = s.dq_lin;
+    dk = s.dk_lin;
+  }
+  // dh = dq wq + dk wk + dv wv, each operand converted once and used for data and weight grads.
+  Tensor g = operand_grad(dq);
+  ops_.linear_bwd_data(g, Wc.wq, s.dh, false);
+  ops_.linear_bwd_weight(g, a.h_act, dW.wq);
+  g = operand_grad(dk);
+  ops_.linear_bwd_data(g, Wc.wk, s.dh, true);
+  ops_.linear_bwd_weight(g, a.h_act, dW.wk);
+  g = operand_grad(s.dv.view({T, G * hd}));
+  ops_.linear_bwd_data(g, Wc.wv, s.dh, true);
+  ops_.linear_bwd_weight(g, a.h_act, dW.wv);
+  norm_input_backward(s.dh, x_in, W.attn_norm, a.rstd_in, dW.attn_norm);
+}
+
+}  // namespace moe

@@ -1,0 +1,238 @@
+#include "model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/rng.h"
+
+namespace moe {
+
+Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, const ModelOptions& o,
+                         Backend& ops)
+    : cfg_(config), loss_(loss), ops_(ops), layout_(config), recompute_(o.recompute), seed_(o.seed) {
+  cfg_.validate();
+  MOE_CHECK(o.compute == DType::kF32 || o.compute == DType::kF64, "compute dtype must be f32 or f64");
+  MOE_CHECK(!(o.bf16_operands && o.compute != DType::kF32), "bf16 operands need f32 compute");
+  dims_.B = o.batch;
+  dims_.S = o.seq_len;
+  dims_.T = o.batch * o.seq_len;
+  dims_.R = dims_.T * cfg_.top_k;
+  dims_.cdt = o.compute;
+  dims_.adt = o.bf16_operands ? DType::kBF16 : o.compute;
+  moe_index_base_ = cfg_.n_dense_layers;
+
+  const size_t esize = dtype_size(dims_.cdt);
+  param_mem_ = Buffer(static_cast<size_t>(layout_.total()) * esize);
+  grad_mem_ = Buffer(static_cast<size_t>(layout_.total()) * esize);
+  params_ = bind_weights(layout_, cfg_, param_mem_.data(), dims_.cdt);
+  grads_ = bind_weights(layout_, cfg_, grad_mem_.data(), dims_.cdt);
+  if (o.bf16_operands) {
+    operand_mem_ = Buffer(static_cast<size_t>(layout_.total()) * dtype_size(DType::kBF16));
+    operands_ = bind_weights(layout_, cfg_, operand_mem_.data(), DType::kBF16);
+  } else {
+    operands_ = params_;
+  }
+  for (int64_t m = 0; m < cfg_.num_moe_layers(); ++m) router_bias_.emplace_back(dims_.cdt, std::initializer_list<int64_t>{cfg_.num_experts});
+
+  // LM-head chunk: rows whose fp32 logits fit in about 8 MiB.
+  head_chunk_ = std::clamp<int64_t>((int64_t{1} << 21) / std::max<int64_t>(cfg_.vocab_size, 1), 1, dims_.T);
+
+  // Plan all activations twice: measure, then carve them out of one arena.
+  for (int pass = 0; pass < 2; ++pass) {
+    Allocator alloc{pass == 0 ? nullptr : &arena_};
+    resid_.assign(static_cast<size_t>(cfg_.n_layers + 1), Tensor());
+    for (auto& r : resid_) r = alloc(dims_.cdt, {dims_.T, cfg_.d_model});
+    acts_.assign(recompute_ ? 1 : static_cast<size_t>(cfg_.n_layers), LayerActs());
+    // With recompute, the single shared LayerActs must fit the largest layer kind.
+    for (size_t i = 0; i < acts_.size(); ++i) {
+      int64_t layer = recompute_ ? (cfg_.num_moe_layers() > 0 ? cfg_.n_dense_layers : 0) : static_cast<int64_t>(i);
+      plan_layer(alloc, cfg_, dims_, layer, acts_[i]);
+    }
+    if (recompute_ && cfg_.n_dense_layers > 0 && cfg_.num_moe_layers() > 0) {
+      // Dense layers reuse the MoE-shaped activations; their (T, dense_width) buffers come extra.
+      LayerActs dense;
+      plan_layer(alloc, cfg_, dims_, 0, dense);
+      acts_.push_back(dense);
+    }
+    plan_scratch(alloc, cfg_, dims_, head_chunk_, scratch_);
+    rstd_final_ = alloc(dims_.cdt, {dims_.T});
+    xf_ = alloc(dims_.cdt, {dims_.T, cfg_.d_model});
+    xf_act_ = dims_.adt != dims_.cdt ? alloc(dims_.adt, {dims_.T, cfg_.d_model}) : xf_;
+    if (pass == 0) arena_ = Arena(alloc.bytes);
+  }
+}
+
+double Transformer::activation_bytes_per_token() const {
+  // Everything in the arena except the shared backward scratch is kept for backward.
+  size_t bytes = 0;
+  auto add = [&](const Tensor& t) { bytes += t.data ? t.nbytes() : 0; };
+  for (const auto& r : resid_) add(r);
+  for (const auto& a : acts_) {
+    for (const Tensor* t : {&a.attn.rstd_in, &a.attn.h_act, &a.attn.q_lin, &a.attn.k_lin, &a.attn.rstd_q,
+                            &a.attn.rstd_k, &a.attn.q, &a.attn.k, &a.attn.v, &a.attn.o, &a.attn.o_act,
+                            &a.attn.lse, &a.attn.out, &a.attn.rstd_out, &a.x_mid, &a.ffn.rstd_in,
+                            &a.ffn.g, &a.ffn.u, &a.ffn.a_act, &a.ffn.logits, &a.ffn.scores,
+                            &a.ffn.expert_idx, &a.ffn.weights, &a.ffn.sorted_slot, &a.ffn.slot_pos,
+                            &a.ffn.xs_act, &a.ffn.eg, &a.ffn.eu, &a.ffn.ea_act, &a.ffn.ys, &a.ffn.out,
+                            &a.ffn.rstd_out})
+      add(*t);
+    add(a.ffn.h);
+    if (a.ffn.h_act.data != a.ffn.h.data) add(a.ffn.h_act);
+  }
+  return static_cast<double>(bytes) / static_cast<double>(dims_.T);
+}
+
+void Transformer::init_params(uint64_t seed) {
+  // Host loop over the flat buffer (a CUDA backend would upload the same numbers).
+  for (const ParamInfo& info : layout_.entries()) {
+    Tensor t = param_view(info, param_mem_.data(), dims_.cdt);
+    uint64_t stream = 1469598103934665603ull;  // FNV-1a of the name: layout-independent streams
+    for (char ch : info.name) stream = (stream ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+    stream = (stream << 8) | static_cast<uint64_t>(RngStream::kInit);
+    for (int64_t i = 0; i < info.numel; ++i) {
+      double v = info.is_norm ? 1.0 : cfg_.init_std * random_trunc_normal(seed, stream, static_cast<uint64_t>(i), 3.0);
+      if (dims_.cdt == DType::kF64) t.as<double>()[i] = v;
+      else t.as<float>()[i] = static_cast<float>(v);
+    }
+  }
+  for (auto& b : router_bias_) ops_.fill(b.t, 0.0);
+  refresh_operand_weights();
+}
+
+void Transformer::refresh_operand_weights() {
+  if (operands_.flat.data != params_.flat.data) ops_.convert(params_.flat, operands_.flat);
+}
+
+void Transformer::zero_grads() { ops_.fill(grads_.flat, 0.0); }
+
+StepStats Transformer::make_stats() const {
+  StepStats s;
+  s.num_moe_layers = cfg_.num_moe_layers();
+  s.values = OwnedTensor(DType::kF64, {2 + 2 * s.num_moe_layers});
+  for (int64_t m = 0; m < s.num_moe_layers; ++m) {
+    s.counts.emplace_back(DType::kI32, std::initializer_list<int64_t>{cfg_.num_experts});
+    s.mean_prob.emplace_back(dims_.cdt, std::initializer_list<int64_t>{cfg_.num_experts});
+  }
+  return s;
+}
+
+void Transformer::zero_stats(StepStats& s) const {
+  ops_.fill(s.values.t, 0.0);
+  for (auto& c : s.counts) ops_.fill(c.t, 0.0);
+  for (auto& p : s.mean_prob) ops_.fill(p.t, 0.0);
+}
+
+Tensor Transformer::operand(const Tensor& x, const Tensor& store) {
+  if (dims_.adt == x.dtype) return x;
+  Tensor out = store;
+  out.ndim = x.ndim;
+  out.shape = x.shape;
+  MOE_CHECK(out.numel() <= store.numel(), "operand store too small");
+  ops_.convert(x, out);
+  return out;
+}
+
+Tensor Transformer::operand_grad(const Tensor& dy) {
+  if (dims_.adt == dy.dtype) return dy;
+  return operand(dy, scratch_.dy_act);
+}
+
+Tensor Transformer::norm_input(const Tensor& x_in, const Tensor& w, const Tensor& rstd, const Tensor& h,
+                               const Tensor& h_act) {
+  Tensor target = h.empty() ? scratch_.h_tmp : h;
+  ops_.rmsnorm_fwd(x_in, w, cfg_.norm_eps, target, rstd);
+  return operand(target, h_act);
+}
+
+void Transformer::finish_sublayer(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out,
+                                  const Tensor& x_in, const Tensor& x_out) {
+  if (cfg_.norm_placement == "peri") ops_.rmsnorm_fwd(y, out_norm, cfg_.norm_eps, x_out, rstd_out);
+  ops_.axpy(1.0, x_in, x_out);
+}
+
+Tensor Transformer::sublayer_output_grad(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out,
+                                         const Tensor& dout_norm_w) {
+  if (cfg_.norm_placement != "peri") return scratch_.dx;
+  ops_.rmsnorm_bwd(scratch_.dx, y, out_norm, rstd_out, scratch_.dtmp, dout_norm_w);
+  return scratch_.dtmp;
+}
+
+void Transformer::norm_input_backward(const Tensor& dh, const Tensor& x_in, const Tensor& w,
+                                      const Tensor& rstd, const Tensor& dw) {
+  ops_.rmsnorm_bwd(dh, x_in, w, rstd, scratch_.dtmp, dw);
+  ops_.axpy(1.0, scratch_.dtmp, scratch_.dx);
+}
+
+void Transformer::layer_forward(int64_t l, LayerActs& a, int64_t token_base) {
+  const Tensor& x_in = resid_[static_cast<size_t>(l)];
+  const Tensor& x_out = resid_[static_cast<size_t>(l + 1)];
+  attention_forward(l, x_in, a.attn, a.x_mid);
+  if (cfg_.is_moe_layer(l)) moe_forward(l, a.x_mid, a.ffn, x_out, token_base);
+  else dense_forward(l, a.x_mid, recompute_ && acts_.size() > 1 ? acts_.back().ffn : a.ffn, x_out);
+}
+
+void Transformer::layer_backward(int64_t l, LayerActs& a, const MicroBatchScales& s, StepStats& stats) {
+  if (cfg_.is_moe_layer(l)) moe_backward(l, a.x_mid, a.ffn, s, stats);
+  else dense_backward(l, a.x_mid, recompute_ && acts_.size() > 1 ? acts_.back().ffn : a.ffn);
+  attention_backward(l, resid_[static_cast<size_t>(l)], a.attn);
+}
+
+void Transformer::forward_blocks(const Tensor& ids, int64_t token_base) {
+  check_shape(ids, {dims_.B, dims_.S}, "ids");
+  ops_.embedding_fwd(ids.view({dims_.T}), params_.embed, resid_[0]);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) layer_forward(l, acts(l), token_base);
+  ops_.rmsnorm_fwd(resid_.back(), params_.final_norm, cfg_.norm_eps, xf_, rstd_final_);
+}
+
+void Transformer::forward_backward(const Tensor& ids, const Tensor& labels, const MicroBatchScales& sc,
+                                   StepStats& stats) {
+  check_shape(labels, {dims_.B, dims_.S}, "labels");
+  forward_blocks(ids, sc.token_base);
+  Scratch& s = scratch_;
+  const int64_t T = dims_.T;
+  Tensor xf_act = operand(xf_, xf_act_);
+  Tensor lab = labels.view({T});
+  // LM head + cross-entropy, forward and backward per row chunk: full logits never exist.
+  for (int64_t r0 = 0; r0 < T; r0 += head_chunk_) {
+    const int64_t r1 = std::min(T, r0 + head_chunk_), n = r1 - r0;
+    Tensor logits = s.logits.slice(0, n);
+    Tensor x_rows = xf_act.slice(r0, r1);
+    ops_.linear_fwd(x_rows, operands_.lm_head, logits, false);
+    Tensor row_ce = s.row_ce.slice(0, n), row_z = s.row_z.slice(0, n);
+    ops_.cross_entropy(logits, lab.slice(r0, r1), sc.ce_scale, loss_.lm_z_coef, logits, row_ce, row_z);
+    ops_.sum_to(row_ce, sc.ce_scale, stats.ce());
+    ops_.sum_to(row_z, sc.ce_scale, stats.lm_z());
+    Tensor g = operand_grad(logits);
+    ops_.linear_bwd_data(g, operands_.lm_head, s.dtmp.slice(r0, r1), false);
+    ops_.linear_bwd_weight(g, x_rows, grads_.lm_head);
+  }
+  ops_.rmsnorm_bwd(s.dtmp, resid_.back(), params_.final_norm, rstd_final_, s.dx, grads_.final_norm);
+  for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
+    if (recompute_) layer_forward(l, acts(l), sc.token_base);
+    layer_backward(l, acts(l), sc, stats);
+  }
+  ops_.embedding_bwd(ids.view({T}), s.dx, grads_.embed);
+}
+
+void Transformer::forward_logits(const Tensor& ids, const Tensor& logits) {
+  check_shape(logits, {dims_.T, cfg_.vocab_size}, "logits");
+  forward_blocks(ids, 0);
+  ops_.linear_fwd(operand(xf_, xf_act_), operands_.lm_head, logits, false);
+}
+
+void Transformer::forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out) {
+  forward_blocks(ids, 0);
+  Scratch& s = scratch_;
+  const int64_t T = dims_.T;
+  Tensor xf_act = operand(xf_, xf_act_);
+  Tensor lab = labels.view({T});
+  for (int64_t r0 = 0; r0 < T; r0 += head_chunk_) {
+    const int64_t r1 = std::min(T, r0 + head_chunk_), n = r1 - r0;
+    Tensor logits = s.logits.slice(0, n);
+    ops_.linear_fwd(xf_act.slice(r0, r1), operands_.lm_head, logits, false);
+    ops_.cross_entropy(logits, lab.slice(r0, r1), 1.0, 0.0, logits, s.row_ce.slice(0, n), s.row_z.slice(0, n));
+    ops_.sum_to(s.row_ce.slice(0, n), 1.0, out);
+  }
+}
+
+}  // namespace moe

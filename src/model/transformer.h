@@ -1,0 +1,132 @@
+// The MoE transformer: parameters, saved activations, and the forward + backward of one
+// micro-batch. The step's data flow, top to bottom (transformer.cpp):
+//   embedding -> [block: attention sublayer (attention_block.cpp) -> FFN sublayer (dense_ffn.cpp
+//   or moe/moe_ffn.cpp)] x L -> final norm -> LM head + cross-entropy in row chunks
+//   -> backward of the same, in reverse, gradients accumulating into one flat buffer.
+// Auxiliary MoE losses are computed in each MoE layer's backward, where their gradients are
+// injected; their values land in StepStats.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "config/config.h"
+#include "core/buffer.h"
+#include "kernels/ops.h"
+#include "model/activations.h"
+#include "model/params.h"
+
+namespace moe {
+
+// Sums over the micro-batches of one optimizer step (all live in memory the backend owns).
+struct StepStats {
+  OwnedTensor values;  // f64: [ce, lm_z, lbl per MoE layer..., router_z per MoE layer...]
+  std::vector<OwnedTensor> counts;     // per MoE layer, (E) i32, step total tokens per expert
+  std::vector<OwnedTensor> mean_prob;  // per MoE layer, (E), token-weighted mean over the step
+  int64_t num_moe_layers = 0;
+  Tensor ce() const { return values.t.slice(0, 1); }
+  Tensor lm_z() const { return values.t.slice(1, 2); }
+  Tensor lbl(int64_t m) const { return values.t.slice(2 + m, 3 + m); }
+  Tensor router_z(int64_t m) const { return values.t.slice(2 + num_moe_layers + m, 3 + num_moe_layers + m); }
+};
+
+// How one micro-batch's losses enter the step's total (docs/MODEL.md, "Losses of one step").
+struct MicroBatchScales {
+  double ce_scale = 1.0;    // 1 / (loss tokens in the whole step)
+  double aux_weight = 1.0;  // tokens in this micro-batch / tokens in the whole step
+  int64_t token_base = 0;   // global index of this micro-batch's first token (random routing)
+};
+
+struct ModelOptions {
+  DType compute = DType::kF32;  // f32, or f64 with the ref backend
+  bool bf16_operands = false;   // GEMM operands and their saved activations in bf16
+  bool recompute = false;       // keep only the residual stream; recompute blocks in backward
+  int64_t batch = 1;            // sequences per micro-batch
+  int64_t seq_len = 2;
+  uint64_t seed = 0;            // random routing draws
+};
+
+class Transformer {
+ public:
+  Transformer(const ModelConfig& config, const LossConfig& loss, const ModelOptions& options,
+              Backend& ops);
+
+  const ModelConfig& config() const { return cfg_; }
+  const ParamLayout& layout() const { return layout_; }
+  Backend& ops() { return ops_; }
+  DType compute_dtype() const { return dims_.cdt; }
+
+  // Master parameters, gradients (same layout), and loss-free router biases per MoE layer.
+  Weights& params() { return params_; }
+  Weights& grads() { return grads_; }
+  std::vector<OwnedTensor>& router_bias() { return router_bias_; }
+
+  // OLMo-style init: truncated normal (+-3 std) for matrices, ones for norms; each element a
+  // pure function of (seed, parameter name, element index).
+  void init_params(uint64_t seed);
+  // After the master weights change: refresh the bf16 operand copies (no-op in fp32 mode).
+  void refresh_operand_weights();
+  void zero_grads();
+  StepStats make_stats() const;
+  void zero_stats(StepStats& stats) const;
+
+  // One micro-batch: ids and labels (B,S) i32 (label < 0: no loss). Accumulates parameter
+  // gradients of the step's total loss and adds this micro-batch's loss terms to stats.
+  void forward_backward(const Tensor& ids, const Tensor& labels, const MicroBatchScales& scales,
+                        StepStats& stats);
+  // Forward only: full logits (B*S, V) in the compute dtype (tests, evaluation).
+  void forward_logits(const Tensor& ids, const Tensor& logits);
+  // Forward only: summed cross-entropy over labeled positions into out (1) f64 (validation).
+  void forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out);
+
+  // The expert choice (T,K) of MoE layer l in the last forward (tests check no choice flips).
+  const Tensor& expert_choice(int64_t l) { return acts(l).ffn.expert_idx; }
+  // Bytes of saved activations per token (all layers), for the report.
+  double activation_bytes_per_token() const;
+
+ private:
+  void forward_blocks(const Tensor& ids, int64_t token_base);
+  void layer_forward(int64_t l, LayerActs& a, int64_t token_base);
+  void layer_backward(int64_t l, LayerActs& a, const MicroBatchScales& s, StepStats& stats);
+  LayerActs& acts(int64_t l) { return recompute_ ? acts_[0] : acts_[static_cast<size_t>(l)]; }
+  // A GEMM operand view of x: x itself, or x converted into store (bf16 mode).
+  Tensor operand(const Tensor& x, const Tensor& store);
+  // The operand-dtype scratch for an upstream gradient of x's shape.
+  Tensor operand_grad(const Tensor& dy);
+
+  // Sublayers (attention_block.cpp, dense_ffn.cpp, moe/moe_ffn.cpp).
+  void attention_forward(int64_t l, const Tensor& x_in, AttnActs& a, const Tensor& x_out);
+  void attention_backward(int64_t l, const Tensor& x_in, AttnActs& a);
+  void dense_forward(int64_t l, const Tensor& x_in, FfnActs& a, const Tensor& x_out);
+  void dense_backward(int64_t l, const Tensor& x_in, FfnActs& a);
+  void moe_forward(int64_t l, const Tensor& x_in, FfnActs& a, const Tensor& x_out, int64_t token_base);
+  void moe_backward(int64_t l, const Tensor& x_in, FfnActs& a, const MicroBatchScales& s, StepStats& stats);
+  // Shared pieces: the normed input of a sublayer, and the output norm + residual add.
+  Tensor norm_input(const Tensor& x_in, const Tensor& w, const Tensor& rstd, const Tensor& h, const Tensor& h_act);
+  void finish_sublayer(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out, const Tensor& x_in, const Tensor& x_out);
+  // Backward of finish_sublayer: returns d(y) given d(x_out) in scratch.dx.
+  Tensor sublayer_output_grad(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out, const Tensor& dout_norm_w);
+  void norm_input_backward(const Tensor& dh, const Tensor& x_in, const Tensor& w, const Tensor& rstd, const Tensor& dw);
+
+  ModelConfig cfg_;
+  LossConfig loss_;
+  Backend& ops_;
+  ParamLayout layout_;
+  Dims dims_;
+  bool recompute_ = false;
+  uint64_t seed_ = 0;
+  int64_t head_chunk_ = 0;
+  int64_t moe_index_base_ = 0;  // layer index of the first MoE layer
+
+  Buffer param_mem_, grad_mem_, operand_mem_;
+  Weights params_, grads_, operands_;  // operands_ = params_ in fp32 mode
+  std::vector<OwnedTensor> router_bias_;
+
+  Arena arena_;
+  std::vector<Tensor> resid_;  // (T,D) residual stream into each layer, and after the last
+  std::vector<LayerActs> acts_;
+  Scratch scratch_;
+  Tensor rstd_final_, xf_, xf_act_, ids_cache_;
+};
+
+}  // namespace moe

@@ -1,0 +1,145 @@
+// MoE FFN sublayer, forward then backward. Dropless token-choice routing:
+//   h = RMSNorm(x); z = h router^T (compute dtype, master weights); s = softmax|sigmoid(z)
+//   choose K experts per token (learned: top-k of s + bias; or uniform/random); w = s[chosen]
+//   plan: stable counting sort of the T*K (token, slot) pairs by expert -> offsets, positions
+//   xs = h rows in expert-major order; ys = grouped SwiGLU experts over xs (row tiles per expert)
+//   y = sum_j w_tj * ys[pos(t,j)]  (+ shared expert: sum, or v1 u/(K+1) + r*K/(K+1))
+// Backward mirrors it and injects the load-balancing and router z-loss gradients into the
+// router, weighted by this micro-batch's share of the step's tokens.
+#include "core/rng.h"
+#include "model/transformer.h"
+
+namespace moe {
+namespace {
+Tensor rows_view(const Tensor& flat, int64_t rows, int64_t cols) {
+  return flat.slice(0, rows * cols).view({rows, cols});
+}
+}  // namespace
+
+void Transformer::moe_forward(int64_t l, const Tensor& x_in, FfnActs& a, const Tensor& x_out,
+                              int64_t token_base) {
+  const LayerWeights& W = params_.layers[static_cast<size_t>(l)];
+  const LayerWeights& Wc = operands_.layers[static_cast<size_t>(l)];
+  const int64_t m = l - moe_index_base_;
+  const bool bf16 = dims_.adt != dims_.cdt;
+  Tensor h_act = norm_input(x_in, W.ffn_norm, a.rstd_in, a.h, a.h_act);
+
+  // Router in the compute dtype with the fp32 master weights.
+  ops_.linear_fwd(a.h, W.router, a.logits, false);
+  const int kind = cfg_.score_func == "sigmoid" ? 1 : 0;
+  ops_.router_scores_fwd(a.logits, kind, a.scores);
+  if (cfg_.routing == "learned") {
+    ops_.router_topk(a.scores, cfg_.router_bias_gamma > 0 ? router_bias_[static_cast<size_t>(m)].t : Tensor(), a.expert_idx);
+  } else {
+    const uint64_t stream = static_cast<uint64_t>(RngStream::kRandomRouting) | (static_cast<uint64_t>(l) << 32);
+    ops_.router_assign(cfg_.routing == "uniform" ? 0 : 1, seed_, stream, token_base,
+                       static_cast<int>(cfg_.num_experts), a.expert_idx);
+  }
+  ops_.router_gather(a.scores, a.expert_idx, cfg_.norm_topk_prob, a.weights);
+  ops_.moe_plan(a.expert_idx, a.counts, a.offsets, a.sorted_slot, a.slot_pos);
+
+  // Routed experts over the permuted rows.
+  ops_.moe_gather(h_act, a.sorted_slot, a.xs_act);
+  ops_.grouped_linear_fwd(a.xs_act, Wc.exp_gate, a.offsets, a.eg);
+  ops_.grouped_linear_fwd(a.xs_act, Wc.exp_up, a.offsets, a.eu);
+  Tensor act = bf16 ? rows_view(scratch_.ftmp, a.eg.dim(0), a.eg.dim(1)) : a.ea_act;
+  ops_.swiglu_fwd(a.eg, a.eu, act);
+  Tensor ea_act = operand(act, a.ea_act);
+  ops_.grouped_linear_fwd(ea_act, Wc.exp_down, a.offsets, a.ys);
+
+  Tensor y = cfg_.norm_placement == "peri" ? a.out : x_out;
+  ops_.moe_combine(a.ys, a.slot_pos, a.weights, y, false);
+  if (cfg_.shared_hidden > 0) {
+    ops_.linear_fwd(h_act, Wc.shared_gate, a.g, false);
+    ops_.linear_fwd(h_act, Wc.shared_up, a.u, false);
+    Tensor sact = bf16 ? rows_view(scratch_.ftmp, a.g.dim(0), a.g.dim(1)) : a.a_act;
+    ops_.swiglu_fwd(a.g, a.u, sact);
+    Tensor sa_act = operand(sact, a.a_act);
+    if (cfg_.shared_merge == "sum") {
+      ops_.linear_fwd(sa_act, Wc.shared_down, y, true);
+    } else {  // v1: shared/(K+1) + routed*K/(K+1)
+      const double k = static_cast<double>(cfg_.top_k);
+      ops_.scale(y, k / (k + 1));
+      ops_.linear_fwd(sa_act, Wc.shared_down, scratch_.fwd_dtmp, false);
+      ops_.axpy(1.0 / (k + 1), scratch_.fwd_dtmp, y);
+    }
+  }
+  finish_sublayer(y, W.ffn_out_norm, a.rstd_out, x_in, x_out);
+}
+
+void Transformer::moe_backward(int64_t l, const Tensor& x_in, FfnActs& a, const MicroBatchScales& sc,
+                               StepStats& stats) {
+  const LayerWeights& W = params_.layers[static_cast<size_t>(l)];
+  const LayerWeights& Wc = operands_.layers[static_cast<size_t>(l)];
+  LayerWeights& dW = grads_.layers[static_cast<size_t>(l)];
+  Scratch& s = scratch_;
+  const int64_t m = l - moe_index_base_;
+  const bool peri = cfg_.norm_placement == "peri";
+  Tensor dy = sublayer_output_grad(peri ? a.out : Tensor(), W.ffn_out_norm, a.rstd_out, dW.ffn_out_norm);
+  const double k = static_cast<double>(cfg_.top_k);
+  const bool v1 = cfg_.shared_hidden > 0 && cfg_.shared_merge == "v1";
+
+  // Shared expert: its d(h) initializes s.dh.
+  if (cfg_.shared_hidden > 0) {
+    Tensor dshared = dy;
+    if (v1) {
+      ops_.fill(s.dtmp3, 0.0);
+      ops_.axpy(1.0 / (k + 1), dy, s.dtmp3);
+      dshared = s.dtmp3;
+    }
+    const int64_t T = a.g.dim(0), F = a.g.dim(1);
+    Tensor da = rows_view(s.da, T, F), dg = rows_view(s.dg, T, F), du = rows_view(s.du, T, F);
+    Tensor g = operand_grad(dshared);
+    ops_.linear_bwd_data(g, Wc.shared_down, da, false);
+    ops_.linear_bwd_weight(g, a.a_act, dW.shared_down);
+    ops_.swiglu_bwd(da, a.g, a.u, dg, du);
+    g = operand_grad(dg);
+    ops_.linear_bwd_data(g, Wc.shared_gate, s.dh, false);
+    ops_.linear_bwd_weight(g, a.h_act, dW.shared_gate);
+    g = operand_grad(du);
+    ops_.linear_bwd_data(g, Wc.shared_up, s.dh, true);
+    ops_.linear_bwd_weight(g, a.h_act, dW.shared_up);
+  } else {
+    ops_.fill(s.dh, 0.0);
+  }
+
+  // Routed experts.
+  Tensor droute = dy;
+  if (v1) {
+    ops_.fill(s.dtmp2, 0.0);
+    ops_.axpy(k / (k + 1), dy, s.dtmp2);
+    droute = s.dtmp2;
+  }
+  ops_.moe_combine_bwd(droute, a.ys, a.slot_pos, a.weights, s.dys, s.dweights);
+  const int64_t R = a.eg.dim(0), F = a.eg.dim(1);
+  Tensor da = rows_view(s.da, R, F), dg = rows_view(s.dg, R, F), du = rows_view(s.du, R, F);
+  Tensor g = operand_grad(s.dys);
+  ops_.grouped_linear_bwd_data(g, Wc.exp_down, a.offsets, da);
+  ops_.grouped_linear_bwd_weight(g, a.ea_act, a.offsets, dW.exp_down);
+  ops_.swiglu_bwd(da, a.eg, a.eu, dg, du);
+  g = operand_grad(dg);
+  ops_.grouped_linear_bwd_data(g, Wc.exp_gate, a.offsets, s.dxs);
+  ops_.grouped_linear_bwd_weight(g, a.xs_act, a.offsets, dW.exp_gate);
+  ops_.moe_gather_bwd(s.dxs, a.slot_pos, s.dh);
+  g = operand_grad(du);
+  ops_.grouped_linear_bwd_data(g, Wc.exp_up, a.offsets, s.dxs);
+  ops_.grouped_linear_bwd_weight(g, a.xs_act, a.offsets, dW.exp_up);
+  ops_.moe_gather_bwd(s.dxs, a.slot_pos, s.dh);
+
+  // Router: combine weights, then the auxiliary losses (their values go to the step's stats).
+  const int kind = cfg_.score_func == "sigmoid" ? 1 : 0;
+  ops_.fill(s.dscores, 0.0);
+  ops_.router_gather_bwd(s.dweights, a.scores, a.expert_idx, cfg_.norm_topk_prob, s.dscores);
+  ops_.load_balance_loss(a.scores, a.counts, kind, static_cast<int>(cfg_.top_k), sc.aux_weight,
+                         loss_.lbl_coef * sc.aux_weight, stats.lbl(m), s.dscores, s.mean_prob);
+  ops_.axpy(sc.aux_weight, s.mean_prob, stats.mean_prob[static_cast<size_t>(m)].t);
+  ops_.add_counts(a.counts, stats.counts[static_cast<size_t>(m)].t);
+  ops_.fill(s.dlogits, 0.0);
+  ops_.router_scores_bwd(s.dscores, a.scores, kind, s.dlogits);
+  ops_.router_z_loss(a.logits, sc.aux_weight, loss_.router_z_coef * sc.aux_weight, stats.router_z(m), s.dlogits);
+  ops_.linear_bwd_data(s.dlogits, W.router, s.dh, true);
+  ops_.linear_bwd_weight(s.dlogits, a.h, dW.router);
+  norm_input_backward(s.dh, x_in, W.ffn_norm, a.rstd_in, dW.ffn_norm);
+}
+
+}  // namespace moe

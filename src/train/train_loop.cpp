@@ -1,0 +1,112 @@
+#include "train/train_loop.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "core/buffer.h"
+#include "data/token_file.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops.h"
+#include "train/trainer.h"
+
+namespace moe {
+namespace {
+
+double now_s() {
+  using clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+// Mean cross-entropy over the first `batches` micro-batches of the validation set (file order).
+double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batches) {
+  const TrainConfig& tc = trainer.config().train;
+  const int64_t B = tc.micro_batch_size, S = tc.seq_len;
+  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S}), sum(DType::kF64, {1});
+  int64_t labeled = 0;
+  for (int64_t m = 0; m < batches; ++m) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t index = (m * B + b) % valid.num_instances();
+      valid.instance(index, ids.as<int32_t>() + b * S, labels.as<int32_t>() + b * S);
+    }
+    for (int64_t i = 0; i < B * S; ++i) labeled += labels.as<int32_t>()[i] >= 0;
+    trainer.model().forward_loss(ids, labels, sum);
+  }
+  return sum.as<double>()[0] / static_cast<double>(labeled);
+}
+
+}  // namespace
+
+TrainSummary run_training(const Config& config, std::ostream& log) {
+  const TrainConfig& tc = config.train;
+  if (tc.threads > 0) cpu::set_num_threads(static_cast<int>(tc.threads));
+  std::unique_ptr<Backend> ops = make_backend(tc.backend);
+  TokenDataset train(std::vector<std::string>{config.data.train_path}, config.data.token_dtype,
+                     config.model.vocab_size, tc.seq_len);
+  std::unique_ptr<TokenDataset> valid;
+  if (!config.data.valid_path.empty() && std::filesystem::exists(config.data.valid_path))
+    valid = std::make_unique<TokenDataset>(std::vector<std::string>{config.data.valid_path},
+                                           config.data.token_dtype, config.model.vocab_size, tc.seq_len);
+  Trainer trainer(config, *ops, DType::kF32);
+  std::filesystem::create_directories(tc.out_dir);
+  std::ofstream metrics(tc.out_dir + "/metrics.jsonl", std::ios::trunc);
+  std::ofstream(tc.out_dir + "/config.toml", std::ios::trunc) << config_to_toml(config);
+
+  const double flops_per_token = config.model.train_flops_per_token(tc.seq_len);
+  log << "moecore train: " << config.model.num_params() << " parameters ("
+      << config.model.num_active_matmul_params() << " active matmul), " << flops_per_token / 1e6
+      << " MFLOP/token, " << cpu::num_threads() << " threads, " << tc.precision << ", "
+      << train.num_instances() << " training instances of " << tc.seq_len << " tokens\n";
+  if (valid) log << "validation: " << valid->num_instances() << " instances\n";
+
+  OwnedTensor ids(DType::kI32, {tc.batch_size, tc.seq_len}), labels(DType::kI32, {tc.batch_size, tc.seq_len});
+  std::vector<int64_t> order;
+  int64_t epoch = -1;
+  TrainSummary summary;
+  const double t_start = now_s();
+  double t_window = t_start;
+  int64_t tokens_window = 0;
+  auto write_metrics = [&](nlohmann::json j) { metrics << j.dump() << "\n" << std::flush; };
+
+  for (int64_t step = 1; step <= tc.steps; ++step) {
+    fill_batch(train, tc.seed, (step - 1) * tc.batch_size, ids, labels, order, epoch);
+    StepResult r = trainer.step(ids, labels);
+    tokens_window += r.tokens;
+    summary.steps = step;
+    summary.final_train_loss = r.ce;
+    const double t = now_s();
+    nlohmann::json j = {{"step", step}, {"loss", r.total}, {"ce", r.ce}, {"lm_z", r.lm_z},
+                        {"lbl", r.lbl}, {"router_z", r.router_z}, {"grad_norm", r.grad_norm},
+                        {"lr", r.lr}, {"clipped", r.clipped}, {"elapsed_s", t - t_start}};
+    const bool last = step == tc.steps || (tc.time_limit_s > 0 && t - t_start >= tc.time_limit_s);
+    if (step % tc.log_every == 0 || last) {
+      const double tps = static_cast<double>(tokens_window) / (t - t_window);
+      j["tokens_per_s"] = tps;
+      j["tflops"] = tps * flops_per_token / 1e12;
+      j["counts"] = r.counts;
+      log << "step " << step << "/" << tc.steps << std::fixed << std::setprecision(4) << " | loss "
+          << r.total << " | ce " << r.ce << " | grad " << r.grad_norm << std::scientific
+          << std::setprecision(2) << " | lr " << r.lr << std::fixed << std::setprecision(0) << " | "
+          << tps << " tok/s" << std::setprecision(1) << " | " << t - t_start << " s\n" << std::flush;
+      t_window = t;
+      tokens_window = 0;
+    }
+    if (valid && ((tc.eval_every > 0 && step % tc.eval_every == 0) || last)) {
+      const double vl = validation_loss(trainer, *valid, tc.eval_batches);
+      summary.final_valid_loss = vl;
+      j["valid_ce"] = vl;
+      log << "  validation ce " << std::setprecision(4) << vl << " nats/token\n" << std::flush;
+    }
+    write_metrics(j);
+    if (last) break;
+  }
+  summary.seconds = now_s() - t_start;
+  summary.tokens_per_s = static_cast<double>(summary.steps * tc.batch_size * tc.seq_len) / summary.seconds;
+  return summary;
+}
+
+}  // namespace moe

@@ -1,0 +1,104 @@
+#include "train/trainer.h"
+
+#include <cmath>
+
+#include "optim/schedule.h"
+
+namespace moe {
+
+Trainer::Trainer(const Config& config, Backend& ops, DType compute) : config_(config), ops_(ops) {
+  config_.validate();
+  ModelOptions o;
+  o.compute = compute;
+  o.bf16_operands = config_.train.precision == "bf16";
+  o.recompute = config_.train.recompute;
+  o.batch = config_.train.micro_batch_size;
+  o.seq_len = config_.train.seq_len;
+  o.seed = config_.train.seed;
+  model_ = std::make_unique<Transformer>(config_.model, config_.loss, o, ops_);
+  model_->init_params(config_.train.seed);
+  optim_ = std::make_unique<AdamW>(model_->layout(), config_.optim, compute);
+  stats_ = model_->make_stats();
+  norm_acc_ = OwnedTensor(DType::kF64, {1});
+}
+
+double total_loss(const LossConfig& loss, const StepResult& r) {
+  double total = r.ce + loss.lm_z_coef * r.lm_z;
+  for (double x : r.lbl) total += loss.lbl_coef * x;
+  for (double x : r.router_z) total += loss.router_z_coef * x;
+  return total;
+}
+
+StepResult Trainer::step(const Tensor& ids, const Tensor& labels) {
+  StepResult r = compute_gradients(ids, labels);
+  apply_update(r);
+  return r;
+}
+
+StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels) {
+  const TrainConfig& tc = config_.train;
+  check_shape(ids, {tc.batch_size, tc.seq_len}, "step ids");
+  check_shape(labels, {tc.batch_size, tc.seq_len}, "step labels");
+  StepResult r;
+  r.step = optim_->steps_taken() + 1;
+  r.tokens = tc.batch_size * tc.seq_len;
+  // The loss is normalized by the loss tokens of the whole step (not a mean of micro-batch
+  // means). Labels live in host memory with the batch, so this count needs no device sync.
+  const int32_t* lab = labels.as<int32_t>();
+  for (int64_t i = 0; i < labels.numel(); ++i) r.loss_tokens += lab[i] >= 0;
+  MOE_CHECK(r.loss_tokens > 0, "step ", r.step, ": the batch has no labeled positions");
+
+  model_->zero_grads();
+  model_->zero_stats(stats_);
+  const int64_t mbs = tc.micro_batch_size, num_micro = tc.batch_size / mbs;
+  for (int64_t m = 0; m < num_micro; ++m) {
+    MicroBatchScales sc;
+    sc.ce_scale = 1.0 / static_cast<double>(r.loss_tokens);
+    sc.aux_weight = 1.0 / static_cast<double>(num_micro);  // equal-size micro-batches: T_m / T_step
+    sc.token_base = (r.step - 1) * r.tokens + m * mbs * tc.seq_len;
+    model_->forward_backward(ids.slice(m * mbs, (m + 1) * mbs), labels.slice(m * mbs, (m + 1) * mbs), sc, stats_);
+  }
+
+  // Loss terms (one read of the step's sums).
+  const double* v = stats_.values.as<double>();
+  r.ce = v[0];
+  r.lm_z = v[1];
+  const int64_t nm = stats_.num_moe_layers;
+  for (int64_t i = 0; i < nm; ++i) {
+    r.lbl.push_back(v[2 + i]);
+    r.router_z.push_back(v[2 + nm + i]);
+    const int32_t* c = stats_.counts[static_cast<size_t>(i)].as<int32_t>();
+    r.counts.emplace_back(c, c + config_.model.num_experts);
+  }
+  r.total = total_loss(config_.loss, r);
+
+  ops_.fill(norm_acc_.t, 0.0);
+  ops_.sumsq_to(model_->grads().flat, norm_acc_.t);
+  r.grad_norm = std::sqrt(norm_acc_.as<double>()[0]);
+  MOE_CHECK(std::isfinite(r.total) && std::isfinite(r.grad_norm), "non-finite values at step ", r.step,
+            ": loss = ", r.total, ", grad norm = ", r.grad_norm, " (no update applied)");
+  return r;
+}
+
+void Trainer::apply_update(StepResult& r) {
+  const TrainConfig& tc = config_.train;
+  const int64_t nm = stats_.num_moe_layers;
+
+  const double max_norm = config_.optim.max_grad_norm;
+  if (max_norm > 0) {
+    const double coef = max_norm / (r.grad_norm + 1e-6);  // torch.nn.utils.clip_grad_norm_
+    if (coef < 1.0) {
+      ops_.scale(model_->grads().flat, coef);
+      r.clipped = true;
+    }
+  }
+  r.lr = learning_rate(config_.optim, tc.steps, r.step);
+  optim_->step(ops_, model_->params(), model_->grads(), r.lr);
+  if (config_.model.router_bias_gamma > 0)
+    for (int64_t i = 0; i < nm; ++i)
+      ops_.router_bias_update(stats_.counts[static_cast<size_t>(i)].t, config_.model.router_bias_gamma,
+                              model_->router_bias()[static_cast<size_t>(i)].t);
+  model_->refresh_operand_weights();
+}
+
+}  // namespace moe

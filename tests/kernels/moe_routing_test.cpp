@@ -1,0 +1,302 @@
+// MoE routing kernels: cpu vs ref, finite-difference gradients in f64, the permutation's
+// stability, and thread-count independence.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include "common/test_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ref/ref_ops.h"
+
+namespace moe {
+namespace {
+
+using test::fd_check;
+using test::rel_error;
+
+struct Routing {
+  int64_t T, E, K;
+};
+
+class MoeRoutingTest : public ::testing::Test {
+ protected:
+  uint64_t seed = test::test_seed();
+  void SetUp() override { RecordProperty("seed", std::to_string(seed)); }
+};
+
+// FD relative error bound for f64 central differences with h = 1e-6 on smooth functions of
+// O(1) inputs: truncation ~h^2 = 1e-12, rounding ~1e-16/1e-6 = 1e-10; 1e-7 leaves margin.
+constexpr double kFdTol = 1e-7;
+
+TEST_F(MoeRoutingTest, ScoresForwardMatchesRefAndBackwardMatchesFiniteDifferences) {
+  SCOPED_TRACE(seed);
+  for (int kind : {0, 1}) {
+    const int64_t T = 37, E = 12;
+    OwnedTensor z(DType::kF64, {T, E}), s(DType::kF64, {T, E}), r(DType::kF64, {T, E});
+    test::fill_uniform(z, seed, 1, -3, 3);
+    test::fill_uniform(r, seed, 2);
+    // cpu f32 vs ref f64: softmax of E=12 values in fp32, error ~ a few ulp (1e-6 relative).
+    OwnedTensor z32 = test::clone(z, DType::kF32), s32(DType::kF32, {T, E});
+    test::poison(s32);
+    cpu::router_scores_fwd(z32, kind, s32);
+    ref::router_scores_fwd(z, kind, s);
+    EXPECT_LT(rel_error(s32, s), 1e-6);
+    OwnedTensor dz(DType::kF64, {T, E});
+    ref::fill(dz, 0.0);
+    ref::router_scores_bwd(r, s, kind, dz);
+    auto loss = [&] {
+      ref::router_scores_fwd(z, kind, s);
+      return test::dot(s, r);
+    };
+    EXPECT_LT(fd_check(z, dz, loss), kFdTol) << "kind " << kind;
+    // cpu backward (f32) vs ref backward.
+    ref::router_scores_fwd(z, kind, s);
+    OwnedTensor r32 = test::clone(r, DType::kF32), dz32(DType::kF32, {T, E});
+    cpu::fill(dz32, 0.0);
+    cpu::router_scores_fwd(z32, kind, s32);
+    cpu::router_scores_bwd(r32, s32, kind, dz32);
+    EXPECT_LT(rel_error(dz32, dz), 1e-5);
+  }
+}
+
+TEST_F(MoeRoutingTest, TopkPicksLargestWithBiasAndBreaksTiesToLowerId) {
+  SCOPED_TRACE(seed);
+  const int64_t T = 50, E = 70, K = 4;  // E > 64 exercises the large-E path
+  OwnedTensor s(DType::kF32, {T, E}), b(DType::kF32, {E}), a(DType::kI32, {T, K}), c(DType::kI32, {T, K});
+  test::fill_uniform(s, seed, 3, 0, 1);
+  test::fill_uniform(b, seed, 4, -0.1, 0.1);
+  test::poison(a);
+  test::poison(c);
+  cpu::router_topk(s, b, a);
+  ref::router_topk(s, b, c);
+  EXPECT_TRUE(test::bitwise_equal(a, c));
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<std::pair<float, int>> sel;
+    for (int e = 0; e < E; ++e) sel.push_back({s.as<float>()[t * E + e] + b.as<float>()[e], e});
+    std::stable_sort(sel.begin(), sel.end(), [](auto x, auto y) { return x.first > y.first; });
+    for (int64_t j = 0; j < K; ++j) ASSERT_EQ(a.as<int32_t>()[t * K + j], sel[static_cast<size_t>(j)].second);
+  }
+  ref::fill(s, 0.5);
+  cpu::router_topk(s, Tensor(), a);
+  for (int64_t j = 0; j < K; ++j) EXPECT_EQ(a.as<int32_t>()[j], j);
+}
+
+TEST_F(MoeRoutingTest, UniformAndRandomAssignmentArePureFunctionsOfTheGlobalToken) {
+  const int64_t T = 40, K = 3, E = 8;
+  OwnedTensor a(DType::kI32, {T, K}), b(DType::kI32, {T - 5, K}), c(DType::kI32, {T, K});
+  cpu::router_assign(0, seed, 7, 100, E, a);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) EXPECT_EQ(a.as<int32_t>()[t * K + j], ((100 + t) * K + j) % E);
+  cpu::router_assign(1, seed, 7, 100, E, a);
+  ref::router_assign(1, seed, 7, 100, E, c);
+  EXPECT_TRUE(test::bitwise_equal(a, c));
+  cpu::router_assign(1, seed, 7, 105, E, b);  // the same tokens seen from another split
+  for (int64_t i = 0; i < (T - 5) * K; ++i) EXPECT_EQ(b.as<int32_t>()[i], a.as<int32_t>()[5 * K + i]);
+  for (int64_t t = 0; t < T; ++t) {
+    std::set<int32_t> chosen(a.as<int32_t>() + t * K, a.as<int32_t>() + (t + 1) * K);
+    EXPECT_EQ(static_cast<int64_t>(chosen.size()), K);
+  }
+}
+
+TEST_F(MoeRoutingTest, GatherWeightsBackwardMatchesFiniteDifferences) {
+  SCOPED_TRACE(seed);
+  for (bool norm : {false, true}) {
+    const int64_t T = 20, E = 8, K = 3;
+    OwnedTensor s(DType::kF64, {T, E}), idx(DType::kI32, {T, K}), w(DType::kF64, {T, K}), r(DType::kF64, {T, K});
+    test::fill_uniform(s, seed, 5, 0.05, 1);
+    test::fill_uniform(r, seed, 6);
+    ref::router_topk(s, Tensor(), idx);
+    OwnedTensor ds(DType::kF64, {T, E});
+    ref::fill(ds, 0.0);
+    ref::router_gather_bwd(r, s, idx, norm, ds);
+    auto loss = [&] {
+      ref::router_gather(s, idx, norm, w);
+      return test::dot(w, r);
+    };
+    EXPECT_LT(fd_check(s, ds, loss), kFdTol) << "norm_topk " << norm;
+    OwnedTensor s32 = test::clone(s, DType::kF32), w32(DType::kF32, {T, K}), wr(DType::kF64, {T, K});
+    test::poison(w32);
+    cpu::router_gather(s32, idx, norm, w32);
+    ref::router_gather(s, idx, norm, wr);
+    EXPECT_LT(rel_error(w32, wr), 1e-6);
+  }
+}
+
+TEST_F(MoeRoutingTest, PlanIsAStableCountingSortAndCpuEqualsRef) {
+  SCOPED_TRACE(seed);
+  const int64_t T = 5000, K = 2, E = 16;  // > one 4096-slot chunk in the cpu kernel
+  OwnedTensor idx(DType::kI32, {T, K});
+  test::fill_ids(idx, seed, 7, static_cast<int32_t>(E - 1));  // expert E-1 receives zero rows
+  OwnedTensor counts(DType::kI32, {E}), off(DType::kI32, {E + 1}), sorted(DType::kI32, {T * K}), pos(DType::kI32, {T * K});
+  OwnedTensor counts2(DType::kI32, {E}), off2(DType::kI32, {E + 1}), sorted2(DType::kI32, {T * K}), pos2(DType::kI32, {T * K});
+  for (auto* t : {&counts, &off, &sorted, &pos}) test::poison(*t);
+  cpu::moe_plan(idx, counts, off, sorted, pos);
+  ref::moe_plan(idx, counts2, off2, sorted2, pos2);
+  EXPECT_TRUE(test::bitwise_equal(sorted, sorted2));
+  EXPECT_TRUE(test::bitwise_equal(pos, pos2));
+  EXPECT_TRUE(test::bitwise_equal(off, off2));
+  EXPECT_EQ(counts.as<int32_t>()[E - 1], 0);
+  std::vector<int32_t> expect(static_cast<size_t>(T * K));
+  std::iota(expect.begin(), expect.end(), 0);
+  std::stable_sort(expect.begin(), expect.end(), [&](int32_t a, int32_t b) { return idx.as<int32_t>()[a] < idx.as<int32_t>()[b]; });
+  for (int64_t p = 0; p < T * K; ++p) {
+    ASSERT_EQ(sorted.as<int32_t>()[p], expect[static_cast<size_t>(p)]);
+    ASSERT_EQ(pos.as<int32_t>()[sorted.as<int32_t>()[p]], p);
+  }
+  int32_t bad_ids[2] = {0, 99};
+  Tensor bad(bad_ids, DType::kI32, {1, 2});
+  EXPECT_THROW(cpu::moe_plan(bad, counts, off, sorted.t.slice(0, 2), pos.t.slice(0, 2)), Error);
+}
+
+TEST_F(MoeRoutingTest, GatherCombineAndTheirBackwardsMatchFiniteDifferences) {
+  SCOPED_TRACE(seed);
+  const int64_t T = 17, D = 6, E = 5, K = 2, R = T * K;
+  OwnedTensor s(DType::kF64, {T, E}), idx(DType::kI32, {T, K}), w(DType::kF64, {T, K});
+  test::fill_uniform(s, seed, 8, 0, 1);
+  ref::router_topk(s, Tensor(), idx);
+  ref::router_gather(s, idx, false, w);
+  OwnedTensor counts(DType::kI32, {E}), off(DType::kI32, {E + 1}), sorted(DType::kI32, {R}), pos(DType::kI32, {R});
+  ref::moe_plan(idx, counts, off, sorted, pos);
+  OwnedTensor x(DType::kF64, {T, D}), xs(DType::kF64, {R, D}), ys(DType::kF64, {R, D}), out(DType::kF64, {T, D}), r(DType::kF64, {T, D});
+  test::fill_uniform(x, seed, 9);
+  test::fill_uniform(ys, seed, 10);
+  test::fill_uniform(r, seed, 11);
+  // gather: d loss/dx with loss = sum(xs * rr)
+  OwnedTensor rr(DType::kF64, {R, D}), dx(DType::kF64, {T, D});
+  test::fill_uniform(rr, seed, 12);
+  ref::fill(dx, 0.0);
+  ref::moe_gather_bwd(rr, pos, dx);
+  EXPECT_LT(fd_check(x, dx, [&] { ref::moe_gather(x, sorted, xs); return test::dot(xs, rr); }), kFdTol);
+  // combine: d loss / d ys and d loss / d weights with loss = sum(out * r)
+  OwnedTensor dys(DType::kF64, {R, D}), dw(DType::kF64, {T, K});
+  ref::moe_combine_bwd(r, ys, pos, w, dys, dw);
+  auto loss = [&] { ref::moe_combine(ys, pos, w, out, false); return test::dot(out, r); };
+  EXPECT_LT(fd_check(ys, dys, loss), kFdTol);
+  EXPECT_LT(fd_check(w, dw, loss), kFdTol);
+  // cpu vs ref, f32, outputs poisoned first. Same summation order: exact up to fp32 rounding.
+  OwnedTensor x32 = test::clone(x, DType::kF32), xs32(DType::kF32, {R, D}), ys32 = test::clone(ys, DType::kF32);
+  OwnedTensor w32 = test::clone(w, DType::kF32), out32(DType::kF32, {T, D}), r32 = test::clone(r, DType::kF32);
+  OwnedTensor dys32(DType::kF32, {R, D}), dw32(DType::kF32, {T, K}), dx32(DType::kF32, {T, D});
+  for (auto* t : {&xs32, &out32, &dys32, &dw32}) test::poison(*t);
+  cpu::moe_gather(x32, sorted, xs32);
+  ref::moe_gather(x, sorted, xs);
+  EXPECT_LT(rel_error(xs32, xs), 1e-7);
+  cpu::moe_combine(ys32, pos, w32, out32, false);
+  ref::moe_combine(ys, pos, w, out, false);
+  EXPECT_LT(rel_error(out32, out), 1e-6);
+  cpu::moe_combine_bwd(r32, ys32, pos, w32, dys32, dw32);
+  EXPECT_LT(rel_error(dys32, dys), 1e-6);
+  EXPECT_LT(rel_error(dw32, dw), 1e-6);
+  cpu::fill(dx32, 0.0);
+  cpu::moe_gather_bwd(test::clone(rr, DType::kF32), pos, dx32);
+  EXPECT_LT(rel_error(dx32, dx), 1e-6);
+}
+
+TEST_F(MoeRoutingTest, LoadBalanceLossIsOneAtBalanceAndItsGradientMatchesFiniteDifferences) {
+  SCOPED_TRACE(seed);
+  const int64_t T = 32, E = 8, K = 2;
+  // Perfect balance: uniform scores and equal counts give exactly 1.
+  OwnedTensor s(DType::kF64, {T, E}), counts(DType::kI32, {E}), out(DType::kF64, {1}), P(DType::kF64, {E});
+  ref::fill(s, 1.0 / E);
+  for (int64_t e = 0; e < E; ++e) counts.as<int32_t>()[e] = static_cast<int32_t>(T * K / E);
+  ref::fill(out, 0.0);
+  ref::load_balance_loss(s, counts, 0, K, 1.0, 1.0, out, Tensor(), P);
+  EXPECT_NEAR(out.as<double>()[0], 1.0, 1e-15);
+  for (int kind : {0, 1}) {
+    test::fill_uniform(s, seed, 13 + kind, 0.01, 1);
+    if (kind == 0)  // rows of a softmax sum to one
+      for (int64_t t = 0; t < T; ++t) {
+        double sum = 0;
+        for (int64_t e = 0; e < E; ++e) sum += s.as<double>()[t * E + e];
+        for (int64_t e = 0; e < E; ++e) s.as<double>()[t * E + e] /= sum;
+      }
+    test::fill_ids(counts, seed, 15, 2 * T * K / E);
+    OwnedTensor ds(DType::kF64, {T, E});
+    ref::fill(ds, 0.0);
+    ref::load_balance_loss(s, counts, kind, K, 1.0, 0.7, out, ds, P);
+    auto loss = [&] {
+      ref::fill(out, 0.0);
+      ref::load_balance_loss(s, counts, kind, K, 0.7, 0.0, out, Tensor(), P);
+      return out.as<double>()[0];
+    };
+    EXPECT_LT(fd_check(s, ds, loss), kFdTol) << "kind " << kind;
+    OwnedTensor s32 = test::clone(s, DType::kF32), ds32(DType::kF32, {T, E}), P32(DType::kF32, {E}), out32(DType::kF64, {1});
+    cpu::fill(ds32, 0.0);
+    cpu::fill(out32, 0.0);
+    cpu::load_balance_loss(s32, counts, kind, K, 0.7, 0.7, out32, ds32, P32);
+    ref::fill(ds, 0.0);
+    ref::fill(out, 0.0);
+    ref::load_balance_loss(s, counts, kind, K, 0.7, 0.7, out, ds, P);
+    EXPECT_LT(rel_error(out32, out), 1e-6);
+    EXPECT_LT(rel_error(ds32, ds), 1e-6);
+    EXPECT_LT(rel_error(P32, P), 1e-6);
+  }
+}
+
+TEST_F(MoeRoutingTest, RouterZLossGradientMatchesFiniteDifferences) {
+  SCOPED_TRACE(seed);
+  const int64_t T = 300, E = 8;
+  OwnedTensor z(DType::kF64, {T, E}), dz(DType::kF64, {T, E}), out(DType::kF64, {1});
+  test::fill_uniform(z, seed, 16, -4, 4);
+  ref::fill(dz, 0.0);
+  ref::fill(out, 0.0);
+  ref::router_z_loss(z, 1.0, 0.3, out, dz);
+  auto loss = [&] {
+    OwnedTensor o(DType::kF64, {1});
+    ref::fill(o, 0.0);
+    ref::router_z_loss(z, 0.3, 0.0, o, Tensor());
+    return o.as<double>()[0];
+  };
+  EXPECT_LT(fd_check(z, dz, loss), kFdTol);
+  OwnedTensor z32 = test::clone(z, DType::kF32), dz32(DType::kF32, {T, E}), out32(DType::kF64, {1});
+  cpu::fill(dz32, 0.0);
+  cpu::fill(out32, 0.0);
+  cpu::router_z_loss(z32, 1.0, 0.3, out32, dz32);
+  EXPECT_LT(rel_error(out32, out), 1e-6);
+  EXPECT_LT(rel_error(dz32, dz), 1e-5);
+}
+
+TEST_F(MoeRoutingTest, BiasUpdateFollowsTheSignOfTheLoadGap) {
+  int32_t c[4] = {10, 2, 6, 6};  // mean 6
+  Tensor counts(c, DType::kI32, {4});
+  OwnedTensor bias(DType::kF32, {4});
+  cpu::fill(bias, 0.0);
+  cpu::router_bias_update(counts, 0.5, bias);
+  EXPECT_EQ(bias.as<float>()[0], -0.5f);
+  EXPECT_EQ(bias.as<float>()[1], 0.5f);
+  EXPECT_EQ(bias.as<float>()[2], 0.0f);
+}
+
+TEST_F(MoeRoutingTest, ReductionsAreBitwiseEqualWithOneAndTwoThreads) {
+  SCOPED_TRACE(seed);
+  const int64_t T = 3000, E = 16, K = 4;
+  OwnedTensor z(DType::kF32, {T, E}), s(DType::kF32, {T, E}), idx(DType::kI32, {T, K});
+  test::fill_uniform(z, seed, 17, -2, 2);
+  cpu::router_scores_fwd(z, 0, s);
+  cpu::router_topk(s, Tensor(), idx);
+  OwnedTensor counts(DType::kI32, {E}), off(DType::kI32, {E + 1}), sorted(DType::kI32, {T * K}), pos(DType::kI32, {T * K});
+  cpu::moe_plan(idx, counts, off, sorted, pos);
+  auto run = [&](int threads) {
+    omp_set_num_threads(threads);
+    std::vector<OwnedTensor> r;
+    r.emplace_back(DType::kF64, std::initializer_list<int64_t>{2});
+    r.emplace_back(DType::kF32, std::initializer_list<int64_t>{T, E});
+    r.emplace_back(DType::kF32, std::initializer_list<int64_t>{E});
+    cpu::fill(r[0], 0.0);
+    cpu::fill(r[1], 0.0);
+    cpu::load_balance_loss(s, counts, 0, K, 1.0, 1.0, r[0].t.slice(0, 1), r[1], r[2]);
+    cpu::router_z_loss(z, 1.0, 1.0, r[0].t.slice(1, 2), r[1]);
+    return r;
+  };
+  const int saved = omp_get_max_threads();
+  auto a = run(1), b = run(2);
+  omp_set_num_threads(saved);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(test::bitwise_equal(a[i], b[i])) << i;
+}
+
+}  // namespace
+}  // namespace moe

@@ -1,0 +1,224 @@
+// Training-step properties: bitwise repeatability across runs and thread counts, loss
+// normalization over micro-batches, the weight of auxiliary losses, block recompute, bf16.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "common/test_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "train/trainer.h"
+
+namespace moe {
+namespace {
+
+Config small_config() {
+  Config c;
+  ModelConfig& m = c.model;
+  m.vocab_size = 64;
+  m.d_model = 48;
+  m.n_layers = 2;
+  m.n_heads = 4;
+  m.n_kv_heads = 2;
+  m.num_experts = 8;
+  m.top_k = 2;
+  m.expert_hidden = 32;
+  m.shared_hidden = 16;
+  c.loss.lm_z_coef = 1e-3;
+  c.loss.lbl_coef = 0.01;
+  c.loss.router_z_coef = 1e-3;
+  c.optim.warmup_steps = 2;
+  c.optim.max_grad_norm = 0.5;
+  c.train.seq_len = 80;  // more than one 64-wide attention tile
+  c.train.batch_size = 4;
+  c.train.micro_batch_size = 2;
+  c.train.steps = 6;
+  return c;
+}
+
+// A learnable synthetic stream: token t+1 = (a * token t + b) mod V with a little noise.
+void synthetic_batch(int64_t B, int64_t S, int64_t V, uint64_t seed, int64_t step, OwnedTensor& ids, OwnedTensor& labels) {
+  ids = OwnedTensor(DType::kI32, {B, S});
+  labels = OwnedTensor(DType::kI32, {B, S});
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t tok = (b * 7 + step * 13 + static_cast<int64_t>(seed % 5)) % V;
+    for (int64_t s = 0; s < S; ++s) {
+      ids.as<int32_t>()[b * S + s] = static_cast<int32_t>(tok);
+      const double u = static_cast<double>((b * 31 + s * 17 + step * 7) % 10) / 10.0;
+      tok = u < 0.9 ? (5 * tok + 3) % V : (tok + 1) % V;
+    }
+    for (int64_t s = 0; s < S; ++s)
+      labels.as<int32_t>()[b * S + s] = s + 1 < S ? ids.as<int32_t>()[b * S + s + 1] : -1;
+  }
+}
+
+struct Trace {
+  std::vector<uint64_t> loss_bits, norm_bits;
+  std::vector<double> losses;
+};
+
+uint64_t bits(double x) {
+  uint64_t u;
+  std::memcpy(&u, &x, 8);
+  return u;
+}
+
+Trace train(const Config& c, int threads, int64_t steps) {
+  const int saved = omp_get_max_threads();
+  cpu::set_num_threads(threads);
+  std::unique_ptr<Backend> ops = make_backend(c.train.backend);
+  Trainer trainer(c, *ops, c.train.backend == "ref" ? DType::kF64 : DType::kF32);
+  Trace t;
+  for (int64_t s = 0; s < steps; ++s) {
+    OwnedTensor ids, labels;
+    synthetic_batch(c.train.batch_size, c.train.seq_len, c.model.vocab_size, c.train.seed, s, ids, labels);
+    StepResult r = trainer.step(ids, labels);
+    t.loss_bits.push_back(bits(r.total));
+    t.norm_bits.push_back(bits(r.grad_norm));
+    t.losses.push_back(r.total);
+  }
+  cpu::set_num_threads(saved);
+  return t;
+}
+
+TEST(Step, RepeatsBitwiseWithOneAndTwoThreadsAndAcrossThreadCounts) {
+  Config c = small_config();
+  Trace a1 = train(c, 1, 4), b1 = train(c, 1, 4), a2 = train(c, 2, 4), b2 = train(c, 2, 4);
+  EXPECT_EQ(a1.loss_bits, b1.loss_bits);
+  EXPECT_EQ(a1.norm_bits, b1.norm_bits);
+  EXPECT_EQ(a2.loss_bits, b2.loss_bits);
+  EXPECT_EQ(a2.norm_bits, b2.norm_bits);
+  // Stronger: no reduction depends on the thread count, so 1 and 2 threads agree too.
+  EXPECT_EQ(a1.loss_bits, a2.loss_bits);
+  EXPECT_EQ(a1.norm_bits, a2.norm_bits);
+}
+
+TEST(Step, RandomRoutingIsAlsoRepeatable) {
+  Config c = small_config();
+  c.model.routing = "random";
+  EXPECT_EQ(train(c, 2, 3).loss_bits, train(c, 1, 3).loss_bits);
+}
+
+// Gradients and losses of one step with the given micro-batch size.
+struct StepOutcome {
+  StepResult r;
+  OwnedTensor grads;
+};
+
+StepOutcome one_step(Config c, int64_t micro_batch, const OwnedTensor& ids, const OwnedTensor& labels) {
+  c.train.micro_batch_size = micro_batch;
+  std::unique_ptr<Backend> ops = make_backend(c.train.backend);
+  Trainer trainer(c, *ops, c.train.backend == "ref" ? DType::kF64 : DType::kF32);
+  StepOutcome o;
+  o.r = trainer.compute_gradients(ids, labels);
+  o.grads = test::clone(trainer.model().grads().flat);
+  return o;
+}
+
+TEST(Step, LossIsNormalizedOverTheWholeStepNotPerMicroBatch) {
+  // lbl_coef = 0: the Switch balancing loss is a product of per-micro-batch statistics, so only
+  // the other terms are exactly independent of the split (its weight is tested below).
+  for (const char* backend : {"ref", "cpu"}) {
+    SCOPED_TRACE(backend);
+    Config c = small_config();
+    c.train.backend = backend;
+    c.loss.lbl_coef = 0;
+    OwnedTensor ids, labels;
+    synthetic_batch(4, c.train.seq_len, c.model.vocab_size, 1, 0, ids, labels);
+    // Unequal loss tokens: the last two sequences keep only a few labels.
+    for (int64_t i = 2 * c.train.seq_len; i < 4 * c.train.seq_len; ++i)
+      if (i % 9 != 0) labels.as<int32_t>()[i] = -1;
+    StepOutcome one = one_step(c, 4, ids, labels), two = one_step(c, 2, ids, labels), four = one_step(c, 1, ids, labels);
+    // f64: the same math in another order, ~1e-15; f32: the 1e-6.
+    const double tol = std::string(backend) == "ref" ? 1e-12 : 1e-6;
+    EXPECT_NEAR(one.r.total, two.r.total, tol * one.r.total);
+    EXPECT_NEAR(one.r.total, four.r.total, tol * one.r.total);
+    EXPECT_NEAR(one.r.ce, two.r.ce, tol * one.r.ce);
+    EXPECT_LT(test::rel_error(two.grads, one.grads), std::string(backend) == "ref" ? 1e-12 : 1e-5);
+    EXPECT_LT(test::rel_error(four.grads, one.grads), std::string(backend) == "ref" ? 1e-12 : 1e-5);
+  }
+}
+
+TEST(Step, AuxiliaryLossWeightDoesNotChangeWithTheNumberOfMicroBatches) {
+  Config c = small_config();
+  c.train.backend = "ref";
+  c.loss.lbl_coef = 0.5;  // large, so a wrong weight would show
+  OwnedTensor half_ids, half_labels;
+  synthetic_batch(2, c.train.seq_len, c.model.vocab_size, 3, 0, half_ids, half_labels);
+  // The batch is the same two sequences twice: every micro-batch split sees identical statistics.
+  OwnedTensor ids(DType::kI32, {4, c.train.seq_len}), labels(DType::kI32, {4, c.train.seq_len});
+  for (int k = 0; k < 2; ++k) {
+    std::memcpy(ids.as<int32_t>() + k * half_ids.t.numel(), half_ids.t.data, half_ids.t.nbytes());
+    std::memcpy(labels.as<int32_t>() + k * half_labels.t.numel(), half_labels.t.data, half_labels.t.nbytes());
+  }
+  StepOutcome one = one_step(c, 4, ids, labels), two = one_step(c, 2, ids, labels);
+  for (size_t m = 0; m < one.r.lbl.size(); ++m) EXPECT_NEAR(one.r.lbl[m], two.r.lbl[m], 1e-12);
+  EXPECT_NEAR(one.r.total, two.r.total, 1e-12 * one.r.total);
+  EXPECT_LT(test::rel_error(two.grads, one.grads), 1e-12);
+}
+
+TEST(Step, BlockRecomputeGivesBitwiseEqualGradients) {
+  for (int dense : {0, 1}) {
+    Config c = small_config();
+    c.model.n_layers = 3;
+    c.model.n_dense_layers = dense;
+    OwnedTensor ids, labels;
+    synthetic_batch(4, c.train.seq_len, c.model.vocab_size, 2, 0, ids, labels);
+    StepOutcome plain = one_step(c, 2, ids, labels);
+    c.train.recompute = true;
+    StepOutcome again = one_step(c, 2, ids, labels);
+    EXPECT_EQ(bits(plain.r.total), bits(again.r.total));
+    EXPECT_TRUE(test::bitwise_equal(plain.grads, again.grads)) << "dense layers " << dense;
+  }
+}
+
+TEST(Step, Bf16StepZeroLossIsWithinOneHundredthOfFp32) {
+  Config c = small_config();
+  OwnedTensor ids, labels;
+  synthetic_batch(4, c.train.seq_len, c.model.vocab_size, 4, 0, ids, labels);
+  StepOutcome f32 = one_step(c, 2, ids, labels);
+  c.train.precision = "bf16";
+  StepOutcome b16 = one_step(c, 2, ids, labels);
+  EXPECT_NEAR(b16.r.total, f32.r.total, 1e-2);
+  EXPECT_NEAR(b16.r.ce, f32.r.ce, 1e-2);
+}
+
+TEST(Step, Bf16LossCurveTracksFp32Within2Percent) {
+  Config c = small_config();
+  c.train.steps = 300;
+  c.optim.warmup_steps = 20;
+  c.optim.lr = 3e-3;
+  Trace f32 = train(c, 2, 300);
+  c.train.precision = "bf16";
+  Trace b16 = train(c, 2, 300);
+  for (int64_t s = 0; s < 300; s += 25) {
+    // Compare 25-step window means (single steps are noisy in both precisions alike).
+    double a = 0, b = 0;
+    for (int64_t i = s; i < s + 25; ++i) {
+      a += f32.losses[static_cast<size_t>(i)];
+      b += b16.losses[static_cast<size_t>(i)];
+    }
+    EXPECT_NEAR(b / a, 1.0, 0.02) << "steps " << s << "-" << s + 24 << ": fp32 " << a / 25 << ", bf16 " << b / 25;
+  }
+  EXPECT_LT(f32.losses.back(), 0.5 * f32.losses.front()) << "the synthetic task must be learned";
+}
+
+TEST(Step, NonFiniteLossIsCaughtAndNamesTheStep) {
+  Config c = small_config();
+  std::unique_ptr<Backend> ops = make_backend("cpu");
+  Trainer trainer(c, *ops, DType::kF32);
+  trainer.model().params().embed.as<float>()[5 * c.model.d_model] = std::nanf("");  // row of token 5
+  OwnedTensor ids, labels;
+  synthetic_batch(4, c.train.seq_len, c.model.vocab_size, 1, 0, ids, labels);
+  for (int64_t i = 0; i < ids.t.numel(); ++i) ids.as<int32_t>()[i] = 5;
+  try {
+    trainer.step(ids, labels);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("non-finite values at step 1"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace moe
