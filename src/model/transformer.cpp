@@ -139,7 +139,9 @@ Tensor Transformer::operand_grad(const Tensor& dy) {
 
 Tensor Transformer::norm_input(const Tensor& x_in, const Tensor& w, const Tensor& rstd, const Tensor& h,
                                const Tensor& h_act) {
-  Tensor target = h.empty() ? scratch_.h_tmp : h;
+  // Without a separate compute-dtype store, the norm writes straight into the saved operand
+  // (fp32) or into scratch that is converted into it (bf16).
+  Tensor target = !h.empty() ? h : (dims_.adt == dims_.cdt ? h_act : scratch_.h_tmp);
   ops_.rmsnorm_fwd(x_in, w, cfg_.norm_eps, target, rstd);
   return operand(target, h_act);
 }

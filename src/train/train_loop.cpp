@@ -62,6 +62,9 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
       << " MFLOP/token, " << cpu::num_threads() << " threads, " << tc.precision << ", "
       << train.num_instances() << " training instances of " << tc.seq_len << " tokens\n";
   if (valid) log << "validation: " << valid->num_instances() << " instances\n";
+  const double act_bytes = trainer.model().activation_bytes_per_token();
+  log << "saved activations: " << act_bytes << " bytes/token (" << act_bytes / static_cast<double>(config.model.n_layers)
+      << " per layer per token" << (tc.recompute ? ", block recompute on" : "") << ")\n";
 
   OwnedTensor ids(DType::kI32, {tc.batch_size, tc.seq_len}), labels(DType::kI32, {tc.batch_size, tc.seq_len});
   std::vector<int64_t> order;

@@ -62,7 +62,7 @@ TEST(Config, CrossFieldChecksNameBothFields) {
 }
 
 TEST(Config, OverridesApplyInOrderWithTypes) {
-  Config c = parse_config("[model]\ntop_k = 1\n", {"model.top_k=4", "optim.lr=1e-4", "model.tie_embeddings=true", "model.qk_norm=per_head"});
+  Config c = parse_config("[model]\ntop_k = 1\n", {"model.top_k=4", "optim.min_lr=1e-5", "optim.lr=1e-4", "model.tie_embeddings=true", "model.qk_norm=per_head"});
   EXPECT_EQ(c.model.top_k, 4);
   EXPECT_DOUBLE_EQ(c.optim.lr, 1e-4);
   EXPECT_TRUE(c.model.tie_embeddings);

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Debian packages moecore needs to build, test and run its default training. Idempotent.
+set -euo pipefail
+PKGS=(cmake ninja-build g++ libdnnl-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev libgmock-dev
+      libbenchmark-dev bible-kjv)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
