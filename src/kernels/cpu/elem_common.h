@@ -1,0 +1,132 @@
+// Helpers shared by the CPU elementwise / norm / loss kernels (elementwise.cpp, norm_loss.cpp):
+// dtype dispatch, branch-free bf16 conversion, fixed-order lane sums, a vectorizable expf and
+// per-thread scratch. Internal to kernels/cpu.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace moe::cpu::elem {
+
+// Work below this many elements runs on the calling thread (an OpenMP region costs ~ microseconds).
+constexpr int64_t kParallelMin = 1 << 15;
+
+// Calls f(T{}) with T = float or double.
+template <class F> void dispatch_real(DType t, const char* op, F&& f) {
+  if (t == DType::kF32) {
+    f(float{});
+  } else if (t == DType::kF64) {
+    f(double{});
+  } else {
+    MOE_FAIL(op, ": dtype ", dtype_name(t), " not supported (f32 or f64)");
+  }
+}
+
+// Same, with bf16 as a third storage type.
+template <class F> void dispatch_any_float(DType t, const char* op, F&& f) {
+  if (t == DType::kBF16) {
+    f(bf16{});
+  } else {
+    dispatch_real(t, op, f);
+  }
+}
+
+// Every tensor on the host and of the given dtype.
+inline void check_args(std::initializer_list<const Tensor*> ts, DType dtype, const char* op) {
+  for (const Tensor* t : ts) {
+    MOE_CHECK(t->device == Device::kCpu, op, ": tensor ", t->shape_str(), " is not on the host");
+    MOE_CHECK(t->dtype == dtype, op, ": tensor ", t->shape_str(), " has dtype ",
+              dtype_name(t->dtype), ", expected ", dtype_name(dtype));
+  }
+}
+
+template <class T> struct compute { using type = T; };
+template <> struct compute<bf16> { using type = float; };
+template <class T> using compute_t = typename compute<T>::type;
+
+// bf16 <-> f32 without branches (vectorizes); identical to core/bf16.h, NaN stays a quiet NaN.
+inline uint16_t bf16_bits(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+inline float load(bf16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
+inline float load(float x) { return x; }
+inline double load(double x) { return x; }
+inline void store(bf16* p, float v) { p->bits = bf16_bits(v); }
+inline void store(float* p, float v) { *p = v; }
+inline void store(double* p, double v) { *p = v; }
+
+// Sum of f(i), i in [0, n), in kLanes interleaved partial sums (a vector register's worth)
+// combined by a fixed tree: the order depends on n only, never on threads or alignment.
+constexpr int kLanes = 16;
+template <class A, class F> inline A lane_sum(int64_t n, F f) {
+  A acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += f(i + l);
+  for (int l = 0; i + l < n; ++l) acc[l] += f(i + l);
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+// Max of x[0..n) (n >= 1) in lanes; NaN is not propagated here (the exp sum carries it).
+template <class T> inline T lane_max(const T* x, int64_t n) {
+  T acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = x[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+  for (int l = 0; i + l < n; ++l) acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+  T m = acc[0];
+  for (int l = 1; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
+  return m;
+}
+
+// expf from arithmetic only, so loops over it vectorize (Cephes polynomial on
+// r = x - n ln2, |r| <= ln2/2; max error ~2 ulp against glibc expf). exp(x) = 0 for
+// x < -86.5 (true value < 3e-38), inf above 88.72; NaN in, NaN out.
+inline float fast_exp(float x) {
+  const float kHi = 88.7228391f, kLo = -86.5f;
+  float xc = x > kHi ? kHi : x;
+  xc = xc < kLo ? kLo : xc;
+  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float t = xc * 1.44269504088896341f + shifter;
+  const int32_t n = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(shifter);
+  const float fn = t - shifter;
+  float r = xc - fn * 0.693359375f;
+  r = r - fn * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // 2^n as 2^(n-1) * 2 so that n = 128 (x near the top) does not overflow the exponent field.
+  const float scale = std::bit_cast<float>(static_cast<uint32_t>(n + 126) << 23);
+  float y = p * scale * 2.0f;
+  y = x < kLo ? 0.0f : y;
+  y = x > kHi ? INFINITY : y;
+  return x != x ? x : y;
+}
+inline double fast_exp(double x) { return std::exp(x); }
+
+// Per-thread scratch owned by the calling thread, grown on demand and reused across calls, so
+// steady-state training does not allocate. Only the thread that calls an op touches it.
+template <class T> T* scratch(size_t n, int slot = 0) {
+  thread_local std::vector<T> buf[2];
+  if (buf[slot].size() < n) buf[slot].resize(n);
+  return buf[slot].data();
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace moe::cpu::elem

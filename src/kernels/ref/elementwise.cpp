@@ -1,0 +1,315 @@
+// Reference elementwise ops: embedding, RoPE, SwiGLU, reductions to a scalar, axpy/scale/fill,
+// dtype conversion and AdamW. Plain loops in the tensor's own precision (f32 or f64); the
+// dtype-agnostic ops (sum_to, sumsq_to, axpy, scale, fill, convert) also take bf16.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/ref/ref_ops.h"
+
+namespace moe::ref {
+namespace {
+
+// Calls f(T{}) with T = float or double for the tensor's dtype.
+template <class F> void dispatch_real(DType t, const char* op, F&& f) {
+  if (t == DType::kF32) {
+    f(float{});
+  } else if (t == DType::kF64) {
+    f(double{});
+  } else {
+    MOE_FAIL(op, ": dtype ", dtype_name(t), " not supported (f32 or f64)");
+  }
+}
+
+// Same, with bf16 as a third storage type.
+template <class F> void dispatch_any_float(DType t, const char* op, F&& f) {
+  if (t == DType::kBF16) {
+    f(bf16{});
+  } else {
+    dispatch_real(t, op, f);
+  }
+}
+
+// Arithmetic type of a storage type: bf16 computes in float.
+template <class T> struct compute { using type = T; };
+template <> struct compute<bf16> { using type = float; };
+template <class T> using compute_t = typename compute<T>::type;
+
+inline float load(bf16 x) { return static_cast<float>(x); }
+inline float load(float x) { return x; }
+inline double load(double x) { return x; }
+inline void store(bf16* p, float v) { *p = bf16(v); }
+inline void store(float* p, float v) { *p = v; }
+inline void store(double* p, double v) { *p = v; }
+
+void check_host(const Tensor& t, const char* what) {
+  MOE_CHECK(t.device == Device::kCpu, what, " is not a host tensor");
+}
+
+void check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* op) {
+  for (int64_t t = 0; t < n; ++t)
+    MOE_CHECK(ids[t] >= 0 && ids[t] < vocab, op, ": id ", ids[t], " at position ", t,
+              " is outside [0, ", vocab, ")");
+}
+
+// Chunk size of sum_to / sumsq_to: each chunk is summed on its own, chunks are added in order.
+constexpr int64_t kSumChunk = 4096;
+
+}  // namespace
+
+// ---------------------------------------------------------------- embedding
+void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& y) {
+  check_host(ids, "embedding_fwd ids");
+  check_host(table, "embedding_fwd table");
+  check_host(y, "embedding_fwd y");
+  check_dtype(ids, DType::kI32, "embedding_fwd ids");
+  check_shape(table, {-1, -1}, "embedding_fwd table");
+  check_dtype(y, table.dtype, "embedding_fwd y");
+  const int64_t n = ids.numel(), vocab = table.dim(0), d = table.dim(1);
+  check_shape(y, {n, d}, "embedding_fwd y");
+  const int32_t* id = ids.as<int32_t>();
+  check_ids(id, n, vocab, "embedding_fwd");
+  dispatch_real(table.dtype, "embedding_fwd", [&](auto tag) {
+    using T = decltype(tag);
+    const T* w = table.as<T>();
+    T* out = y.as<T>();
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < d; ++j) out[t * d + j] = w[id[t] * d + j];
+  });
+}
+
+void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable) {
+  check_host(ids, "embedding_bwd ids");
+  check_host(dy, "embedding_bwd dy");
+  check_host(dtable, "embedding_bwd dtable");
+  check_dtype(ids, DType::kI32, "embedding_bwd ids");
+  check_shape(dtable, {-1, -1}, "embedding_bwd dtable");
+  check_dtype(dy, dtable.dtype, "embedding_bwd dy");
+  const int64_t n = ids.numel(), vocab = dtable.dim(0), d = dtable.dim(1);
+  check_shape(dy, {n, d}, "embedding_bwd dy");
+  const int32_t* id = ids.as<int32_t>();
+  check_ids(id, n, vocab, "embedding_bwd");
+  dispatch_real(dtable.dtype, "embedding_bwd", [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = dy.as<T>();
+    T* dw = dtable.as<T>();
+    for (int64_t t = 0; t < n; ++t)  // token order
+      for (int64_t j = 0; j < d; ++j) dw[id[t] * d + j] += g[t * d + j];
+  });
+}
+
+// ---------------------------------------------------------------- RoPE
+namespace {
+template <class T> void rope_apply(const Tensor& x, double theta, bool inverse) {
+  const int64_t nb = x.dim(0), ns = x.dim(1), nh = x.dim(2), hd = x.dim(3), half = hd / 2;
+  std::vector<T> cs(static_cast<size_t>(ns * half)), sn(cs.size());
+  for (int64_t s = 0; s < ns; ++s)
+    for (int64_t i = 0; i < half; ++i) {
+      // Angle in double, then rounded: f32 and f64 paths see the same rotation up to rounding.
+      const double angle = static_cast<double>(s) * std::pow(theta, -2.0 * static_cast<double>(i) /
+                                                                        static_cast<double>(hd));
+      cs[s * half + i] = static_cast<T>(std::cos(angle));
+      sn[s * half + i] = static_cast<T>(std::sin(angle));
+    }
+  T* p = x.as<T>();
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t s = 0; s < ns; ++s)
+      for (int64_t h = 0; h < nh; ++h) {
+        T* v = p + ((b * ns + s) * nh + h) * hd;
+        const T* c = cs.data() + s * half;
+        const T* sg = sn.data() + s * half;
+        for (int64_t i = 0; i < half; ++i) {
+          const T a = v[i], bb = v[i + half];
+          if (!inverse) {
+            v[i] = a * c[i] - bb * sg[i];
+            v[i + half] = bb * c[i] + a * sg[i];
+          } else {
+            v[i] = a * c[i] + bb * sg[i];
+            v[i + half] = bb * c[i] - a * sg[i];
+          }
+        }
+      }
+}
+
+void rope_common(const Tensor& x, double theta, bool inverse, const char* op) {
+  check_host(x, op);
+  check_shape(x, {-1, -1, -1, -1}, op);
+  MOE_CHECK(x.dim(3) % 2 == 0, op, ": head dim ", x.dim(3), " must be even");
+  MOE_CHECK(theta > 0, op, ": theta must be positive, got ", theta);
+  dispatch_real(x.dtype, op, [&](auto tag) { rope_apply<decltype(tag)>(x, theta, inverse); });
+}
+}  // namespace
+
+void rope_fwd(const Tensor& x, double theta) { rope_common(x, theta, false, "rope_fwd"); }
+void rope_bwd(const Tensor& dx, double theta) { rope_common(dx, theta, true, "rope_bwd"); }
+
+// ---------------------------------------------------------------- SwiGLU
+void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h) {
+  for (const Tensor* t : {&g, &u, &h}) check_host(*t, "swiglu_fwd tensor");
+  check_same_shape(g, u, "swiglu_fwd g/u");
+  check_same_shape(g, h, "swiglu_fwd g/h");
+  check_dtype(u, g.dtype, "swiglu_fwd u");
+  check_dtype(h, g.dtype, "swiglu_fwd h");
+  dispatch_real(g.dtype, "swiglu_fwd", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = g.as<T>();
+    const T* pu = u.as<T>();
+    T* ph = h.as<T>();
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      const T silu = pg[i] / (T(1) + std::exp(-pg[i]));
+      ph[i] = silu * pu[i];
+    }
+  });
+}
+
+void swiglu_bwd(const Tensor& dh, const Tensor& g, const Tensor& u, const Tensor& dg,
+                const Tensor& du) {
+  for (const Tensor* t : {&dh, &g, &u, &dg, &du}) {
+    check_host(*t, "swiglu_bwd tensor");
+    check_same_shape(*t, g, "swiglu_bwd tensors");
+    check_dtype(*t, g.dtype, "swiglu_bwd tensor");
+  }
+  dispatch_real(g.dtype, "swiglu_bwd", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pdh = dh.as<T>();
+    const T* pg = g.as<T>();
+    const T* pu = u.as<T>();
+    T* pdg = dg.as<T>();
+    T* pdu = du.as<T>();
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      const T sig = T(1) / (T(1) + std::exp(-pg[i]));
+      const T silu = pg[i] * sig;
+      const T dsilu = sig * (T(1) + pg[i] * (T(1) - sig));
+      pdg[i] = pdh[i] * pu[i] * dsilu;
+      pdu[i] = pdh[i] * silu;
+    }
+  });
+}
+
+// ---------------------------------------------------------------- reductions to a scalar
+namespace {
+void sum_common(const Tensor& x, const Tensor& out, double scale, bool square, const char* op) {
+  check_host(x, op);
+  check_host(out, op);
+  check_shape(out, {1}, "sum_to/sumsq_to out");
+  check_dtype(out, DType::kF64, "sum_to/sumsq_to out");
+  dispatch_any_float(x.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(x.data);
+    const int64_t n = x.numel();
+    double total = 0;
+    for (int64_t c = 0; c < n; c += kSumChunk) {
+      double s = 0;
+      for (int64_t i = c; i < std::min(n, c + kSumChunk); ++i) {
+        const double v = static_cast<double>(load(p[i]));
+        s += square ? v * v : v;
+      }
+      total += s;
+    }
+    out.as<double>()[0] += scale * total;
+  });
+}
+}  // namespace
+
+void sum_to(const Tensor& x, double scale, const Tensor& out) {
+  sum_common(x, out, scale, false, "sum_to");
+}
+void sumsq_to(const Tensor& x, const Tensor& out) { sum_common(x, out, 1.0, true, "sumsq_to"); }
+
+// ---------------------------------------------------------------- axpy, scale, fill, convert
+void axpy(double alpha, const Tensor& x, const Tensor& y) {
+  check_host(x, "axpy x");
+  check_host(y, "axpy y");
+  check_same_shape(x, y, "axpy x/y");
+  check_dtype(y, x.dtype, "axpy y");
+  dispatch_any_float(x.dtype, "axpy", [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    const T* px = static_cast<const T*>(x.data);
+    T* py = static_cast<T*>(y.data);
+    const C a = static_cast<C>(alpha);
+    for (int64_t i = 0; i < x.numel(); ++i) store(py + i, load(py[i]) + a * load(px[i]));
+  });
+}
+
+void scale(const Tensor& x, double alpha) {
+  check_host(x, "scale x");
+  dispatch_any_float(x.dtype, "scale", [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    T* p = static_cast<T*>(x.data);
+    const C a = static_cast<C>(alpha);
+    for (int64_t i = 0; i < x.numel(); ++i) store(p + i, load(p[i]) * a);
+  });
+}
+
+void fill(const Tensor& x, double value) {
+  check_host(x, "fill x");
+  if (x.dtype == DType::kI32) {
+    MOE_CHECK(value == std::floor(value) && std::fabs(value) <= 2147483647.0,
+              "fill: value ", value, " is not an i32");
+    int32_t* p = x.as<int32_t>();
+    for (int64_t i = 0; i < x.numel(); ++i) p[i] = static_cast<int32_t>(value);
+    return;
+  }
+  dispatch_any_float(x.dtype, "fill", [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    T* p = static_cast<T*>(x.data);
+    for (int64_t i = 0; i < x.numel(); ++i) store(p + i, static_cast<C>(value));
+  });
+}
+
+void convert(const Tensor& src, const Tensor& dst) {
+  check_host(src, "convert src");
+  check_host(dst, "convert dst");
+  MOE_CHECK(src.numel() == dst.numel(), "convert: src ", src.shape_str(), " and dst ",
+            dst.shape_str(), " differ in size");
+  dispatch_any_float(src.dtype, "convert src", [&](auto stag) {
+    using S = decltype(stag);
+    dispatch_any_float(dst.dtype, "convert dst", [&](auto dtag) {
+      using D = decltype(dtag);
+      using C = compute_t<D>;
+      const S* ps = static_cast<const S*>(src.data);
+      D* pd = static_cast<D*>(dst.data);
+      // f64 -> bf16 rounds through f32, as PyTorch's conversion does.
+      for (int64_t i = 0; i < src.numel(); ++i) store(pd + i, static_cast<C>(load(ps[i])));
+    });
+  });
+}
+
+// ---------------------------------------------------------------- AdamW
+void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr,
+           double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  for (const Tensor* t : {&param, &grad, &m, &v}) {
+    check_host(*t, "adamw tensor");
+    check_same_shape(*t, param, "adamw param/grad/m/v");
+    check_dtype(*t, param.dtype, "adamw param/grad/m/v");
+  }
+  MOE_CHECK(step >= 1, "adamw: step counts from 1, got ", step);
+  dispatch_real(param.dtype, "adamw", [&](auto tag) {
+    using T = decltype(tag);
+    T* p = param.as<T>();
+    const T* g = grad.as<T>();
+    T* pm = m.as<T>();
+    T* pv = v.as<T>();
+    // Scalars as torch.optim.AdamW (single-tensor path) forms them: in double, then rounded.
+    const T decay = static_cast<T>(1 - lr * weight_decay);
+    const T w1 = static_cast<T>(1 - beta1);  // exp_avg.lerp_(grad, 1 - beta1)
+    const T b2 = static_cast<T>(beta2), w2 = static_cast<T>(1 - beta2);
+    const T step_size = static_cast<T>(lr / (1 - std::pow(beta1, static_cast<double>(step))));
+    const T bc2_sqrt = static_cast<T>(std::sqrt(1 - std::pow(beta2, static_cast<double>(step))));
+    const T e = static_cast<T>(eps);
+    const bool small = std::fabs(1 - beta1) < 0.5;
+    for (int64_t i = 0; i < param.numel(); ++i) {
+      p[i] *= decay;
+      // torch's lerp: self + w*(end-self) for |w| < 0.5, else end - (end-self)*(1-w).
+      pm[i] = small ? pm[i] + w1 * (g[i] - pm[i]) : g[i] - (g[i] - pm[i]) * (T(1) - w1);
+      pv[i] = pv[i] * b2 + w2 * g[i] * g[i];
+      const T denom = std::sqrt(pv[i]) / bc2_sqrt + e;
+      p[i] = p[i] + (-step_size) * (pm[i] / denom);
+    }
+  });
+}
+
+}  // namespace moe::ref

@@ -1,0 +1,144 @@
+// Reference RMSNorm and fused cross-entropy + z-loss. Plain loops; statistics (mean square,
+// max, sum of exponentials, log-sum-exp) in the tensor's own precision (f32 or f64).
+#include <cmath>
+#include <vector>
+
+#include "kernels/ref/ref_ops.h"
+
+namespace moe::ref {
+namespace {
+
+template <class F> void dispatch_real(DType t, const char* op, F&& f) {
+  if (t == DType::kF32) {
+    f(float{});
+  } else if (t == DType::kF64) {
+    f(double{});
+  } else {
+    MOE_FAIL(op, ": dtype ", dtype_name(t), " not supported (f32 or f64)");
+  }
+}
+
+// Every tensor on the host and of the compute dtype.
+void check_float_args(std::initializer_list<const Tensor*> ts, DType dtype, const char* op) {
+  for (const Tensor* t : ts) {
+    MOE_CHECK(t->device == Device::kCpu, op, ": tensor ", t->shape_str(), " is not on the host");
+    MOE_CHECK(t->dtype == dtype, op, ": tensor ", t->shape_str(), " has dtype ",
+              dtype_name(t->dtype), ", expected ", dtype_name(dtype));
+  }
+}
+
+// x (N,C) or any rank viewed as rows x last dim; w (C); rstd (N).
+void check_norm_shapes(const Tensor& x, const Tensor& w, const Tensor& rstd, const char* op) {
+  MOE_CHECK(x.ndim >= 1, op, ": x must have at least one dimension");
+  check_shape(w, {x.cols()}, "rmsnorm w");
+  check_shape(rstd, {x.rows()}, "rmsnorm rstd");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- RMSNorm
+void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
+                 const Tensor& rstd) {
+  check_float_args({&x, &w, &y, &rstd}, x.dtype, "rmsnorm_fwd");
+  check_norm_shapes(x, w, rstd, "rmsnorm_fwd");
+  check_same_shape(x, y, "rmsnorm_fwd x/y");
+  dispatch_real(x.dtype, "rmsnorm_fwd", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t n = x.rows(), c = x.cols();
+    const T* px = x.as<T>();
+    const T* pw = w.as<T>();
+    T* py = y.as<T>();
+    T* pr = rstd.as<T>();
+    for (int64_t r = 0; r < n; ++r) {
+      const T* xr = px + r * c;
+      T ss = 0;
+      for (int64_t j = 0; j < c; ++j) ss += xr[j] * xr[j];
+      const T rs = T(1) / std::sqrt(ss / static_cast<T>(c) + static_cast<T>(eps));
+      pr[r] = rs;
+      for (int64_t j = 0; j < c; ++j) py[r * c + j] = xr[j] * rs * pw[j];
+    }
+  });
+}
+
+void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                 const Tensor& dx, const Tensor& dw) {
+  check_float_args({&dy, &x, &w, &rstd, &dx, &dw}, x.dtype, "rmsnorm_bwd");
+  check_norm_shapes(x, w, rstd, "rmsnorm_bwd");
+  check_same_shape(x, dy, "rmsnorm_bwd x/dy");
+  check_same_shape(x, dx, "rmsnorm_bwd x/dx");
+  check_same_shape(w, dw, "rmsnorm_bwd w/dw");
+  dispatch_real(x.dtype, "rmsnorm_bwd", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t n = x.rows(), c = x.cols();
+    const T* pdy = dy.as<T>();
+    const T* px = x.as<T>();
+    const T* pw = w.as<T>();
+    const T* pr = rstd.as<T>();
+    T* pdx = dx.as<T>();
+    T* pdw = dw.as<T>();
+    for (int64_t r = 0; r < n; ++r) {
+      const T* xr = px + r * c;
+      const T* gr = pdy + r * c;
+      const T rs = pr[r];
+      // y_j = x_j rs w_j, d rs / d x_j = -rs^3 x_j / C.
+      T dot = 0;
+      for (int64_t j = 0; j < c; ++j) dot += gr[j] * pw[j] * xr[j];
+      const T k = rs * rs * rs * dot / static_cast<T>(c);
+      for (int64_t j = 0; j < c; ++j) {
+        pdx[r * c + j] = rs * pw[j] * gr[j] - k * xr[j];
+        pdw[j] += gr[j] * xr[j] * rs;  // rows in order
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------- cross-entropy + z-loss
+void cross_entropy(const Tensor& logits, const Tensor& labels, double loss_scale, double z_coef,
+                   const Tensor& dlogits, const Tensor& row_ce, const Tensor& row_z) {
+  check_float_args({&logits, &dlogits, &row_ce, &row_z}, logits.dtype, "cross_entropy");
+  MOE_CHECK(labels.device == Device::kCpu, "cross_entropy: labels are not on the host");
+  check_shape(logits, {-1, -1}, "cross_entropy logits");
+  const int64_t n = logits.dim(0), vocab = logits.dim(1);
+  check_same_shape(logits, dlogits, "cross_entropy logits/dlogits");
+  check_dtype(labels, DType::kI32, "cross_entropy labels");
+  check_shape(labels, {n}, "cross_entropy labels");
+  check_shape(row_ce, {n}, "cross_entropy row_ce");
+  check_shape(row_z, {n}, "cross_entropy row_z");
+  const int32_t* lab = labels.as<int32_t>();
+  for (int64_t r = 0; r < n; ++r)
+    MOE_CHECK(lab[r] < vocab, "cross_entropy: label ", lab[r], " at row ", r,
+              " is out of range for vocab size ", vocab);
+  dispatch_real(logits.dtype, "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = logits.as<T>();  // may alias pd: each element is read before it is written
+    T* pd = dlogits.as<T>();
+    T* pce = row_ce.as<T>();
+    T* pz = row_z.as<T>();
+    const T scale = static_cast<T>(loss_scale), zc2 = static_cast<T>(2 * z_coef);
+    for (int64_t r = 0; r < n; ++r) {
+      const T* xr = px + r * vocab;
+      T* dr = pd + r * vocab;
+      const int32_t label = lab[r];
+      if (label < 0) {
+        for (int64_t j = 0; j < vocab; ++j) dr[j] = 0;
+        pce[r] = 0;
+        pz[r] = 0;
+        continue;
+      }
+      T mx = xr[0];
+      for (int64_t j = 1; j < vocab; ++j) mx = xr[j] > mx ? xr[j] : mx;
+      T sum = 0;
+      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(xr[j] - mx);
+      const T lse = mx + std::log(sum);
+      pce[r] = lse - xr[label];
+      pz[r] = lse * lse;
+      for (int64_t j = 0; j < vocab; ++j) {
+        const T p = std::exp(xr[j] - lse);
+        const T onehot = j == label ? T(1) : T(0);
+        dr[j] = scale * (p - onehot) + scale * zc2 * lse * p;
+      }
+    }
+  });
+}
+
+}  // namespace moe::ref

@@ -1,0 +1,456 @@
+// Embedding, RoPE, SwiGLU, sum_to/sumsq_to, axpy/scale/fill/convert and AdamW: cpu against
+// ref, ref f64 gradients against central finite differences, thread-count independence.
+// Error measure (test_util.h): max|a - b| / max|b|.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ref/ref_ops.h"
+
+namespace moe {
+namespace {
+
+using test::clone;
+using test::get;
+using test::poison;
+using test::rel_error;
+using test::set;
+
+OwnedTensor random_tensor(DType dtype, std::initializer_list<int64_t> dims, uint64_t salt,
+                          double lo = -1.0, double hi = 1.0) {
+  OwnedTensor t(dtype, dims);
+  test::fill_uniform(t, test::test_seed(), salt, lo, hi);
+  return t;
+}
+
+// Central differences, h = 1e-5 (truncation ~1e-10, rounding ~1e-11 |loss|).
+OwnedTensor numeric_grad(const Tensor& param, const std::function<double()>& loss) {
+  const double h = 1e-5;
+  OwnedTensor g = clone(param);
+  for (int64_t i = 0; i < param.numel(); ++i) {
+    const double x0 = get(param, i);
+    set(param, i, x0 + h);
+    const double lp = loss();
+    set(param, i, x0 - h);
+    const double lm = loss();
+    set(param, i, x0);
+    set(g, i, (lp - lm) / (2 * h));
+  }
+  return g;
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  double s = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) s += get(a, i) * get(b, i);
+  return s;
+}
+
+template <class F> void with_threads(int n, F&& f) {
+  const int saved = cpu::num_threads();
+  cpu::set_num_threads(n);
+  f();
+  cpu::set_num_threads(saved);
+}
+
+#define SEED_TRACE() SCOPED_TRACE("seed " + std::to_string(test::test_seed()))
+
+// ---------------------------------------------------------------- embedding
+// Ids drawn from a small range so that rows repeat.
+OwnedTensor repeated_ids(int64_t n, int32_t range, uint64_t salt) {
+  OwnedTensor ids(DType::kI32, {n});
+  test::fill_ids(ids, test::test_seed(), salt, range);
+  return ids;
+}
+
+TEST(Embedding, CpuMatchesRefBitwise) {
+  SEED_TRACE();
+  struct Case { int64_t t, v, d; };
+  uint64_t salt = 0;
+  for (Case c : {Case{1, 1, 1}, Case{7, 5, 3}, Case{300, 37, 129}, Case{64, 1000, 512}}) {
+    SCOPED_TRACE("T " + std::to_string(c.t) + " V " + std::to_string(c.v) + " D " +
+                 std::to_string(c.d));
+    for (DType dt : {DType::kF32, DType::kF64}) {
+      OwnedTensor ids = repeated_ids(c.t, static_cast<int32_t>(std::min<int64_t>(c.v, 9)), ++salt);
+      OwnedTensor table = random_tensor(dt, {c.v, c.d}, ++salt);
+      OwnedTensor y(dt, {c.t, c.d}), yr(dt, {c.t, c.d});
+      poison(y);
+      cpu::embedding_fwd(ids, table, y);
+      ref::embedding_fwd(ids, table, yr);
+      EXPECT_TRUE(test::bitwise_equal(y, yr));  // a copy
+      // Backward: both add each row's tokens in token order from the same start: bitwise.
+      OwnedTensor dy = random_tensor(dt, {c.t, c.d}, ++salt);
+      OwnedTensor dt_cpu = random_tensor(dt, {c.v, c.d}, ++salt);
+      OwnedTensor dt_ref = clone(dt_cpu);
+      cpu::embedding_bwd(ids, dy, dt_cpu);
+      ref::embedding_bwd(ids, dy, dt_ref);
+      EXPECT_TRUE(test::bitwise_equal(dt_cpu, dt_ref));
+    }
+  }
+  // bf16 tables: the forward is a row copy for any float dtype.
+  OwnedTensor ids = repeated_ids(33, 20, 50);
+  OwnedTensor table = random_tensor(DType::kBF16, {20, 24}, 51);
+  OwnedTensor y(DType::kBF16, {33, 24});
+  cpu::embedding_fwd(ids, table, y);
+  for (int64_t t = 0; t < 33; ++t)
+    EXPECT_EQ(std::memcmp(static_cast<bf16*>(y.t.data) + t * 24,
+                          static_cast<bf16*>(table.t.data) + static_cast<int64_t>(get(ids, t)) * 24,
+                          48), 0);
+}
+
+TEST(Embedding, BadIdThrows) {
+  OwnedTensor ids(DType::kI32, {3}), table(DType::kF32, {4, 2}), y(DType::kF32, {3, 2});
+  set(ids, 0, 1), set(ids, 1, 4), set(ids, 2, 0);
+  EXPECT_THROW(cpu::embedding_fwd(ids, table, y), Error);
+  EXPECT_THROW(ref::embedding_fwd(ids, table, y), Error);
+  set(ids, 1, -1);
+  EXPECT_THROW(cpu::embedding_bwd(ids, y, table), Error);
+  EXPECT_THROW(ref::embedding_bwd(ids, y, table), Error);
+}
+
+TEST(Embedding, RefGradientMatchesFiniteDifferences) {
+  SEED_TRACE();
+  const int64_t t = 9, v = 4, d = 3;
+  OwnedTensor ids = repeated_ids(t, static_cast<int32_t>(v), 60);
+  OwnedTensor table = random_tensor(DType::kF64, {v, d}, 61);
+  OwnedTensor rw = random_tensor(DType::kF64, {t, d}, 62);
+  OwnedTensor y(DType::kF64, {t, d}), g(DType::kF64, {v, d});
+  auto loss = [&] {
+    ref::embedding_fwd(ids, table, y);
+    return dot(y, rw);
+  };
+  ref::fill(g, 0);
+  ref::embedding_bwd(ids, rw, g);
+  EXPECT_LT(rel_error(g, numeric_grad(table, loss)), 1e-9);  // linear: only rounding remains
+}
+
+TEST(Embedding, BackwardBitwiseIndependentOfThreadCount) {
+  SEED_TRACE();
+  const int64_t t = 500, v = 50, d = 300;  // many repeats per row; d not a multiple of 16
+  OwnedTensor ids = repeated_ids(t, 50, 70);
+  OwnedTensor dy = random_tensor(DType::kF32, {t, d}, 71);
+  std::vector<OwnedTensor> outs;
+  for (int threads : {1, 2, 3, 7}) {
+    with_threads(threads, [&] {
+      OwnedTensor g = random_tensor(DType::kF32, {v, d}, 72);
+      cpu::embedding_bwd(ids, dy, g);
+      outs.push_back(std::move(g));
+    });
+  }
+  for (size_t i = 1; i < outs.size(); ++i) EXPECT_TRUE(test::bitwise_equal(outs[i], outs[0]));
+}
+
+// ---------------------------------------------------------------- RoPE
+struct Shape4 {
+  int64_t b, s, h, d;
+};
+
+TEST(Rope, CpuMatchesRef) {
+  SEED_TRACE();
+  uint64_t salt = 100;
+  for (Shape4 s : {Shape4{1, 1, 1, 2}, Shape4{2, 5, 3, 8}, Shape4{1, 300, 2, 64},
+                   Shape4{2, 33, 4, 128}}) {
+    SCOPED_TRACE("shape " + std::to_string(s.b) + "," + std::to_string(s.s) + "," +
+                 std::to_string(s.h) + "," + std::to_string(s.d));
+    for (bool inverse : {false, true}) {
+      OwnedTensor x = random_tensor(DType::kF32, {s.b, s.s, s.h, s.d}, ++salt);
+      OwnedTensor x64 = clone(x, DType::kF64), xr = clone(x);
+      inverse ? cpu::rope_bwd(x, 10000.0) : cpu::rope_fwd(x, 10000.0);
+      inverse ? ref::rope_bwd(x64, 10000.0) : ref::rope_fwd(x64, 10000.0);
+      inverse ? ref::rope_bwd(xr, 10000.0) : ref::rope_fwd(xr, 10000.0);
+      // cos/sin are the f64 values rounded to f32 (<= 2^-24 relative each), then two products
+      // and a sum in f32: a few 2^-24 ~ 1e-7 relative to max|x|. 5e-7.
+      EXPECT_LT(rel_error(x, x64), 5e-7);
+      // Same table and the same operations as ref f32 (up to FMA contraction).
+      EXPECT_LT(rel_error(x, xr), 1e-6);
+    }
+  }
+  // f64 through the cpu path: its table comes from angle-sum formulas for positions >= 64
+  // (~2 ulp of double against libm on the direct angle); the rotation is the same.
+  OwnedTensor a = random_tensor(DType::kF64, {2, 300, 2, 16}, 150), b = clone(a);
+  cpu::rope_fwd(a, 500000.0);
+  ref::rope_fwd(b, 500000.0);
+  EXPECT_LT(rel_error(a, b), 1e-14);
+}
+
+TEST(Rope, BackwardInvertsForward) {
+  SEED_TRACE();
+  OwnedTensor x = random_tensor(DType::kF64, {2, 40, 3, 32}, 160), x0 = clone(x);
+  ref::rope_fwd(x, 10000.0);
+  ref::rope_bwd(x, 10000.0);
+  EXPECT_LT(rel_error(x, x0), 1e-15);  // cos^2 + sin^2 = 1 to rounding
+  OwnedTensor y = random_tensor(DType::kF32, {2, 40, 3, 32}, 161), y0 = clone(y);
+  cpu::rope_fwd(y, 10000.0);
+  cpu::rope_bwd(y, 10000.0);
+  EXPECT_LT(rel_error(y, y0), 1e-6);  // cos/sin rounded to f32, four f32 roundings
+}
+
+TEST(Rope, RefGradientMatchesFiniteDifferences) {
+  SEED_TRACE();
+  OwnedTensor x = random_tensor(DType::kF64, {2, 4, 2, 6}, 170);
+  OwnedTensor rw = random_tensor(DType::kF64, {2, 4, 2, 6}, 171);
+  auto loss = [&] {
+    OwnedTensor y = clone(x);
+    ref::rope_fwd(y, 100.0);
+    return dot(y, rw);
+  };
+  OwnedTensor g = clone(rw);
+  ref::rope_bwd(g, 100.0);  // the gradient of sum(rope(x) * rw) is the inverse rotation of rw
+  EXPECT_LT(rel_error(g, numeric_grad(x, loss)), 1e-9);
+  // Position 0 is the identity; position 1, frequency 0 rotates by exactly 1 radian.
+  OwnedTensor p(DType::kF64, {1, 2, 1, 2});
+  set(p, 0, 1), set(p, 1, 0), set(p, 2, 1), set(p, 3, 0);
+  ref::rope_fwd(p, 100.0);
+  EXPECT_EQ(get(p, 0), 1.0);
+  EXPECT_EQ(get(p, 1), 0.0);
+  EXPECT_NEAR(get(p, 2), std::cos(1.0), 1e-15);
+  EXPECT_NEAR(get(p, 3), std::sin(1.0), 1e-15);
+}
+
+// ---------------------------------------------------------------- SwiGLU
+TEST(SwiGlu, CpuMatchesRef) {
+  SEED_TRACE();
+  uint64_t salt = 200;
+  for (auto dims : {std::vector<int64_t>{1, 1}, {3, 7}, {65, 129}, {64, 1024}}) {
+    const int64_t n = dims[0], f = dims[1];
+    SCOPED_TRACE("shape " + std::to_string(n) + "x" + std::to_string(f));
+    OwnedTensor g = random_tensor(DType::kF32, {n, f}, ++salt, -12, 12);
+    OwnedTensor u = random_tensor(DType::kF32, {n, f}, ++salt, -2, 2);
+    OwnedTensor dh = random_tensor(DType::kF32, {n, f}, ++salt);
+    OwnedTensor g64 = clone(g, DType::kF64), u64 = clone(u, DType::kF64);
+    OwnedTensor dh64 = clone(dh, DType::kF64);
+    OwnedTensor h(DType::kF32, {n, f}), dg(DType::kF32, {n, f}), du(DType::kF32, {n, f});
+    OwnedTensor h64(DType::kF64, {n, f}), dg64(DType::kF64, {n, f}), du64(DType::kF64, {n, f});
+    poison(h), poison(dg), poison(du);
+    cpu::swiglu_fwd(g, u, h);
+    cpu::swiglu_bwd(dh, g, u, dg, du);
+    ref::swiglu_fwd(g64, u64, h64);
+    ref::swiglu_bwd(dh64, g64, u64, dg64, du64);
+    // fast_exp (~2 ulp) then a divide and 1-3 products in f32: a few 2^-24 relative per
+    // element (measured <= 2.2e-7 over 40 seeds). 1e-6.
+    EXPECT_LT(rel_error(h, h64), 1e-6);
+    EXPECT_LT(rel_error(du, du64), 1e-6);
+    EXPECT_LT(rel_error(dg, dg64), 1e-6);
+    OwnedTensor hc(DType::kF64, {n, f}), dgc(DType::kF64, {n, f}), duc(DType::kF64, {n, f});
+    cpu::swiglu_fwd(g64, u64, hc);
+    cpu::swiglu_bwd(dh64, g64, u64, dgc, duc);
+    // f64 in the cpu path: libm exp as the ref; dg's 1 - sig is formed differently (e sig).
+    EXPECT_LT(rel_error(hc, h64), 1e-15);
+    EXPECT_LT(rel_error(dgc, dg64), 1e-14);
+    EXPECT_LT(rel_error(duc, du64), 1e-15);
+  }
+}
+
+TEST(SwiGlu, RefGradientsMatchFiniteDifferences) {
+  SEED_TRACE();
+  OwnedTensor g = random_tensor(DType::kF64, {3, 5}, 250, -4, 4);
+  OwnedTensor u = random_tensor(DType::kF64, {3, 5}, 251, -2, 2);
+  OwnedTensor rw = random_tensor(DType::kF64, {3, 5}, 252);
+  OwnedTensor h(DType::kF64, {3, 5}), dg(DType::kF64, {3, 5}), du(DType::kF64, {3, 5});
+  auto loss = [&] {
+    ref::swiglu_fwd(g, u, h);
+    return dot(h, rw);
+  };
+  ref::swiglu_bwd(rw, g, u, dg, du);
+  EXPECT_LT(rel_error(dg, numeric_grad(g, loss)), 1e-8);
+  EXPECT_LT(rel_error(du, numeric_grad(u, loss)), 1e-8);
+}
+
+// ---------------------------------------------------------------- sum_to, sumsq_to
+TEST(SumTo, CpuMatchesRefAllDtypes) {
+  SEED_TRACE();
+  uint64_t salt = 300;
+  for (int64_t n : {0, 1, 4095, 4096, 4097, 100003}) {
+    for (DType dt : {DType::kF32, DType::kF64, DType::kBF16}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " n " + std::to_string(n));
+      OwnedTensor x = random_tensor(dt, {n}, ++salt, -1, 3);
+      OwnedTensor a(DType::kF64, {1}), b(DType::kF64, {1}), c(DType::kF64, {1}), d(DType::kF64, {1});
+      set(a, 0, 1.5), set(b, 0, 1.5), set(c, 0, -2), set(d, 0, -2);  // outputs accumulate
+      cpu::sum_to(x, 0.25, a);
+      ref::sum_to(x, 0.25, b);
+      cpu::sumsq_to(x, c);
+      ref::sumsq_to(x, d);
+      // Both sum each 4096-element chunk in double (cpu in 16 lanes, ref sequentially) and add
+      // chunks in order: ~1e-16 * sqrt(chunk) relative to the sum of |x|.
+      long double s = 0, ss = 0;
+      for (int64_t i = 0; i < n; ++i) s += get(x, i), ss += get(x, i) * get(x, i);
+      const double tol = 1e-13 * (1 + static_cast<double>(ss));
+      EXPECT_NEAR(get(a, 0), get(b, 0), tol);
+      EXPECT_NEAR(get(b, 0), 1.5 + 0.25 * static_cast<double>(s), tol);
+      EXPECT_NEAR(get(c, 0), get(d, 0), tol);
+      EXPECT_NEAR(get(d, 0), -2 + static_cast<double>(ss), tol);
+    }
+  }
+}
+
+TEST(SumTo, CpuBitwiseIndependentOfThreadCount) {
+  SEED_TRACE();
+  OwnedTensor x = random_tensor(DType::kF32, {123457}, 350, -1, 3);
+  std::vector<double> sums, sumsqs;
+  for (int threads : {1, 2, 3, 7}) {
+    with_threads(threads, [&] {
+      OwnedTensor a(DType::kF64, {1}), b(DType::kF64, {1});
+      set(a, 0, 0), set(b, 0, 0);
+      cpu::sum_to(x, 1.0, a);
+      cpu::sumsq_to(x, b);
+      sums.push_back(get(a, 0)), sumsqs.push_back(get(b, 0));
+    });
+  }
+  for (size_t i = 1; i < sums.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&sums[i], &sums[0], sizeof(double)), 0);
+    EXPECT_EQ(std::memcmp(&sumsqs[i], &sumsqs[0], sizeof(double)), 0);
+  }
+}
+
+// ---------------------------------------------------------------- axpy, scale, fill, convert
+TEST(Pointwise, AxpyScaleFillCpuMatchRefBitwise) {
+  SEED_TRACE();
+  uint64_t salt = 400;
+  for (int64_t n : {1, 17, 40000}) {
+    for (DType dt : {DType::kF32, DType::kF64, DType::kBF16}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " n " + std::to_string(n));
+      OwnedTensor x = random_tensor(dt, {n}, ++salt);
+      OwnedTensor y = random_tensor(dt, {n}, ++salt), yr = clone(y);
+      // One multiply and one add in the compute type: equal to the ref up to FMA contraction
+      // (the build allows it), i.e. one rounding of the result; the stored dtype's ulp.
+      cpu::axpy(-0.3, x, y);
+      ref::axpy(-0.3, x, yr);
+      const double ulp = dt == DType::kF64 ? 0x1p-52 : dt == DType::kF32 ? 0x1p-23 : 0x1p-7;
+      EXPECT_LE(rel_error(y, yr), ulp);
+      test::copy_tensor(yr, y);
+      // A single multiply or store: bitwise.
+      cpu::scale(y, 1.7);
+      ref::scale(yr, 1.7);
+      EXPECT_TRUE(test::bitwise_equal(y, yr));
+      cpu::fill(y, 0.1);
+      ref::fill(yr, 0.1);
+      EXPECT_TRUE(test::bitwise_equal(y, yr));
+    }
+  }
+  OwnedTensor counts(DType::kI32, {5000});
+  cpu::fill(counts, 7);
+  EXPECT_EQ(get(counts, 4999), 7);
+  EXPECT_THROW(cpu::fill(counts, 0.5), Error);
+}
+
+TEST(Convert, AllPairsMatchRefAndBf16Rounding) {
+  SEED_TRACE();
+  const int64_t n = 70001;
+  OwnedTensor base = random_tensor(DType::kF64, {n}, 500, -3e3, 3e3);
+  // Specials and rounding ties at the front.
+  const double inf = std::numeric_limits<double>::infinity();
+  const double specials[] = {0.0, -0.0, inf, -inf, std::nan(""), 1.0 + 1.0 / 256,
+                             1.0 + 3.0 / 256, 3.4e38, 1e-40, -1e-45, 65504.0, 1.0 + 1e-12};
+  for (size_t i = 0; i < std::size(specials); ++i) set(base, static_cast<int64_t>(i), specials[i]);
+  for (DType from : {DType::kF64, DType::kF32, DType::kBF16}) {
+    OwnedTensor src(from, {n});
+    for (int64_t i = 0; i < n; ++i) {
+      // Values as the source dtype holds them (f64 -> f32 -> bf16 by the library rules).
+      if (from == DType::kF64) static_cast<double*>(src.t.data)[i] = get(base, i);
+      if (from == DType::kF32) static_cast<float*>(src.t.data)[i] = static_cast<float>(get(base, i));
+      if (from == DType::kBF16)
+        static_cast<bf16*>(src.t.data)[i] = bf16(static_cast<float>(get(base, i)));
+    }
+    for (DType to : {DType::kF64, DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + dtype_name(to));
+      OwnedTensor a(to, {n}), b(to, {n});
+      poison(a);
+      cpu::convert(src, a);
+      ref::convert(src, b);
+      EXPECT_TRUE(test::bitwise_equal(a, b));
+      // Against core/bf16.h element by element (f64 rounds through f32).
+      if (to == DType::kBF16) {
+        int bad = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const uint16_t want = bf16::round(static_cast<float>(get(src, i)));
+          bad += static_cast<bf16*>(a.t.data)[i].bits != want;
+        }
+        EXPECT_EQ(bad, 0);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- AdamW
+TEST(AdamW, CpuMatchesRefOverSteps) {
+  SEED_TRACE();
+  const int64_t n = 40001;
+  OwnedTensor p = random_tensor(DType::kF32, {n}, 600);
+  OwnedTensor m(DType::kF32, {n}), v(DType::kF32, {n});
+  cpu::fill(m, 0), cpu::fill(v, 0);
+  OwnedTensor p64 = clone(p, DType::kF64), m64 = clone(m, DType::kF64), v64 = clone(v, DType::kF64);
+  OwnedTensor pr = clone(p), mr = clone(m), vr = clone(v);
+  for (int64_t step = 1; step <= 5; ++step) {
+    OwnedTensor g = random_tensor(DType::kF32, {n}, 600 + static_cast<uint64_t>(step), -1e-2, 1e-2);
+    OwnedTensor g64 = clone(g, DType::kF64);
+    cpu::adamw(p, g, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
+    ref::adamw(pr, g, mr, vr, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
+    ref::adamw(p64, g64, m64, v64, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
+  }
+  // Same scalars and operation order as ref f32: equal up to FMA contraction, which the build
+  // allows and which the compiler applies differently to the two loops: <= 1 ulp of p per
+  // step (5 steps: measured <= 3.6e-7 relative to max|p| ~ 1). 1e-6.
+  EXPECT_LT(rel_error(p, pr), 1e-6);
+  EXPECT_LT(rel_error(m, mr), 1e-6);
+  EXPECT_LT(rel_error(v, vr), 1e-6);
+  // Against f64: p ~ 1 takes one f32 rounding (6e-8) per step, the update ~lr is computed to
+  // a few ulp; m and v a few ulp per step. Measured <= 3e-7 (p), 1.4e-7 (m, v). 1e-6.
+  EXPECT_LT(rel_error(p, p64), 1e-6);
+  EXPECT_LT(rel_error(m, m64), 1e-6);
+  EXPECT_LT(rel_error(v, v64), 1e-6);
+}
+
+TEST(AdamW, CpuF64AndLargeLerpWeightMatchRef) {
+  SEED_TRACE();
+  const int64_t n = 1003;  // not a multiple of the 16-element blocks
+  for (double beta1 : {0.9, 0.3}) {  // 1 - beta1 >= 0.5 takes torch's other lerp form
+    SCOPED_TRACE("beta1 " + std::to_string(beta1));
+    OwnedTensor p = random_tensor(DType::kF64, {n}, 650), m = random_tensor(DType::kF64, {n}, 651);
+    OwnedTensor v = random_tensor(DType::kF64, {n}, 652, 0, 1e-4);
+    OwnedTensor g = random_tensor(DType::kF64, {n}, 653, -1e-2, 1e-2);
+    OwnedTensor pr = clone(p), mr = clone(m), vr = clone(v);
+    cpu::adamw(p, g, m, v, 1e-3, beta1, 0.99, 1e-8, 0.1, 7);
+    ref::adamw(pr, g, mr, vr, 1e-3, beta1, 0.99, 1e-8, 0.1, 7);
+    // Same operations in double, up to FMA contraction: ~1 ulp.
+    EXPECT_LT(rel_error(p, pr), 1e-15);
+    EXPECT_LT(rel_error(m, mr), 1e-15);
+    EXPECT_LT(rel_error(v, vr), 1e-15);
+  }
+}
+
+TEST(AdamW, RefMatchesTextbookFormula) {
+  // The formula of op_list.inc written out in double for one element over three steps.
+  double p = 0.5, m = 0, v = 0;
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.01;
+  OwnedTensor tp(DType::kF64, {1}), tg(DType::kF64, {1}), tm(DType::kF64, {1}), tv(DType::kF64, {1});
+  set(tp, 0, p), set(tm, 0, 0), set(tv, 0, 0);
+  const double grads[] = {0.3, -0.7, 0.05};
+  for (int64_t step = 1; step <= 3; ++step) {
+    const double g = grads[step - 1];
+    p *= 1 - lr * wd;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    p -= (lr / (1 - std::pow(b1, step))) * m /
+         (std::sqrt(v) / std::sqrt(1 - std::pow(b2, step)) + eps);
+    set(tg, 0, g);
+    ref::adamw(tp, tg, tm, tv, lr, b1, b2, eps, wd, step);
+    EXPECT_NEAR(get(tp, 0), p, 1e-15);
+    EXPECT_NEAR(get(tm, 0), m, 1e-16);
+    EXPECT_NEAR(get(tv, 0), v, 1e-17);
+  }
+  // Step 1 from zero moments moves a parameter by lr * g / (|g| + eps) ~ lr * sign(g).
+  set(tp, 0, 0.5), set(tg, 0, -0.3), set(tm, 0, 0), set(tv, 0, 0);
+  ref::adamw(tp, tg, tm, tv, lr, b1, b2, eps, 0.0, 1);
+  EXPECT_NEAR(get(tp, 0), 0.5 + lr, 1e-9);
+  EXPECT_THROW(ref::adamw(tp, tg, tm, tv, lr, b1, b2, eps, wd, 0), Error);
+  EXPECT_THROW(cpu::adamw(tp, tg, tm, tv, lr, b1, b2, eps, wd, 0), Error);
+}
+
+}  // namespace
+}  // namespace moe
