@@ -1,0 +1,151 @@
+// Reference causal grouped-query attention: one query row at a time, its full row of scores
+// materialized, in the tensors' own precision (f32 or f64). Written to be obviously right; the
+// fast kernel in kernels/cpu/attention.cpp is tested against it, and the f64 path against
+// PyTorch fixtures and finite differences.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kernels/ref/ref_ops.h"
+
+namespace moe::ref {
+namespace {
+
+struct Dims {
+  int64_t B, S, H, G, hd;
+};
+
+// Checks every argument against q's shape and dtype; returns the dimensions.
+Dims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
+  MOE_CHECK(q.ndim == 4, op, ": q must be (B,S,H,hd), got ", q.shape_str());
+  MOE_CHECK(q.dtype == DType::kF32 || q.dtype == DType::kF64, op,
+            ": ref backend supports f32 and f64, got ", dtype_name(q.dtype));
+  Dims d{q.dim(0), q.dim(1), q.dim(2), k.ndim == 4 ? k.dim(2) : 0, q.dim(3)};
+  MOE_CHECK(d.G > 0 && d.H % d.G == 0, op, ": query heads H=", d.H,
+            " must be a multiple of kv heads G=", d.G, " (q ", q.shape_str(), ", k ",
+            k.shape_str(), ")");
+  check_shape(k, {d.B, d.S, d.G, d.hd}, "attention k");
+  check_shape(v, {d.B, d.S, d.G, d.hd}, "attention v");
+  check_dtype(k, q.dtype, "attention k");
+  check_dtype(v, q.dtype, "attention v");
+  return d;
+}
+
+template <class T> T dot(const T* a, const T* b, int64_t n) {
+  T s = 0;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Scaled scores of query row i against keys 0..i into s[0..i]; returns their max.
+template <class T>
+T row_scores(const T* qi, const T* kbase, int64_t kstride, int64_t i, int64_t hd, T scale,
+             std::vector<T>& s) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j <= i; ++j) {
+    s[j] = scale * dot(qi, kbase + j * kstride, hd);
+    m = std::max(m, s[j]);
+  }
+  return m;
+}
+
+template <class T>
+void fwd(const Dims& d, const T* q, const T* k, const T* v, T* o, T* lse) {
+  const T scale = T(1) / std::sqrt(T(d.hd));
+  const int64_t rep = d.H / d.G, qstride = d.H * d.hd, kstride = d.G * d.hd;
+  std::vector<T> s(static_cast<size_t>(d.S));
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h) {
+      const int64_t g = h / rep;
+      const T* kb = k + b * d.S * kstride + g * d.hd;
+      const T* vb = v + b * d.S * kstride + g * d.hd;
+      for (int64_t i = 0; i < d.S; ++i) {
+        const T* qi = q + (b * d.S + i) * qstride + h * d.hd;
+        T* oi = o + (b * d.S + i) * qstride + h * d.hd;
+        T m = row_scores(qi, kb, kstride, i, d.hd, scale, s);
+        T sum = 0;
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - m);
+        for (int64_t c = 0; c < d.hd; ++c) oi[c] = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          T p = std::exp(s[j] - m) / sum;
+          for (int64_t c = 0; c < d.hd; ++c) oi[c] += p * vb[j * kstride + c];
+        }
+        lse[(b * d.H + h) * d.S + i] = m + std::log(sum);
+      }
+    }
+}
+
+// The softmax is recomputed from q and k (o and lse are only shape-checked), so this oracle does
+// not depend on the forward's saved values.
+template <class T>
+void bwd(const Dims& d, const T* dout, const T* q, const T* k, const T* v, T* dq, T* dk, T* dv) {
+  const T scale = T(1) / std::sqrt(T(d.hd));
+  const int64_t rep = d.H / d.G, qstride = d.H * d.hd, kstride = d.G * d.hd;
+  for (int64_t i = 0; i < d.B * d.S * d.H * d.hd; ++i) dq[i] = 0;
+  for (int64_t i = 0; i < d.B * d.S * d.G * d.hd; ++i) dk[i] = dv[i] = 0;
+  std::vector<T> s(static_cast<size_t>(d.S)), dp(static_cast<size_t>(d.S));
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h) {
+      const int64_t g = h / rep;
+      const int64_t kvoff = b * d.S * kstride + g * d.hd;
+      for (int64_t i = 0; i < d.S; ++i) {
+        const int64_t qoff = (b * d.S + i) * qstride + h * d.hd;
+        T m = row_scores(q + qoff, k + kvoff, kstride, i, d.hd, scale, s);
+        T sum = 0;
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - m);
+        // p_j = softmax; dp_j = dO_i . v_j; ds_j = p_j (dp_j - sum_l p_l dp_l).
+        T pdp = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          s[j] = std::exp(s[j] - m) / sum;
+          dp[j] = dot(dout + qoff, v + kvoff + j * kstride, d.hd);
+          pdp += s[j] * dp[j];
+        }
+        for (int64_t j = 0; j <= i; ++j) {
+          const T p = s[j], ds = p * (dp[j] - pdp);
+          const int64_t kj = kvoff + j * kstride;
+          for (int64_t c = 0; c < d.hd; ++c) {
+            dq[qoff + c] += scale * ds * k[kj + c];
+            dk[kj + c] += scale * ds * q[qoff + c];
+            dv[kj + c] += p * dout[qoff + c];
+          }
+        }
+      }
+    }
+}
+
+}  // namespace
+
+void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                   const Tensor& lse) {
+  Dims d = check_attention(q, k, v, "attention_fwd");
+  check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_fwd o");
+  check_shape(lse, {d.B, d.H, d.S}, "attention_fwd lse");
+  check_dtype(o, q.dtype, "attention_fwd o");
+  check_dtype(lse, q.dtype, "attention_fwd lse");
+  if (q.dtype == DType::kF64)
+    fwd(d, q.as<double>(), k.as<double>(), v.as<double>(), o.as<double>(), lse.as<double>());
+  else
+    fwd(d, q.as<float>(), k.as<float>(), v.as<float>(), o.as<float>(), lse.as<float>());
+}
+
+void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& o, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                   const Tensor& dv) {
+  Dims d = check_attention(q, k, v, "attention_bwd");
+  check_shape(dout, {d.B, d.S, d.H, d.hd}, "attention_bwd dout");
+  check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_bwd o");
+  check_shape(lse, {d.B, d.H, d.S}, "attention_bwd lse");
+  check_shape(dq, {d.B, d.S, d.H, d.hd}, "attention_bwd dq");
+  check_shape(dk, {d.B, d.S, d.G, d.hd}, "attention_bwd dk");
+  check_shape(dv, {d.B, d.S, d.G, d.hd}, "attention_bwd dv");
+  for (const Tensor* t : {&dout, &o, &lse, &dq, &dk, &dv}) check_dtype(*t, q.dtype, "attention_bwd");
+  if (q.dtype == DType::kF64)
+    bwd(d, dout.as<double>(), q.as<double>(), k.as<double>(), v.as<double>(), dq.as<double>(),
+        dk.as<double>(), dv.as<double>());
+  else
+    bwd(d, dout.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(), dq.as<float>(),
+        dk.as<float>(), dv.as<float>());
+}
+
+}  // namespace moe::ref

@@ -1,0 +1,288 @@
+// Causal grouped-query attention: the f64 reference against finite differences, the fp32 cpu
+// kernel against the f64 reference, causality, and bitwise thread-count independence.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <tuple>
+
+#include "common/test_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ref/ref_ops.h"
+
+namespace moe {
+namespace {
+
+using test::clone;
+using test::rel_error;
+
+struct Shape {
+  int64_t B, S, H, G, hd;
+  double amp = 1.0;  // q and k are uniform in [-amp, amp]: larger means peakier softmax
+};
+
+std::string name(const Shape& s) {
+  return "B" + std::to_string(s.B) + " S" + std::to_string(s.S) + " H" + std::to_string(s.H) +
+         " G" + std::to_string(s.G) + " hd" + std::to_string(s.hd) + " amp" +
+         std::to_string(s.amp);
+}
+
+// Every tensor of one attention call, forward and backward.
+struct Problem {
+  OwnedTensor q, k, v, dout, o, lse, dq, dk, dv;
+  Problem(const Shape& s, DType t)
+      : q(t, {s.B, s.S, s.H, s.hd}), k(t, {s.B, s.S, s.G, s.hd}), v(t, {s.B, s.S, s.G, s.hd}),
+        dout(t, {s.B, s.S, s.H, s.hd}), o(t, {s.B, s.S, s.H, s.hd}), lse(t, {s.B, s.H, s.S}),
+        dq(t, {s.B, s.S, s.H, s.hd}), dk(t, {s.B, s.S, s.G, s.hd}), dv(t, {s.B, s.S, s.G, s.hd}) {}
+  void fill(const Shape& s, uint64_t seed) {
+    test::fill_uniform(q, seed, 1, -s.amp, s.amp);
+    test::fill_uniform(k, seed, 2, -s.amp, s.amp);
+    test::fill_uniform(v, seed, 3);
+    test::fill_uniform(dout, seed, 4);
+  }
+  void poison_outputs() {
+    for (const OwnedTensor* t : {&o, &lse, &dq, &dk, &dv}) test::poison(*t);
+  }
+  // Same inputs in another dtype, outputs poisoned.
+  Problem converted(const Shape& s, DType t) const {
+    Problem p(s, t);
+    test::copy_tensor(q, p.q);
+    test::copy_tensor(k, p.k);
+    test::copy_tensor(v, p.v);
+    test::copy_tensor(dout, p.dout);
+    p.poison_outputs();
+    return p;
+  }
+};
+
+template <class Ns> void run(Problem& p) {
+  Ns::attention_fwd(p.q, p.k, p.v, p.o, p.lse);
+  Ns::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dk, p.dv);
+}
+struct Ref {
+  static void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                            const Tensor& lse) {
+    ref::attention_fwd(q, k, v, o, lse);
+  }
+  static void attention_bwd(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
+                            const Tensor& e, const Tensor& f, const Tensor& g, const Tensor& h,
+                            const Tensor& i) {
+    ref::attention_bwd(a, b, c, d, e, f, g, h, i);
+  }
+};
+struct Cpu {
+  static void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                            const Tensor& lse) {
+    cpu::attention_fwd(q, k, v, o, lse);
+  }
+  static void attention_bwd(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
+                            const Tensor& e, const Tensor& f, const Tensor& g, const Tensor& h,
+                            const Tensor& i) {
+    cpu::attention_bwd(a, b, c, d, e, f, g, h, i);
+  }
+};
+
+// Tolerances, as max|cpu - ref| / max|ref| over a tensor (fp32 kernel vs f64 reference of the
+// same inputs; inputs are rounded to fp32 first, relative 6e-8 each). Observed maxima over 40
+// seeds of the shapes below: o 2.1e-6, lse 4.1e-7, dq/dk/dv 2.0e-6.
+// - o: each output is a convex combination of v rows with softmax weights over <= S terms. The
+//   weights carry the fp32 error of the scores (hd-term dot products; scaled scores have std
+//   amp^2 / 3) and of exp2 (~2e-7), and the sums add ~sqrt(S) * 6e-8 relative (random walk). So ~1e-6;
+//   1e-5 leaves a 5x margin without hiding a real bug (a wrong mask, scale or tile boundary
+//   gives errors of order 1e-2 to 1).
+// - lse: log-sum-exp of scores of size up to ~10 (amp 3, hd 64): absolute error ~|s| * 1e-7,
+//   and |lse| >= ~log(S) for most rows: ~1e-7 relative; bound 5e-6.
+// - dq, dk, dv: one more matmul and the cancellation in ds = p (dp - D), with D = dO . O built
+//   from the fp32 o, so the error is relative to |dp| rather than |ds|; dk and dv also sum over
+//   H/G heads and up to S queries. A little looser than o: 2e-5.
+// These hold for amp <= 3 (scaled scores |s| up to ~10). Score magnitudes grow as amp^2 and the
+// fp32 error of p = exp(s - lse) grows with |s| (about 1e-7 |s| relative), which no fp32 kernel
+// avoids, so the bounds are scaled by max(1, amp^2 / 9): amp 12 (|s| up to ~200) observes
+// (30 seeds) o <= 3.6e-5 and grads <= 3.1e-5 against bounds 1.6e-4 and 3.2e-4.
+constexpr double kTolO = 1e-5, kTolLse = 5e-6, kTolGrad = 2e-5;
+
+class AttentionShapes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(AttentionShapes, CpuMatchesF64Reference) {
+  const Shape s = GetParam();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " " + name(s));
+  Problem ref64(s, DType::kF64);
+  ref64.fill(s, seed);
+  ref64.poison_outputs();
+  Problem cpu32 = ref64.converted(s, DType::kF32);
+  run<Ref>(ref64);
+  run<Cpu>(cpu32);  // the cpu backward reads the cpu forward's own o and lse
+  const double eo = rel_error(cpu32.o, ref64.o), el = rel_error(cpu32.lse, ref64.lse),
+               eq = rel_error(cpu32.dq, ref64.dq), ek = rel_error(cpu32.dk, ref64.dk),
+               ev = rel_error(cpu32.dv, ref64.dv);
+  RecordProperty("errors", std::to_string(eo) + " " + std::to_string(el) + " " +
+                               std::to_string(eq) + " " + std::to_string(ek) + " " +
+                               std::to_string(ev));
+  const double grow = std::max(1.0, s.amp * s.amp / 9.0);
+  EXPECT_LE(eo, kTolO * grow);
+  EXPECT_LE(el, kTolLse * grow);
+  EXPECT_LE(eq, kTolGrad * grow);
+  EXPECT_LE(ek, kTolGrad * grow);
+  EXPECT_LE(ev, kTolGrad * grow);
+  if (std::getenv("MOE_ATTN_PRINT_ERRORS"))
+    printf("%-40s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", name(s).c_str(), eo, el, eq, ek, ev);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionShapes,
+    ::testing::Values(Shape{2, 150, 4, 2, 8},         // GQA, 3 tiles, last one partial, B=2
+                      Shape{1, 150, 2, 2, 64},        // MHA, hd 64
+                      Shape{1, 150, 8, 1, 64, 3.0},   // MQA, hd 64, peaky softmax
+                      Shape{1, 1, 4, 2, 8},           // a single position
+                      Shape{2, 64, 2, 2, 8},          // exactly one tile
+                      Shape{1, 65, 8, 1, 16},         // one tile plus one position, MQA
+                      Shape{1, 300, 4, 2, 32, 2.0},   // 5 tiles: several off-diagonal ones
+                      Shape{2, 70, 4, 4, 12},         // hd not a multiple of the 4-row blocks
+                      Shape{1, 40, 3, 1, 3},          // odd H and hd
+                      Shape{1, 130, 2, 1, 128, 2.0},   // hd 128
+                      Shape{1, 200, 2, 1, 64, 12.0}),  // huge scores: no overflow in rescaling
+    [](const ::testing::TestParamInfo<Shape>& info) {
+      const Shape& s = info.param;
+      return "B" + std::to_string(s.B) + "_S" + std::to_string(s.S) + "_H" + std::to_string(s.H) +
+             "_G" + std::to_string(s.G) + "_hd" + std::to_string(s.hd) + "_amp" +
+             std::to_string(static_cast<int>(s.amp));
+    });
+
+// loss = sum(o * r); its gradient is attention_bwd with dout = r.
+double loss(Problem& p, const Tensor& r) {
+  ref::attention_fwd(p.q, p.k, p.v, p.o, p.lse);
+  double sum = 0;
+  for (int64_t i = 0; i < p.o.t.numel(); ++i) sum += test::get(p.o, i) * test::get(r, i);
+  return sum;
+}
+
+TEST(Attention, RefF64BackwardMatchesFiniteDifferencesAndCpuMatchesRef) {
+  const Shape s{2, 13, 4, 2, 6, 2.0};
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Problem p(s, DType::kF64);
+  p.fill(s, seed);
+  p.poison_outputs();
+  Problem cpu32 = p.converted(s, DType::kF32);
+  run<Ref>(p);
+  // Fourth-order central differences, h = 1e-3: truncation ~h^4 f^(5) / 30 ~ 1e-13 and
+  // rounding ~1e-16 |loss| / h ~ 1e-12, so ~1e-11 relative is expected (observed ~1e-11).
+  const double h = 1e-3;
+  for (auto [x, g, what] : {std::tuple{&p.q, &p.dq, "dq"}, std::tuple{&p.k, &p.dk, "dk"},
+                            std::tuple{&p.v, &p.dv, "dv"}}) {
+    OwnedTensor fd = clone(*g);
+    for (int64_t i = 0; i < x->t.numel(); ++i) {
+      const double x0 = test::get(*x, i);
+      auto at = [&](double dx) {
+        test::set(*x, i, x0 + dx);
+        return loss(p, p.dout);
+      };
+      const double d1 = at(h) - at(-h), d2 = at(2 * h) - at(-2 * h);
+      test::set(*x, i, x0);
+      test::set(fd, i, (8 * d1 - d2) / (12 * h));
+    }
+    const double err = rel_error(*g, fd);
+    EXPECT_LE(err, 1e-9) << what;
+    if (std::getenv("MOE_ATTN_PRINT_ERRORS")) printf("finite differences %s %.2e\n", what, err);
+  }
+  run<Cpu>(cpu32);
+  EXPECT_LE(rel_error(cpu32.dq, p.dq), kTolGrad);
+  EXPECT_LE(rel_error(cpu32.dk, p.dk), kTolGrad);
+  EXPECT_LE(rel_error(cpu32.dv, p.dv), kTolGrad);
+}
+
+// Perturbing k and v at position j changes no output (o, lse) at positions < j, bitwise, and
+// does change position j.
+template <class Ns> void check_causal(DType t) {
+  const Shape s{2, 150, 4, 2, 16};
+  const uint64_t seed = test::test_seed();
+  Problem p(s, DType::kF64);
+  p.fill(s, seed);
+  Problem a = p.converted(s, t);
+  Ns::attention_fwd(a.q, a.k, a.v, a.o, a.lse);
+  for (int64_t j : {1, 63, 64, 100, 149}) {
+    SCOPED_TRACE("seed " + std::to_string(seed) + " j " + std::to_string(j));
+    Problem b = p.converted(s, t);
+    for (int64_t bb = 0; bb < s.B; ++bb)
+      for (int64_t c = 0; c < s.G * s.hd; ++c) {
+        const int64_t i = (bb * s.S + j) * s.G * s.hd + c;
+        test::set(b.k, i, test::get(b.k, i) + 0.5);
+        test::set(b.v, i, test::get(b.v, i) - 0.5);
+      }
+    Ns::attention_fwd(b.q, b.k, b.v, b.o, b.lse);
+    const int64_t row = s.H * s.hd;
+    for (int64_t bb = 0; bb < s.B; ++bb) {
+      const int64_t before = (bb * s.S + j) * row;
+      const size_t bytes = dtype_size(t);
+      EXPECT_EQ(std::memcmp(static_cast<char*>(a.o.t.data) + (before - j * row) * bytes,
+                            static_cast<char*>(b.o.t.data) + (before - j * row) * bytes,
+                            j * row * bytes),
+                0);
+      for (int64_t h = 0; h < s.H; ++h) {
+        const int64_t l0 = (bb * s.H + h) * s.S;
+        EXPECT_EQ(std::memcmp(static_cast<char*>(a.lse.t.data) + l0 * bytes,
+                              static_cast<char*>(b.lse.t.data) + l0 * bytes, j * bytes),
+                  0);
+      }
+      EXPECT_NE(test::get(a.o, before), test::get(b.o, before));
+    }
+  }
+}
+
+TEST(Attention, CausalRef) { check_causal<Ref>(DType::kF64); }
+TEST(Attention, CausalCpu) { check_causal<Cpu>(DType::kF32); }
+
+TEST(Attention, CpuBitwiseIndependentOfThreadCount) {
+  const uint64_t seed = test::test_seed();
+  const int saved = omp_get_max_threads();
+  for (const Shape& s : {Shape{2, 150, 4, 2, 16}, Shape{1, 200, 4, 1, 64}}) {
+    SCOPED_TRACE("seed " + std::to_string(seed) + " " + name(s));
+    Problem p(s, DType::kF32);
+    p.fill(s, seed);
+    Problem one = p.converted(s, DType::kF32), two = p.converted(s, DType::kF32);
+    omp_set_num_threads(1);
+    run<Cpu>(one);
+    omp_set_num_threads(2);
+    run<Cpu>(two);
+    EXPECT_TRUE(test::bitwise_equal(one.o, two.o));
+    EXPECT_TRUE(test::bitwise_equal(one.lse, two.lse));
+    EXPECT_TRUE(test::bitwise_equal(one.dq, two.dq));
+    EXPECT_TRUE(test::bitwise_equal(one.dk, two.dk));
+    EXPECT_TRUE(test::bitwise_equal(one.dv, two.dv));
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(Attention, RejectsBadArguments) {
+  const Shape s{1, 8, 4, 2, 8};
+  Problem p64(s, DType::kF64);
+  try {
+    cpu::attention_fwd(p64.q, p64.k, p64.v, p64.o, p64.lse);
+    ADD_FAILURE() << "cpu attention accepted f64";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu backend does not support f64"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(cpu::attention_bwd(p64.dout, p64.q, p64.k, p64.v, p64.o, p64.lse, p64.dq, p64.dk,
+                                  p64.dv),
+               Error);
+  Problem p(s, DType::kF32);
+  Problem g3({1, 8, 4, 3, 8}, DType::kF32);  // H not a multiple of G
+  EXPECT_THROW(cpu::attention_fwd(p.q, g3.k, g3.v, p.o, p.lse), Error);
+  EXPECT_THROW(ref::attention_fwd(p.q, g3.k, g3.v, p.o, p.lse), Error);
+  OwnedTensor short_lse(DType::kF32, {1, 4, 7});
+  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p.o, short_lse), Error);
+  EXPECT_THROW(ref::attention_fwd(p.q, p.k, p.v, p.o, short_lse), Error);
+  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p64.o, p.lse), Error);  // dtype mismatch
+  EXPECT_THROW(cpu::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dq, p.dv), Error);
+}
+
+}  // namespace
+}  // namespace moe
