@@ -225,8 +225,9 @@ void run_items(std::vector<Item>& list) {
   std::exception_ptr error;
 #pragma omp parallel if (n > 1)
   {
-    // Any OpenMP region oneDNN opened from here would get one thread (and it opens none, being
-    // inside an active region); this ICV belongs to this region's tasks, not to the caller.
+    // oneDNN must stay on this thread. In an active region it does (omp_in_parallel()); in an
+    // inactive one (a single item) it would size its own region by omp_get_max_threads(), so
+    // that is set to one here. The ICV belongs to this region's tasks, not to the caller.
     omp_set_num_threads(1);
     const int thread = omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
