@@ -1,0 +1,162 @@
+// GEMM family benchmarks on the cpu backend: GFLOP/s and the fraction of this machine's peak
+// (fp32 117 GFLOP/s per core, bf16 235; measured, see shared/reference), with 1 and 2 threads.
+//   linear:  (m, n, k) = x(m,k) * w(n,k)^T and its two gradients, at T=4096 D=512 F=1536 and at
+//            small M (64 rows; 64x512x1536 is the case oneDNN's own threading does not scale).
+//   grouped: 64 experts, mean 64 rows each (4096 rows), D=512 -> F=1024, with a balanced load and
+//            a skewed one of the same total (max/mean = 4: one expert in 8 takes 4x the mean).
+// Run: build/bench/kernels_bench --benchmark_filter=Gemm --benchmark_repetitions=3
+// with the default OMP_WAIT_POLICY: the tests' PASSIVE policy adds a thread wake-up to every
+// call, which costs the sub-millisecond small-M GEMMs up to a third of their 2-thread speed.
+// The machine is shared: take the best repetition.
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "core/buffer.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace moe {
+namespace {
+
+constexpr double kPeakPerCore[2] = {117e9, 235e9};  // f32, bf16
+
+enum Op { kFwd = 0, kBwdData = 1, kBwdWeight = 2 };
+const char* kOpNames[] = {"fwd", "bwd_data", "bwd_weight"};
+
+void fill(const Tensor& t, uint64_t seed) {
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    const float v = static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23)) / (1 << 23);
+    if (t.dtype == DType::kBF16)
+      static_cast<bf16*>(t.data)[i] = bf16(v);
+    else
+      static_cast<float*>(t.data)[i] = v;
+  }
+}
+
+OwnedTensor make(DType t, std::initializer_list<int64_t> dims, uint64_t seed) {
+  OwnedTensor o(t, dims);
+  fill(o, seed);
+  return o;
+}
+
+// Sets the thread count for one benchmark and restores it.
+struct ThreadScope {
+  int saved = omp_get_max_threads();
+  explicit ThreadScope(int n) { cpu::set_num_threads(n); }
+  ~ThreadScope() { cpu::set_num_threads(saved); }
+};
+
+void set_counters(benchmark::State& st, double flops, int dtype, int threads) {
+  const double total = flops * static_cast<double>(st.iterations());
+  st.counters["GFLOP/s"] = benchmark::Counter(total / 1e9, benchmark::Counter::kIsRate);
+  st.counters["peak_frac"] =
+      benchmark::Counter(total / (kPeakPerCore[dtype] * threads), benchmark::Counter::kIsRate);
+}
+
+// Args: op, dtype (0 f32, 1 bf16), m, n, k, threads.
+void BM_GemmLinear(benchmark::State& st) {
+  const int op = static_cast<int>(st.range(0)), dt = static_cast<int>(st.range(1));
+  const int64_t m = st.range(2), n = st.range(3), k = st.range(4);
+  const int threads = static_cast<int>(st.range(5));
+  const DType t = dt ? DType::kBF16 : DType::kF32;
+  ThreadScope scope(threads);
+  auto x = make(t, {m, k}, 1), w = make(t, {n, k}, 2), dy = make(t, {m, n}, 3);
+  OwnedTensor y(DType::kF32, {m, n}), dx(DType::kF32, {m, k}), dw(DType::kF32, {n, k});
+  auto run = [&] {
+    if (op == kFwd) cpu::linear_fwd(x, w, y, false);
+    if (op == kBwdData) cpu::linear_bwd_data(dy, w, dx, false);
+    if (op == kBwdWeight) cpu::linear_bwd_weight(dy, x, dw);
+  };
+  run();  // creates the primitives
+  for (auto _ : st) run();
+  st.SetLabel(std::string(kOpNames[op]) + (dt ? " bf16" : " f32"));
+  set_counters(st, 2.0 * m * n * k, dt, threads);
+}
+
+// Rows per expert: balanced, or skewed with max/mean = 4 at the same total (one expert in 8
+// takes 4x the mean; the rest share the remaining half as evenly as integers allow).
+std::vector<int32_t> expert_rows(int64_t experts, int64_t mean, bool skewed) {
+  std::vector<int32_t> rows(static_cast<size_t>(experts), static_cast<int32_t>(mean));
+  if (!skewed) return rows;
+  const int64_t hot = experts / 8, cold = experts - hot;
+  const int64_t rest = experts * mean - hot * 4 * mean;
+  int64_t c = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    if (e % 8 == 0) {
+      rows[static_cast<size_t>(e)] = static_cast<int32_t>(4 * mean);
+    } else {
+      rows[static_cast<size_t>(e)] = static_cast<int32_t>(rest / cold + (c < rest % cold ? 1 : 0));
+      ++c;
+    }
+  }
+  return rows;
+}
+
+// Args: op, dtype, experts, mean rows, n, k, skewed, threads.
+void BM_GemmGrouped(benchmark::State& st) {
+  const int op = static_cast<int>(st.range(0)), dt = static_cast<int>(st.range(1));
+  const int64_t experts = st.range(2), mean = st.range(3), n = st.range(4), k = st.range(5);
+  const bool skewed = st.range(6) != 0;
+  const int threads = static_cast<int>(st.range(7));
+  const DType t = dt ? DType::kBF16 : DType::kF32;
+  ThreadScope scope(threads);
+  const auto rows = expert_rows(experts, mean, skewed);
+  OwnedTensor off(DType::kI32, {experts + 1});
+  int32_t* o = off.as<int32_t>();
+  o[0] = 0;
+  for (int64_t e = 0; e < experts; ++e) o[e + 1] = o[e] + rows[static_cast<size_t>(e)];
+  const int64_t r = o[experts];
+  auto x = make(t, {r, k}, 1), w = make(t, {experts, n, k}, 2), dy = make(t, {r, n}, 3);
+  OwnedTensor y(DType::kF32, {r, n}), dx(DType::kF32, {r, k}), dw(DType::kF32, {experts, n, k});
+  auto run = [&] {
+    if (op == kFwd) cpu::grouped_linear_fwd(x, w, off, y);
+    if (op == kBwdData) cpu::grouped_linear_bwd_data(dy, w, off, dx);
+    if (op == kBwdWeight) cpu::grouped_linear_bwd_weight(dy, x, off, dw);
+  };
+  run();
+  for (auto _ : st) run();
+  st.SetLabel(std::string(kOpNames[op]) + (dt ? " bf16" : " f32") +
+              (skewed ? " skewed" : " balanced"));
+  set_counters(st, 2.0 * static_cast<double>(r) * n * k, dt, threads);
+}
+
+void linear_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"op", "bf16", "m", "n", "k", "thr"});
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {4096, 1536, 512}, {64, 1536, 512}, {64, 512, 1536}};
+  for (int threads : {1, 2})
+    for (int dt : {0, 1})
+      for (const auto& [m, n, k] : shapes)
+        for (int op : {kFwd, kBwdData, kBwdWeight}) b->Args({op, dt, m, n, k, threads});
+}
+
+void grouped_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"op", "bf16", "E", "rows", "n", "k", "skew", "thr"});
+  for (int threads : {1, 2})
+    for (int dt : {0, 1})
+      for (int op : {kFwd, kBwdData, kBwdWeight})
+        for (int skew : {0, 1}) b->Args({op, dt, 64, 64, 1024, 512, skew, threads});
+}
+
+BENCHMARK(BM_GemmLinear)->Apply(linear_args)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GemmGrouped)->Apply(grouped_args)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace moe
+
+// kernels_bench is one binary built from every bench/*.cpp: a weak main, so that whichever file
+// (if any) defines a strong one wins and several of these links without a clash.
+__attribute__((weak)) int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,560 @@
+// CPU GEMM family: oneDNN matmul primitives run on fixed tiles under our own OpenMP scheduling.
+//
+// Determinism: every output is split into tiles whose boundaries depend only on the shapes (and,
+// for grouped GEMMs, on the offsets), never on the thread count. Each tile is computed on one
+// thread by single-threaded oneDNN primitives (gemm_dnnl.h): one call, or, for weight gradients,
+// a fixed sequence of calls over consecutive row chunks accumulated in row order. The reduction
+// is never split across tiles, so which thread runs a tile cannot change a bit of the result.
+//
+// Kernels: oneDNN 2.6 runs its brgemm kernels (brg:avx512_core, brg:avx512_core_bf16) only on
+// dense operands, and falls back to its JIT GEMM ("gemm:jit") on strided sub-matrices. Tiles are
+// therefore shaped to be dense: bands of whole rows for the forward and data gradients; for a
+// forward cut into column tiles the C tile is computed in a per-thread buffer and copied out;
+// weight gradients take bands of dw rows, whose A block (a column block of dy) is packed
+// chunk by chunk into a per-thread buffer. The one exception is the data gradient of small-M
+// GEMMs cut into column tiles (B is then a column block of w): those run on gemm:jit, which
+// measured within a few % of brgemm there (the JIT GEMM lost 15-30 % only on forward column tiles).
+//
+// Scheduling: all tiles of one op, across experts for grouped GEMMs, form one flat list, ordered
+// by decreasing cost and handed out dynamically, so a skewed expert load balances like an even
+// one. oneDNN stays sequential inside our region: it checks omp_in_parallel(), and we also set
+// the region's own thread count to one (an ICV local to the region's implicit tasks).
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <vector>
+
+#include "core/buffer.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gemm_dnnl.h"
+
+namespace moe::cpu {
+namespace {
+
+using gemm::Desc;
+using gemm::Primitive;
+using gemm::Trans;
+
+// ------------------------------------------------------------------ tile policy
+// A function of the shapes (and offsets) only, never of the thread count. Numbers measured
+// single-threaded on this CPU (Zen 4, 2 cores): bands of 64..256 rows run within a few % of one
+// whole-matrix call (f32 ~100-110, bf16 ~190-215 GFLOP/s); 16-row bands lose ~20 %.
+//
+// Forward / data gradient: row bands of kMinRowTile..kRowTile rows aiming at kMinTiles tiles so
+// the threads can share the work; when rows alone cannot give that many (small M), columns are
+// cut too, into tiles at least kMinColTile wide and kMinTileFlops big (staged forward tiles at
+// most kMaxStagedColTile wide, to bound the per-thread buffer).
+constexpr int64_t kMinRowTile = 64;
+constexpr int64_t kRowTile = 256;
+constexpr int64_t kMinColTile = 128;
+constexpr int64_t kMaxStagedColTile = 2048;
+constexpr int64_t kMinTiles = 8;
+constexpr double kMinTileFlops = 4e6;
+// Weight gradient dw(n,k): bands of kMinWeightBand..kWeightBand rows of dw (full width),
+// reducing over the rows of dy and x in chunks of kWeightChunk rows.
+constexpr int64_t kMinWeightBand = 16;
+constexpr int64_t kWeightBand = 256;
+constexpr int64_t kWeightChunk = 512;
+// Grouped GEMMs: each expert's rows are cut into chunks of kGroupChunk rows, then at most one
+// chunk of a multiple of kGroupRows rows and one of fewer than kGroupRows (full-width row chunks
+// for the forward and data gradient; reduction chunks for the weight gradient, whose tiles are
+// (expert, band of dw rows)). The primitives for all these lengths (1..64, 128, 192, 256) are
+// created together, one family per configuration, so a new expert load creates none. Big
+// chunks matter for hot experts: each call re-packs the expert's weights (64-row chunks cost a
+// skewed load ~10 % more than 256-row ones).
+constexpr int64_t kGroupRows = 64;
+constexpr int64_t kGroupChunk = 256;
+
+struct RowChunks {
+  int64_t nfull, mid, tail;  // nfull chunks of kGroupChunk rows, then mid rows, then tail rows
+};
+RowChunks split_rows(int64_t rows) {
+  return {rows / kGroupChunk, rows % kGroupChunk / kGroupRows * kGroupRows, rows % kGroupRows};
+}
+
+// Rows of t viewed as a matrix (product of all but the last dimension). Tensor::rows() divides
+// numel by the last dimension, which fails for a zero-width operand (K = 0).
+int64_t mrows(const Tensor& t) {
+  int64_t r = 1;
+  for (int i = 0; i + 1 < t.ndim; ++i) r *= t.shape[static_cast<size_t>(i)];
+  return r;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// Splits `len` into tiles of at most `max_tile`, evenly, the tile size rounded up to 16.
+int64_t even_tile(int64_t len, int64_t max_tile) {
+  const int64_t count = ceil_div(len, max_tile);
+  return std::min(len, round_up(ceil_div(len, count), 16));
+}
+
+// About len / kMinTiles, rounded up to 16 and clamped to [lo, hi] (and to len).
+int64_t band_rows(int64_t len, int64_t lo, int64_t hi) {
+  return std::min(len, std::clamp(round_up(ceil_div(len, kMinTiles), 16), lo, hi));
+}
+
+struct Tiles {
+  int64_t tm, tn;
+};
+
+// Forward and data gradient, C(m,n) with reduction k.
+Tiles band_tiles(int64_t m, int64_t n, int64_t k, int64_t max_tn) {
+  const int64_t tm = band_rows(m, kMinRowTile, kRowTile);
+  const int64_t mt = ceil_div(m, tm);
+  if (mt >= kMinTiles) return {tm, n};
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  int64_t nt = std::max<int64_t>(1, std::min({ceil_div(kMinTiles, mt), n / kMinColTile,
+                                              static_cast<int64_t>(flops / kMinTileFlops) / mt}));
+  if (nt > 1) nt = std::max(nt, ceil_div(n, max_tn));
+  return {tm, std::min(n, round_up(ceil_div(n, nt), 16))};
+}
+
+// ------------------------------------------------------------------ work items
+
+// One unit of scheduled work, run on one thread: C (+)= A*B through `nfull` calls of `full`
+// (each reducing `chunk` rows), then one call of `mid` (reducing mid_rows) and one of `tail`
+// (reducing tail_rows), each if present, A and B advancing by a_row and b_row bytes per reduced
+// row between calls (weight gradients; every other item is one call of `full`).
+struct Item {
+  const char* a = nullptr;
+  const char* b = nullptr;
+  float* c = nullptr;
+  const Primitive* full = nullptr;
+  const Primitive* mid = nullptr;
+  const Primitive* tail = nullptr;
+  int64_t nfull = 1, chunk = 0, mid_rows = 0, tail_rows = 0;
+  int64_t a_row = 0, b_row = 0;
+  size_t es = 4;  // operand element size
+  // Packed A (weight gradients): each call's A block, its reduction rows x a_cols elements at
+  // leading dimension a_ld, is first copied to a dense per-thread buffer.
+  int64_t a_cols = 0, a_ld = 0;
+  // Staged C (forward column tiles): C, c_rows x c_cols at leading dimension c_ld, is computed
+  // in a dense per-thread buffer, copied in first when accumulating (c_in), then copied out.
+  int64_t c_rows = 0, c_cols = 0, c_ld = 0;
+  bool c_in = false;
+  double cost = 0;  // for ordering: proportional to the flops
+};
+
+std::vector<Item>& items() {
+  static std::vector<Item> v;  // reused: no allocation after the first step
+  return v;
+}
+
+// Per-thread buffers for packed A and staged C.
+struct Staging {
+  Buffer a, c;
+};
+std::vector<Staging>& staging() {
+  static std::vector<Staging> s;
+  return s;
+}
+
+// The ops are serialized: they share the per-thread buffers and the primitive cache.
+std::mutex& op_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+// Copies a rows x cols block (elements of es bytes) at leading dimension src_ld to dst at
+// leading dimension dst_ld.
+void copy_block(const char* src, int64_t src_ld, char* dst, int64_t dst_ld, int64_t rows,
+                int64_t cols, size_t es) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + static_cast<size_t>(r * dst_ld) * es,
+                src + static_cast<size_t>(r * src_ld) * es, static_cast<size_t>(cols) * es);
+}
+
+void run_item(const Item& it, int thread) {
+  Staging& st = staging()[static_cast<size_t>(thread)];
+  float* c = it.c;
+  if (it.c_rows) {
+    c = static_cast<float*>(st.c.data());
+    if (it.c_in)
+      copy_block(reinterpret_cast<const char*>(it.c), it.c_ld, reinterpret_cast<char*>(c),
+                 it.c_cols, it.c_rows, it.c_cols, sizeof(float));
+  }
+  const char* a = it.a;
+  const char* b = it.b;
+  auto call = [&](const Primitive* p, int64_t rows) {
+    const void* ap = a;
+    if (it.a_cols) {
+      copy_block(a, it.a_ld, static_cast<char*>(st.a.data()), it.a_cols, rows, it.a_cols, it.es);
+      ap = st.a.data();
+    }
+    gemm::execute(p, ap, b, c, thread);
+    a += rows * it.a_row;
+    b += rows * it.b_row;
+  };
+  for (int64_t j = 0; j < it.nfull; ++j) call(it.full, it.chunk);
+  if (it.mid) call(it.mid, it.mid_rows);
+  if (it.tail) call(it.tail, it.tail_rows);
+  if (it.c_rows)
+    copy_block(reinterpret_cast<const char*>(c), it.c_cols, reinterpret_cast<char*>(it.c), it.c_ld,
+               it.c_rows, it.c_cols, sizeof(float));
+}
+
+void run_items(std::vector<Item>& list) {
+  if (list.empty()) return;
+  // Largest first, then dynamic hand-out: the last items to start are the cheapest.
+  std::stable_sort(list.begin(), list.end(),
+                   [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  size_t scratch = 0, a_bytes = 0, c_bytes = 0;
+  for (const Item& it : list) {
+    if (it.full) scratch = std::max(scratch, gemm::scratch_bytes(it.full));
+    if (it.mid) scratch = std::max(scratch, gemm::scratch_bytes(it.mid));
+    if (it.tail) scratch = std::max(scratch, gemm::scratch_bytes(it.tail));
+    const int64_t a_rows = std::max({it.nfull > 0 ? it.chunk : 0, it.mid_rows, it.tail_rows});
+    a_bytes = std::max(a_bytes, static_cast<size_t>(a_rows * it.a_cols) * it.es);
+    c_bytes = std::max(c_bytes, static_cast<size_t>(it.c_rows * it.c_cols) * sizeof(float));
+  }
+  const int threads = omp_get_max_threads();
+  gemm::prepare_threads(threads, scratch);
+  auto& st = staging();
+  if (static_cast<int>(st.size()) < threads) st.resize(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) {
+    Staging& s = st[static_cast<size_t>(t)];
+    if (s.a.bytes() < a_bytes) s.a = Buffer(a_bytes);
+    if (s.c.bytes() < c_bytes) s.c = Buffer(c_bytes);
+  }
+  const int64_t n = static_cast<int64_t>(list.size());
+  std::exception_ptr error;
+#pragma omp parallel if (n > 1)
+  {
+    // oneDNN must stay on this thread. In an active region it does (omp_in_parallel()); in an
+    // inactive one (a single item) it would size its own region by omp_get_max_threads(), so
+    // that is set to one here. The ICV belongs to this region's tasks, not to the caller.
+    omp_set_num_threads(1);
+    const int thread = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) {
+      try {
+        run_item(list[static_cast<size_t>(i)], thread);
+      } catch (...) {
+#pragma omp critical(moe_gemm_error)
+        if (!error) error = std::current_exception();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+// ------------------------------------------------------------------ plans
+
+// y(m,n) (+)= x(m,k) * w(n,k)^T
+Desc fwd_desc(DType t, int64_t m, int64_t n, int64_t k, bool acc) {
+  return {t, Trans::kN, Trans::kT, m, n, k, k, k, n, acc};
+}
+// dx(m,k) (+)= dy(m,n) * w(n,k): C (m,k), reduction n
+Desc bwd_data_desc(DType t, int64_t m, int64_t n, int64_t k, bool acc) {
+  return {t, Trans::kN, Trans::kN, m, k, n, n, k, k, acc};
+}
+// A band of `band` rows of dw(n,k) += dy^T x over `rows` rows, with dy's column block packed
+// densely: A stored (rows, band), transposed.
+Desc weight_desc(DType t, int64_t band, int64_t k, int64_t rows) {
+  return {t, Trans::kT, Trans::kN, band, k, rows, band, k, k, true};
+}
+
+// Forward or data gradient of a whole dense GEMM `d` (ta = kN) on a, b, c. Column tiles of the
+// forward (stage_columns) are staged through a dense C buffer.
+void plan_bands(const Desc& d, bool stage_columns, const void* a, const void* b, float* c) {
+  const size_t es = dtype_size(d.dtype);
+  const Tiles t = band_tiles(d.m, d.n, d.k, stage_columns ? kMaxStagedColTile : d.n);
+  const bool staged = stage_columns && t.tn < d.n;
+  for (int64_t i0 = 0; i0 < d.m; i0 += t.tm)
+    for (int64_t j0 = 0; j0 < d.n; j0 += t.tn) {
+      Desc td = d;
+      td.m = std::min(t.tm, d.m - i0);
+      td.n = std::min(t.tn, d.n - j0);
+      if (staged) td.ldc = td.n;
+      Item it;
+      it.a = static_cast<const char*>(a) + static_cast<size_t>(i0 * d.lda) * es;
+      it.b = static_cast<const char*>(b) +
+             static_cast<size_t>(d.tb == Trans::kN ? j0 : j0 * d.ldb) * es;
+      it.c = c + i0 * d.ldc + j0;
+      it.full = gemm::primitive(td);
+      it.es = es;
+      if (staged) {
+        it.c_rows = td.m;
+        it.c_cols = td.n;
+        it.c_ld = d.ldc;
+        it.c_in = d.accumulate;
+      }
+      it.cost = static_cast<double>(td.m) * static_cast<double>(td.n);
+      items().push_back(it);
+    }
+}
+
+// Grouped forward / data gradient: C rows [off[e], off[e+1]) = A rows * B_e, where B_e starts
+// b_expert bytes after B_{e-1}. `d` describes one expert (m ignored, ta = kN); every item is a
+// full-width chunk of rows (split_rows), dense in A, B and C.
+void plan_grouped_rows(const Desc& d, const void* a, const void* b, int64_t b_expert, float* c,
+                       const int32_t* off, int64_t experts) {
+  const size_t es = dtype_size(d.dtype);
+  const Primitive* const* fam = gemm::family(d, /*vary_k=*/false, kGroupRows, kGroupChunk);
+  for (int64_t e = 0; e < experts; ++e) {
+    const char* be = static_cast<const char*>(b) + static_cast<size_t>(e * b_expert);
+    const RowChunks ch = split_rows(off[e + 1] - off[e]);
+    int64_t i0 = off[e];
+    auto add = [&](int64_t rows) {
+      Item it;
+      it.a = static_cast<const char*>(a) + static_cast<size_t>(i0 * d.lda) * es;
+      it.b = be;
+      it.c = c + i0 * d.ldc;
+      it.full = fam[rows];
+      it.es = es;
+      it.cost = static_cast<double>(rows) * static_cast<double>(d.n);
+      items().push_back(it);
+      i0 += rows;
+    };
+    for (int64_t j = 0; j < ch.nfull; ++j) add(kGroupChunk);
+    if (ch.mid) add(ch.mid);
+    if (ch.tail) add(ch.tail);
+  }
+}
+
+// One weight-gradient tile: dw rows [i0, i0+band) (full width k, at dw) += dy^T x over the rows
+// starting at dy and x: nfull chunks of `chunk` rows (primitive full), then mid_rows (mid) and
+// tail_rows (tail) when those primitives are given.
+Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k, int64_t i0,
+                 int64_t band, size_t es) {
+  Item it;
+  it.a = dy + static_cast<size_t>(i0) * es;
+  it.b = x;
+  it.c = dw + i0 * k;
+  it.a_row = static_cast<int64_t>(static_cast<size_t>(n) * es);
+  it.b_row = static_cast<int64_t>(static_cast<size_t>(k) * es);
+  it.es = es;
+  it.a_cols = band;
+  it.a_ld = n;
+  return it;
+}
+
+// dw(n,k) += dy(m,n)^T x(m,k): bands of dw rows, each reducing all m rows in chunks.
+void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const void* x,
+                 float* dw) {
+  const size_t es = dtype_size(t);
+  const int64_t band = band_rows(n, kMinWeightBand, kWeightBand);
+  const int64_t chunk = std::min(m, kWeightChunk), tail = m % chunk;
+  for (int64_t i0 = 0; i0 < n; i0 += band) {
+    const int64_t b = std::min(band, n - i0);
+    Item it =
+        weight_tile(static_cast<const char*>(dy), static_cast<const char*>(x), dw, n, k, i0, b, es);
+    it.full = gemm::primitive(weight_desc(t, b, k, chunk));
+    it.nfull = m / chunk;
+    it.chunk = chunk;
+    if (tail) {
+      it.tail = gemm::primitive(weight_desc(t, b, k, tail));
+      it.tail_rows = tail;
+    }
+    it.cost = static_cast<double>(m) * static_cast<double>(b) * static_cast<double>(k);
+    items().push_back(it);
+  }
+}
+
+// Grouped: tiles (expert, band of dw[e] rows), each reducing its expert's rows in chunks
+// (split_rows), in order. Never split by rows.
+void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const void* x, float* dw,
+                         const int32_t* off, int64_t experts) {
+  const size_t es = dtype_size(t);
+  const int64_t band = even_tile(n, kWeightBand);
+  const Primitive* const* fams[2] = {nullptr, nullptr};  // full bands, last band
+  for (int64_t i0 = 0; i0 < n; i0 += band) {
+    const Primitive* const*& f = fams[i0 + band >= n];
+    if (!f)
+      f = gemm::family(weight_desc(t, std::min(band, n - i0), k, 0), /*vary_k=*/true, kGroupRows,
+                       kGroupChunk);
+  }
+  // Expert-major: consecutive items share the expert's rows of dy and x (kept in order by the
+  // stable cost sort among equal costs).
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t rows = off[e + 1] - off[e];
+    if (rows == 0) continue;  // a zero-row expert leaves its dw untouched
+    const RowChunks ch = split_rows(rows);
+    for (int64_t i0 = 0; i0 < n; i0 += band) {
+      const int64_t b = std::min(band, n - i0);
+      const Primitive* const* fam = fams[i0 + band >= n];
+      Item it = weight_tile(static_cast<const char*>(dy) + static_cast<size_t>(off[e] * n) * es,
+                            static_cast<const char*>(x) + static_cast<size_t>(off[e] * k) * es,
+                            dw + e * n * k, n, k, i0, b, es);
+      it.full = fam[kGroupChunk];
+      it.nfull = ch.nfull;
+      it.chunk = kGroupChunk;
+      it.mid = ch.mid ? fam[ch.mid] : nullptr;
+      it.mid_rows = ch.mid;
+      it.tail = ch.tail ? fam[ch.tail] : nullptr;
+      it.tail_rows = ch.tail;
+      it.cost = static_cast<double>(rows) * static_cast<double>(b) * static_cast<double>(k);
+      items().push_back(it);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ checks
+
+void check_operands(const Tensor& a, const Tensor& b, const Tensor& out, const char* op) {
+  MOE_CHECK(a.device == Device::kCpu && b.device == Device::kCpu && out.device == Device::kCpu, op,
+            ": the cpu backend needs host tensors");
+  MOE_CHECK(a.dtype != DType::kF64, op,
+            ": the cpu backend does not support f64 GEMMs (the f64 path uses the ref backend)");
+  MOE_CHECK(a.dtype == DType::kF32 || a.dtype == DType::kBF16, op,
+            ": operands must be f32 or bf16, got ", dtype_name(a.dtype));
+  MOE_CHECK(b.dtype == a.dtype, op, ": operands must share a dtype, got ", dtype_name(a.dtype),
+            " and ", dtype_name(b.dtype));
+  check_dtype(out, DType::kF32, op);
+}
+
+// Offsets (E+1) i32, read where they live (host memory on this backend): offsets[0] = 0,
+// non-decreasing, offsets[E] <= rows.
+const int32_t* read_offsets(const Tensor& offsets, int64_t experts, int64_t rows, const char* op) {
+  check_dtype(offsets, DType::kI32, op);
+  check_shape(offsets, {experts + 1}, op);
+  MOE_CHECK(offsets.device == Device::kCpu, op, ": offsets must be a host tensor");
+  const int32_t* o = offsets.as<int32_t>();
+  MOE_CHECK(o[0] == 0, op, ": offsets[0] must be 0, got ", o[0]);
+  for (int64_t e = 1; e <= experts; ++e)
+    MOE_CHECK(o[e] >= o[e - 1], op, ": offsets must be non-decreasing, offsets[", e, "] = ", o[e],
+              " < offsets[", e - 1, "] = ", o[e - 1]);
+  MOE_CHECK(o[experts] <= rows, op, ": offsets[E] = ", o[experts], " exceeds the ", rows,
+            " rows of the operands");
+  return o;
+}
+
+void zero_rows(float* c, int64_t rows, int64_t cols) {
+  std::memset(c, 0, static_cast<size_t>(rows * cols) * sizeof(float));
+}
+
+}  // namespace
+
+std::string gemm_impl_info(GemmOp op, DType dtype, int64_t m, int64_t n, int64_t k) {
+  MOE_CHECK(m > 0 && n > 0 && k > 0, "gemm_impl_info: empty shape");
+  MOE_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "gemm_impl_info: f32 or bf16 only");
+  std::lock_guard<std::mutex> lock(op_mutex());
+  // The first (largest) tile of the plan the op would run.
+  Desc d;
+  if (op == GemmOp::kBackwardWeight) {
+    d = weight_desc(dtype, band_rows(n, kMinWeightBand, kWeightBand), k, std::min(m, kWeightChunk));
+  } else {
+    const bool fwd = op == GemmOp::kForward;
+    d = fwd ? fwd_desc(dtype, m, n, k, false) : bwd_data_desc(dtype, m, n, k, false);
+    const Tiles t = band_tiles(d.m, d.n, d.k, fwd ? kMaxStagedColTile : d.n);
+    if (fwd && t.tn < d.n) d.ldc = t.tn;  // staged
+    d.m = t.tm;
+    d.n = t.tn;
+  }
+  return gemm::impl_info(gemm::primitive(d));
+}
+
+void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate) {
+  check_operands(x, w, y, "linear_fwd");
+  MOE_CHECK(w.ndim == 2, "linear_fwd: w must be (N,K), got ", w.shape_str());
+  const int64_t m = mrows(x), n = w.dim(0), k = w.dim(1);
+  MOE_CHECK(x.cols() == k, "linear_fwd: x ", x.shape_str(), " does not match w ", w.shape_str());
+  MOE_CHECK(mrows(y) == m && y.cols() == n, "linear_fwd: y ", y.shape_str(), " must be (", m, ",",
+            n, ")");
+  if (m == 0 || n == 0) return;
+  float* out = static_cast<float*>(y.data);
+  if (k == 0) {
+    if (!accumulate) zero_rows(out, m, n);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(op_mutex());
+  items().clear();
+  plan_bands(fwd_desc(x.dtype, m, n, k, accumulate), true, x.data, w.data, out);
+  run_items(items());
+}
+
+void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) {
+  check_operands(dy, w, dx, "linear_bwd_data");
+  MOE_CHECK(w.ndim == 2, "linear_bwd_data: w must be (N,K), got ", w.shape_str());
+  const int64_t m = mrows(dy), n = w.dim(0), k = w.dim(1);
+  MOE_CHECK(dy.cols() == n, "linear_bwd_data: dy ", dy.shape_str(), " does not match w ",
+            w.shape_str());
+  MOE_CHECK(mrows(dx) == m && dx.cols() == k, "linear_bwd_data: dx ", dx.shape_str(), " must be (",
+            m, ",", k, ")");
+  if (m == 0 || k == 0) return;
+  float* out = static_cast<float*>(dx.data);
+  if (n == 0) {
+    if (!accumulate) zero_rows(out, m, k);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(op_mutex());
+  items().clear();
+  plan_bands(bwd_data_desc(dy.dtype, m, n, k, accumulate), false, dy.data, w.data, out);
+  run_items(items());
+}
+
+void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
+  check_operands(dy, x, dw, "linear_bwd_weight");
+  MOE_CHECK(dw.ndim == 2, "linear_bwd_weight: dw must be (N,K), got ", dw.shape_str());
+  const int64_t m = mrows(dy), n = dw.dim(0), k = dw.dim(1);
+  MOE_CHECK(dy.cols() == n && mrows(x) == m && x.cols() == k, "linear_bwd_weight: dy ",
+            dy.shape_str(), ", x ", x.shape_str(), " and dw ", dw.shape_str(), " do not match");
+  if (m == 0 || n == 0 || k == 0) return;  // dw += 0
+  std::lock_guard<std::mutex> lock(op_mutex());
+  items().clear();
+  plan_weight(dy.dtype, m, n, k, dy.data, x.data, static_cast<float*>(dw.data));
+  run_items(items());
+}
+
+void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y) {
+  check_operands(x, w, y, "grouped_linear_fwd");
+  MOE_CHECK(w.ndim == 3, "grouped_linear_fwd: w must be (E,N,K), got ", w.shape_str());
+  const int64_t experts = w.dim(0), n = w.dim(1), k = w.dim(2), r = mrows(x);
+  MOE_CHECK(x.cols() == k && mrows(y) == r && y.cols() == n, "grouped_linear_fwd: x ",
+            x.shape_str(), ", w ", w.shape_str(), " and y ", y.shape_str(), " do not match");
+  const int32_t* off = read_offsets(offsets, experts, r, "grouped_linear_fwd");
+  if (off[experts] == 0 || n == 0) return;
+  float* out = static_cast<float*>(y.data);
+  if (k == 0) {
+    zero_rows(out, off[experts], n);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(op_mutex());
+  items().clear();
+  plan_grouped_rows(fwd_desc(x.dtype, 0, n, k, false), x.data, w.data,
+                    n * k * static_cast<int64_t>(dtype_size(w.dtype)), out, off, experts);
+  run_items(items());
+}
+
+void grouped_linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& offsets,
+                             const Tensor& dx) {
+  check_operands(dy, w, dx, "grouped_linear_bwd_data");
+  MOE_CHECK(w.ndim == 3, "grouped_linear_bwd_data: w must be (E,N,K), got ", w.shape_str());
+  const int64_t experts = w.dim(0), n = w.dim(1), k = w.dim(2), r = mrows(dy);
+  MOE_CHECK(dy.cols() == n && mrows(dx) == r && dx.cols() == k, "grouped_linear_bwd_data: dy ",
+            dy.shape_str(), ", w ", w.shape_str(), " and dx ", dx.shape_str(), " do not match");
+  const int32_t* off = read_offsets(offsets, experts, r, "grouped_linear_bwd_data");
+  if (off[experts] == 0 || k == 0) return;
+  float* out = static_cast<float*>(dx.data);
+  if (n == 0) {
+    zero_rows(out, off[experts], k);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(op_mutex());
+  items().clear();
+  plan_grouped_rows(bwd_data_desc(dy.dtype, 0, n, k, false), dy.data, w.data,
+                    n * k * static_cast<int64_t>(dtype_size(w.dtype)), out, off, experts);
+  run_items(items());
+}
+
+void grouped_linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                               const Tensor& dw) {
+  check_operands(dy, x, dw, "grouped_linear_bwd_weight");
+  MOE_CHECK(dw.ndim == 3, "grouped_linear_bwd_weight: dw must be (E,N,K), got ", dw.shape_str());
+  const int64_t experts = dw.dim(0), n = dw.dim(1), k = dw.dim(2), r = mrows(dy);
+  MOE_CHECK(dy.cols() == n && mrows(x) == r && x.cols() == k, "grouped_linear_bwd_weight: dy ",
+            dy.shape_str(), ", x ", x.shape_str(), " and dw ", dw.shape_str(), " do not match");
+  const int32_t* off = read_offsets(offsets, experts, r, "grouped_linear_bwd_weight");
+  if (off[experts] == 0 || n == 0 || k == 0) return;
+  std::lock_guard<std::mutex> lock(op_mutex());
+  items().clear();
+  plan_grouped_weight(dy.dtype, n, k, dy.data, x.data, static_cast<float*>(dw.data), off, experts);
+  run_items(items());
+}
+
+}  // namespace moe::cpu

@@ -1,0 +1,198 @@
+// oneDNN matmul primitives for the CPU GEMM ops: creation with one OpenMP thread, the cache,
+// per-thread execution state. See gemm_dnnl.h.
+#include "kernels/cpu/gemm_dnnl.h"
+
+#include <omp.h>
+
+#include <functional>
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+#include <vector>
+
+#include "core/buffer.h"
+
+namespace moe::cpu {
+namespace gemm {
+
+struct Primitive {
+  dnnl::matmul prim;
+  dnnl::memory::desc a, b, c, scratch;
+  size_t scratch_bytes = 0;
+  std::string impl;
+};
+
+namespace {
+
+dnnl::engine& engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+dnnl::memory::data_type dnnl_type(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return dnnl::memory::data_type::f32;
+    case DType::kBF16:
+      return dnnl::memory::data_type::bf16;
+    default:
+      MOE_FAIL("cpu GEMM: operands must be f32 or bf16, got ", dtype_name(t));
+  }
+}
+
+struct DescHash {
+  size_t operator()(const Desc& d) const {
+    size_t h = static_cast<size_t>(d.dtype) | static_cast<size_t>(d.ta) << 4 |
+               static_cast<size_t>(d.tb) << 6 | static_cast<size_t>(d.accumulate) << 8;
+    for (int64_t v : {d.m, d.n, d.k, d.lda, d.ldb, d.ldc})
+      h ^= std::hash<int64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h;
+  }
+};
+
+struct FamilyKey {
+  Desc d;
+  bool vary_k;
+  int64_t step, max_len;
+  bool operator==(const FamilyKey&) const = default;
+};
+struct FamilyHash {
+  size_t operator()(const FamilyKey& f) const {
+    return DescHash()(f.d) ^ (static_cast<size_t>(f.vary_k) << 1) ^
+           (std::hash<int64_t>()(f.step) << 3) ^ (std::hash<int64_t>()(f.max_len) << 5);
+  }
+};
+
+std::unordered_map<Desc, std::unique_ptr<Primitive>, DescHash>& cache() {
+  static std::unordered_map<Desc, std::unique_ptr<Primitive>, DescHash> c;
+  return c;
+}
+
+std::unordered_map<FamilyKey, std::vector<const Primitive*>, FamilyHash>& families() {
+  static std::unordered_map<FamilyKey, std::vector<const Primitive*>, FamilyHash> f;
+  return f;
+}
+
+// Restores OpenMP's thread count when it goes out of scope.
+class OneThread {
+ public:
+  OneThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneThread() { omp_set_num_threads(saved_); }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int saved_;
+};
+
+std::unique_ptr<Primitive> create(const Desc& d) {
+  using dnnl::memory;
+  MOE_CHECK(d.m > 0 && d.n > 0 && d.k > 0, "cpu GEMM: empty primitive shape (", d.m, ",", d.n, ",",
+            d.k, ")");
+  MOE_CHECK(!omp_in_parallel(), "cpu GEMM: primitives must be created outside parallel regions");
+  const memory::data_type t = dnnl_type(d.dtype);
+  auto p = std::make_unique<Primitive>();
+  // Transposes are expressed through strides only; oneDNN picks its own copy routines.
+  p->a = memory::desc({d.m, d.k}, t,
+                      d.ta == Trans::kN ? memory::dims{d.lda, 1} : memory::dims{1, d.lda});
+  p->b = memory::desc({d.k, d.n}, t,
+                      d.tb == Trans::kN ? memory::dims{d.ldb, 1} : memory::dims{1, d.ldb});
+  p->c = memory::desc({d.m, d.n}, memory::data_type::f32, memory::dims{d.ldc, 1});
+  dnnl::primitive_attr attr;
+  // We own the scratchpads (one per thread, allocated once), so executing never allocates.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (d.accumulate) {
+    // C += A*B in the same pass: oneDNN adds the old C to the finished dot products.
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  // oneDNN sizes its blocking and scratchpad from omp_get_max_threads() at creation, and
+  // primitive creation may consult it again: hold it at one for both, so every primitive is
+  // the single-threaded one whatever the caller's thread count.
+  OneThread one;
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p->a, p->b, p->c), attr, engine());
+    p->prim = dnnl::matmul(pd);
+    p->scratch = pd.scratchpad_desc();
+    p->scratch_bytes = p->scratch.get_size();
+    p->impl = pd.impl_info_str();
+  } catch (const dnnl::error& e) {
+    MOE_FAIL("cpu GEMM: oneDNN could not create a ", dtype_name(d.dtype), " matmul (", d.m, "x",
+             d.n, "x", d.k, "): ", e.what());
+  }
+  return p;
+}
+
+struct ThreadState {
+  dnnl::stream stream;
+  Buffer scratch;
+};
+
+std::vector<std::unique_ptr<ThreadState>>& thread_states() {
+  static std::vector<std::unique_ptr<ThreadState>> s;
+  return s;
+}
+
+}  // namespace
+
+const Primitive* primitive(const Desc& d) {
+  auto& c = cache();
+  auto it = c.find(d);
+  if (it == c.end()) it = c.emplace(d, create(d)).first;
+  return it->second.get();
+}
+
+const Primitive* const* family(Desc d, bool vary_k, int64_t step, int64_t max_len) {
+  (vary_k ? d.k : d.m) = 0;
+  FamilyKey key{d, vary_k, step, max_len};
+  auto& f = families();
+  auto it = f.find(key);
+  if (it == f.end()) {
+    std::vector<const Primitive*> v(static_cast<size_t>(max_len + 1), nullptr);
+    for (int64_t len = 1; len <= max_len; len += len < step ? 1 : step) {
+      (vary_k ? d.k : d.m) = len;
+      v[static_cast<size_t>(len)] = primitive(d);
+    }
+    it = f.emplace(key, std::move(v)).first;
+  }
+  return it->second.data();
+}
+
+size_t scratch_bytes(const Primitive* p) { return p->scratch_bytes; }
+size_t primitive_count() { return cache().size(); }
+std::string impl_info(const Primitive* p) { return p->impl; }
+
+std::vector<std::pair<Desc, std::string>> cached_primitives() {
+  std::vector<std::pair<Desc, std::string>> out;
+  for (const auto& [d, p] : cache()) out.emplace_back(d, p->impl);
+  return out;
+}
+
+void prepare_threads(int threads, size_t scratch) {
+  auto& s = thread_states();
+  while (static_cast<int>(s.size()) < threads) {
+    auto t = std::make_unique<ThreadState>();
+    t->stream = dnnl::stream(engine());
+    s.push_back(std::move(t));
+  }
+  for (int i = 0; i < threads; ++i) {
+    ThreadState& t = *s[static_cast<size_t>(i)];
+    if (t.scratch.bytes() < scratch) t.scratch = Buffer(scratch);
+  }
+}
+
+void execute(const Primitive* p, const void* a, const void* b, float* c, int thread) {
+  ThreadState& t = *thread_states()[static_cast<size_t>(thread)];
+  dnnl::engine& eng = engine();
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory(p->a, eng, const_cast<void*>(a))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(p->b, eng, const_cast<void*>(b))},
+      {DNNL_ARG_DST, dnnl::memory(p->c, eng, c)}};
+  if (p->scratch_bytes > 0)
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(p->scratch, eng, t.scratch.data()));
+  p->prim.execute(t.stream, args);
+}
+
+}  // namespace gemm
+}  // namespace moe::cpu

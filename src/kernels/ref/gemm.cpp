@@ -1,0 +1,196 @@
+// Reference GEMM family: plain loops, written to be obviously right, not fast.
+// Operands are f64 (output f64), f32 (output f32) or bf16 (converted to float, output f32).
+// Every dot product accumulates in the output precision, in increasing index order, and is
+// added to the old output value only at the end (as the fast kernels' "sum" post-op does).
+#include <cstdint>
+#include <vector>
+
+#include "kernels/ref/ref_ops.h"
+
+namespace moe::ref {
+namespace {
+
+// Rows of t viewed as a matrix (product of all but the last dimension). Tensor::rows() divides
+// numel by the last dimension, which fails for a zero-width operand (K = 0).
+int64_t mrows(const Tensor& t) {
+  int64_t r = 1;
+  for (int i = 0; i + 1 < t.ndim; ++i) r *= t.shape[static_cast<size_t>(i)];
+  return r;
+}
+
+DType out_dtype(DType in) { return in == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+void check_operands(const Tensor& a, const Tensor& b, const Tensor& out, const char* op) {
+  MOE_CHECK(a.device == Device::kCpu && b.device == Device::kCpu && out.device == Device::kCpu, op,
+            ": the ref backend needs host tensors");
+  MOE_CHECK(a.dtype == DType::kF64 || a.dtype == DType::kF32 || a.dtype == DType::kBF16, op,
+            ": operands must be f64, f32 or bf16, got ", dtype_name(a.dtype));
+  MOE_CHECK(b.dtype == a.dtype, op, ": operands must share a dtype, got ", dtype_name(a.dtype),
+            " and ", dtype_name(b.dtype));
+  check_dtype(out, out_dtype(a.dtype), op);
+}
+
+// Offsets (E+1) i32 on the host: offsets[0] = 0, non-decreasing, offsets[E] <= rows.
+std::vector<int64_t> read_offsets(const Tensor& offsets, int64_t experts, int64_t rows,
+                                  const char* op) {
+  check_dtype(offsets, DType::kI32, op);
+  check_shape(offsets, {experts + 1}, op);
+  const int32_t* o = offsets.as<int32_t>();
+  std::vector<int64_t> out(static_cast<size_t>(experts + 1));
+  MOE_CHECK(o[0] == 0, op, ": offsets[0] must be 0, got ", o[0]);
+  for (int64_t e = 0; e <= experts; ++e) {
+    out[static_cast<size_t>(e)] = o[e];
+    if (e > 0)
+      MOE_CHECK(o[e] >= o[e - 1], op, ": offsets must be non-decreasing, offsets[", e, "] = ", o[e],
+                " < offsets[", e - 1, "] = ", o[e - 1]);
+  }
+  MOE_CHECK(out.back() <= rows, op, ": offsets[E] = ", out.back(), " exceeds the ", rows,
+            " rows of the operands");
+  return out;
+}
+
+// y(m,n) (+)= x(m,k) * w(n,k)^T
+template <class T, class A>
+void fwd(const T* x, const T* w, A* y, int64_t m, int64_t n, int64_t k, bool accumulate) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      A acc = 0;
+      for (int64_t l = 0; l < k; ++l)
+        acc += static_cast<A>(to_float(x[i * k + l])) * static_cast<A>(to_float(w[j * k + l]));
+      y[i * n + j] = accumulate ? y[i * n + j] + acc : acc;
+    }
+}
+
+// dx(m,k) (+)= dy(m,n) * w(n,k)
+template <class T, class A>
+void bwd_data(const T* dy, const T* w, A* dx, int64_t m, int64_t n, int64_t k, bool accumulate) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t l = 0; l < k; ++l) {
+      A acc = 0;
+      for (int64_t j = 0; j < n; ++j)
+        acc += static_cast<A>(to_float(dy[i * n + j])) * static_cast<A>(to_float(w[j * k + l]));
+      dx[i * k + l] = accumulate ? dx[i * k + l] + acc : acc;
+    }
+}
+
+// dw(n,k) += dy(m,n)^T * x(m,k)
+template <class T, class A>
+void bwd_weight(const T* dy, const T* x, A* dw, int64_t m, int64_t n, int64_t k) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t l = 0; l < k; ++l) {
+      A acc = 0;
+      for (int64_t i = 0; i < m; ++i)
+        acc += static_cast<A>(to_float(dy[i * n + j])) * static_cast<A>(to_float(x[i * k + l]));
+      dw[j * k + l] += acc;
+    }
+}
+
+// Calls f(T*, A*) tag values for the operand dtype: (double, double), (float, float) or
+// (bf16, float).
+template <class F>
+void dispatch(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF64:
+      f(static_cast<const double*>(nullptr), static_cast<double*>(nullptr));
+      break;
+    case DType::kF32:
+      f(static_cast<const float*>(nullptr), static_cast<float*>(nullptr));
+      break;
+    case DType::kBF16:
+      f(static_cast<const bf16*>(nullptr), static_cast<float*>(nullptr));
+      break;
+    default:
+      MOE_FAIL("GEMM operands must be f64, f32 or bf16, got ", dtype_name(dtype));
+  }
+}
+
+template <class P>
+P* ptr(const Tensor& t, P*) {
+  return static_cast<P*>(t.data);
+}
+
+}  // namespace
+
+void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate) {
+  check_operands(x, w, y, "linear_fwd");
+  MOE_CHECK(w.ndim == 2, "linear_fwd: w must be (N,K), got ", w.shape_str());
+  const int64_t m = mrows(x), n = w.dim(0), k = w.dim(1);
+  MOE_CHECK(x.cols() == k, "linear_fwd: x ", x.shape_str(), " does not match w ", w.shape_str());
+  MOE_CHECK(mrows(y) == m && y.cols() == n, "linear_fwd: y ", y.shape_str(), " must be (", m, ",",
+            n, ")");
+  dispatch(x.dtype,
+           [&](auto t, auto a) { fwd(ptr(x, t), ptr(w, t), ptr(y, a), m, n, k, accumulate); });
+}
+
+void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) {
+  check_operands(dy, w, dx, "linear_bwd_data");
+  MOE_CHECK(w.ndim == 2, "linear_bwd_data: w must be (N,K), got ", w.shape_str());
+  const int64_t m = mrows(dy), n = w.dim(0), k = w.dim(1);
+  MOE_CHECK(dy.cols() == n, "linear_bwd_data: dy ", dy.shape_str(), " does not match w ",
+            w.shape_str());
+  MOE_CHECK(mrows(dx) == m && dx.cols() == k, "linear_bwd_data: dx ", dx.shape_str(), " must be (",
+            m, ",", k, ")");
+  dispatch(dy.dtype, [&](auto t, auto a) {
+    bwd_data(ptr(dy, t), ptr(w, t), ptr(dx, a), m, n, k, accumulate);
+  });
+}
+
+void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
+  check_operands(dy, x, dw, "linear_bwd_weight");
+  MOE_CHECK(dw.ndim == 2, "linear_bwd_weight: dw must be (N,K), got ", dw.shape_str());
+  const int64_t m = mrows(dy), n = dw.dim(0), k = dw.dim(1);
+  MOE_CHECK(dy.cols() == n && mrows(x) == m && x.cols() == k, "linear_bwd_weight: dy ",
+            dy.shape_str(), ", x ", x.shape_str(), " and dw ", dw.shape_str(), " do not match");
+  dispatch(dy.dtype,
+           [&](auto t, auto a) { bwd_weight(ptr(dy, t), ptr(x, t), ptr(dw, a), m, n, k); });
+}
+
+void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y) {
+  check_operands(x, w, y, "grouped_linear_fwd");
+  MOE_CHECK(w.ndim == 3, "grouped_linear_fwd: w must be (E,N,K), got ", w.shape_str());
+  const int64_t e_count = w.dim(0), n = w.dim(1), k = w.dim(2), r = mrows(x);
+  MOE_CHECK(x.cols() == k && mrows(y) == r && y.cols() == n, "grouped_linear_fwd: x ",
+            x.shape_str(), ", w ", w.shape_str(), " and y ", y.shape_str(), " do not match");
+  auto off = read_offsets(offsets, e_count, r, "grouped_linear_fwd");
+  dispatch(x.dtype, [&](auto t, auto a) {
+    for (int64_t e = 0; e < e_count; ++e) {
+      const int64_t r0 = off[static_cast<size_t>(e)], rows = off[static_cast<size_t>(e) + 1] - r0;
+      fwd(ptr(x, t) + r0 * k, ptr(w, t) + e * n * k, ptr(y, a) + r0 * n, rows, n, k, false);
+    }
+  });
+}
+
+void grouped_linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& offsets,
+                             const Tensor& dx) {
+  check_operands(dy, w, dx, "grouped_linear_bwd_data");
+  MOE_CHECK(w.ndim == 3, "grouped_linear_bwd_data: w must be (E,N,K), got ", w.shape_str());
+  const int64_t e_count = w.dim(0), n = w.dim(1), k = w.dim(2), r = mrows(dy);
+  MOE_CHECK(dy.cols() == n && mrows(dx) == r && dx.cols() == k, "grouped_linear_bwd_data: dy ",
+            dy.shape_str(), ", w ", w.shape_str(), " and dx ", dx.shape_str(), " do not match");
+  auto off = read_offsets(offsets, e_count, r, "grouped_linear_bwd_data");
+  dispatch(dy.dtype, [&](auto t, auto a) {
+    for (int64_t e = 0; e < e_count; ++e) {
+      const int64_t r0 = off[static_cast<size_t>(e)], rows = off[static_cast<size_t>(e) + 1] - r0;
+      bwd_data(ptr(dy, t) + r0 * n, ptr(w, t) + e * n * k, ptr(dx, a) + r0 * k, rows, n, k, false);
+    }
+  });
+}
+
+void grouped_linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                               const Tensor& dw) {
+  check_operands(dy, x, dw, "grouped_linear_bwd_weight");
+  MOE_CHECK(dw.ndim == 3, "grouped_linear_bwd_weight: dw must be (E,N,K), got ", dw.shape_str());
+  const int64_t e_count = dw.dim(0), n = dw.dim(1), k = dw.dim(2), r = mrows(dy);
+  MOE_CHECK(dy.cols() == n && mrows(x) == r && x.cols() == k, "grouped_linear_bwd_weight: dy ",
+            dy.shape_str(), ", x ", x.shape_str(), " and dw ", dw.shape_str(), " do not match");
+  auto off = read_offsets(offsets, e_count, r, "grouped_linear_bwd_weight");
+  dispatch(dy.dtype, [&](auto t, auto a) {
+    for (int64_t e = 0; e < e_count; ++e) {
+      const int64_t r0 = off[static_cast<size_t>(e)], rows = off[static_cast<size_t>(e) + 1] - r0;
+      if (rows == 0) continue;  // a zero-row expert leaves its dw untouched
+      bwd_weight(ptr(dy, t) + r0 * n, ptr(x, t) + r0 * k, ptr(dw, a) + e * n * k, rows, n, k);
+    }
+  });
+}
+
+}  // namespace moe::ref
