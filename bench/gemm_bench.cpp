@@ -150,13 +150,3 @@ BENCHMARK(BM_GemmGrouped)->Apply(grouped_args)->UseRealTime()->Unit(benchmark::k
 
 }  // namespace
 }  // namespace moe
-
-// kernels_bench is one binary built from every bench/*.cpp: a weak main, so that whichever file
-// (if any) defines a strong one wins and several of these links without a clash.
-__attribute__((weak)) int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}

@@ -43,7 +43,12 @@ struct Tensor {
   // dim(-1) is the last dimension.
   int64_t dim(int i) const;
   // Number of rows when viewed as a matrix (product of all but the last dimension).
-  int64_t rows() const { return ndim == 0 ? 1 : numel() / dim(-1); }
+  int64_t rows() const {
+    if (ndim == 0) return 1;
+    int64_t r = 1;
+    for (int i = 0; i + 1 < ndim; ++i) r *= shape[i];
+    return r;
+  }
   int64_t cols() const { return ndim == 0 ? 1 : dim(-1); }
   bool empty() const { return data == nullptr; }
 

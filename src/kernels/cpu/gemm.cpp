@@ -75,14 +75,6 @@ RowChunks split_rows(int64_t rows) {
   return {rows / kGroupChunk, rows % kGroupChunk / kGroupRows * kGroupRows, rows % kGroupRows};
 }
 
-// Rows of t viewed as a matrix (product of all but the last dimension). Tensor::rows() divides
-// numel by the last dimension, which fails for a zero-width operand (K = 0).
-int64_t mrows(const Tensor& t) {
-  int64_t r = 1;
-  for (int i = 0; i + 1 < t.ndim; ++i) r *= t.shape[static_cast<size_t>(i)];
-  return r;
-}
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
@@ -452,9 +444,9 @@ std::string gemm_impl_info(GemmOp op, DType dtype, int64_t m, int64_t n, int64_t
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate) {
   check_operands(x, w, y, "linear_fwd");
   MOE_CHECK(w.ndim == 2, "linear_fwd: w must be (N,K), got ", w.shape_str());
-  const int64_t m = mrows(x), n = w.dim(0), k = w.dim(1);
+  const int64_t m = x.rows(), n = w.dim(0), k = w.dim(1);
   MOE_CHECK(x.cols() == k, "linear_fwd: x ", x.shape_str(), " does not match w ", w.shape_str());
-  MOE_CHECK(mrows(y) == m && y.cols() == n, "linear_fwd: y ", y.shape_str(), " must be (", m, ",",
+  MOE_CHECK(y.rows() == m && y.cols() == n, "linear_fwd: y ", y.shape_str(), " must be (", m, ",",
             n, ")");
   if (m == 0 || n == 0) return;
   float* out = static_cast<float*>(y.data);
@@ -471,10 +463,10 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool accumula
 void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) {
   check_operands(dy, w, dx, "linear_bwd_data");
   MOE_CHECK(w.ndim == 2, "linear_bwd_data: w must be (N,K), got ", w.shape_str());
-  const int64_t m = mrows(dy), n = w.dim(0), k = w.dim(1);
+  const int64_t m = dy.rows(), n = w.dim(0), k = w.dim(1);
   MOE_CHECK(dy.cols() == n, "linear_bwd_data: dy ", dy.shape_str(), " does not match w ",
             w.shape_str());
-  MOE_CHECK(mrows(dx) == m && dx.cols() == k, "linear_bwd_data: dx ", dx.shape_str(), " must be (",
+  MOE_CHECK(dx.rows() == m && dx.cols() == k, "linear_bwd_data: dx ", dx.shape_str(), " must be (",
             m, ",", k, ")");
   if (m == 0 || k == 0) return;
   float* out = static_cast<float*>(dx.data);
@@ -491,8 +483,8 @@ void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool a
 void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
   check_operands(dy, x, dw, "linear_bwd_weight");
   MOE_CHECK(dw.ndim == 2, "linear_bwd_weight: dw must be (N,K), got ", dw.shape_str());
-  const int64_t m = mrows(dy), n = dw.dim(0), k = dw.dim(1);
-  MOE_CHECK(dy.cols() == n && mrows(x) == m && x.cols() == k, "linear_bwd_weight: dy ",
+  const int64_t m = dy.rows(), n = dw.dim(0), k = dw.dim(1);
+  MOE_CHECK(dy.cols() == n && x.rows() == m && x.cols() == k, "linear_bwd_weight: dy ",
             dy.shape_str(), ", x ", x.shape_str(), " and dw ", dw.shape_str(), " do not match");
   if (m == 0 || n == 0 || k == 0) return;  // dw += 0
   std::lock_guard<std::mutex> lock(op_mutex());
@@ -504,8 +496,8 @@ void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
 void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y) {
   check_operands(x, w, y, "grouped_linear_fwd");
   MOE_CHECK(w.ndim == 3, "grouped_linear_fwd: w must be (E,N,K), got ", w.shape_str());
-  const int64_t experts = w.dim(0), n = w.dim(1), k = w.dim(2), r = mrows(x);
-  MOE_CHECK(x.cols() == k && mrows(y) == r && y.cols() == n, "grouped_linear_fwd: x ",
+  const int64_t experts = w.dim(0), n = w.dim(1), k = w.dim(2), r = x.rows();
+  MOE_CHECK(x.cols() == k && y.rows() == r && y.cols() == n, "grouped_linear_fwd: x ",
             x.shape_str(), ", w ", w.shape_str(), " and y ", y.shape_str(), " do not match");
   const int32_t* off = read_offsets(offsets, experts, r, "grouped_linear_fwd");
   if (off[experts] == 0 || n == 0) return;
@@ -525,8 +517,8 @@ void grouped_linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& of
                              const Tensor& dx) {
   check_operands(dy, w, dx, "grouped_linear_bwd_data");
   MOE_CHECK(w.ndim == 3, "grouped_linear_bwd_data: w must be (E,N,K), got ", w.shape_str());
-  const int64_t experts = w.dim(0), n = w.dim(1), k = w.dim(2), r = mrows(dy);
-  MOE_CHECK(dy.cols() == n && mrows(dx) == r && dx.cols() == k, "grouped_linear_bwd_data: dy ",
+  const int64_t experts = w.dim(0), n = w.dim(1), k = w.dim(2), r = dy.rows();
+  MOE_CHECK(dy.cols() == n && dx.rows() == r && dx.cols() == k, "grouped_linear_bwd_data: dy ",
             dy.shape_str(), ", w ", w.shape_str(), " and dx ", dx.shape_str(), " do not match");
   const int32_t* off = read_offsets(offsets, experts, r, "grouped_linear_bwd_data");
   if (off[experts] == 0 || k == 0) return;
@@ -546,8 +538,8 @@ void grouped_linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& 
                                const Tensor& dw) {
   check_operands(dy, x, dw, "grouped_linear_bwd_weight");
   MOE_CHECK(dw.ndim == 3, "grouped_linear_bwd_weight: dw must be (E,N,K), got ", dw.shape_str());
-  const int64_t experts = dw.dim(0), n = dw.dim(1), k = dw.dim(2), r = mrows(dy);
-  MOE_CHECK(dy.cols() == n && mrows(x) == r && x.cols() == k, "grouped_linear_bwd_weight: dy ",
+  const int64_t experts = dw.dim(0), n = dw.dim(1), k = dw.dim(2), r = dy.rows();
+  MOE_CHECK(dy.cols() == n && x.rows() == r && x.cols() == k, "grouped_linear_bwd_weight: dy ",
             dy.shape_str(), ", x ", x.shape_str(), " and dw ", dw.shape_str(), " do not match");
   const int32_t* off = read_offsets(offsets, experts, r, "grouped_linear_bwd_weight");
   if (off[experts] == 0 || n == 0 || k == 0) return;
