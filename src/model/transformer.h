@@ -126,7 +126,7 @@ class Transformer {
   std::vector<Tensor> resid_;  // (T,D) residual stream into each layer, and after the last
   std::vector<LayerActs> acts_;
   Scratch scratch_;
-  Tensor rstd_final_, xf_, xf_act_, ids_cache_;
+  Tensor rstd_final_, xf_, xf_act_;  // (T), (T,D), (T,D) final norm
 };
 
 }  // namespace moe
