@@ -132,4 +132,25 @@ double dot(const Tensor& a, const Tensor& b) {
   return s;
 }
 
+OwnedTensor numeric_grad(const Tensor& param, const std::function<double()>& loss, double h) {
+  OwnedTensor g = clone(param);
+  for (int64_t i = 0; i < param.numel(); ++i) {
+    const double x0 = get(param, i);
+    set(param, i, x0 + h);
+    const double lp = loss();
+    set(param, i, x0 - h);
+    const double lm = loss();
+    set(param, i, x0);
+    set(g, i, (lp - lm) / (2 * h));
+  }
+  return g;
+}
+
+OwnedTensor random_tensor(DType dtype, std::initializer_list<int64_t> dims, uint64_t salt, double lo,
+                          double hi) {
+  OwnedTensor t(dtype, dims);
+  fill_uniform(t, test_seed(), salt, lo, hi);
+  return t;
+}
+
 }  // namespace moe::test

@@ -46,5 +46,11 @@ double fd_check(const Tensor& x, const Tensor& analytic, const std::function<dou
                 double h = 1e-6, int64_t max_checks = 64);
 // sum(a * b) in double for same-shape float tensors: the scalar "loss" of FD checks.
 double dot(const Tensor& a, const Tensor& b);
+// Central differences of loss() with respect to every element of param (f64), step h: truncation
+// ~h^2 |f'''| and rounding ~1e-16 |loss| / h (h = 1e-5: ~1e-10 and ~1e-11 |loss|).
+OwnedTensor numeric_grad(const Tensor& param, const std::function<double()>& loss, double h = 1e-5);
+// A tensor filled uniformly in [lo, hi) from test_seed() and salt.
+OwnedTensor random_tensor(DType dtype, std::initializer_list<int64_t> dims, uint64_t salt,
+                          double lo = -1.0, double hi = 1.0);
 
 }  // namespace moe::test

@@ -22,35 +22,9 @@ using test::get;
 using test::poison;
 using test::rel_error;
 using test::set;
-
-OwnedTensor random_tensor(DType dtype, std::initializer_list<int64_t> dims, uint64_t salt,
-                          double lo = -1.0, double hi = 1.0) {
-  OwnedTensor t(dtype, dims);
-  test::fill_uniform(t, test::test_seed(), salt, lo, hi);
-  return t;
-}
-
-// Central differences, h = 1e-5 (truncation ~1e-10, rounding ~1e-11 |loss|).
-OwnedTensor numeric_grad(const Tensor& param, const std::function<double()>& loss) {
-  const double h = 1e-5;
-  OwnedTensor g = clone(param);
-  for (int64_t i = 0; i < param.numel(); ++i) {
-    const double x0 = get(param, i);
-    set(param, i, x0 + h);
-    const double lp = loss();
-    set(param, i, x0 - h);
-    const double lm = loss();
-    set(param, i, x0);
-    set(g, i, (lp - lm) / (2 * h));
-  }
-  return g;
-}
-
-double dot(const Tensor& a, const Tensor& b) {
-  double s = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) s += get(a, i) * get(b, i);
-  return s;
-}
+using test::dot;
+using test::numeric_grad;
+using test::random_tensor;
 
 template <class F> void with_threads(int n, F&& f) {
   const int saved = cpu::num_threads();

@@ -10,31 +10,14 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/dtype_dispatch.h"
 
 namespace moe::cpu::elem {
 
 // Work below this many elements runs on the calling thread (an OpenMP region costs ~ microseconds).
 constexpr int64_t kParallelMin = 1 << 15;
 
-// Calls f(T{}) with T = float or double.
-template <class F> void dispatch_real(DType t, const char* op, F&& f) {
-  if (t == DType::kF32) {
-    f(float{});
-  } else if (t == DType::kF64) {
-    f(double{});
-  } else {
-    MOE_FAIL(op, ": dtype ", dtype_name(t), " not supported (f32 or f64)");
-  }
-}
 
-// Same, with bf16 as a third storage type.
-template <class F> void dispatch_any_float(DType t, const char* op, F&& f) {
-  if (t == DType::kBF16) {
-    f(bf16{});
-  } else {
-    dispatch_real(t, op, f);
-  }
-}
 
 // Every tensor on the host and of the given dtype.
 inline void check_args(std::initializer_list<const Tensor*> ts, DType dtype, const char* op) {

@@ -5,30 +5,13 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/dtype_dispatch.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe::ref {
 namespace {
 
-// Calls f(T{}) with T = float or double for the tensor's dtype.
-template <class F> void dispatch_real(DType t, const char* op, F&& f) {
-  if (t == DType::kF32) {
-    f(float{});
-  } else if (t == DType::kF64) {
-    f(double{});
-  } else {
-    MOE_FAIL(op, ": dtype ", dtype_name(t), " not supported (f32 or f64)");
-  }
-}
 
-// Same, with bf16 as a third storage type.
-template <class F> void dispatch_any_float(DType t, const char* op, F&& f) {
-  if (t == DType::kBF16) {
-    f(bf16{});
-  } else {
-    dispatch_real(t, op, f);
-  }
-}
 
 // Arithmetic type of a storage type: bf16 computes in float.
 template <class T> struct compute { using type = T; };

@@ -5,16 +5,12 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "kernels/dtype_dispatch.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe::ref {
 namespace {
 
-template <class F> void dispatch(DType t, F&& f) {
-  if (t == DType::kF32) f(float{});
-  else if (t == DType::kF64) f(double{});
-  else MOE_FAIL("ref routing kernels take f32 or f64, got ", dtype_name(t));
-}
 
 // Indices of the K largest values of sel[0..E), descending, ties to the lower index.
 void topk_row(const double* sel, int64_t E, int64_t K, int32_t* out) {
@@ -28,7 +24,7 @@ void topk_row(const double* sel, int64_t E, int64_t K, int32_t* out) {
 
 void router_scores_fwd(const Tensor& logits, int kind, const Tensor& scores) {
   check_same_shape(logits, scores, "router_scores_fwd");
-  dispatch(logits.dtype, [&](auto zero) {
+  dispatch_real(logits.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* z = logits.as<T>();
     T* s = scores.as<T>();
@@ -52,7 +48,7 @@ void router_scores_fwd(const Tensor& logits, int kind, const Tensor& scores) {
 void router_scores_bwd(const Tensor& dscores, const Tensor& scores, int kind, const Tensor& dlogits) {
   check_same_shape(dscores, scores, "router_scores_bwd");
   check_same_shape(dlogits, scores, "router_scores_bwd");
-  dispatch(scores.dtype, [&](auto zero) {
+  dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* ds = dscores.as<T>();
     const T* s = scores.as<T>();
@@ -78,7 +74,7 @@ void router_topk(const Tensor& scores, const Tensor& bias, const Tensor& expert_
   check_shape(expert_idx, {N, K}, "router_topk expert_idx");
   MOE_CHECK(K <= E, "router_topk: K=", K, " > E=", E);
   if (!bias.empty()) check_shape(bias, {E}, "router_topk bias");
-  dispatch(scores.dtype, [&](auto zero) {
+  dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* s = scores.as<T>();
     const T* b = bias.empty() ? nullptr : bias.as<T>();
@@ -113,7 +109,7 @@ void router_assign(int kind, uint64_t seed, uint64_t stream, int64_t token_base,
 void router_gather(const Tensor& scores, const Tensor& expert_idx, bool norm_topk, const Tensor& weights) {
   const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
   check_shape(weights, {N, K}, "router_gather weights");
-  dispatch(scores.dtype, [&](auto zero) {
+  dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* s = scores.as<T>();
     const int32_t* idx = expert_idx.as<int32_t>();
@@ -131,7 +127,7 @@ void router_gather_bwd(const Tensor& dweights, const Tensor& scores, const Tenso
                        bool norm_topk, const Tensor& dscores) {
   const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
   check_same_shape(dscores, scores, "router_gather_bwd dscores");
-  dispatch(scores.dtype, [&](auto zero) {
+  dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* s = scores.as<T>();
     const T* dw = dweights.as<T>();
@@ -159,7 +155,7 @@ void router_bias_update(const Tensor& step_counts, double gamma, const Tensor& b
   double mean = 0;
   for (int64_t e = 0; e < E; ++e) mean += c[e];
   mean /= static_cast<double>(E);
-  dispatch(bias.dtype, [&](auto zero) {
+  dispatch_real(bias.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     T* b = bias.as<T>();
     for (int64_t e = 0; e < E; ++e) {
@@ -213,7 +209,7 @@ void moe_gather(const Tensor& x, const Tensor& sorted_slot, const Tensor& xs) {
 
 void moe_gather_bwd(const Tensor& dxs, const Tensor& slot_pos, const Tensor& dx) {
   const int64_t T = dx.rows(), D = dx.cols(), K = slot_pos.numel() / T;
-  dispatch(dx.dtype, [&](auto zero) {
+  dispatch_real(dx.dtype, __func__, [&](auto zero) {
     using F = decltype(zero);
     const F* g = dxs.as<F>();
     F* out = dx.as<F>();
@@ -228,7 +224,7 @@ void moe_combine(const Tensor& ys, const Tensor& slot_pos, const Tensor& weights
                  bool accumulate) {
   const int64_t T = out.rows(), D = out.cols(), K = weights.cols();
   check_shape(weights, {T, K}, "moe_combine weights");
-  dispatch(out.dtype, [&](auto zero) {
+  dispatch_real(out.dtype, __func__, [&](auto zero) {
     using F = decltype(zero);
     const F* y = ys.as<F>();
     const F* w = weights.as<F>();
@@ -247,7 +243,7 @@ void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_po
                      const Tensor& weights, const Tensor& dys, const Tensor& dweights) {
   const int64_t T = dout.rows(), D = dout.cols(), K = weights.cols();
   check_shape(dweights, {T, K}, "moe_combine_bwd dweights");
-  dispatch(dout.dtype, [&](auto zero) {
+  dispatch_real(dout.dtype, __func__, [&](auto zero) {
     using F = decltype(zero);
     const F* g = dout.as<F>();
     const F* y = ys.as<F>();
@@ -274,7 +270,7 @@ void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int
   const int64_t T = scores.rows(), E = scores.cols();
   check_shape(counts, {E}, "load_balance_loss counts");
   check_shape(mean_prob, {E}, "load_balance_loss mean_prob");
-  dispatch(scores.dtype, [&](auto zero) {
+  dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using F = decltype(zero);
     const F* s = scores.as<F>();
     const int32_t* c = counts.as<int32_t>();
@@ -318,7 +314,7 @@ void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int
 void router_z_loss(const Tensor& logits, double value_scale, double grad_scale, const Tensor& out,
                    const Tensor& dlogits) {
   const int64_t T = logits.rows(), E = logits.cols();
-  dispatch(logits.dtype, [&](auto zero) {
+  dispatch_real(logits.dtype, __func__, [&](auto zero) {
     using F = decltype(zero);
     const F* z = logits.as<F>();
     F* dz = dlogits.empty() ? nullptr : dlogits.as<F>();

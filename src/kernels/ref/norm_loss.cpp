@@ -3,20 +3,12 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/dtype_dispatch.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe::ref {
 namespace {
 
-template <class F> void dispatch_real(DType t, const char* op, F&& f) {
-  if (t == DType::kF32) {
-    f(float{});
-  } else if (t == DType::kF64) {
-    f(double{});
-  } else {
-    MOE_FAIL(op, ": dtype ", dtype_name(t), " not supported (f32 or f64)");
-  }
-}
 
 // Every tensor on the host and of the compute dtype.
 void check_float_args(std::initializer_list<const Tensor*> ts, DType dtype, const char* op) {
