@@ -10,14 +10,6 @@
 namespace moe::ref {
 namespace {
 
-// Rows of t viewed as a matrix (product of all but the last dimension). Tensor::rows() divides
-// numel by the last dimension, which fails for a zero-width operand (K = 0).
-int64_t mrows(const Tensor& t) {
-  int64_t r = 1;
-  for (int i = 0; i + 1 < t.ndim; ++i) r *= t.shape[static_cast<size_t>(i)];
-  return r;
-}
-
 DType out_dtype(DType in) { return in == DType::kF64 ? DType::kF64 : DType::kF32; }
 
 void check_operands(const Tensor& a, const Tensor& b, const Tensor& out, const char* op) {
@@ -114,9 +106,9 @@ P* ptr(const Tensor& t, P*) {
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate) {
   check_operands(x, w, y, "linear_fwd");
   MOE_CHECK(w.ndim == 2, "linear_fwd: w must be (N,K), got ", w.shape_str());
-  const int64_t m = mrows(x), n = w.dim(0), k = w.dim(1);
+  const int64_t m = x.rows(), n = w.dim(0), k = w.dim(1);
   MOE_CHECK(x.cols() == k, "linear_fwd: x ", x.shape_str(), " does not match w ", w.shape_str());
-  MOE_CHECK(mrows(y) == m && y.cols() == n, "linear_fwd: y ", y.shape_str(), " must be (", m, ",",
+  MOE_CHECK(y.rows() == m && y.cols() == n, "linear_fwd: y ", y.shape_str(), " must be (", m, ",",
             n, ")");
   dispatch(x.dtype,
            [&](auto t, auto a) { fwd(ptr(x, t), ptr(w, t), ptr(y, a), m, n, k, accumulate); });
@@ -125,10 +117,10 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool accumula
 void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) {
   check_operands(dy, w, dx, "linear_bwd_data");
   MOE_CHECK(w.ndim == 2, "linear_bwd_data: w must be (N,K), got ", w.shape_str());
-  const int64_t m = mrows(dy), n = w.dim(0), k = w.dim(1);
+  const int64_t m = dy.rows(), n = w.dim(0), k = w.dim(1);
   MOE_CHECK(dy.cols() == n, "linear_bwd_data: dy ", dy.shape_str(), " does not match w ",
             w.shape_str());
-  MOE_CHECK(mrows(dx) == m && dx.cols() == k, "linear_bwd_data: dx ", dx.shape_str(), " must be (",
+  MOE_CHECK(dx.rows() == m && dx.cols() == k, "linear_bwd_data: dx ", dx.shape_str(), " must be (",
             m, ",", k, ")");
   dispatch(dy.dtype, [&](auto t, auto a) {
     bwd_data(ptr(dy, t), ptr(w, t), ptr(dx, a), m, n, k, accumulate);
@@ -138,8 +130,8 @@ void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool a
 void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
   check_operands(dy, x, dw, "linear_bwd_weight");
   MOE_CHECK(dw.ndim == 2, "linear_bwd_weight: dw must be (N,K), got ", dw.shape_str());
-  const int64_t m = mrows(dy), n = dw.dim(0), k = dw.dim(1);
-  MOE_CHECK(dy.cols() == n && mrows(x) == m && x.cols() == k, "linear_bwd_weight: dy ",
+  const int64_t m = dy.rows(), n = dw.dim(0), k = dw.dim(1);
+  MOE_CHECK(dy.cols() == n && x.rows() == m && x.cols() == k, "linear_bwd_weight: dy ",
             dy.shape_str(), ", x ", x.shape_str(), " and dw ", dw.shape_str(), " do not match");
   dispatch(dy.dtype,
            [&](auto t, auto a) { bwd_weight(ptr(dy, t), ptr(x, t), ptr(dw, a), m, n, k); });
@@ -148,8 +140,8 @@ void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
 void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y) {
   check_operands(x, w, y, "grouped_linear_fwd");
   MOE_CHECK(w.ndim == 3, "grouped_linear_fwd: w must be (E,N,K), got ", w.shape_str());
-  const int64_t e_count = w.dim(0), n = w.dim(1), k = w.dim(2), r = mrows(x);
-  MOE_CHECK(x.cols() == k && mrows(y) == r && y.cols() == n, "grouped_linear_fwd: x ",
+  const int64_t e_count = w.dim(0), n = w.dim(1), k = w.dim(2), r = x.rows();
+  MOE_CHECK(x.cols() == k && y.rows() == r && y.cols() == n, "grouped_linear_fwd: x ",
             x.shape_str(), ", w ", w.shape_str(), " and y ", y.shape_str(), " do not match");
   auto off = read_offsets(offsets, e_count, r, "grouped_linear_fwd");
   dispatch(x.dtype, [&](auto t, auto a) {
@@ -164,8 +156,8 @@ void grouped_linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& of
                              const Tensor& dx) {
   check_operands(dy, w, dx, "grouped_linear_bwd_data");
   MOE_CHECK(w.ndim == 3, "grouped_linear_bwd_data: w must be (E,N,K), got ", w.shape_str());
-  const int64_t e_count = w.dim(0), n = w.dim(1), k = w.dim(2), r = mrows(dy);
-  MOE_CHECK(dy.cols() == n && mrows(dx) == r && dx.cols() == k, "grouped_linear_bwd_data: dy ",
+  const int64_t e_count = w.dim(0), n = w.dim(1), k = w.dim(2), r = dy.rows();
+  MOE_CHECK(dy.cols() == n && dx.rows() == r && dx.cols() == k, "grouped_linear_bwd_data: dy ",
             dy.shape_str(), ", w ", w.shape_str(), " and dx ", dx.shape_str(), " do not match");
   auto off = read_offsets(offsets, e_count, r, "grouped_linear_bwd_data");
   dispatch(dy.dtype, [&](auto t, auto a) {
@@ -180,8 +172,8 @@ void grouped_linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& 
                                const Tensor& dw) {
   check_operands(dy, x, dw, "grouped_linear_bwd_weight");
   MOE_CHECK(dw.ndim == 3, "grouped_linear_bwd_weight: dw must be (E,N,K), got ", dw.shape_str());
-  const int64_t e_count = dw.dim(0), n = dw.dim(1), k = dw.dim(2), r = mrows(dy);
-  MOE_CHECK(dy.cols() == n && mrows(x) == r && x.cols() == k, "grouped_linear_bwd_weight: dy ",
+  const int64_t e_count = dw.dim(0), n = dw.dim(1), k = dw.dim(2), r = dy.rows();
+  MOE_CHECK(dy.cols() == n && x.rows() == r && x.cols() == k, "grouped_linear_bwd_weight: dy ",
             dy.shape_str(), ", x ", x.shape_str(), " and dw ", dw.shape_str(), " do not match");
   auto off = read_offsets(offsets, e_count, r, "grouped_linear_bwd_weight");
   dispatch(dy.dtype, [&](auto t, auto a) {
