@@ -69,11 +69,14 @@ void check_step0(const Golden& g, const std::string& backend, DType dt, double t
   OwnedTensor ids = g.file.read("ids", DType::kI32), labels = g.file.read("labels", DType::kI32);
   OwnedTensor logits_ref = g.file.read("step0.logits", DType::kF64);
   const int64_t V = g.config.model.vocab_size, mbs = tc.micro_batch_size, S = tc.seq_len;
+  double logits_err = 0;
   for (int64_t m = 0; m < tc.batch_size / mbs; ++m) {
     OwnedTensor logits(dt, {mbs * S, V});
     test::poison(logits);
     trainer.model().forward_logits(ids.t.slice(m * mbs, (m + 1) * mbs), logits);
-    EXPECT_LT(test::rel_error(logits, logits_ref.t.slice(m * mbs, (m + 1) * mbs)), tol_out) << "logits, micro-batch " << m;
+    const double err = test::rel_error(logits, logits_ref.t.slice(m * mbs, (m + 1) * mbs));
+    EXPECT_LT(err, tol_out) << "logits, micro-batch " << m;
+    logits_err = std::max(logits_err, err);
   }
   StepResult r = trainer.compute_gradients(ids, labels);
   auto near = [&](double a, double b, double tol, const std::string& what) {
@@ -100,8 +103,9 @@ void check_step0(const Golden& g, const std::string& backend, DType dt, double t
     EXPECT_LT(err, tol_grad) << "gradient of " << info.name;
     if (err > worst) { worst = err; worst_name = info.name; }
   }
-  std::printf("  %s [%s]: worst gradient error %.2e (%s)\n", g.name.c_str(), backend.c_str(), worst,
-              worst_name.c_str());
+  std::printf("  %s [%s]: logits error %.2e, loss error %.2e, worst gradient error %.2e (%s)\n", g.name.c_str(),
+              backend.c_str(), logits_err, std::fabs(r.total - scalar(g, "step0.total")) / std::fabs(scalar(g, "step0.total")),
+              worst, worst_name.c_str());
 }
 
 TEST(Golden, FixturesArePresent) { EXPECT_GE(fixtures().size(), 3u); }
