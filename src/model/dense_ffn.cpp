@@ -1,20 +1,50 @@
-// Dense SwiGLU FFN sublayer (the first n_dense_layers blocks), forward then backward:
-//   h = RMSNorm(x); y = down(silu(gate(h)) * up(h)); residual as in attention_block.cpp.
+// SwiGLU MLP, forward then backward: y = down(silu(gate(h)) * up(h)). Used by the dense FFN
+// sublayer (the first n_dense_layers blocks: h = RMSNorm(x), residual as in attention_block.cpp)
+// and by the shared expert of MoE layers (moe/moe_ffn.cpp).
 #include "model/transformer.h"
 
 namespace moe {
+namespace {
+Tensor rows_view(const Tensor& flat, int64_t rows, int64_t cols) {
+  return flat.slice(0, rows * cols).view({rows, cols});
+}
+}  // namespace
+
+void Transformer::swiglu_mlp_forward(const Tensor& h_act, const Tensor& gate, const Tensor& up,
+                                     const Tensor& down, FfnActs& a, const Tensor& y, bool accumulate) {
+  ops_.linear_fwd(h_act, gate, a.g, false);
+  ops_.linear_fwd(h_act, up, a.u, false);
+  // fp32: the product goes straight into the saved operand; bf16: via scratch, then converted.
+  Tensor act = dims_.adt == dims_.cdt ? a.a_act : rows_view(scratch_.ftmp, a.g.dim(0), a.g.dim(1));
+  ops_.swiglu_fwd(a.g, a.u, act);
+  ops_.linear_fwd(operand(act, a.a_act), down, y, accumulate);
+}
+
+// dh (T,D) = d/dh of sum(dy * y), overwritten; parameter gradients accumulate.
+void Transformer::swiglu_mlp_backward(const Tensor& dy, const Tensor& gate, const Tensor& up,
+                                      const Tensor& down, FfnActs& a, const Tensor& dgate,
+                                      const Tensor& dup, const Tensor& ddown, const Tensor& dh) {
+  Scratch& s = scratch_;
+  const int64_t T = a.g.dim(0), F = a.g.dim(1);
+  Tensor da = rows_view(s.da, T, F), dg = rows_view(s.dg, T, F), du = rows_view(s.du, T, F);
+  Tensor g = operand_grad(dy);
+  ops_.linear_bwd_data(g, down, da, false);
+  ops_.linear_bwd_weight(g, a.a_act, ddown);
+  ops_.swiglu_bwd(da, a.g, a.u, dg, du);
+  g = operand_grad(dg);
+  ops_.linear_bwd_data(g, gate, dh, false);
+  ops_.linear_bwd_weight(g, a.h_act, dgate);
+  g = operand_grad(du);
+  ops_.linear_bwd_data(g, up, dh, true);
+  ops_.linear_bwd_weight(g, a.h_act, dup);
+}
 
 void Transformer::dense_forward(int64_t l, const Tensor& x_in, FfnActs& a, const Tensor& x_out) {
   const LayerWeights& W = params_.layers[static_cast<size_t>(l)];
   const LayerWeights& Wc = operands_.layers[static_cast<size_t>(l)];
   Tensor h_act = norm_input(x_in, W.ffn_norm, a.rstd_in, a.h, a.h_act);
-  ops_.linear_fwd(h_act, Wc.mlp_gate, a.g, false);
-  ops_.linear_fwd(h_act, Wc.mlp_up, a.u, false);
-  Tensor act = dims_.adt == dims_.cdt ? a.a_act : scratch_.ftmp.slice(0, a.g.numel()).view({a.g.dim(0), a.g.dim(1)});
-  ops_.swiglu_fwd(a.g, a.u, act);
-  Tensor a_act = operand(act, a.a_act);
   Tensor y = cfg_.norm_placement == "peri" ? a.out : x_out;
-  ops_.linear_fwd(a_act, Wc.mlp_down, y, false);
+  swiglu_mlp_forward(h_act, Wc.mlp_gate, Wc.mlp_up, Wc.mlp_down, a, y, false);
   finish_sublayer(y, W.ffn_out_norm, a.rstd_out, x_in, x_out);
 }
 
@@ -22,24 +52,10 @@ void Transformer::dense_backward(int64_t l, const Tensor& x_in, FfnActs& a) {
   const LayerWeights& W = params_.layers[static_cast<size_t>(l)];
   const LayerWeights& Wc = operands_.layers[static_cast<size_t>(l)];
   LayerWeights& dW = grads_.layers[static_cast<size_t>(l)];
-  Scratch& s = scratch_;
   const bool peri = cfg_.norm_placement == "peri";
   Tensor dy = sublayer_output_grad(peri ? a.out : Tensor(), W.ffn_out_norm, a.rstd_out, dW.ffn_out_norm);
-  const int64_t T = a.g.dim(0), F = a.g.dim(1);
-  Tensor da = s.da.slice(0, T * F).view({T, F});
-  Tensor dg = s.dg.slice(0, T * F).view({T, F});
-  Tensor du = s.du.slice(0, T * F).view({T, F});
-  Tensor g = operand_grad(dy);
-  ops_.linear_bwd_data(g, Wc.mlp_down, da, false);
-  ops_.linear_bwd_weight(g, a.a_act, dW.mlp_down);
-  ops_.swiglu_bwd(da, a.g, a.u, dg, du);
-  g = operand_grad(dg);
-  ops_.linear_bwd_data(g, Wc.mlp_gate, s.dh, false);
-  ops_.linear_bwd_weight(g, a.h_act, dW.mlp_gate);
-  g = operand_grad(du);
-  ops_.linear_bwd_data(g, Wc.mlp_up, s.dh, true);
-  ops_.linear_bwd_weight(g, a.h_act, dW.mlp_up);
-  norm_input_backward(s.dh, x_in, W.ffn_norm, a.rstd_in, dW.ffn_norm);
+  swiglu_mlp_backward(dy, Wc.mlp_gate, Wc.mlp_up, Wc.mlp_down, a, dW.mlp_gate, dW.mlp_up, dW.mlp_down, scratch_.dh);
+  norm_input_backward(scratch_.dh, x_in, W.ffn_norm, a.rstd_in, dW.ffn_norm);
 }
 
 }  // namespace moe

@@ -94,6 +94,13 @@ class Transformer {
   // The operand-dtype scratch for an upstream gradient of x's shape.
   Tensor operand_grad(const Tensor& dy);
 
+  // SwiGLU MLP (dense FFN and shared expert): y (+)= down(silu(h gate^T) * (h up^T)), and its
+  // backward into dh (overwritten) and the three weight gradients (accumulated).
+  void swiglu_mlp_forward(const Tensor& h_act, const Tensor& gate, const Tensor& up, const Tensor& down,
+                          FfnActs& a, const Tensor& y, bool accumulate);
+  void swiglu_mlp_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& down,
+                           FfnActs& a, const Tensor& dgate, const Tensor& dup, const Tensor& ddown,
+                           const Tensor& dh);
   // Sublayers (attention_block.cpp, dense_ffn.cpp, moe/moe_ffn.cpp).
   void attention_forward(int64_t l, const Tensor& x_in, AttnActs& a, const Tensor& x_out);
   void attention_backward(int64_t l, const Tensor& x_in, AttnActs& a);

@@ -50,17 +50,12 @@ void Transformer::moe_forward(int64_t l, const Tensor& x_in, FfnActs& a, const T
   Tensor y = cfg_.norm_placement == "peri" ? a.out : x_out;
   ops_.moe_combine(a.ys, a.slot_pos, a.weights, y, false);
   if (cfg_.shared_hidden > 0) {
-    ops_.linear_fwd(h_act, Wc.shared_gate, a.g, false);
-    ops_.linear_fwd(h_act, Wc.shared_up, a.u, false);
-    Tensor sact = bf16 ? rows_view(scratch_.ftmp, a.g.dim(0), a.g.dim(1)) : a.a_act;
-    ops_.swiglu_fwd(a.g, a.u, sact);
-    Tensor sa_act = operand(sact, a.a_act);
     if (cfg_.shared_merge == "sum") {
-      ops_.linear_fwd(sa_act, Wc.shared_down, y, true);
+      swiglu_mlp_forward(h_act, Wc.shared_gate, Wc.shared_up, Wc.shared_down, a, y, true);
     } else {  // v1: shared/(K+1) + routed*K/(K+1)
       const double k = static_cast<double>(cfg_.top_k);
       ops_.scale(y, k / (k + 1));
-      ops_.linear_fwd(sa_act, Wc.shared_down, scratch_.fwd_dtmp, false);
+      swiglu_mlp_forward(h_act, Wc.shared_gate, Wc.shared_up, Wc.shared_down, a, scratch_.fwd_dtmp, false);
       ops_.axpy(1.0 / (k + 1), scratch_.fwd_dtmp, y);
     }
   }
@@ -87,18 +82,8 @@ void Transformer::moe_backward(int64_t l, const Tensor& x_in, FfnActs& a, const 
       ops_.axpy(1.0 / (k + 1), dy, s.dtmp3);
       dshared = s.dtmp3;
     }
-    const int64_t T = a.g.dim(0), F = a.g.dim(1);
-    Tensor da = rows_view(s.da, T, F), dg = rows_view(s.dg, T, F), du = rows_view(s.du, T, F);
-    Tensor g = operand_grad(dshared);
-    ops_.linear_bwd_data(g, Wc.shared_down, da, false);
-    ops_.linear_bwd_weight(g, a.a_act, dW.shared_down);
-    ops_.swiglu_bwd(da, a.g, a.u, dg, du);
-    g = operand_grad(dg);
-    ops_.linear_bwd_data(g, Wc.shared_gate, s.dh, false);
-    ops_.linear_bwd_weight(g, a.h_act, dW.shared_gate);
-    g = operand_grad(du);
-    ops_.linear_bwd_data(g, Wc.shared_up, s.dh, true);
-    ops_.linear_bwd_weight(g, a.h_act, dW.shared_up);
+    swiglu_mlp_backward(dshared, Wc.shared_gate, Wc.shared_up, Wc.shared_down, a, dW.shared_gate,
+                        dW.shared_up, dW.shared_down, s.dh);
   } else {
     ops_.fill(s.dh, 0.0);
   }
