@@ -46,9 +46,11 @@ void plan_layer(Allocator& A, const ModelConfig& c, const Dims& d, int64_t layer
   if (moe || !bf16) f.h = A(d.cdt, {T, D});
   f.h_act = bf16 ? A(d.adt, {T, D}) : f.h;
   const int64_t Fw = moe ? c.shared_hidden : c.dense_width();
+  // SwiGLU inputs and expert outputs are saved in the operand dtype (bf16 mode: bf16); the
+  // forward computes them in the compute dtype in scratch first.
   if (Fw > 0) {
-    f.g = A(d.cdt, {T, Fw});
-    f.u = A(d.cdt, {T, Fw});
+    f.g = A(d.adt, {T, Fw});
+    f.u = A(d.adt, {T, Fw});
     f.a_act = A(d.adt, {T, Fw});
   }
   if (moe) {
@@ -62,10 +64,10 @@ void plan_layer(Allocator& A, const ModelConfig& c, const Dims& d, int64_t layer
     f.sorted_slot = A(DType::kI32, {R});
     f.slot_pos = A(DType::kI32, {R});
     f.xs_act = A(d.adt, {R, D});
-    f.eg = A(d.cdt, {R, F});
-    f.eu = A(d.cdt, {R, F});
+    f.eg = A(d.adt, {R, F});
+    f.eu = A(d.adt, {R, F});
     f.ea_act = A(d.adt, {R, F});
-    f.ys = A(d.cdt, {R, D});
+    f.ys = A(d.adt, {R, D});
   }
   if (peri) {
     f.out = A(d.cdt, {T, D});
@@ -99,6 +101,11 @@ void plan_scratch(Allocator& A, const ModelConfig& c, const Dims& d, int64_t hea
   s.du = A(d.cdt, {swiglu});
   s.da = A(d.cdt, {swiglu});
   s.ftmp = A(d.cdt, {swiglu});
+  if (d.adt != d.cdt) {
+    s.fg = A(d.cdt, {swiglu});
+    s.fu = A(d.cdt, {swiglu});
+    if (any_moe) s.fys = A(d.cdt, {R, D});
+  }
   if (any_moe) {
     s.dys = A(d.cdt, {R, D});
     s.dxs = A(d.cdt, {R, D});

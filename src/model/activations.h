@@ -44,7 +44,7 @@ struct FfnActs {
   Tensor h;                // (T,D) normed input in compute dtype (router input)
   Tensor h_act;            // (T,D) GEMM operand copy (bf16 mode), else = h
   // dense SwiGLU, or the shared expert of an MoE layer
-  Tensor g, u;             // (T,F)
+  Tensor g, u;             // (T,F) saved in the operand dtype
   Tensor a_act;            // (T,F) silu(g)*u, GEMM operand
   // routed experts
   Tensor logits, scores;   // (T,E) router, fp32/f64
@@ -55,9 +55,9 @@ struct FfnActs {
   Tensor sorted_slot;      // (R) i32
   Tensor slot_pos;         // (R) i32
   Tensor xs_act;           // (R,D) permuted inputs, GEMM operand
-  Tensor eg, eu;           // (R,F)
+  Tensor eg, eu;           // (R,F) saved in the operand dtype
   Tensor ea_act;           // (R,F)
-  Tensor ys;               // (R,D) expert outputs
+  Tensor ys;               // (R,D) expert outputs, saved in the operand dtype
   Tensor out;              // (T,D) FFN output (peri only: input of ffn_out_norm)
   Tensor rstd_out;         // (T) (peri only)
 };
@@ -74,6 +74,8 @@ struct Scratch {
   Tensor dtmp, dtmp2, dtmp3;  // (T,D)
   Tensor dh;               // (T,D) gradient of a normed FFN input
   Tensor ftmp;             // (max(R,T), Fmax) forward temp (SwiGLU output before bf16 conversion)
+  Tensor fg, fu;           // (max(R,T), Fmax) bf16 mode: SwiGLU inputs in fp32 before they are saved
+  Tensor fys;              // (R,D) bf16 mode: expert outputs in fp32 before they are saved
   Tensor fwd_dtmp;         // (T,D) forward temp (shared-expert output)
   Tensor dq, dk, dv, dO;   // (B,S,H,hd) / (B,S,G,hd)
   Tensor dq_lin, dk_lin;   // (T,H*hd), (T,G*hd)

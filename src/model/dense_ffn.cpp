@@ -12,11 +12,19 @@ Tensor rows_view(const Tensor& flat, int64_t rows, int64_t cols) {
 
 void Transformer::swiglu_mlp_forward(const Tensor& h_act, const Tensor& gate, const Tensor& up,
                                      const Tensor& down, FfnActs& a, const Tensor& y, bool accumulate) {
-  ops_.linear_fwd(h_act, gate, a.g, false);
-  ops_.linear_fwd(h_act, up, a.u, false);
-  // fp32: the product goes straight into the saved operand; bf16: via scratch, then converted.
-  Tensor act = dims_.adt == dims_.cdt ? a.a_act : rows_view(scratch_.ftmp, a.g.dim(0), a.g.dim(1));
-  ops_.swiglu_fwd(a.g, a.u, act);
+  // fp32: everything goes straight into the saved tensors; bf16: computed in fp32 scratch, then
+  // saved as bf16 (g, u for the SwiGLU backward; the product as the down GEMM's operand).
+  const bool bf16 = dims_.adt != dims_.cdt;
+  const int64_t T = a.g.dim(0), F = a.g.dim(1);
+  Tensor g = bf16 ? rows_view(scratch_.fg, T, F) : a.g, u = bf16 ? rows_view(scratch_.fu, T, F) : a.u;
+  ops_.linear_fwd(h_act, gate, g, false);
+  ops_.linear_fwd(h_act, up, u, false);
+  Tensor act = bf16 ? rows_view(scratch_.ftmp, T, F) : a.a_act;
+  ops_.swiglu_fwd(g, u, act);
+  if (bf16) {
+    ops_.convert(g, a.g);
+    ops_.convert(u, a.u);
+  }
   ops_.linear_fwd(operand(act, a.a_act), down, y, accumulate);
 }
 

@@ -40,15 +40,24 @@ void Transformer::moe_forward(int64_t l, const Tensor& x_in, FfnActs& a, const T
 
   // Routed experts over the permuted rows.
   ops_.moe_gather(h_act, a.sorted_slot, a.xs_act);
-  ops_.grouped_linear_fwd(a.xs_act, Wc.exp_gate, a.offsets, a.eg);
-  ops_.grouped_linear_fwd(a.xs_act, Wc.exp_up, a.offsets, a.eu);
-  Tensor act = bf16 ? rows_view(scratch_.ftmp, a.eg.dim(0), a.eg.dim(1)) : a.ea_act;
-  ops_.swiglu_fwd(a.eg, a.eu, act);
+  // bf16 mode computes in fp32 scratch and saves bf16 copies (as in swiglu_mlp_forward).
+  const int64_t R = a.eg.dim(0), F = a.eg.dim(1), D = cfg_.d_model;
+  Tensor eg = bf16 ? rows_view(scratch_.fg, R, F) : a.eg, eu = bf16 ? rows_view(scratch_.fu, R, F) : a.eu;
+  ops_.grouped_linear_fwd(a.xs_act, Wc.exp_gate, a.offsets, eg);
+  ops_.grouped_linear_fwd(a.xs_act, Wc.exp_up, a.offsets, eu);
+  Tensor act = bf16 ? rows_view(scratch_.ftmp, R, F) : a.ea_act;
+  ops_.swiglu_fwd(eg, eu, act);
   Tensor ea_act = operand(act, a.ea_act);
-  ops_.grouped_linear_fwd(ea_act, Wc.exp_down, a.offsets, a.ys);
+  Tensor ys = bf16 ? scratch_.fys.view({R, D}) : a.ys;
+  ops_.grouped_linear_fwd(ea_act, Wc.exp_down, a.offsets, ys);
+  if (bf16) {
+    ops_.convert(eg, a.eg);
+    ops_.convert(eu, a.eu);
+  }
 
   Tensor y = cfg_.norm_placement == "peri" ? a.out : x_out;
-  ops_.moe_combine(a.ys, a.slot_pos, a.weights, y, false);
+  ops_.moe_combine(ys, a.slot_pos, a.weights, y, false);
+  if (bf16) ops_.convert(ys, a.ys);
   if (cfg_.shared_hidden > 0) {
     if (cfg_.shared_merge == "sum") {
       swiglu_mlp_forward(h_act, Wc.shared_gate, Wc.shared_up, Wc.shared_down, a, y, true);

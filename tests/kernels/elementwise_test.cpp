@@ -221,6 +221,29 @@ TEST(SwiGlu, CpuMatchesRef) {
   }
 }
 
+TEST(SwiGlu, BackwardReadsBf16SavedActivations) {
+  SEED_TRACE();
+  const int64_t n = 33, f = 70;
+  OwnedTensor g = random_tensor(DType::kBF16, {n, f}, 260, -8, 8);
+  OwnedTensor u = random_tensor(DType::kBF16, {n, f}, 261, -2, 2);
+  OwnedTensor dh = random_tensor(DType::kF32, {n, f}, 262);
+  // The reference runs in f64 on the same bf16-rounded values, so only the f32 arithmetic of the
+  // fast path differs: the 1e-6 bound of CpuMatchesRef applies.
+  OwnedTensor g64 = clone(g, DType::kF64), u64 = clone(u, DType::kF64), dh64 = clone(dh, DType::kF64);
+  OwnedTensor dg(DType::kF32, {n, f}), du(DType::kF32, {n, f}), dgr(DType::kF32, {n, f}), dur(DType::kF32, {n, f});
+  OwnedTensor dg64(DType::kF64, {n, f}), du64(DType::kF64, {n, f});
+  poison(dg), poison(du), poison(dgr), poison(dur);
+  cpu::swiglu_bwd(dh, g, u, dg, du);
+  ref::swiglu_bwd(dh, g, u, dgr, dur);
+  ref::swiglu_bwd(dh64, g64, u64, dg64, du64);
+  EXPECT_LT(rel_error(dg, dg64), 1e-6);
+  EXPECT_LT(rel_error(du, du64), 1e-6);
+  EXPECT_LT(rel_error(dgr, dg64), 1e-6);
+  EXPECT_LT(rel_error(dur, du64), 1e-6);
+  OwnedTensor bad(DType::kF64, {n, f});
+  EXPECT_THROW(cpu::swiglu_bwd(bad, g, u, dg, du), Error);
+}
+
 TEST(SwiGlu, RefGradientsMatchFiniteDifferences) {
   SEED_TRACE();
   OwnedTensor g = random_tensor(DType::kF64, {3, 5}, 250, -4, 4);

@@ -194,6 +194,16 @@ TEST_F(MoeRoutingTest, GatherCombineAndTheirBackwardsMatchFiniteDifferences) {
   cpu::fill(dx32, 0.0);
   cpu::moe_gather_bwd(test::clone(rr, DType::kF32), pos, dx32);
   EXPECT_LT(rel_error(dx32, dx), 1e-6);
+  // bf16-saved expert outputs (bf16 mode): compare with the f64 reference on the same rounded ys.
+  OwnedTensor ys16 = test::clone(ys, DType::kBF16), ys16_64 = test::clone(ys16, DType::kF64);
+  for (auto* t : {&dys32, &dw32}) test::poison(*t);
+  cpu::moe_combine_bwd(r32, ys16, pos, w32, dys32, dw32);
+  ref::moe_combine_bwd(r, ys16_64, pos, w, dys, dw);
+  EXPECT_LT(rel_error(dys32, dys), 1e-6);
+  EXPECT_LT(rel_error(dw32, dw), 1e-6);
+  OwnedTensor dw32r(DType::kF32, {T, K}), dys32r(DType::kF32, {R, D});
+  ref::moe_combine_bwd(r32, ys16, pos, w32, dys32r, dw32r);
+  EXPECT_LT(rel_error(dw32r, dw), 1e-6);
 }
 
 TEST_F(MoeRoutingTest, LoadBalanceLossIsOneAtBalanceAndItsGradientMatchesFiniteDifferences) {

@@ -295,10 +295,12 @@ void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_po
                      const Tensor& weights, const Tensor& dys, const Tensor& dweights) {
   const int64_t T = dout.rows(), D = dout.cols(), K = weights.cols();
   check_shape(dweights, {T, K}, "moe_combine_bwd dweights");
-  dispatch_real(dout.dtype, __func__, [&](auto zero) {
+  // ys may be stored in bf16 (bf16 mode's saved expert outputs); gradients stay in F.
+  auto run = [&](auto zero, auto ys_zero) {
     using F = decltype(zero);
+    using Y = decltype(ys_zero);
     const F* g = dout.as<F>();
-    const F* y = ys.as<F>();
+    const Y* y = ys.as<Y>();
     const F* w = weights.as<F>();
     const int32_t* pos = slot_pos.as<int32_t>();
     F* dy = dys.as<F>();
@@ -312,11 +314,17 @@ void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_po
 #pragma omp simd reduction(+ : dot)
         for (int64_t d = 0; d < D; ++d) {
           dy[p * D + d] = wt * g[t * D + d];
-          dot += g[t * D + d] * y[p * D + d];
+          dot += g[t * D + d] * static_cast<F>(to_float(y[p * D + d]));
         }
         dw[t * K + j] = dot;
       }
-  });
+  };
+  if (ys.dtype == DType::kBF16) {
+    check_dtype(dout, DType::kF32, "moe_combine_bwd dout");
+    run(float{}, bf16{});
+  } else {
+    dispatch_real(dout.dtype, __func__, [&](auto zero) { run(zero, zero); });
+  }
 }
 
 void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int top_k,

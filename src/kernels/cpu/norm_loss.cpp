@@ -124,29 +124,37 @@ void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h) {
   });
 }
 
+namespace {
+// One element of the SwiGLU backward; G is the stored type of g and u (bf16 in bf16 mode).
+template <class T, class G>
+void swiglu_bwd_loop(const T* pdh, const G* pg, const G* pu, T* pdg, T* pdu, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const T gi = static_cast<T>(to_float(pg[i])), ui = static_cast<T>(to_float(pu[i])), dhi = pdh[i];
+    const T e = fast_exp(-gi);
+    const T sig = T(1) / (T(1) + e);
+    // 1 - sig = e sig, exact for g > 0 where 1 - sig would cancel (e < 1 there, no overflow).
+    const T one_minus_sig = gi > T(0) ? e * sig : T(1) - sig;
+    const T dsilu = sig * (T(1) + gi * one_minus_sig);
+    pdg[i] = dhi * ui * dsilu;
+    pdu[i] = dhi * (gi * sig);
+  }
+}
+}  // namespace
+
 void swiglu_bwd(const Tensor& dh, const Tensor& g, const Tensor& u, const Tensor& dg,
                 const Tensor& du) {
-  check_args({&dh, &g, &u, &dg, &du}, g.dtype, "swiglu_bwd");
   for (const Tensor* t : {&dh, &u, &dg, &du}) check_same_shape(*t, g, "swiglu_bwd tensors");
+  if (g.dtype == DType::kBF16) {  // saved activations in bf16, gradients in f32
+    check_args({&g, &u}, DType::kBF16, "swiglu_bwd");
+    check_args({&dh, &dg, &du}, DType::kF32, "swiglu_bwd");
+    swiglu_bwd_loop(dh.as<float>(), g.as<bf16>(), u.as<bf16>(), dg.as<float>(), du.as<float>(), g.numel());
+    return;
+  }
+  check_args({&dh, &g, &u, &dg, &du}, g.dtype, "swiglu_bwd");
   dispatch_real(g.dtype, "swiglu_bwd", [&](auto tag) {
     using T = decltype(tag);
-    const T* pdh = dh.as<T>();
-    const T* pg = g.as<T>();
-    const T* pu = u.as<T>();
-    T* pdg = dg.as<T>();
-    T* pdu = du.as<T>();
-    const int64_t n = g.numel();
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) {
-      const T gi = pg[i], dhi = pdh[i];
-      const T e = fast_exp(-gi);
-      const T sig = T(1) / (T(1) + e);
-      // 1 - sig = e sig, exact for g > 0 where 1 - sig would cancel (e < 1 there, no overflow).
-      const T one_minus_sig = gi > T(0) ? e * sig : T(1) - sig;
-      const T dsilu = sig * (T(1) + gi * one_minus_sig);
-      pdg[i] = dhi * pu[i] * dsilu;
-      pdu[i] = dhi * (gi * sig);
-    }
+    swiglu_bwd_loop(dh.as<T>(), g.as<T>(), u.as<T>(), dg.as<T>(), du.as<T>(), g.numel());
   });
 }
 

@@ -145,27 +145,37 @@ void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h) {
   });
 }
 
+namespace {
+template <class T, class G>
+void swiglu_bwd_loop(const T* pdh, const G* pg, const G* pu, T* pdg, T* pdu, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T gi = static_cast<T>(to_float(pg[i])), ui = static_cast<T>(to_float(pu[i]));
+    const T sig = T(1) / (T(1) + std::exp(-gi));
+    const T silu = gi * sig;
+    const T dsilu = sig * (T(1) + gi * (T(1) - sig));
+    pdg[i] = pdh[i] * ui * dsilu;
+    pdu[i] = pdh[i] * silu;
+  }
+}
+}  // namespace
+
+// g and u may be bf16 (saved activations of bf16 mode); dh, dg, du are then f32.
 void swiglu_bwd(const Tensor& dh, const Tensor& g, const Tensor& u, const Tensor& dg,
                 const Tensor& du) {
   for (const Tensor* t : {&dh, &g, &u, &dg, &du}) {
     check_host(*t, "swiglu_bwd tensor");
     check_same_shape(*t, g, "swiglu_bwd tensors");
-    check_dtype(*t, g.dtype, "swiglu_bwd tensor");
   }
+  if (g.dtype == DType::kBF16) {
+    check_dtype(u, DType::kBF16, "swiglu_bwd u");
+    for (const Tensor* t : {&dh, &dg, &du}) check_dtype(*t, DType::kF32, "swiglu_bwd gradient");
+    swiglu_bwd_loop(dh.as<float>(), g.as<bf16>(), u.as<bf16>(), dg.as<float>(), du.as<float>(), g.numel());
+    return;
+  }
+  for (const Tensor* t : {&dh, &u, &dg, &du}) check_dtype(*t, g.dtype, "swiglu_bwd tensor");
   dispatch_real(g.dtype, "swiglu_bwd", [&](auto tag) {
     using T = decltype(tag);
-    const T* pdh = dh.as<T>();
-    const T* pg = g.as<T>();
-    const T* pu = u.as<T>();
-    T* pdg = dg.as<T>();
-    T* pdu = du.as<T>();
-    for (int64_t i = 0; i < g.numel(); ++i) {
-      const T sig = T(1) / (T(1) + std::exp(-pg[i]));
-      const T silu = pg[i] * sig;
-      const T dsilu = sig * (T(1) + pg[i] * (T(1) - sig));
-      pdg[i] = pdh[i] * pu[i] * dsilu;
-      pdu[i] = pdh[i] * silu;
-    }
+    swiglu_bwd_loop(dh.as<T>(), g.as<T>(), u.as<T>(), dg.as<T>(), du.as<T>(), g.numel());
   });
 }
 
