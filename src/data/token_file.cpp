@@ -18,6 +18,10 @@ TokenFile::TokenFile(const std::string& path, const std::string& dtype, int64_t 
   elem_size_ = dtype == "uint16" ? 2 : 4;
   int fd = ::open(path.c_str(), O_RDONLY);
   MOE_CHECK(fd >= 0, "cannot open token file '", path, "': ", std::strerror(errno));
+  struct CloseOnExit {  // every error below throws: the descriptor must not leak (found by fuzzing)
+    int fd;
+    ~CloseOnExit() { ::close(fd); }
+  } closer{fd};
   struct stat st {};
   ::fstat(fd, &st);
   bytes_ = static_cast<size_t>(st.st_size);
@@ -29,6 +33,8 @@ TokenFile::TokenFile(const std::string& path, const std::string& dtype, int64_t 
       const size_t len = head[6] == 1 ? static_cast<size_t>(head[8] | (head[9] << 8)) : 0;
       header = 10 + len;
       MOE_CHECK(head[6] == 1, "'", path, "': only .npy version 1 headers are supported");
+      MOE_CHECK(header <= bytes_, "'", path, "': .npy header of ", header, " bytes exceeds the file (",
+                bytes_, " bytes)");
     }
   }
   MOE_CHECK((bytes_ - header) % static_cast<size_t>(elem_size_) == 0, "token file '", path, "' has ",
@@ -37,12 +43,9 @@ TokenFile::TokenFile(const std::string& path, const std::string& dtype, int64_t 
   num_tokens_ = static_cast<int64_t>((bytes_ - header) / static_cast<size_t>(elem_size_));
   if (bytes_ > 0) {
     void* p = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-    ::close(fd);
     MOE_CHECK(p != MAP_FAILED, "cannot map token file '", path, "'");
     data_ = static_cast<const unsigned char*>(p) + header;
     header_ = header;
-  } else {
-    ::close(fd);
   }
 }
 
