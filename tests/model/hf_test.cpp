@@ -78,22 +78,33 @@ TEST(Sha256, KnownAnswers) {
 }
 
 TEST(HfExport, ReexportsTheRecordedBytes) {
-  const ModelConfig c = fixture_config();
-  const std::vector<float> params = load_our_params(kFixture, c);
   const auto rec = recorded();
-  for (const std::string dtype : {"f32", "bf16"}) {
-    const std::string dir = tmp("export_" + dtype);
-    export_hf(c, params.data(), dir, dtype);
-    EXPECT_EQ(sha256_file(dir + "/config.json"), rec[dtype]["config.json"].get<std::string>()) << dtype;
-    EXPECT_EQ(sha256_file(dir + "/model.safetensors"), rec[dtype]["model.safetensors"].get<std::string>()) << dtype;
-    // exporting twice gives the same bytes
-    export_hf(c, params.data(), dir + "_again", dtype);
-    EXPECT_EQ(read_file(dir + "/model.safetensors"), read_file(dir + "_again/model.safetensors"));
-    // the logits of this export in transformers were checked against the fixture's when recorded
-    EXPECT_LT(rec[dtype]["max_rel_logit_diff"].get<double>(), dtype == "f32" ? 1e-5 : 5e-2);
+  for (const std::string fixture : {"olmoe_pre", "olmoe_topk"}) {  // olmoe_topk: tied, norm_topk_prob
+    const std::string path = kGolden + fixture + ".safetensors";
+    const ModelConfig c = config_from_json(SafetensorsFile(path).meta("config")).model;
+    const std::vector<float> params = load_our_params(path, c);
+    for (const std::string dtype : {"f32", "bf16"}) {
+      SCOPED_TRACE(fixture + " " + dtype);
+      const auto& r = rec[fixture][dtype];
+      const std::string dir = tmp("export_" + fixture + "_" + dtype);
+      export_hf(c, params.data(), dir, dtype);
+      EXPECT_EQ(sha256_file(dir + "/config.json"), r["config.json"].get<std::string>());
+      EXPECT_EQ(sha256_file(dir + "/model.safetensors"), r["model.safetensors"].get<std::string>());
+      // exporting twice gives the same bytes
+      export_hf(c, params.data(), dir + "_again", dtype);
+      EXPECT_EQ(read_file(dir + "/model.safetensors"), read_file(dir + "_again/model.safetensors"));
+      // this export's logits in transformers were checked against the fixture's when recorded
+      EXPECT_LT(r["max_rel_logit_diff"].get<double>(), dtype == "f32" ? 1e-5 : 5e-2);
+      // export -> import -> export: identical bytes
+      const HfModel m = import_hf(dir);
+      export_hf(m.config, m.params.data(), dir + "_rt", dtype);
+      EXPECT_EQ(read_file(dir + "/model.safetensors"), read_file(dir + "_rt/model.safetensors"));
+      EXPECT_EQ(read_file(dir + "/config.json"), read_file(dir + "_rt/config.json"));
+    }
   }
+  EXPECT_FALSE(SafetensorsFile(tmp("export_olmoe_topk_f32") + "/model.safetensors").contains("lm_head.weight"));
   // per-expert keys as published OLMoE checkpoints
-  SafetensorsFile st(tmp("export_f32") + "/model.safetensors");
+  SafetensorsFile st(tmp("export_olmoe_pre_f32") + "/model.safetensors");
   EXPECT_TRUE(st.contains("model.layers.1.mlp.experts.7.gate_proj.weight"));
   EXPECT_EQ(st.entry("model.layers.1.mlp.experts.7.down_proj.weight").shape, (std::vector<int64_t>{32, 16}));
   EXPECT_EQ(st.entry("model.layers.0.mlp.gate.weight").shape, (std::vector<int64_t>{8, 32}));
@@ -151,19 +162,8 @@ TEST(HfImport, ImportExportRoundTripsExactly) {
   HfModel fused = import_hf(kGolden + "hf/fused");
   const std::string a = tmp("rt_fused");
   export_hf(fused.config, fused.params.data(), a, "f32");
-  EXPECT_EQ(sha256_file(a + "/model.safetensors"), rec["f32"]["model.safetensors"].get<std::string>());
-  EXPECT_EQ(sha256_file(a + "/config.json"), rec["f32"]["config.json"].get<std::string>());
-  // export -> import -> export, f32 and bf16: identical bytes
-  for (const std::string dtype : {"f32", "bf16"}) {
-    const ModelConfig c = fixture_config();
-    const std::vector<float> params = load_our_params(kFixture, c);
-    const std::string d1 = tmp("rt1_" + dtype), d2 = tmp("rt2_" + dtype);
-    export_hf(c, params.data(), d1, dtype);
-    const HfModel m = import_hf(d1);
-    export_hf(m.config, m.params.data(), d2, dtype);
-    EXPECT_EQ(read_file(d1 + "/model.safetensors"), read_file(d2 + "/model.safetensors")) << dtype;
-    EXPECT_EQ(read_file(d1 + "/config.json"), read_file(d2 + "/config.json")) << dtype;
-  }
+  EXPECT_EQ(sha256_file(a + "/model.safetensors"), rec["olmoe_pre"]["f32"]["model.safetensors"].get<std::string>());
+  EXPECT_EQ(sha256_file(a + "/config.json"), rec["olmoe_pre"]["f32"]["config.json"].get<std::string>());
   // save_pretrained bf16 -> our params file -> export bf16 -> import: same parameters
   HfModel sp = import_hf(kGolden + "hf/save_pretrained");
   const std::string ours = tmp("ours.safetensors");

@@ -1,6 +1,6 @@
 """Checks `moecore export-hf` against transformers and writes the Hugging Face fixtures.
 
-1. Exports tests/golden/olmoe_pre.safetensors' parameters with `moecore export-hf` (f32 and bf16),
+1. Exports the parameters of tests/golden/olmoe_pre.safetensors and olmoe_topk.safetensors with `moecore export-hf` (f32 and bf16),
    loads each with OlmoeForCausalLM.from_pretrained, checks every tensor equals the fixture's
    parameter rounded to that dtype, and compares transformers' logits on the fixture's tokens with
    the fixture's step0 logits (float64, which moecore's golden test matches to 1e-10 on the f64
@@ -8,6 +8,7 @@
 2. Records the SHA-256 of the exported files and the logit differences in tests/golden/hf_export.json
    (hf_test re-exports in CI and must produce exactly those bytes).
 3. Writes checkpoints for import tests under tests/golden/hf/:
+   (both from olmoe_pre's parameters)
    save_pretrained/: transformers' own save_pretrained in bf16, sharded with a tiny max_shard_size;
    fused/: the model's state_dict as-is (fused experts.gate_up_proj (E, 2F, D), experts.down_proj).
 
@@ -27,7 +28,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FIXTURE = os.path.join(ROOT, "tests/golden/olmoe_pre.safetensors")
+# The OLMoE-expressible golden fixtures (olmoe_topk: tied embeddings, norm_topk_prob).
+FIXTURES = ["olmoe_pre", "olmoe_topk"]
 
 
 def sha256(path):
@@ -59,47 +61,50 @@ def main():
     args = ap.parse_args()
     from transformers import OlmoeForCausalLM
 
-    f = safe_open(FIXTURE, "pt")
-    cfg = json.loads(f.metadata()["config"])["model"]
-    ids = f.get_tensor("ids").long()
-    ref_logits = f.get_tensor("step0.logits")
-    params = {k[len("param."):]: f.get_tensor(k) for k in f.keys() if k.startswith("param.")}
-    names = hf_name_map(cfg)
-
     tmp = tempfile.mkdtemp()
-    record = {"source": "tests/golden/olmoe_pre.safetensors (param.*)",
-              "command": "moecore export-hf --from tests/golden/olmoe_pre.safetensors --out DIR --dtype DTYPE",
+    record = {"command": "moecore export-hf --from tests/golden/FIXTURE.safetensors --out DIR --dtype DTYPE",
               "transformers": __import__("transformers").__version__, "torch": torch.__version__}
     ok = True
     models = {}
-    for dtype, tdt in [("f32", torch.float32), ("bf16", torch.bfloat16)]:
-        out = os.path.join(tmp, dtype)
-        subprocess.run([args.moecore, "export-hf", "--from", FIXTURE, "--out", out, "--dtype", dtype], check=True)
-        # every exported tensor is the fixture's parameter rounded to dtype
-        with safe_open(os.path.join(out, "model.safetensors"), "pt") as st:
-            keys = set(st.keys())
-            want = set()
-            for ours, hf in names.items():
-                hfs = hf if isinstance(hf, list) else [hf]
-                want |= set(hfs)
-                got = torch.stack([st.get_tensor(k) for k in hfs]) if isinstance(hf, list) else st.get_tensor(hf)
-                if not torch.equal(got, params[ours].to(tdt)):
-                    print(f"{dtype}: {ours} differs from the fixture parameter rounded to {tdt}")
+    for fixture in FIXTURES:
+        path = os.path.join(ROOT, "tests/golden", fixture + ".safetensors")
+        f = safe_open(path, "pt")
+        cfg = json.loads(f.metadata()["config"])["model"]
+        ids = f.get_tensor("ids").long()
+        ref_logits = f.get_tensor("step0.logits")
+        params = {k[len("param."):]: f.get_tensor(k) for k in f.keys() if k.startswith("param.")}
+        names = hf_name_map(cfg)
+        record[fixture] = {}
+        for dtype, tdt in [("f32", torch.float32), ("bf16", torch.bfloat16)]:
+            out = os.path.join(tmp, fixture + "_" + dtype)
+            subprocess.run([args.moecore, "export-hf", "--from", path, "--out", out, "--dtype", dtype], check=True)
+            # every exported tensor is the fixture's parameter rounded to dtype
+            with safe_open(os.path.join(out, "model.safetensors"), "pt") as st:
+                keys = set(st.keys())
+                want = set()
+                for ours, hf in names.items():
+                    hfs = hf if isinstance(hf, list) else [hf]
+                    want |= set(hfs)
+                    got = torch.stack([st.get_tensor(k) for k in hfs]) if isinstance(hf, list) else st.get_tensor(hf)
+                    if not torch.equal(got, params[ours].to(tdt)):
+                        print(f"{fixture} {dtype}: {ours} differs from the fixture parameter rounded to {tdt}")
+                        ok = False
+                if keys != want:
+                    print(f"{fixture} {dtype}: key sets differ: {sorted(keys ^ want)}")
                     ok = False
-            if keys != want:
-                print(f"{dtype}: key sets differ: {sorted(keys ^ want)}")
-                ok = False
-        model = OlmoeForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
-        models[dtype] = model
-        with torch.no_grad():
-            logits = model(ids).logits.double()
-        diff = (logits - ref_logits).abs().max().item()
-        rel = diff / ref_logits.abs().max().item()
-        print(f"{dtype}: max |logits(transformers, export) - logits(fixture)| = {diff:.3e} (relative {rel:.3e})")
-        record[dtype] = {"config.json": sha256(os.path.join(out, "config.json")),
-                         "model.safetensors": sha256(os.path.join(out, "model.safetensors")),
-                         "max_abs_logit_diff": diff, "max_rel_logit_diff": rel}
-    ok &= record["f32"]["max_rel_logit_diff"] < 1e-5 and record["bf16"]["max_rel_logit_diff"] < 5e-2
+            model = OlmoeForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+            if fixture == FIXTURES[0]:
+                models[dtype] = model
+            with torch.no_grad():
+                logits = model(ids).logits.double()
+            diff = (logits - ref_logits).abs().max().item()
+            rel = diff / ref_logits.abs().max().item()
+            print(f"{fixture} {dtype}: max |logits(transformers, export) - logits(fixture)| = {diff:.3e} "
+                  f"(relative {rel:.3e})")
+            record[fixture][dtype] = {"config.json": sha256(os.path.join(out, "config.json")),
+                                      "model.safetensors": sha256(os.path.join(out, "model.safetensors")),
+                                      "max_abs_logit_diff": diff, "max_rel_logit_diff": rel}
+            ok &= rel < (1e-5 if dtype == "f32" else 5e-2)
     print(json.dumps(record, indent=2))
     if not ok:
         sys.exit("check failed")
