@@ -12,6 +12,7 @@
 #include "core/bf16.h"
 #include "core/check.h"
 #include "model/params.h"
+#include "model/transformer.h"
 
 namespace moe {
 namespace {
@@ -218,6 +219,29 @@ void export_hf(const ModelConfig& c, const float* params, const std::string& out
   MOE_CHECK(fs::is_directory(out_dir), "cannot create directory '", out_dir, "'");
   write_text(out_dir + "/config.json", config_text);
   write_safetensors(out_dir + "/model.safetensors", std::move(tensors), {{"format", "pt"}});
+}
+
+void export_hf(const Transformer& model, const std::string& out_dir, const std::string& dtype) {
+  Transformer& m = const_cast<Transformer&>(model);  // params() has no const overload; we only read
+  const Tensor flat = m.params().flat;
+  if (flat.dtype == DType::kF32) return export_hf(model.config(), static_cast<const float*>(flat.data), out_dir, dtype);
+  MOE_CHECK(flat.dtype == DType::kF64, "export_hf: master parameters must be f32 or f64");
+  std::vector<float> f32(static_cast<size_t>(flat.numel()));
+  for (size_t i = 0; i < f32.size(); ++i) f32[i] = static_cast<float>(static_cast<const double*>(flat.data)[i]);
+  export_hf(model.config(), f32.data(), out_dir, dtype);
+}
+
+void load_into(const std::vector<float>& params, Transformer& model) {
+  const Tensor flat = model.params().flat;
+  MOE_CHECK(static_cast<int64_t>(params.size()) == flat.numel(), "load_into: ", params.size(),
+            " parameters for a model of ", flat.numel(), " (different configs?)");
+  if (flat.dtype == DType::kF32) {
+    std::memcpy(flat.data, params.data(), params.size() * sizeof(float));
+  } else {
+    MOE_CHECK(flat.dtype == DType::kF64, "load_into: master parameters must be f32 or f64");
+    for (size_t i = 0; i < params.size(); ++i) static_cast<double*>(flat.data)[i] = params[i];
+  }
+  model.refresh_operand_weights();
 }
 
 ModelConfig model_config_from_hf_json(const std::string& text) {

@@ -27,6 +27,12 @@ std::string hf_config_json(const ModelConfig& config, const std::string& dtype);
 void export_hf(const ModelConfig& config, const float* params, const std::string& out_dir,
                const std::string& dtype = "f32");
 
+class Transformer;
+// The same from a live model's master parameters (f32 or f64 compute dtype).
+void export_hf(const Transformer& model, const std::string& out_dir, const std::string& dtype = "f32");
+// Copies imported parameters into a model of the same config (then refreshes its bf16 copies).
+void load_into(const std::vector<float>& params, Transformer& model);
+
 // Our ModelConfig from an OLMoE config.json text; refuses fields and values we cannot express,
 // naming the field.
 ModelConfig model_config_from_hf_json(const std::string& json_text);
