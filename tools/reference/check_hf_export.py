@@ -92,7 +92,12 @@ def main():
                 if keys != want:
                     print(f"{fixture} {dtype}: key sets differ: {sorted(keys ^ want)}")
                     ok = False
-            model = OlmoeForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+            model, info = OlmoeForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager",
+                                                           output_loading_info=True)
+            model.eval()
+            if any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")):
+                print(f"{fixture} {dtype}: loading info {info}")
+                ok = False
             if fixture == FIXTURES[0]:
                 models[dtype] = model
             with torch.no_grad():
