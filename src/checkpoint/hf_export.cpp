@@ -380,6 +380,7 @@ HfModel import_hf(const std::string& dir) {
   const auto targets = hf_targets(c, layout);
   std::map<std::string, int64_t> covered;  // our parameter -> elements written
   std::map<std::string, std::string> seen;  // HF key -> file
+  std::vector<float> tied_head;
   for (const std::string& f : files) {
     SafetensorsFile st(dir + "/" + f);
     for (const auto& [key, e] : st.entries()) {
@@ -391,7 +392,13 @@ HfModel import_hf(const std::string& dir) {
         MOE_CHECK(it != index_of.end() && it->second == f, "'", dir + "/" + f, "' holds '", key,
                   "', which the index places ", it == index_of.end() ? std::string("nowhere") : "in '" + it->second + "'");
       }
-      if (key == "lm_head.weight" && c.tie_embeddings) continue;  // tied: the embedding is the head
+      if (key == "lm_head.weight" && c.tie_embeddings) {  // tied: must equal the embedding (checked below)
+        MOE_CHECK(e.shape == layout.find("embed").shape, "'", dir + "/", f, "': tied lm_head.weight has shape ",
+                  shape_str(e.shape), ", expected ", shape_str(layout.find("embed").shape));
+        OwnedTensor v = st.read(key, DType::kF32);
+        tied_head.assign(v.as<float>(), v.as<float>() + v.t.numel());
+        continue;
+      }
       auto t = targets.find(key);
       MOE_CHECK(t != targets.end(), "'", dir + "/", f, "': unexpected tensor '", key,
                 "' (not part of OlmoeForCausalLM with this config.json)");
@@ -416,6 +423,11 @@ HfModel import_hf(const std::string& dir) {
         covered[base + "up"] += tg.E * per;
       }
     }
+  }
+  if (!tied_head.empty()) {
+    const ParamInfo& emb = layout.find("embed");
+    MOE_CHECK(std::memcmp(tied_head.data(), m.params.data() + emb.offset, tied_head.size() * sizeof(float)) == 0,
+              "'", dir, "': tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight");
   }
   for (const auto& [k, f] : index_of)
     MOE_CHECK(seen.count(k), "the index places '", k, "' in '", f, "', which does not hold it");

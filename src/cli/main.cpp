@@ -94,9 +94,12 @@ int run(int argc, char** argv) {
   }
   if (a.command == "export-hf") {
     MOE_CHECK(!a.from.empty() && !a.out.empty(), "export-hf needs --from PARAMS and --out DIR");
-    const moe::ModelConfig model = a.config_path.empty() && a.overrides.empty()
-                                       ? moe::config_from_json(moe::SafetensorsFile(a.from).meta("config")).model
-                                       : resolve(a).model;
+    // The config: --config FILE, else the one embedded in PARAMS; --set overrides apply to either.
+    const moe::ModelConfig model =
+        a.config_path.empty()
+            ? moe::parse_config(moe::config_to_toml(moe::config_from_json(moe::SafetensorsFile(a.from).meta("config"))),
+                                a.overrides, a.from + " (embedded config)").model
+            : resolve(a).model;
     const std::vector<float> params = moe::load_our_params(a.from, model);
     moe::export_hf(model, params.data(), a.out, a.dtype);
     std::cout << "exported " << a.out << "/config.json and " << a.out << "/model.safetensors (" << a.dtype << ")\n";

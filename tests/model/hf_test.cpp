@@ -12,6 +12,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unistd.h>
 
 #include "checkpoint/hf_export.h"
 #include "checkpoint/safetensors.h"
