@@ -22,7 +22,7 @@ const char* kUsage =
     "  train    [--config FILE] [--set section.key=value ...]   train (embedded default config)\n"
     "  config   [--config FILE] [--set section.key=value ...]   print the resolved config and sizes\n"
     "  prepare  --input TEXT --out DIR                           byte-level token files + bigram entropy\n"
-    "  export-hf --from PARAMS --out DIR [--config FILE] [--dtype f32|bf16]\n"
+    "  export-hf --from PARAMS --out DIR [--config FILE] [--set k=v ...] [--dtype f32|bf16]\n"
     "           OlmoeForCausalLM config.json + model.safetensors from our parameters (a golden\n"
     "           fixture or an import-hf file; config from --config or the file's metadata)\n"
     "  import-hf --from DIR --out PARAMS   a Hugging Face OLMoE checkpoint to our parameters\n"
