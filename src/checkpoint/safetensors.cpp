@@ -1,7 +1,9 @@
 #include "checkpoint/safetensors.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -20,6 +22,15 @@ double load_float(const unsigned char* p, const std::string& dtype) {
   if (dtype == "F64") { double v; std::memcpy(&v, p, 8); return v; }
   if (dtype == "F32") { float v; std::memcpy(&v, p, 4); return v; }
   if (dtype == "BF16") { bf16 v; std::memcpy(&v.bits, p, 2); return static_cast<float>(v); }
+  if (dtype == "F16") {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    const int exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    const double sign = (h & 0x8000) ? -1.0 : 1.0;
+    if (exp == 0) return sign * std::ldexp(man, -24);
+    if (exp == 31) return man ? std::nan("") : sign * HUGE_VAL;
+    return sign * std::ldexp(1024 + man, exp - 25);
+  }
   if (dtype == "I32") { int32_t v; std::memcpy(&v, p, 4); return v; }
   if (dtype == "I64") { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
   MOE_FAIL("unsupported safetensors dtype ", dtype);
@@ -65,6 +76,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     }
     MOE_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
               "'", path, "': tensor '", name, "' lacks dtype, shape or data_offsets");
+    MOE_CHECK(v["dtype"].is_string() && v["shape"].is_array(), "'", path, "': tensor '", name,
+              "' has a non-string dtype or a non-array shape");
     SafetensorsEntry e;
     e.dtype = v["dtype"].get<std::string>();
     const size_t es = element_size(e.dtype);
@@ -76,7 +89,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       numel *= static_cast<size_t>(d.get<int64_t>());
     }
     auto& off = v["data_offsets"];
-    MOE_CHECK(off.is_array() && off.size() == 2, "'", path, "': tensor '", name, "' has bad data_offsets");
+    MOE_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+              "'", path, "': tensor '", name, "' has bad data_offsets (need two non-negative integers)");
     e.begin = off[0].get<size_t>();
     e.end = off[1].get<size_t>();
     MOE_CHECK(e.begin <= e.end && e.end <= data_.size(), "'", path, "': tensor '", name, "' offsets [",
@@ -123,6 +137,40 @@ OwnedTensor SafetensorsFile::read(const std::string& name, DType dtype) const {
     }
   }
   return out;
+}
+
+void write_safetensors(const std::string& path, std::vector<SafetensorsTensorOut> tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  nlohmann::json header = nlohmann::json::object();  // std::map underneath: keys sorted
+  if (!metadata.empty()) {
+    nlohmann::json m = nlohmann::json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    header["__metadata__"] = m;
+  }
+  size_t offset = 0;
+  for (const auto& t : tensors) {
+    MOE_CHECK(t.name != "__metadata__" && !header.contains(t.name), "safetensors writer: duplicate tensor name '",
+              t.name, "'");
+    size_t numel = 1;
+    for (int64_t d : t.shape) numel *= static_cast<size_t>(d);
+    MOE_CHECK(numel * element_size(t.dtype) == t.bytes.size(), "safetensors writer: tensor '", t.name, "' has ",
+              t.bytes.size(), " bytes for its shape and dtype ", t.dtype);
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
+    offset += t.bytes.size();
+  }
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text.push_back(' ');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  MOE_CHECK(out.good(), "cannot write '", path, "'");
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  out.write(reinterpret_cast<const char*>(len), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const auto& t : tensors)
+    out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
+  out.flush();
+  MOE_CHECK(out.good(), "writing '", path, "' failed");
 }
 
 }  // namespace moe

@@ -18,6 +18,18 @@ struct SafetensorsEntry {
   size_t begin = 0, end = 0;  // byte offsets into the data section
 };
 
+// One tensor to write: raw little-endian bytes of dtype ("F32", "BF16", ...) and shape.
+struct SafetensorsTensorOut {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::vector<unsigned char> bytes;
+};
+
+// Writes a safetensors file deterministically: header keys and data in name order, compact JSON,
+// header padded with spaces to a multiple of 8 bytes. Throws naming the path on I/O errors.
+void write_safetensors(const std::string& path, std::vector<SafetensorsTensorOut> tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
@@ -28,6 +40,7 @@ class SafetensorsFile {
   // The tensor converted to dtype (floats: F64/F32/BF16/F16 sources; ints: I32/I64 sources).
   OwnedTensor read(const std::string& name, DType dtype) const;
   std::string meta(const std::string& key) const;
+  const std::string& path() const { return path_; }
 
  private:
   std::string path_;

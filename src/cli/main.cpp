@@ -9,6 +9,8 @@
 #include "cli/default_config.h"
 #include "config/config.h"
 #include "core/check.h"
+#include "checkpoint/hf_export.h"
+#include "checkpoint/safetensors.h"
 #include "data/prepare.h"
 #include "train/train_loop.h"
 
@@ -20,10 +22,14 @@ const char* kUsage =
     "  train    [--config FILE] [--set section.key=value ...]   train (embedded default config)\n"
     "  config   [--config FILE] [--set section.key=value ...]   print the resolved config and sizes\n"
     "  prepare  --input TEXT --out DIR                           byte-level token files + bigram entropy\n"
+    "  export-hf --from PARAMS --out DIR [--config FILE] [--set k=v ...] [--dtype f32|bf16]\n"
+    "           OlmoeForCausalLM config.json + model.safetensors from our parameters (a golden\n"
+    "           fixture or an import-hf file; config from --config or the file's metadata)\n"
+    "  import-hf --from DIR --out PARAMS   a Hugging Face OLMoE checkpoint to our parameters\n"
     "  help\n";
 
 struct Args {
-  std::string command, config_path, input, out;
+  std::string command, config_path, input, out, from, dtype = "f32";
   std::vector<std::string> overrides;
 };
 
@@ -41,7 +47,9 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--set") a.overrides.push_back(value());
     else if (flag == "--input") a.input = value();
     else if (flag == "--out") a.out = value();
-    else MOE_FAIL("unknown option '", flag, "' (allowed: --config, --set, --input, --out)\n", kUsage);
+    else if (flag == "--from") a.from = value();
+    else if (flag == "--dtype") a.dtype = value();
+    else MOE_FAIL("unknown option '", flag, "' (allowed: --config, --set, --input, --out, --from, --dtype)\n", kUsage);
   }
   return a;
 }
@@ -82,6 +90,26 @@ int run(int argc, char** argv) {
               << " tok/s, final train ce " << s.final_train_loss;
     if (s.final_valid_loss >= 0) std::cout << ", validation ce " << s.final_valid_loss;
     std::cout << "\n";
+    return 0;
+  }
+  if (a.command == "export-hf") {
+    MOE_CHECK(!a.from.empty() && !a.out.empty(), "export-hf needs --from PARAMS and --out DIR");
+    // The config: --config FILE, else the one embedded in PARAMS; --set overrides apply to either.
+    const moe::ModelConfig model =
+        a.config_path.empty()
+            ? moe::parse_config(moe::config_to_toml(moe::config_from_json(moe::SafetensorsFile(a.from).meta("config"))),
+                                a.overrides, a.from + " (embedded config)").model
+            : resolve(a).model;
+    const std::vector<float> params = moe::load_our_params(a.from, model);
+    moe::export_hf(model, params.data(), a.out, a.dtype);
+    std::cout << "exported " << a.out << "/config.json and " << a.out << "/model.safetensors (" << a.dtype << ")\n";
+    return 0;
+  }
+  if (a.command == "import-hf") {
+    MOE_CHECK(!a.from.empty() && !a.out.empty(), "import-hf needs --from DIR and --out PARAMS");
+    const moe::HfModel m = moe::import_hf(a.from);
+    moe::save_our_params(a.out, m.config, m.params.data());
+    std::cout << "imported " << a.from << " into " << a.out << " (" << m.params.size() << " floats)\n";
     return 0;
   }
   MOE_FAIL("unknown command '", a.command, "'\n", kUsage);
