@@ -5,9 +5,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/rng.h"
 #include "data/token_file.h"
+#include "train/eval_commands.h"
 #include "train/evaluate.h"
 #include "train/generate.h"
 #include "train/trainer.h"
@@ -135,6 +137,19 @@ TEST(Generate, LearnedRuleSeededAndDeterministic) {
   top1.max_new_tokens = 40;
   EXPECT_EQ(generate(model, B, S, prompt, top1), g) << "top-1 sampling is greedy";
   EXPECT_THROW(generate(model, B, S, {kV}, o), Error);
+}
+
+TEST(EvalCommands, EvalPrintsLossAndPerplexityAndGenerateNeedsBytes) {
+  Trained& t = trained();
+  Config c = t.config;
+  c.data.valid_path = (std::filesystem::temp_directory_path() / "moe_evalgen_valid.bin").string();
+  Trainer trainer(c, *t.ops, DType::kF32);
+  std::ostringstream out;
+  const EvalResult r = run_eval_command(trainer, 2, out);
+  EXPECT_NE(out.str().find("validation loss "), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("perplexity "), std::string::npos) << out.str();
+  EXPECT_GT(r.perplexity, 1.0);
+  EXPECT_THROW(run_generate_command(trainer, "abc", {}, out), Error) << "vocab 64 is not byte-level";
 }
 
 }  // namespace
