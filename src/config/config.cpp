@@ -95,12 +95,18 @@ const std::vector<Field>& fields() {
     add("train", "eval_batches", T(eval_batches), 1, 1e15, {}, "validation micro-batches");
     add("train", "time_limit_s", T(time_limit_s), 0, kInf, {}, "stop after this many seconds (0 = none)");
     add("train", "out_dir", T(out_dir), 0, 0, {}, "metrics and outputs");
+    add("train", "on_nonfinite", T(on_nonfinite), 0, 0, {"stop", "skip"}, "NaN/Inf loss or gradients: stop, or skip the update");
 #undef T
 #define D(name) [](Config& c) -> Ref { return &c.data.name; }
     add("data", "train_path", D(train_path), 0, 0, {}, "training token file");
     add("data", "valid_path", D(valid_path), 0, 0, {}, "validation token file");
     add("data", "token_dtype", D(token_dtype), 0, 0, {"uint16", "uint32"}, "token file element type");
 #undef D
+#define X(name) [](Config& c) -> Ref { return &c.metrics.name; }
+    add("metrics", "peak_tflops", X(peak_tflops), 0, kInf, {}, "peak TFLOP/s for MFU (0 = measured 0.235 fp32 / 0.470 bf16)");
+    add("metrics", "vectors_every", X(vectors_every), 0, 1e15, {}, "steps between per-expert f/P vectors (0 = never)");
+    add("metrics", "gerrymander_window", X(gerrymander_window), 0, 1e9, {}, "token-gerrymandering detector window (0 = off)");
+#undef X
     return f;
   }();
   return table;
@@ -119,7 +125,7 @@ std::string keys_of(const std::string& section) {
   return join(keys);
 }
 
-std::vector<std::string> sections() { return {"model", "loss", "optim", "train", "data"}; }
+std::vector<std::string> sections() { return {"model", "loss", "optim", "train", "data", "metrics"}; }
 
 const Field& find_field(const std::string& section, const std::string& key) {
   bool section_known = false;
@@ -342,6 +348,9 @@ std::string config_to_json(const Config& config) {
 
 void Config::validate() const {
   model.validate();
+  MOE_CHECK(metrics.gerrymander_window == 0 || metrics.gerrymander_window >= 8,
+            "metrics.gerrymander_window = ", metrics.gerrymander_window,
+            " is too short for a trend (0 = off, else at least 8 steps)");
   MOE_CHECK(train.batch_size % train.micro_batch_size == 0, "train.batch_size = ",
             train.batch_size, " is not a multiple of train.micro_batch_size = ",
             train.micro_batch_size);

@@ -85,6 +85,7 @@ struct TrainConfig {
   int64_t eval_batches = 8;
   double time_limit_s = 0;         // stop after this many seconds (0 = no limit)
   std::string out_dir = "runs/default";
+  std::string on_nonfinite = "stop";  // stop | skip: NaN/Inf in the loss or gradients
 };
 
 struct DataConfig {
@@ -93,12 +94,20 @@ struct DataConfig {
   std::string token_dtype = "uint16";  // uint16 | uint32
 };
 
+// Metrics file and warnings (train/metrics.h).
+struct MetricsConfig {
+  double peak_tflops = 0;          // MFU denominator; 0 = this machine's measured peak for the precision
+  int64_t vectors_every = 100;     // steps between per-expert f and P vectors in metrics.jsonl (0 = never)
+  int64_t gerrymander_window = 50; // steps in the token-gerrymandering detector's window (0 = off)
+};
+
 struct Config {
   ModelConfig model;
   LossConfig loss;
   OptimConfig optim;
   TrainConfig train;
   DataConfig data;
+  MetricsConfig metrics;
 
   void validate() const;
 };

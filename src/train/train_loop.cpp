@@ -4,6 +4,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <unistd.h>
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -12,6 +14,8 @@
 #include "data/token_file.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
+#include "train/evaluate.h"
+#include "train/metrics.h"
 #include "train/trainer.h"
 
 namespace moe {
@@ -24,19 +28,7 @@ double now_s() {
 
 // Mean cross-entropy over the first `batches` micro-batches of the validation set (file order).
 double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batches) {
-  const TrainConfig& tc = trainer.config().train;
-  const int64_t B = tc.micro_batch_size, S = tc.seq_len;
-  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S}), sum(DType::kF64, {1});
-  int64_t labeled = 0;
-  for (int64_t m = 0; m < batches; ++m) {
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t index = (m * B + b) % valid.num_instances();
-      valid.instance(index, ids.as<int32_t>() + b * S, labels.as<int32_t>() + b * S);
-    }
-    for (int64_t i = 0; i < B * S; ++i) labeled += labels.as<int32_t>()[i] >= 0;
-    trainer.model().forward_loss(ids, labels, sum);
-  }
-  return sum.as<double>()[0] / static_cast<double>(labeled);
+  return evaluate(trainer.model(), valid, trainer.config().train.micro_batch_size, batches).loss;
 }
 
 }  // namespace
@@ -73,28 +65,54 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
   const double t_start = now_s();
   double t_window = t_start;
   int64_t tokens_window = 0;
-  auto write_metrics = [&](nlohmann::json j) { metrics << j.dump() << "\n" << std::flush; };
+  auto write_metrics = [&](const nlohmann::json& j) { metrics << j.dump() << "\n" << std::flush; };
+  // A live progress line, rewritten in place, when the log is a terminal; plain lines otherwise.
+  const bool live = &log == &std::cout && isatty(STDOUT_FILENO);
+  bool live_shown = false;
+  auto clear_live = [&] {
+    if (live_shown) log << "\r\033[K";
+    live_shown = false;
+  };
+  const double peak = peak_tflops(config);
+  GerrymanderOptions gopt;
+  gopt.window = config.metrics.gerrymander_window;
+  GerrymanderDetector gerrymander(gopt);
 
   for (int64_t step = 1; step <= tc.steps; ++step) {
     fill_batch(train, tc.seed, (step - 1) * tc.batch_size, ids, labels, order, epoch);
+    const double t_step = now_s();
     StepResult r = trainer.step(ids, labels);
     tokens_window += r.tokens;
     summary.steps = step;
-    summary.final_train_loss = r.ce;
+    if (!r.skipped) summary.final_train_loss = r.ce;
     const double t = now_s();
-    nlohmann::json j = {{"step", step}, {"loss", r.total}, {"ce", r.ce}, {"lm_z", r.lm_z},
-                        {"lbl", r.lbl}, {"router_z", r.router_z}, {"grad_norm", r.grad_norm},
-                        {"lr", r.lr}, {"clipped", r.clipped}, {"elapsed_s", t - t_start}};
+    const bool vectors = config.metrics.vectors_every > 0 && step % config.metrics.vectors_every == 0;
+    nlohmann::json j = step_record(r, {t - t_step, t - t_start}, flops_per_token, peak, vectors);
+    j["step"] = step;
     const bool last = step == tc.steps || (tc.time_limit_s > 0 && t - t_start >= tc.time_limit_s);
+    if (r.skipped) {
+      j["skipped_total"] = trainer.skipped_steps();
+      clear_live();
+      log << "step " << step << ": non-finite loss or gradients (first in "
+          << (r.nonfinite_tensor.empty() ? "the loss terms" : r.nonfinite_tensor) << "); update skipped ("
+          << trainer.skipped_steps() << " skipped so far)\n" << std::flush;
+    } else if (!r.counts.empty()) {
+      double worst = 0;
+      for (const auto& c : r.counts) worst = std::max(worst, load_stats(c).max_over_mean);
+      if (auto w = gerrymander.observe(step, sum_of(r.lbl), worst)) {
+        clear_live();
+        log << *w << "\n" << std::flush;
+        j["warning"] = *w;
+      }
+    }
     if (step % tc.log_every == 0 || last) {
       const double tps = static_cast<double>(tokens_window) / (t - t_window);
-      j["tokens_per_s"] = tps;
-      j["tflops"] = tps * flops_per_token / 1e12;
-      j["counts"] = r.counts;
+      clear_live();
       log << "step " << step << "/" << tc.steps << std::fixed << std::setprecision(4) << " | loss "
           << r.total << " | ce " << r.ce << " | grad " << r.grad_norm << std::scientific
           << std::setprecision(2) << " | lr " << r.lr << std::fixed << std::setprecision(0) << " | "
-          << tps << " tok/s" << std::setprecision(1) << " | " << t - t_start << " s\n" << std::flush;
+          << tps << " tok/s" << std::setprecision(3) << " | MFU " << tps * flops_per_token / 1e12 / peak
+          << std::setprecision(1) << " | " << t - t_start << " s\n" << std::flush;
       t_window = t;
       tokens_window = 0;
     }
@@ -102,11 +120,24 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
       const double vl = validation_loss(trainer, *valid, tc.eval_batches);
       summary.final_valid_loss = vl;
       j["valid_ce"] = vl;
+      clear_live();
       log << "  validation ce " << std::setprecision(4) << vl << " nats/token\n" << std::flush;
+    }
+    if (live && !last) {
+      Progress p;
+      p.step = step;
+      p.total = tc.steps;
+      p.loss = r.total;
+      p.tokens_per_s = static_cast<double>(summary.steps * r.tokens) / (t - t_start);
+      p.eta_s = eta_seconds(step, tc.steps, t - t_start, tc.time_limit_s);
+      log << "\r" << format_progress(p) << "\033[K" << std::flush;
+      live_shown = true;
     }
     write_metrics(j);
     if (last) break;
   }
+  clear_live();
+  if (trainer.skipped_steps() > 0) log << trainer.skipped_steps() << " steps skipped for non-finite values\n";
   summary.seconds = now_s() - t_start;
   summary.tokens_per_s = static_cast<double>(summary.steps * tc.batch_size * tc.seq_len) / summary.seconds;
   return summary;

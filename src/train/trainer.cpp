@@ -31,8 +31,43 @@ double total_loss(const LossConfig& loss, const StepResult& r) {
 
 StepResult Trainer::step(const Tensor& ids, const Tensor& labels) {
   StepResult r = compute_gradients(ids, labels);
-  apply_update(r);
+  finish_step(r);
   return r;
+}
+
+namespace {
+// Element i of a float tensor (f32, f64 or bf16) as double.
+double read_real(const Tensor& t, int64_t i) {
+  if (t.dtype == DType::kF64) return t.as<double>()[i];
+  MOE_CHECK(t.dtype == DType::kF32, "read_real: expected an f32 or f64 tensor");
+  return t.as<float>()[i];
+}
+}  // namespace
+
+std::string Trainer::first_nonfinite_grad() {
+  // The gradient buffer lives in host memory on the cpu and ref backends.
+  const Tensor& flat = model_->grads().flat;
+  for (const ParamInfo& p : model_->layout().entries())
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i)
+      if (!std::isfinite(read_real(flat, i))) return p.name;
+  return "";
+}
+
+bool Trainer::finish_step(StepResult& r) {
+  if (r.finite) {
+    apply_update(r);
+    return true;
+  }
+  const std::string where = r.nonfinite_tensor.empty()
+                                ? std::string("the loss terms (all gradients finite)")
+                                : "gradient of '" + r.nonfinite_tensor + "' (first offending tensor)";
+  MOE_CHECK(config_.train.on_nonfinite == "skip", "non-finite values at step ", r.step, ": loss = ", r.total,
+            ", grad norm = ", r.grad_norm, ", first in ", where,
+            " (no update applied; train.on_nonfinite = \"skip\" skips such steps)");
+  r.skipped = true;
+  r.lr = learning_rate(config_.optim, config_.train.steps, r.step);
+  ++skipped_steps_;
+  return false;
 }
 
 StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels) {
@@ -69,14 +104,18 @@ StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels) {
     r.router_z.push_back(v[2 + nm + i]);
     const int32_t* c = stats_.counts[static_cast<size_t>(i)].as<int32_t>();
     r.counts.emplace_back(c, c + config_.model.num_experts);
+    const Tensor& p = stats_.mean_prob[static_cast<size_t>(i)].t;
+    std::vector<double> probs(static_cast<size_t>(config_.model.num_experts));
+    for (int64_t e = 0; e < config_.model.num_experts; ++e) probs[static_cast<size_t>(e)] = read_real(p, e);
+    r.mean_prob.push_back(std::move(probs));
   }
   r.total = total_loss(config_.loss, r);
 
   ops_.fill(norm_acc_.t, 0.0);
   ops_.sumsq_to(model_->grads().flat, norm_acc_.t);
   r.grad_norm = std::sqrt(norm_acc_.as<double>()[0]);
-  MOE_CHECK(std::isfinite(r.total) && std::isfinite(r.grad_norm), "non-finite values at step ", r.step,
-            ": loss = ", r.total, ", grad norm = ", r.grad_norm, " (no update applied)");
+  r.finite = std::isfinite(r.total) && std::isfinite(r.grad_norm);
+  if (!r.finite) r.nonfinite_tensor = first_nonfinite_grad();
   return r;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "config/config.h"
@@ -18,10 +19,15 @@ struct StepResult {
   double ce = 0, lm_z = 0;
   std::vector<double> lbl, router_z;           // per MoE layer (unweighted)
   std::vector<std::vector<int32_t>> counts;    // per MoE layer, tokens per expert this step
+  std::vector<std::vector<double>> mean_prob;  // per MoE layer, mean router probability per expert
+                                               // (token-weighted over the step's micro-batches)
   double grad_norm = 0;     // before clipping
   double lr = 0;
   bool clipped = false;
   int64_t loss_tokens = 0, tokens = 0;
+  bool finite = true;            // loss and grad norm finite
+  std::string nonfinite_tensor;  // first parameter (layout order) with a NaN/Inf gradient, if any
+  bool skipped = false;          // non-finite with train.on_nonfinite = "skip": no update applied
 };
 
 class Trainer {
@@ -32,10 +38,18 @@ class Trainer {
   AdamW& optimizer() { return *optim_; }
   const Config& config() const { return config_; }
   // ids, labels: (batch_size, seq_len) i32 for the whole step; labels < 0 carry no loss.
-  // step() = compute_gradients() + apply_update(); tests look at the gradients in between.
+  // step() = compute_gradients() + finish_step(); tests look at the gradients in between.
   StepResult step(const Tensor& ids, const Tensor& labels);
   // Forward + backward over all micro-batches: losses, gradients (unclipped) and grad norm.
+  // A non-finite loss or grad norm sets r.finite = false and r.nonfinite_tensor (no throw).
   StepResult compute_gradients(const Tensor& ids, const Tensor& labels);
+  // Finite: apply_update(r). Non-finite: train.on_nonfinite = "stop" throws naming the step and
+  // the first offending tensor; "skip" leaves parameters and optimizer state untouched, sets
+  // r.skipped and counts it. Returns whether an update was applied.
+  bool finish_step(StepResult& r);
+  // Name of the first parameter (ParamLayout order) whose gradient holds a NaN or Inf; "" if none.
+  std::string first_nonfinite_grad();
+  int64_t skipped_steps() const { return skipped_steps_; }
   // Clipping, LR, AdamW, loss-free bias update, bf16 weight refresh.
   void apply_update(StepResult& r);
   int64_t steps_taken() const { return optim_->steps_taken(); }
@@ -47,6 +61,7 @@ class Trainer {
   std::unique_ptr<AdamW> optim_;
   StepStats stats_;
   OwnedTensor norm_acc_;  // (1) f64
+  int64_t skipped_steps_ = 0;
 };
 
 // Total of the loss terms with the configured coefficients.

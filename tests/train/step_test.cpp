@@ -218,7 +218,74 @@ TEST(Step, NonFiniteLossIsCaughtAndNamesTheStep) {
     trainer.step(ids, labels);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("non-finite values at step 1"), std::string::npos) << e.what();
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("non-finite values at step 1"), std::string::npos) << msg;
+    const std::string name = trainer.first_nonfinite_grad();
+    ASSERT_FALSE(name.empty());
+    EXPECT_NE(msg.find("'" + name + "' (first offending tensor)"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(trainer.steps_taken(), 0);
+}
+
+TEST(Step, FirstNonFiniteGradientIsNamedInLayoutOrder) {
+  Config c = small_config();
+  std::unique_ptr<Backend> ops = make_backend("cpu");
+  Trainer trainer(c, *ops, DType::kF32);
+  OwnedTensor ids, labels;
+  synthetic_batch(4, c.train.seq_len, c.model.vocab_size, 1, 0, ids, labels);
+  StepResult r = trainer.compute_gradients(ids, labels);
+  EXPECT_TRUE(r.finite);
+  EXPECT_EQ(trainer.first_nonfinite_grad(), "");
+  const auto& entries = trainer.model().layout().entries();
+  ASSERT_GT(entries.size(), 6u);
+  float* g = trainer.model().grads().flat.as<float>();
+  g[entries[6].offset + entries[6].numel - 1] = INFINITY;  // last element of a later tensor
+  g[entries[3].offset + 1] = std::nanf("");
+  EXPECT_EQ(trainer.first_nonfinite_grad(), entries[3].name);
+}
+
+TEST(Step, NonFiniteStepIsSkippedWhenConfigured) {
+  Config c = small_config();
+  c.train.on_nonfinite = "skip";
+  std::unique_ptr<Backend> ops = make_backend("cpu");
+  Trainer trainer(c, *ops, DType::kF32);
+  OwnedTensor ids, labels;
+  synthetic_batch(4, c.train.seq_len, c.model.vocab_size, 1, 0, ids, labels);
+  float* w = trainer.model().params().embed.as<float>() + 5 * c.model.d_model;
+  const float saved = *w;
+  *w = std::nanf("");
+  for (int64_t i = 0; i < ids.t.numel(); ++i) ids.as<int32_t>()[i] = 5;
+  OwnedTensor before = test::clone(trainer.model().params().flat);
+  StepResult r = trainer.step(ids, labels);
+  EXPECT_FALSE(r.finite);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_FALSE(r.nonfinite_tensor.empty());
+  EXPECT_EQ(trainer.skipped_steps(), 1);
+  EXPECT_EQ(trainer.steps_taken(), 0) << "no optimizer step on a skipped step";
+  EXPECT_TRUE(test::bitwise_equal(trainer.model().params().flat, before.t)) << "parameters untouched";
+  *w = saved;  // the next step is healthy again
+  synthetic_batch(4, c.train.seq_len, c.model.vocab_size, 1, 1, ids, labels);
+  StepResult ok = trainer.step(ids, labels);
+  EXPECT_TRUE(ok.finite);
+  EXPECT_FALSE(ok.skipped);
+  EXPECT_EQ(ok.step, 1);
+  EXPECT_EQ(trainer.steps_taken(), 1);
+  EXPECT_EQ(trainer.skipped_steps(), 1);
+}
+
+TEST(Step, MeanRouterProbabilitiesArePerLayerDistributions) {
+  Config c = small_config();
+  std::unique_ptr<Backend> ops = make_backend("cpu");
+  Trainer trainer(c, *ops, DType::kF32);
+  OwnedTensor ids, labels;
+  synthetic_batch(4, c.train.seq_len, c.model.vocab_size, 1, 0, ids, labels);
+  StepResult r = trainer.step(ids, labels);
+  ASSERT_EQ(r.mean_prob.size(), static_cast<size_t>(c.model.num_moe_layers()));
+  for (const auto& p : r.mean_prob) {
+    ASSERT_EQ(p.size(), static_cast<size_t>(c.model.num_experts));
+    double sum = 0;
+    for (double x : p) sum += x;
+    EXPECT_NEAR(sum, 1.0, 1e-5) << "softmax router: the token-weighted mean over the step sums to 1";
   }
 }
 

@@ -1,0 +1,31 @@
+#include "train/evaluate.h"
+
+#include <cmath>
+
+#include "core/buffer.h"
+#include "core/check.h"
+
+namespace moe {
+
+EvalResult evaluate(Transformer& model, const TokenDataset& data, int64_t batch, int64_t batches) {
+  const int64_t B = batch, S = data.seq_len();
+  MOE_CHECK(data.num_instances() > 0, "evaluate: the dataset has no instance of ", S, " tokens");
+  if (batches <= 0) batches = (data.num_instances() + B - 1) / B;
+  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S}), sum(DType::kF64, {1});
+  model.ops().fill(sum.t, 0.0);
+  EvalResult r;
+  for (int64_t m = 0; m < batches; ++m) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t index = (m * B + b) % data.num_instances();
+      data.instance(index, ids.as<int32_t>() + b * S, labels.as<int32_t>() + b * S);
+    }
+    for (int64_t i = 0; i < B * S; ++i) r.tokens += labels.as<int32_t>()[i] >= 0;
+    model.forward_loss(ids, labels, sum);
+  }
+  r.batches = batches;
+  r.loss = sum.as<double>()[0] / static_cast<double>(r.tokens);
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
+}  // namespace moe
