@@ -2,7 +2,8 @@
 # Debian packages moecore needs to build, test and run its default training. Idempotent.
 set -euo pipefail
 PKGS=(cmake ninja-build g++ libdnnl-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-      libbenchmark-dev bible-kjv)
+      libbenchmark-dev bible-kjv
+      clang libclang-rt-14-dev libomp-dev)  # the libFuzzer build (CI's fuzz stage)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
