@@ -101,6 +101,12 @@ const std::vector<Field>& fields() {
     add("data", "valid_path", D(valid_path), 0, 0, {}, "validation token file");
     add("data", "token_dtype", D(token_dtype), 0, 0, {"uint16", "uint32"}, "token file element type");
 #undef D
+#define K(name) [](Config& c) -> Ref { return &c.checkpoint.name; }
+    add("checkpoint", "dir", K(dir), 0, 0, {}, "checkpoint directory (\"\" = <train.out_dir>/checkpoints)");
+    add("checkpoint", "every", K(every), 0, 1e15, {}, "save every N steps (0 = only at the end)");
+    add("checkpoint", "keep_last", K(keep_last), 1, 1e6, {}, "complete checkpoints kept");
+    add("checkpoint", "at_end", K(at_end), 0, 0, {}, "save when the run stops");
+#undef K
     return f;
   }();
   return table;
@@ -119,7 +125,7 @@ std::string keys_of(const std::string& section) {
   return join(keys);
 }
 
-std::vector<std::string> sections() { return {"model", "loss", "optim", "train", "data"}; }
+std::vector<std::string> sections() { return {"model", "loss", "optim", "train", "data", "checkpoint"}; }
 
 const Field& find_field(const std::string& section, const std::string& key) {
   bool section_known = false;

@@ -93,12 +93,20 @@ struct DataConfig {
   std::string token_dtype = "uint16";  // uint16 | uint32
 };
 
+struct CheckpointConfig {
+  std::string dir;        // "" = <train.out_dir>/checkpoints
+  int64_t every = 0;      // save every N steps (0 = only at the end of the run)
+  int64_t keep_last = 3;  // complete checkpoints kept; older ones are pruned after a save is durable
+  bool at_end = true;     // save when the run stops
+};
+
 struct Config {
   ModelConfig model;
   LossConfig loss;
   OptimConfig optim;
   TrainConfig train;
   DataConfig data;
+  CheckpointConfig checkpoint;
 
   void validate() const;
 };

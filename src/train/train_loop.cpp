@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 
+#include "checkpoint/checkpoint.h"
 #include "core/buffer.h"
 #include "data/token_file.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -41,7 +42,7 @@ double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batc
 
 }  // namespace
 
-TrainSummary run_training(const Config& config, std::ostream& log) {
+TrainSummary run_training(const Config& config, std::ostream& log, bool resume) {
   const TrainConfig& tc = config.train;
   if (tc.threads > 0) cpu::set_num_threads(static_cast<int>(tc.threads));
   std::unique_ptr<Backend> ops = make_backend(tc.backend);
@@ -52,8 +53,14 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
     valid = std::make_unique<TokenDataset>(std::vector<std::string>{config.data.valid_path},
                                            config.data.token_dtype, config.model.vocab_size, tc.seq_len);
   Trainer trainer(config, *ops, DType::kF32);
+  CheckpointInfo start;  // step 0, data position 0
+  if (resume) {
+    start = resume_latest(checkpoint_dir(config), trainer, log);
+    log << "resumed from " << start.path << " (step " << start.step << ")\n";
+    for (const std::string& w : start.warnings) log << "warning: " << w << "\n";
+  }
   std::filesystem::create_directories(tc.out_dir);
-  std::ofstream metrics(tc.out_dir + "/metrics.jsonl", std::ios::trunc);
+  std::ofstream metrics(tc.out_dir + "/metrics.jsonl", resume ? std::ios::app : std::ios::trunc);
   std::ofstream(tc.out_dir + "/config.toml", std::ios::trunc) << config_to_toml(config);
 
   const double flops_per_token = config.model.train_flops_per_token(tc.seq_len);
@@ -70,13 +77,15 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
   std::vector<int64_t> order;
   int64_t epoch = -1;
   TrainSummary summary;
+  summary.steps = start.step;
   const double t_start = now_s();
   double t_window = t_start;
   int64_t tokens_window = 0;
   auto write_metrics = [&](nlohmann::json j) { metrics << j.dump() << "\n" << std::flush; };
 
-  for (int64_t step = 1; step <= tc.steps; ++step) {
-    fill_batch(train, tc.seed, (step - 1) * tc.batch_size, ids, labels, order, epoch);
+  for (int64_t step = start.step + 1; step <= tc.steps; ++step) {
+    const int64_t position = start.next_instance + (step - start.step - 1) * tc.batch_size;
+    fill_batch(train, tc.seed, position, ids, labels, order, epoch);
     StepResult r = trainer.step(ids, labels);
     tokens_window += r.tokens;
     summary.steps = step;
@@ -105,10 +114,11 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
       log << "  validation ce " << std::setprecision(4) << vl << " nats/token\n" << std::flush;
     }
     write_metrics(j);
+    maybe_save_checkpoint(config, trainer, step, position + tc.batch_size, last, log);
     if (last) break;
   }
   summary.seconds = now_s() - t_start;
-  summary.tokens_per_s = static_cast<double>(summary.steps * tc.batch_size * tc.seq_len) / summary.seconds;
+  summary.tokens_per_s = static_cast<double>((summary.steps - start.step) * tc.batch_size * tc.seq_len) / summary.seconds;
   return summary;
 }
 
