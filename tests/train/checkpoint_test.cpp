@@ -392,13 +392,14 @@ std::vector<std::string> binary_args(const fs::path& data, const fs::path& out, 
           "--set", "checkpoint.keep_last=2"};
 }
 
-pid_t spawn(std::vector<std::string> args) {
+pid_t spawn(std::vector<std::string> args, const std::string& stderr_path = "/dev/null") {
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {
     const int null = ::open("/dev/null", O_WRONLY);
+    const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(null, 1);
-    ::dup2(null, 2);
+    ::dup2(err, 2);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -494,6 +495,14 @@ TEST(Checkpoint, BinarySurvivesRandomSigkillsAndResumesBitExactly) {
   load_checkpoint(latest_checkpoint(ckpt.string()), b);
   EXPECT_EQ(a.steps_taken(), kBinarySteps);
   EXPECT_EQ(training_state_hash(a), training_state_hash(b));
+  // --resume with a different model shape stops with one line naming the key.
+  args = binary_args(data, out, 1);
+  args.insert(args.end(), {"--set", "model.expert_hidden=16", "--resume"});
+  const int wrong = wait_for(spawn(args, (root / "stderr.txt").string()));
+  EXPECT_TRUE(WIFEXITED(wrong) && WEXITSTATUS(wrong) == 1);
+  std::stringstream err;
+  err << std::ifstream(root / "stderr.txt").rdbuf();
+  EXPECT_NE(err.str().find("model.expert_hidden = 16 differs from the checkpoint's 24"), std::string::npos) << err.str();
   std::printf("[          ] %d SIGKILLs, %d latest checkpoints verified, reference run %.2f s\n", kills, loads_checked, ref_s);
   fs::remove_all(root);
 }
