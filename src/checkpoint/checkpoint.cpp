@@ -278,34 +278,6 @@ void remove_checkpoint_dir(const fs::path& path) {
 
 }  // namespace
 
-uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
-  static const std::array<std::array<uint32_t, 256>, 8> table = [] {
-    std::array<std::array<uint32_t, 256>, 8> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-      t[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; ++i)
-      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xff];
-    return t;
-  }();
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  while (n >= 8) {  // slicing-by-8 (little-endian load)
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    w ^= crc;
-    crc = table[7][w & 0xff] ^ table[6][(w >> 8) & 0xff] ^ table[5][(w >> 16) & 0xff] ^
-          table[4][(w >> 24) & 0xff] ^ table[3][(w >> 32) & 0xff] ^ table[2][(w >> 40) & 0xff] ^
-          table[1][(w >> 48) & 0xff] ^ table[0][(w >> 56) & 0xff];
-    p += 8;
-    n -= 8;
-  }
-  while (n-- > 0) crc = (crc >> 8) ^ table[0][(crc ^ *p++) & 0xff];
-  return ~crc;
-}
-
 std::string checkpoint_name(int64_t step) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
@@ -370,7 +342,11 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, int64_t ne
   write_manifest(tmp.string(), m);
   fsync_path(tmp.string(), true);
   crash_point("before_rename");
-  if (fs::exists(final_path)) remove_checkpoint_dir(final_path);  // re-saving a step (rare): older ones stay
+  if (fs::exists(final_path)) {  // re-saving a step: move the old one aside; removed after the fsync
+    const fs::path old = parent / (".trash." + name);
+    fs::remove_all(old);
+    fs::rename(final_path, old);
+  }
   fs::rename(tmp, final_path);
   crash_point("before_dir_fsync");
   fsync_path(parent.string(), true);
@@ -490,54 +466,6 @@ CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
   trainer.optimizer().set_steps_taken(steps);
   model.refresh_operand_weights();
   return v.info;
-}
-
-CheckpointInfo resume_latest(const std::string& dir, Trainer& trainer, std::ostream& log) {
-  std::vector<std::string> all = checkpoint_dirs(dir);
-  MOE_CHECK(!all.empty(), "--resume: no complete checkpoint in '", dir, "'");
-  std::string errors;
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    try {
-      return load_checkpoint(*it, trainer);
-    } catch (const std::exception& e) {
-      const std::string msg = e.what();
-      if (msg.find("cannot resume") != std::string::npos) throw;  // a config mismatch: no fallback
-      log << "warning: skipping checkpoint '" << *it << "': " << msg << "\n";
-      errors += "\n  " + msg;
-    }
-  }
-  MOE_FAIL("--resume: no checkpoint in '", dir, "' verifies:", errors);
-}
-
-uint64_t training_state_hash(Trainer& trainer) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](const void* data, size_t n) {
-    const unsigned char* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  };
-  Transformer& m = trainer.model();
-  mix(m.params().flat.data, m.params().flat.nbytes());
-  mix(trainer.optimizer().exp_avg().data, trainer.optimizer().exp_avg().nbytes());
-  mix(trainer.optimizer().exp_avg_sq().data, trainer.optimizer().exp_avg_sq().nbytes());
-  for (const OwnedTensor& b : m.router_bias()) mix(b.t.data, b.t.nbytes());
-  const int64_t steps = trainer.steps_taken();
-  mix(&steps, sizeof steps);
-  return h;
-}
-
-std::string checkpoint_dir(const Config& config) {
-  return config.checkpoint.dir.empty() ? (fs::path(config.train.out_dir) / "checkpoints").string() : config.checkpoint.dir;
-}
-
-void maybe_save_checkpoint(const Config& config, Trainer& trainer, int64_t step, int64_t next_instance, bool last,
-                           std::ostream& log) {
-  const CheckpointConfig& cc = config.checkpoint;
-  const bool periodic = cc.every > 0 && step % cc.every == 0;
-  if (!periodic && !(last && cc.at_end)) return;
-  SaveOptions o;
-  o.keep_last = cc.keep_last;
-  const std::string path = save_checkpoint(checkpoint_dir(config), trainer, next_instance, o);
-  if (last || step % config.train.log_every == 0) log << "checkpoint " << path << "\n" << std::flush;
 }
 
 }  // namespace moe

@@ -75,6 +75,10 @@ uint64_t training_state_hash(Trainer& trainer);
 
 // Train-loop glue (train_loop.cpp keeps only calls to these).
 std::string checkpoint_dir(const Config& config);
+// resume: loads the latest good checkpoint (returns its step and data position, logs warnings).
+// Otherwise a checkpoint dir holding an earlier run's checkpoints is moved to "<dir>.previous"
+// (replacing an older one; pruning must never mix two runs), and it returns step 0, position 0.
+CheckpointInfo begin_checkpointing(const Config& config, Trainer& trainer, bool resume, std::ostream& log);
 // Saves when checkpoint.every divides step, or at the last step (checkpoint.at_end).
 // next_instance: the data position after this step.
 void maybe_save_checkpoint(const Config& config, Trainer& trainer, int64_t step, int64_t next_instance, bool last,

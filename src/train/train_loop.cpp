@@ -53,12 +53,7 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume) 
     valid = std::make_unique<TokenDataset>(std::vector<std::string>{config.data.valid_path},
                                            config.data.token_dtype, config.model.vocab_size, tc.seq_len);
   Trainer trainer(config, *ops, DType::kF32);
-  CheckpointInfo start;  // step 0, data position 0
-  if (resume) {
-    start = resume_latest(checkpoint_dir(config), trainer, log);
-    log << "resumed from " << start.path << " (step " << start.step << ")\n";
-    for (const std::string& w : start.warnings) log << "warning: " << w << "\n";
-  }
+  const CheckpointInfo start = begin_checkpointing(config, trainer, resume, log);  // step, data position
   std::filesystem::create_directories(tc.out_dir);
   std::ofstream metrics(tc.out_dir + "/metrics.jsonl", resume ? std::ios::app : std::ios::trunc);
   std::ofstream(tc.out_dir + "/config.toml", std::ios::trunc) << config_to_toml(config);

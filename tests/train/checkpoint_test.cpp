@@ -156,7 +156,10 @@ class CheckpointDamage : public ::testing::Test {
     path_ = save_checkpoint(dir_.string(), *trainer_, 8);
     rank_ = (fs::path(path_) / "rank_00000.safetensors").string();
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    fs::remove_all(dir_);
+    fs::remove_all(dir_.string() + ".previous");
+  }
   std::string load_error() {
     Trainer t(small_config(), *ops_, DType::kF32);
     return error_of([&] { load_checkpoint(path_, t); });
@@ -290,6 +293,19 @@ TEST_F(CheckpointDamage, ResumeFallsBackToTheNewestCheckpointThatVerifies) {
   EXPECT_EQ(info.path, path_);
   EXPECT_NE(log.str().find("skipping checkpoint"), std::string::npos) << log.str();
   EXPECT_NE(log.str().find("tensor 'params'"), std::string::npos) << log.str();
+}
+
+TEST_F(CheckpointDamage, FreshRunMovesAnEarlierRunsCheckpointsAside) {
+  Config c = small_config();
+  c.checkpoint.dir = dir_.string();
+  Trainer t(c, *ops_, DType::kF32);
+  std::ostringstream log;
+  CheckpointInfo start = begin_checkpointing(c, t, false, log);
+  EXPECT_EQ(start.step, 0);
+  EXPECT_EQ(latest_checkpoint(dir_.string()), "");
+  EXPECT_EQ(list_checkpoints(dir_.string() + ".previous").size(), 1u);
+  EXPECT_NE(log.str().find("moved to"), std::string::npos) << log.str();
+  EXPECT_EQ(error_of([&] { begin_checkpointing(c, t, true, log); }).find("no complete checkpoint") != std::string::npos, true);
 }
 
 // ---- deterministic crash points (the save runs in a forked child) ------------------------------
