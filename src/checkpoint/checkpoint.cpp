@@ -212,7 +212,11 @@ Verified verify(const std::string& dir) {
   v.info.step = field<int64_t>(v.manifest, "step", mpath);
   v.info.next_instance = field<int64_t>(field<json>(v.manifest, "data", mpath), "next_instance", mpath);
   v.info.config_toml = field<std::string>(v.manifest, "config_toml", mpath);
-  for (const json& shard : field<json>(v.manifest, "shards", mpath)) {
+  const json shards = field<json>(v.manifest, "shards", mpath);
+  MOE_CHECK(shards.is_array() && !shards.empty() &&
+                static_cast<int64_t>(shards.size()) == field<int64_t>(v.manifest, "world_size", mpath),
+            "malformed manifest '", mpath, "': 'shards' must list one file per rank of 'world_size'");
+  for (const json& shard : shards) {
     const std::string file = field<std::string>(shard, "file", mpath);
     MOE_CHECK(file.find('/') == std::string::npos && !file.empty() && file[0] != '.', "malformed manifest '",
               mpath, "': bad file name '", file, "'");

@@ -108,8 +108,11 @@ CheckpointInfo begin_checkpointing(const Config& config, Trainer& trainer, bool 
     }
     return {};
   }
+  const auto t0 = std::chrono::steady_clock::now();
   CheckpointInfo start = resume_latest(dir, trainer, log);
-  log << "resumed from " << start.path << " (step " << start.step << ", next instance " << start.next_instance << ")\n";
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log << "resumed from " << start.path << " (step " << start.step << ", next instance " << start.next_instance
+      << ", verified and loaded in " << seconds << " s)\n";
   for (const std::string& w : start.warnings) log << "warning: " << w << "\n";
   return start;
 }
