@@ -400,7 +400,7 @@ CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
   const int64_t total = model.layout().total();
   MOE_CHECK(field<int64_t>(v.manifest, "flat_numel", mpath) == total, "cannot resume '", path,
             "': the checkpoint holds ", field<int64_t>(v.manifest, "flat_numel", mpath), " parameters, the model has ", total);
-  const json& params = v.manifest.at("params");
+  const json params = field<json>(v.manifest, "params", mpath);
   MOE_CHECK(params.is_array() && params.size() == model.layout().entries().size(), "cannot resume '", path,
             "': parameter list differs from the model's");
   for (size_t i = 0; i < params.size(); ++i) {
@@ -465,7 +465,7 @@ CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
   }
   for (size_t i = 0; i < bias_loaded.size(); ++i)
     MOE_CHECK(bias_loaded[i], "checkpoint '", path, "' has no tensor 'router_bias.", i, "'");
-  const int64_t steps = field<int64_t>(v.manifest.at("optimizer"), "steps_taken", mpath);
+  const int64_t steps = field<int64_t>(field<json>(v.manifest, "optimizer", mpath), "steps_taken", mpath);
   MOE_CHECK(steps == v.info.step, "malformed manifest '", mpath, "': optimizer steps_taken ", steps, " != step ", v.info.step);
   trainer.optimizer().set_steps_taken(steps);
   model.refresh_operand_weights();
