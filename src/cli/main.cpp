@@ -19,7 +19,8 @@ namespace {
 const char* kUsage =
     "usage: moecore <command> [options]\n"
     "commands:\n"
-    "  train    [--config FILE] [--set section.key=value ...]   train (embedded default config)\n"
+    "  train    [--config FILE] [--set section.key=value ...] [--resume]\n"
+    "           train (embedded default config); --resume continues from the latest good checkpoint\n"
     "  config   [--config FILE] [--set section.key=value ...]   print the resolved config and sizes\n"
     "  prepare  --input TEXT --out DIR                           byte-level token files + bigram entropy\n"
     "  export-hf --from PARAMS --out DIR [--config FILE] [--set k=v ...] [--dtype f32|bf16]\n"
@@ -31,6 +32,7 @@ const char* kUsage =
 struct Args {
   std::string command, config_path, input, out, from, dtype = "f32";
   std::vector<std::string> overrides;
+  bool resume = false;
 };
 
 Args parse_args(int argc, char** argv) {
@@ -49,7 +51,8 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--out") a.out = value();
     else if (flag == "--from") a.from = value();
     else if (flag == "--dtype") a.dtype = value();
-    else MOE_FAIL("unknown option '", flag, "' (allowed: --config, --set, --input, --out, --from, --dtype)\n", kUsage);
+    else if (flag == "--resume") a.resume = true;
+    else MOE_FAIL("unknown option '", flag, "' (allowed: --config, --set, --input, --out, --from, --dtype, --resume)\n", kUsage);
   }
   return a;
 }
@@ -85,7 +88,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (a.command == "train") {
-    moe::TrainSummary s = moe::run_training(resolve(a), std::cout);
+    moe::TrainSummary s = moe::run_training(resolve(a), std::cout, a.resume);
     std::cout << "done: " << s.steps << " steps in " << s.seconds << " s, " << s.tokens_per_s
               << " tok/s, final train ce " << s.final_train_loss;
     if (s.final_valid_loss >= 0) std::cout << ", validation ce " << s.final_valid_loss;

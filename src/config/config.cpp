@@ -107,6 +107,12 @@ const std::vector<Field>& fields() {
     add("metrics", "vectors_every", X(vectors_every), 0, 1e15, {}, "steps between per-expert f/P vectors (0 = never)");
     add("metrics", "gerrymander_window", X(gerrymander_window), 0, 1e9, {}, "token-gerrymandering detector window (0 = off)");
 #undef X
+#define K(name) [](Config& c) -> Ref { return &c.checkpoint.name; }
+    add("checkpoint", "dir", K(dir), 0, 0, {}, "checkpoint directory (\"\" = <train.out_dir>/checkpoints)");
+    add("checkpoint", "every", K(every), 0, 1e15, {}, "save every N steps (0 = only at the end)");
+    add("checkpoint", "keep_last", K(keep_last), 1, 1e6, {}, "complete checkpoints kept");
+    add("checkpoint", "at_end", K(at_end), 0, 0, {}, "save when the run stops");
+#undef K
     return f;
   }();
   return table;
@@ -125,7 +131,7 @@ std::string keys_of(const std::string& section) {
   return join(keys);
 }
 
-std::vector<std::string> sections() { return {"model", "loss", "optim", "train", "data", "metrics"}; }
+std::vector<std::string> sections() { return {"model", "loss", "optim", "train", "data", "metrics", "checkpoint"}; }
 
 const Field& find_field(const std::string& section, const std::string& key) {
   bool section_known = false;

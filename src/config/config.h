@@ -101,6 +101,13 @@ struct MetricsConfig {
   int64_t gerrymander_window = 50; // steps in the token-gerrymandering detector's window (0 = off)
 };
 
+struct CheckpointConfig {
+  std::string dir;        // "" = <train.out_dir>/checkpoints
+  int64_t every = 0;      // save every N steps (0 = only at the end of the run)
+  int64_t keep_last = 3;  // complete checkpoints kept; older ones are pruned after a save is durable
+  bool at_end = true;     // save when the run stops
+};
+
 struct Config {
   ModelConfig model;
   LossConfig loss;
@@ -108,6 +115,7 @@ struct Config {
   TrainConfig train;
   DataConfig data;
   MetricsConfig metrics;
+  CheckpointConfig checkpoint;
 
   void validate() const;
 };

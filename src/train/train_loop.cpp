@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 
+#include "checkpoint/checkpoint.h"
 #include "core/buffer.h"
 #include "data/token_file.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -33,7 +34,7 @@ double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batc
 
 }  // namespace
 
-TrainSummary run_training(const Config& config, std::ostream& log) {
+TrainSummary run_training(const Config& config, std::ostream& log, bool resume) {
   const TrainConfig& tc = config.train;
   if (tc.threads > 0) cpu::set_num_threads(static_cast<int>(tc.threads));
   std::unique_ptr<Backend> ops = make_backend(tc.backend);
@@ -44,8 +45,9 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
     valid = std::make_unique<TokenDataset>(std::vector<std::string>{config.data.valid_path},
                                            config.data.token_dtype, config.model.vocab_size, tc.seq_len);
   Trainer trainer(config, *ops, DType::kF32);
+  const CheckpointInfo start = begin_checkpointing(config, trainer, resume, log);  // step, data position
   std::filesystem::create_directories(tc.out_dir);
-  std::ofstream metrics(tc.out_dir + "/metrics.jsonl", std::ios::trunc);
+  std::ofstream metrics(tc.out_dir + "/metrics.jsonl", resume ? std::ios::app : std::ios::trunc);
   std::ofstream(tc.out_dir + "/config.toml", std::ios::trunc) << config_to_toml(config);
 
   const double flops_per_token = config.model.train_flops_per_token(tc.seq_len);
@@ -62,6 +64,7 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
   std::vector<int64_t> order;
   int64_t epoch = -1;
   TrainSummary summary;
+  summary.steps = start.step;
   const double t_start = now_s();
   double t_window = t_start;
   int64_t tokens_window = 0;
@@ -78,8 +81,9 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
   gopt.window = config.metrics.gerrymander_window;
   GerrymanderDetector gerrymander(gopt);
 
-  for (int64_t step = 1; step <= tc.steps; ++step) {
-    fill_batch(train, tc.seed, (step - 1) * tc.batch_size, ids, labels, order, epoch);
+  for (int64_t step = start.step + 1; step <= tc.steps; ++step) {
+    const int64_t position = start.next_instance + (step - start.step - 1) * tc.batch_size;
+    fill_batch(train, tc.seed, position, ids, labels, order, epoch);
     const double t_step = now_s();
     StepResult r = trainer.step(ids, labels);
     tokens_window += r.tokens;
@@ -128,18 +132,20 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
       p.step = step;
       p.total = tc.steps;
       p.loss = r.total;
-      p.tokens_per_s = static_cast<double>(summary.steps * r.tokens) / (t - t_start);
-      p.eta_s = eta_seconds(step, tc.steps, t - t_start, tc.time_limit_s);
+      // Pace of this process only: a resumed run counts from its first step.
+      p.tokens_per_s = static_cast<double>((step - start.step) * r.tokens) / (t - t_start);
+      p.eta_s = eta_seconds(step - start.step, tc.steps - start.step, t - t_start, tc.time_limit_s);
       log << "\r" << format_progress(p) << "\033[K" << std::flush;
       live_shown = true;
     }
     write_metrics(j);
+    maybe_save_checkpoint(config, trainer, step, position + tc.batch_size, last, log);
     if (last) break;
   }
   clear_live();
   if (trainer.skipped_steps() > 0) log << trainer.skipped_steps() << " steps skipped for non-finite values\n";
   summary.seconds = now_s() - t_start;
-  summary.tokens_per_s = static_cast<double>(summary.steps * tc.batch_size * tc.seq_len) / summary.seconds;
+  summary.tokens_per_s = static_cast<double>((summary.steps - start.step) * tc.batch_size * tc.seq_len) / summary.seconds;
   return summary;
 }
 

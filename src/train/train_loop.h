@@ -15,6 +15,7 @@ struct TrainSummary {
   double seconds = 0;
 };
 
-TrainSummary run_training(const Config& config, std::ostream& log);
+// resume: continue from the latest good checkpoint in checkpoint_dir(config).
+TrainSummary run_training(const Config& config, std::ostream& log, bool resume = false);
 
 }  // namespace moe

@@ -1,0 +1,475 @@
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "checkpoint/safetensors.h"
+#include "core/check.h"
+#include "train/trainer.h"
+
+namespace moe {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr int kFormatVersion = 1;
+constexpr const char* kFormat = "moecore-checkpoint";
+constexpr const char* kFlatTensors[] = {"params", "exp_avg", "exp_avg_sq"};
+
+// ---- crash points -------------------------------------------------------------------------------
+int tensors_written = 0;  // per save, for after_tensor:N
+
+void crash_point(const std::string& name) {
+  const char* env = std::getenv("MOE_CRASH_AT");
+  if (env != nullptr && name == env) _exit(77);
+}
+void tensor_written() {
+  ++tensors_written;
+  crash_point("after_tensor:" + std::to_string(tensors_written));
+}
+
+// ---- durable file I/O ---------------------------------------------------------------------------
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    MOE_CHECK(w > 0, "cannot write '", path, "': ", std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  MOE_CHECK(fd >= 0, "cannot open '", path, "' to fsync: ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  MOE_CHECK(rc == 0, "fsync of '", path, "' failed: ", std::strerror(err));
+}
+
+std::vector<unsigned char> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MOE_CHECK(in.good(), "cannot open '", path, "'");
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return bytes;
+}
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+const char* st_dtype(DType t) {
+  switch (t) {
+    case DType::kF32: return "F32";
+    case DType::kF64: return "F64";
+    case DType::kBF16: return "BF16";
+    case DType::kI32: return "I32";
+  }
+  return "?";
+}
+
+struct Piece {
+  std::string name;
+  const unsigned char* data;
+  size_t bytes;
+  std::string dtype;
+  int64_t global_begin, global_end;  // elements of the global tensor
+};
+
+// One safetensors file written piece by piece (a crash point after each); returns its manifest entry.
+json write_shard(const std::string& path, const std::vector<Piece>& pieces) {
+  json header = json::object();
+  size_t offset = 0;
+  for (const Piece& p : pieces) {
+    const int64_t n = p.global_end - p.global_begin;
+    header[p.name] = {{"dtype", p.dtype}, {"shape", {n}}, {"data_offsets", {offset, offset + p.bytes}}};
+    offset += p.bytes;
+  }
+  header["__metadata__"] = {{"format", kFormat}};
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8 != 0) h += ' ';
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((static_cast<uint64_t>(h.size()) >> (8 * i)) & 0xff);
+
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  MOE_CHECK(fd >= 0, "cannot create '", path, "': ", std::strerror(errno));
+  uint32_t file_crc = crc32c(len, 8);
+  file_crc = crc32c(h.data(), h.size(), file_crc);
+  write_all(fd, len, 8, path);
+  write_all(fd, h.data(), h.size(), path);
+  json tensors = json::array();
+  for (const Piece& p : pieces) {
+    write_all(fd, p.data, p.bytes, path);
+    file_crc = crc32c(p.data, p.bytes, file_crc);
+    tensors.push_back({{"name", p.name}, {"dtype", p.dtype}, {"global_begin", p.global_begin},
+                       {"global_end", p.global_end}, {"bytes", p.bytes}, {"crc32c", hex32(crc32c(p.data, p.bytes))}});
+    tensor_written();
+  }
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  MOE_CHECK(rc == 0, "fsync of '", path, "' failed");
+  return {{"file", fs::path(path).filename().string()}, {"bytes", 8 + h.size() + offset},
+          {"crc32c", hex32(file_crc)}, {"tensors", tensors}};
+}
+
+// ---- manifest -----------------------------------------------------------------------------------
+template <class T> T field(const json& j, const char* key, const std::string& where) {
+  MOE_CHECK(j.is_object() && j.contains(key), "malformed manifest '", where, "': missing '", key, "'");
+  try {
+    return j.at(key).get<T>();
+  } catch (const std::exception& e) {
+    MOE_FAIL("malformed manifest '", where, "': '", key, "' has the wrong type (", e.what(), ")");
+  }
+}
+
+json read_manifest(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "manifest.json").string();
+  MOE_CHECK(fs::is_directory(dir), "checkpoint '", dir, "' does not exist or is not a directory");
+  MOE_CHECK(fs::exists(path), "checkpoint '", dir, "' has no manifest.json (incomplete or not a checkpoint)");
+  const std::vector<unsigned char> bytes = read_file(path);
+  json j;
+  try {
+    j = json::parse(bytes.begin(), bytes.end());
+  } catch (const std::exception& e) {
+    MOE_FAIL("malformed manifest '", path, "': ", e.what());
+  }
+  MOE_CHECK(j.is_object(), "malformed manifest '", path, "': not a JSON object");
+  const std::string stored = field<std::string>(j, "manifest_crc32c", path);
+  j.erase("manifest_crc32c");
+  const std::string body = j.dump();
+  MOE_CHECK(stored == hex32(crc32c(body.data(), body.size())), "manifest '", path,
+            "' fails its checksum (stored ", stored, ", computed ", hex32(crc32c(body.data(), body.size())),
+            "): corrupted");
+  MOE_CHECK(field<std::string>(j, "format", path) == kFormat, "manifest '", path, "': format is not ", kFormat);
+  const int version = field<int>(j, "version", path);
+  MOE_CHECK(version == kFormatVersion, "manifest '", path, "': format version ", version,
+            " is not supported (this build reads version ", kFormatVersion, ")");
+  return j;
+}
+
+void write_manifest(const std::string& dir, json j) {
+  const std::string body = j.dump();
+  j["manifest_crc32c"] = hex32(crc32c(body.data(), body.size()));
+  const std::string text = j.dump(1);
+  const std::string path = (fs::path(dir) / "manifest.json").string();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  MOE_CHECK(fd >= 0, "cannot create '", path, "': ", std::strerror(errno));
+  write_all(fd, text.data(), text.size(), path);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  MOE_CHECK(rc == 0, "fsync of '", path, "' failed");
+}
+
+// Model shape and optimizer dtype must match; other differences that change the continuation
+// are warnings.
+std::vector<std::string> compare_configs(const Config& saved, const Config& now) {
+  const json a = json::parse(config_to_json(saved)), b = json::parse(config_to_json(now));
+  std::vector<std::string> warnings;
+  for (auto& [section, keys] : a.items()) {
+    for (auto& [key, value] : keys.items()) {
+      const json& other = b.at(section).at(key);
+      if (value == other) continue;
+      const std::string what = section + "." + key + " = " + other.dump() + " differs from the checkpoint's " + value.dump();
+      if (section == "model") MOE_FAIL("cannot resume: ", what, " (the model shape must not change)");
+      const bool benign = section == "checkpoint" || section == "data" ||
+                          (section == "train" && (key == "threads" || key == "log_every" || key == "eval_every" ||
+                                                  key == "eval_batches" || key == "time_limit_s" || key == "out_dir"));
+      if (!benign || (section == "data" && key == "train_path")) warnings.push_back(what + " (resume is not bit-exact)");
+    }
+  }
+  return warnings;
+}
+
+struct Verified {
+  CheckpointInfo info;
+  json manifest;
+  // file name -> bytes of its data section start and contents
+  std::vector<std::pair<json, std::vector<unsigned char>>> shards;  // manifest entry, file bytes
+};
+
+Verified verify(const std::string& dir) {
+  Verified v;
+  v.manifest = read_manifest(dir);
+  const std::string mpath = (fs::path(dir) / "manifest.json").string();
+  v.info.path = dir;
+  v.info.step = field<int64_t>(v.manifest, "step", mpath);
+  v.info.next_instance = field<int64_t>(field<json>(v.manifest, "data", mpath), "next_instance", mpath);
+  v.info.config_toml = field<std::string>(v.manifest, "config_toml", mpath);
+  const json shards = field<json>(v.manifest, "shards", mpath);
+  MOE_CHECK(shards.is_array() && !shards.empty() &&
+                static_cast<int64_t>(shards.size()) == field<int64_t>(v.manifest, "world_size", mpath),
+            "malformed manifest '", mpath, "': 'shards' must list one file per rank of 'world_size'");
+  for (const json& shard : shards) {
+    const std::string file = field<std::string>(shard, "file", mpath);
+    MOE_CHECK(file.find('/') == std::string::npos && !file.empty() && file[0] != '.', "malformed manifest '",
+              mpath, "': bad file name '", file, "'");
+    const std::string path = (fs::path(dir) / file).string();
+    MOE_CHECK(fs::exists(path), "checkpoint '", dir, "': missing file '", file, "' listed in the manifest");
+    const uint64_t want = field<uint64_t>(shard, "bytes", mpath);
+    const uint64_t have = fs::file_size(path);
+    MOE_CHECK(have == want, "checkpoint file '", path, "' is ", have, " bytes, the manifest says ", want,
+              have < want ? " (truncated)" : " (extra bytes)");
+    std::vector<unsigned char> bytes = read_file(path);
+    MOE_CHECK(bytes.size() == want, "checkpoint file '", path, "': short read");
+    uint64_t header_len = 0;
+    for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(bytes[static_cast<size_t>(i)]) << (8 * i);
+    std::map<std::string, SafetensorsEntry> entries;
+    try {
+      entries = SafetensorsFile(path).entries();
+    } catch (const std::exception& e) {
+      MOE_FAIL("checkpoint file '", path, "' is not a valid safetensors file: ", e.what());
+    }
+    for (const json& t : field<json>(shard, "tensors", mpath)) {
+      const std::string name = field<std::string>(t, "name", mpath);
+      auto it = entries.find(name);
+      MOE_CHECK(it != entries.end(), "checkpoint file '", path, "' has no tensor '", name, "'");
+      const SafetensorsEntry& e = it->second;
+      MOE_CHECK(e.dtype == field<std::string>(t, "dtype", mpath) && e.end - e.begin == field<uint64_t>(t, "bytes", mpath),
+                "tensor '", name, "' in '", path, "' does not match the manifest (dtype or size)");
+      const unsigned char* p = bytes.data() + 8 + header_len + e.begin;
+      const std::string got = hex32(crc32c(p, e.end - e.begin)), stored = field<std::string>(t, "crc32c", mpath);
+      MOE_CHECK(got == stored, "tensor '", name, "' in '", path, "' fails its checksum (manifest crc32c ",
+                stored, ", file ", got, "): corrupted checkpoint");
+    }
+    const std::string got = hex32(crc32c(bytes.data(), bytes.size())), stored = field<std::string>(shard, "crc32c", mpath);
+    MOE_CHECK(got == stored, "checkpoint file '", path, "' fails its checksum (manifest crc32c ", stored,
+              ", file ", got, "): corrupted header");
+    v.shards.emplace_back(shard, std::move(bytes));
+  }
+  return v;
+}
+
+std::vector<std::string> checkpoint_dirs(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() < 6 || name.compare(0, 5, "step_") != 0 || !e.is_directory()) continue;
+    if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    if (!fs::exists(e.path() / "manifest.json")) continue;
+    found.emplace_back(std::stoll(name.substr(5)), e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+void remove_checkpoint_dir(const fs::path& path) {
+  const fs::path trash = path.parent_path() / (".trash." + path.filename().string());
+  fs::remove_all(trash);
+  fs::rename(path, trash);  // never a half-deleted step_* directory
+  fs::remove_all(trash);
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t step) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string save_checkpoint(const std::string& dir, Trainer& trainer, int64_t next_instance, const SaveOptions& options) {
+  MOE_CHECK(options.keep_last >= 1 && options.num_shards >= 1, "save_checkpoint: keep_last and num_shards must be >= 1");
+  tensors_written = 0;
+  const int64_t step = trainer.steps_taken();
+  const fs::path parent = fs::absolute(dir);
+  fs::create_directories(parent);
+  const std::string name = checkpoint_name(step);
+  const fs::path final_path = parent / name;
+  const fs::path tmp = parent / (".tmp." + name + "." + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directory(tmp);
+
+  Transformer& model = trainer.model();
+  const DType dt = model.params().flat.dtype;
+  const int64_t total = model.layout().total();
+  const size_t es = dtype_size(dt);
+  const unsigned char* flats[3] = {static_cast<const unsigned char*>(model.params().flat.data),
+                                   static_cast<const unsigned char*>(trainer.optimizer().exp_avg().data),
+                                   static_cast<const unsigned char*>(trainer.optimizer().exp_avg_sq().data)};
+  MOE_CHECK(trainer.optimizer().exp_avg().dtype == dt, "optimizer state dtype differs from the parameters'");
+  json shards = json::array();
+  for (int64_t r = 0; r < options.num_shards; ++r) {
+    const int64_t b = total * r / options.num_shards, e = total * (r + 1) / options.num_shards;
+    std::vector<Piece> pieces;
+    for (int k = 0; k < 3; ++k)
+      pieces.push_back({kFlatTensors[k], flats[k] + static_cast<size_t>(b) * es, static_cast<size_t>(e - b) * es, st_dtype(dt), b, e});
+    if (r == 0)
+      for (size_t i = 0; i < model.router_bias().size(); ++i) {
+        const Tensor& t = model.router_bias()[i].t;
+        pieces.push_back({"router_bias." + std::to_string(i), static_cast<const unsigned char*>(t.data), t.nbytes(),
+                          st_dtype(t.dtype), 0, t.numel()});
+      }
+    char file[64];
+    std::snprintf(file, sizeof file, "rank_%05lld.safetensors", static_cast<long long>(r));
+    shards.push_back(write_shard((tmp / file).string(), pieces));
+  }
+
+  json params = json::array();
+  for (const ParamInfo& p : model.layout().entries())
+    params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel}});
+  const Config& c = trainer.config();
+  json m = {{"format", kFormat},
+            {"version", kFormatVersion},
+            {"step", step},
+            {"optimizer", {{"type", "adamw"}, {"steps_taken", step}, {"dtype", st_dtype(dt)}}},
+            {"data", {{"next_instance", next_instance}, {"batch_size", c.train.batch_size}, {"seed", c.train.seed}}},
+            {"rng", "stateless: every random draw is a pure function of (train.seed, stream, index); nothing to save"},
+            {"schedule", "learning rate is a pure function of (optim.*, train.steps, step)"},
+            {"config_toml", config_to_toml(c)},
+            {"world_size", options.num_shards},
+            {"flat_numel", total},
+            {"params", params},
+            {"num_router_bias", model.router_bias().size()},
+            {"shards", shards}};
+  crash_point("before_manifest");
+  write_manifest(tmp.string(), m);
+  fsync_path(tmp.string(), true);
+  crash_point("before_rename");
+  if (fs::exists(final_path)) {  // re-saving a step: move the old one aside; removed after the fsync
+    const fs::path old = parent / (".trash." + name);
+    fs::remove_all(old);
+    fs::rename(final_path, old);
+  }
+  fs::rename(tmp, final_path);
+  crash_point("before_dir_fsync");
+  fsync_path(parent.string(), true);
+  crash_point("before_prune");
+
+  std::vector<std::string> complete = checkpoint_dirs(parent.string());
+  const size_t keep = static_cast<size_t>(options.keep_last);
+  for (size_t i = 0; i + keep < complete.size(); ++i) {
+    if (fs::path(complete[i]) == final_path) continue;
+    remove_checkpoint_dir(complete[i]);
+    crash_point("during_prune");
+  }
+  for (const auto& e : fs::directory_iterator(parent)) {  // leftovers of crashed saves and prunes
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".tmp.step_", 0) == 0 || n.rfind(".trash.step_", 0) == 0) fs::remove_all(e.path());
+  }
+  fsync_path(parent.string(), true);
+  return final_path.string();
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) { return checkpoint_dirs(dir); }
+
+std::string latest_checkpoint(const std::string& dir) {
+  std::vector<std::string> all = checkpoint_dirs(dir);
+  return all.empty() ? "" : all.back();
+}
+
+CheckpointInfo verify_checkpoint(const std::string& path) { return verify(path).info; }
+
+CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
+  Verified v = verify(path);
+  const std::string mpath = (fs::path(path) / "manifest.json").string();
+  Config saved;
+  try {
+    saved = parse_config(v.info.config_toml, {}, mpath + " config_toml");
+  } catch (const std::exception& e) {
+    MOE_FAIL("malformed manifest '", mpath, "': its config does not parse: ", e.what());
+  }
+  v.info.warnings = compare_configs(saved, trainer.config());
+
+  Transformer& model = trainer.model();
+  const DType dt = model.params().flat.dtype;
+  const std::string want_dt = st_dtype(dt);
+  const std::string opt_dt = field<std::string>(field<json>(v.manifest, "optimizer", mpath), "dtype", mpath);
+  MOE_CHECK(opt_dt == want_dt, "cannot resume '", path, "': parameters and optimizer state are ", opt_dt,
+            ", this run keeps them in ", want_dt);
+  const int64_t total = model.layout().total();
+  MOE_CHECK(field<int64_t>(v.manifest, "flat_numel", mpath) == total, "cannot resume '", path,
+            "': the checkpoint holds ", field<int64_t>(v.manifest, "flat_numel", mpath), " parameters, the model has ", total);
+  const json params = field<json>(v.manifest, "params", mpath);
+  MOE_CHECK(params.is_array() && params.size() == model.layout().entries().size(), "cannot resume '", path,
+            "': parameter list differs from the model's");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = model.layout().entries()[i];
+    MOE_CHECK(field<std::string>(params[i], "name", mpath) == p.name &&
+                  field<std::vector<int64_t>>(params[i], "shape", mpath) == p.shape &&
+                  field<int64_t>(params[i], "offset", mpath) == p.offset,
+              "cannot resume '", path, "': parameter '", p.name, "' differs in name, shape or offset");
+  }
+
+  // Assemble the flat buffers from the shards' global ranges; each must be covered exactly once.
+  const size_t es = dtype_size(dt);
+  unsigned char* flats[3] = {static_cast<unsigned char*>(model.params().flat.data),
+                             static_cast<unsigned char*>(trainer.optimizer().exp_avg().data),
+                             static_cast<unsigned char*>(trainer.optimizer().exp_avg_sq().data)};
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> covered(3);
+  std::vector<bool> bias_loaded(model.router_bias().size(), false);
+  for (auto& [shard, bytes] : v.shards) {
+    uint64_t header_len = 0;
+    for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(bytes[static_cast<size_t>(i)]) << (8 * i);
+    const std::string fpath = (fs::path(path) / shard.at("file").get<std::string>()).string();
+    const std::map<std::string, SafetensorsEntry> entries = SafetensorsFile(fpath).entries();
+    for (const json& t : shard.at("tensors")) {
+      const std::string name = t.at("name").get<std::string>();
+      const SafetensorsEntry& e = entries.at(name);
+      const unsigned char* src = bytes.data() + 8 + header_len + e.begin;
+      const int64_t b = field<int64_t>(t, "global_begin", mpath), end = field<int64_t>(t, "global_end", mpath);
+      int k = -1;
+      for (int i = 0; i < 3; ++i)
+        if (name == kFlatTensors[i]) k = i;
+      if (k >= 0) {
+        MOE_CHECK(e.dtype == want_dt && 0 <= b && b <= end && end <= total &&
+                      e.end - e.begin == static_cast<size_t>(end - b) * es,
+                  "tensor '", name, "' in '", fpath, "': range [", b, ", ", end, ") or dtype ", e.dtype, " does not fit");
+        std::memcpy(flats[k] + static_cast<size_t>(b) * es, src, e.end - e.begin);
+        covered[static_cast<size_t>(k)].emplace_back(b, end);
+      } else if (name.rfind("router_bias.", 0) == 0) {
+        const size_t i = std::stoul(name.substr(12));
+        MOE_CHECK(i < model.router_bias().size(), "tensor '", name, "' in '", fpath, "': the model has ",
+                  model.router_bias().size(), " MoE layers");
+        const Tensor& dst = model.router_bias()[i].t;
+        MOE_CHECK(e.dtype == st_dtype(dst.dtype) && e.end - e.begin == dst.nbytes(), "tensor '", name, "' in '",
+                  fpath, "' has dtype ", e.dtype, " and ", e.end - e.begin, " bytes, expected ", st_dtype(dst.dtype),
+                  " and ", dst.nbytes());
+        std::memcpy(dst.data, src, dst.nbytes());
+        bias_loaded[i] = true;
+      } else {
+        MOE_FAIL("tensor '", name, "' in '", fpath, "' is not part of the training state");
+      }
+    }
+  }
+  for (int k = 0; k < 3; ++k) {
+    auto& r = covered[static_cast<size_t>(k)];
+    std::sort(r.begin(), r.end());
+    int64_t at = 0;
+    for (auto& [b, e] : r) {
+      MOE_CHECK(b == at, "checkpoint '", path, "': tensor '", kFlatTensors[k], "' shards ",
+                b < at ? "overlap" : "leave a gap", " at element ", std::min(b, at));
+      at = e;
+    }
+    MOE_CHECK(at == total, "checkpoint '", path, "': tensor '", kFlatTensors[k], "' covers ", at, " of ", total, " elements");
+  }
+  for (size_t i = 0; i < bias_loaded.size(); ++i)
+    MOE_CHECK(bias_loaded[i], "checkpoint '", path, "' has no tensor 'router_bias.", i, "'");
+  const int64_t steps = field<int64_t>(field<json>(v.manifest, "optimizer", mpath), "steps_taken", mpath);
+  MOE_CHECK(steps == v.info.step, "malformed manifest '", mpath, "': optimizer steps_taken ", steps, " != step ", v.info.step);
+  trainer.optimizer().set_steps_taken(steps);
+  model.refresh_operand_weights();
+  return v.info;
+}
+
+}  // namespace moe

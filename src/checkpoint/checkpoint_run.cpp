@@ -1,0 +1,120 @@
+// Train-loop glue (resume, periodic saves), the CRC-32C and the state hash.
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <ostream>
+
+#include "checkpoint/checkpoint.h"
+#include "core/check.h"
+#include "train/trainer.h"
+
+namespace moe {
+namespace fs = std::filesystem;
+
+uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
+  static const std::array<std::array<uint32_t, 256>, 8> table = [] {
+    std::array<std::array<uint32_t, 256>, 8> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i)
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xff];
+    return t;
+  }();
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  while (n >= 8) {  // slicing-by-8 (little-endian load)
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    w ^= crc;
+    crc = table[7][w & 0xff] ^ table[6][(w >> 8) & 0xff] ^ table[5][(w >> 16) & 0xff] ^
+          table[4][(w >> 24) & 0xff] ^ table[3][(w >> 32) & 0xff] ^ table[2][(w >> 40) & 0xff] ^
+          table[1][(w >> 48) & 0xff] ^ table[0][(w >> 56) & 0xff];
+    p += 8;
+    n -= 8;
+  }
+  while (n-- > 0) crc = (crc >> 8) ^ table[0][(crc ^ *p++) & 0xff];
+  return ~crc;
+}
+
+CheckpointInfo resume_latest(const std::string& dir, Trainer& trainer, std::ostream& log) {
+  std::vector<std::string> all = list_checkpoints(dir);
+  MOE_CHECK(!all.empty(), "--resume: no complete checkpoint in '", dir, "'");
+  std::string errors;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      return load_checkpoint(*it, trainer);
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      if (msg.find("cannot resume") != std::string::npos) throw;  // a config mismatch: no fallback
+      log << "warning: skipping checkpoint '" << *it << "': " << msg << "\n";
+      errors += "\n  " + msg;
+    }
+  }
+  MOE_FAIL("--resume: no checkpoint in '", dir, "' verifies:", errors);
+}
+
+uint64_t training_state_hash(Trainer& trainer) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* data, size_t n) {
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  Transformer& m = trainer.model();
+  mix(m.params().flat.data, m.params().flat.nbytes());
+  mix(trainer.optimizer().exp_avg().data, trainer.optimizer().exp_avg().nbytes());
+  mix(trainer.optimizer().exp_avg_sq().data, trainer.optimizer().exp_avg_sq().nbytes());
+  for (const OwnedTensor& b : m.router_bias()) mix(b.t.data, b.t.nbytes());
+  const int64_t steps = trainer.steps_taken();
+  mix(&steps, sizeof steps);
+  return h;
+}
+
+std::string checkpoint_dir(const Config& config) {
+  return config.checkpoint.dir.empty() ? (fs::path(config.train.out_dir) / "checkpoints").string() : config.checkpoint.dir;
+}
+
+void maybe_save_checkpoint(const Config& config, Trainer& trainer, int64_t step, int64_t next_instance, bool last,
+                           std::ostream& log) {
+  const CheckpointConfig& cc = config.checkpoint;
+  const bool periodic = cc.every > 0 && step % cc.every == 0;
+  if (!periodic && !(last && cc.at_end)) return;
+  SaveOptions o;
+  o.keep_last = cc.keep_last;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string path = save_checkpoint(checkpoint_dir(config), trainer, next_instance, o);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (last || step % config.train.log_every == 0) {
+    uintmax_t bytes = 0;
+    for (const auto& e : fs::directory_iterator(path)) bytes += e.file_size();
+    log << "checkpoint " << path << " (" << static_cast<double>(bytes) / 1e6 << " MB in " << seconds << " s)\n" << std::flush;
+  }
+}
+
+CheckpointInfo begin_checkpointing(const Config& config, Trainer& trainer, bool resume, std::ostream& log) {
+  const std::string dir = checkpoint_dir(config);
+  if (!resume) {
+    const std::vector<std::string> earlier = list_checkpoints(dir);
+    if (!earlier.empty()) {  // a fresh run must not prune (or be mixed with) an earlier run's checkpoints
+      const std::string aside = fs::path(dir).lexically_normal().string() + ".previous";
+      fs::remove_all(aside);
+      fs::rename(dir, aside);
+      log << "warning: '" << dir << "' held " << earlier.size() << " checkpoint(s) of an earlier run (latest "
+          << fs::path(earlier.back()).filename().string() << "); moved to '" << aside
+          << "' (pass --resume to continue a run)\n";
+    }
+    return {};
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  CheckpointInfo start = resume_latest(dir, trainer, log);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log << "resumed from " << start.path << " (step " << start.step << ", next instance " << start.next_instance
+      << ", verified and loaded in " << seconds << " s)\n";
+  for (const std::string& w : start.warnings) log << "warning: " << w << "\n";
+  return start;
+}
+
+}  // namespace moe
