@@ -97,9 +97,11 @@ const std::vector<Field>& fields() {
     add("train", "out_dir", T(out_dir), 0, 0, {}, "metrics and outputs");
 #undef T
 #define D(name) [](Config& c) -> Ref { return &c.data.name; }
-    add("data", "train_path", D(train_path), 0, 0, {}, "training token file");
-    add("data", "valid_path", D(valid_path), 0, 0, {}, "validation token file");
-    add("data", "token_dtype", D(token_dtype), 0, 0, {"uint16", "uint32"}, "token file element type");
+    add("data", "train_path", D(train_path), 0, 0, {}, "training token file(s), comma-separated, concatenated in order");
+    add("data", "valid_path", D(valid_path), 0, 0, {}, "validation token file(s), comma-separated");
+    add("data", "token_dtype", D(token_dtype), 0, 0, {"uint8", "uint16", "uint32"}, "token file element type (.npy descr must match)");
+    add("data", "eos_id", D(eos_id), -1, 2147483647, {}, "end-of-document token id (-1 = none)");
+    add("data", "intra_doc_mask", D(intra_doc_mask), 0, 0, {}, "mask attention across documents (needs data.eos_id)");
 #undef D
     return f;
   }();
@@ -355,6 +357,13 @@ void Config::validate() const {
   if (train.backend == "ref")
     MOE_CHECK(train.precision == "fp32", "train.precision = \"", train.precision,
               "\" needs train.backend = \"cpu\" (the reference backend has no bf16 GEMMs)");
+  MOE_CHECK(data.eos_id < model.vocab_size, "data.eos_id = ", data.eos_id, " is not below model.vocab_size = ",
+            model.vocab_size);
+  if (data.intra_doc_mask) {
+    MOE_CHECK(data.eos_id >= 0, "data.intra_doc_mask = true needs data.eos_id (the document separator)");
+    MOE_FAIL("data.intra_doc_mask = true is not implemented yet: the attention kernels have no per-position "
+             "document starts (the data side, document_starts(), is ready); set it to false");
+  }
 }
 
 void ModelConfig::validate() const {

@@ -83,6 +83,9 @@ class Transformer {
   const Tensor& expert_choice(int64_t l) { return acts(l).ffn.expert_idx; }
   // Bytes of saved activations per token (all layers), for the report.
   double activation_bytes_per_token() const;
+  // Bytes of the one activation arena (saved activations + shared scratch, 64-byte padded);
+  // estimate_memory() (model/memory.h) gives the same in closed form.
+  size_t activation_arena_bytes() const { return arena_.capacity(); }
 
  private:
   void forward_blocks(const Tensor& ids, int64_t token_base);

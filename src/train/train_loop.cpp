@@ -45,12 +45,18 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
   const TrainConfig& tc = config.train;
   if (tc.threads > 0) cpu::set_num_threads(static_cast<int>(tc.threads));
   std::unique_ptr<Backend> ops = make_backend(tc.backend);
-  TokenDataset train(std::vector<std::string>{config.data.train_path}, config.data.token_dtype,
-                     config.model.vocab_size, tc.seq_len);
+  // data.train_path / data.valid_path: one file or several comma-separated, concatenated in order.
+  TokenDataset train(split_paths(config.data.train_path), config.data.token_dtype, config.model.vocab_size,
+                     tc.seq_len);
   std::unique_ptr<TokenDataset> valid;
-  if (!config.data.valid_path.empty() && std::filesystem::exists(config.data.valid_path))
-    valid = std::make_unique<TokenDataset>(std::vector<std::string>{config.data.valid_path},
-                                           config.data.token_dtype, config.model.vocab_size, tc.seq_len);
+  const std::vector<std::string> valid_paths = split_paths(config.data.valid_path);
+  size_t valid_found = 0;
+  for (const auto& p : valid_paths) valid_found += std::filesystem::exists(p) ? 1 : 0;
+  // No validation file at all means no validation; a partly missing list is an error.
+  MOE_CHECK(valid_found == 0 || valid_found == valid_paths.size(), "data.valid_path: ",
+            valid_paths.size() - valid_found, " of ", valid_paths.size(), " files missing ('", config.data.valid_path, "')");
+  if (valid_found > 0)
+    valid = std::make_unique<TokenDataset>(valid_paths, config.data.token_dtype, config.model.vocab_size, tc.seq_len);
   Trainer trainer(config, *ops, DType::kF32);
   std::filesystem::create_directories(tc.out_dir);
   std::ofstream metrics(tc.out_dir + "/metrics.jsonl", std::ios::trunc);
@@ -60,8 +66,9 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
   log << "moecore train: " << config.model.num_params() << " parameters ("
       << config.model.num_active_matmul_params() << " active matmul), " << flops_per_token / 1e6
       << " MFLOP/token, " << cpu::num_threads() << " threads, " << tc.precision << ", "
-      << train.num_instances() << " training instances of " << tc.seq_len << " tokens\n";
-  if (valid) log << "validation: " << valid->num_instances() << " instances\n";
+      << train.num_instances() << " training instances of " << tc.seq_len << " tokens from "
+      << train.num_files() << " file(s)\n";
+  if (valid) log << "validation: " << valid->num_instances() << " instances from " << valid->num_files() << " file(s)\n";
   const double act_bytes = trainer.model().activation_bytes_per_token();
   log << "saved activations: " << act_bytes << " bytes/token (" << act_bytes / static_cast<double>(config.model.n_layers)
       << " per layer per token" << (tc.recompute ? ", block recompute on" : "") << ")\n";
