@@ -359,11 +359,8 @@ void Config::validate() const {
               "\" needs train.backend = \"cpu\" (the reference backend has no bf16 GEMMs)");
   MOE_CHECK(data.eos_id < model.vocab_size, "data.eos_id = ", data.eos_id, " is not below model.vocab_size = ",
             model.vocab_size);
-  if (data.intra_doc_mask) {
+  if (data.intra_doc_mask)
     MOE_CHECK(data.eos_id >= 0, "data.intra_doc_mask = true needs data.eos_id (the document separator)");
-    MOE_FAIL("data.intra_doc_mask = true is not implemented yet: the attention kernels have no per-position "
-             "document starts (the data side, document_starts(), is ready); set it to false");
-  }
 }
 
 void ModelConfig::validate() const {

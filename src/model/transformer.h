@@ -74,6 +74,10 @@ class Transformer {
   // gradients of the step's total loss and adds this micro-batch's loss terms to stats.
   void forward_backward(const Tensor& ids, const Tensor& labels, const MicroBatchScales& scales,
                         StepStats& stats);
+  // Intra-document masking for the following forward/backward calls: (B,S) i32 document starts
+  // of the micro-batch (a view the caller keeps alive), or an empty tensor for plain causal
+  // attention (the default). See attention_fwd in kernels/op_list.inc.
+  void set_document_starts(const Tensor& doc_start) { doc_start_ = doc_start; }
   // Forward only: full logits (B*S, V) in the compute dtype (tests, evaluation).
   void forward_logits(const Tensor& ids, const Tensor& logits);
   // Forward only: summed cross-entropy over labeled positions into out (1) f64 (validation).
@@ -137,6 +141,7 @@ class Transformer {
   std::vector<LayerActs> acts_;
   Scratch scratch_;
   Tensor rstd_final_, xf_, xf_act_;  // (T), (T,D), (T,D) final norm
+  Tensor doc_start_;                  // (B,S) i32 document starts, or empty (plain causal)
 };
 
 }  // namespace moe

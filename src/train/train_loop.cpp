@@ -22,20 +22,26 @@ double now_s() {
   return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
 }
 
-// Mean cross-entropy over the first `batches` micro-batches of the validation set (file order).
+// Mean cross-entropy over the first `batches` micro-batches of the validation set (stream
+// order), with the same intra-document masking as training.
 double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batches) {
-  const TrainConfig& tc = trainer.config().train;
-  const int64_t B = tc.micro_batch_size, S = tc.seq_len;
-  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S}), sum(DType::kF64, {1});
+  const Config& c = trainer.config();
+  const int64_t B = c.train.micro_batch_size, S = c.train.seq_len;
+  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S}), sum(DType::kF64, {1}),
+      doc(DType::kI32, {B, S});
   int64_t labeled = 0;
   for (int64_t m = 0; m < batches; ++m) {
     for (int64_t b = 0; b < B; ++b) {
       const int64_t index = (m * B + b) % valid.num_instances();
       valid.instance(index, ids.as<int32_t>() + b * S, labels.as<int32_t>() + b * S);
+      if (c.data.intra_doc_mask)
+        document_starts(ids.as<int32_t>() + b * S, S, static_cast<int32_t>(c.data.eos_id), doc.as<int32_t>() + b * S);
     }
     for (int64_t i = 0; i < B * S; ++i) labeled += labels.as<int32_t>()[i] >= 0;
+    trainer.model().set_document_starts(c.data.intra_doc_mask ? doc.t : Tensor());
     trainer.model().forward_loss(ids, labels, sum);
   }
+  trainer.model().set_document_starts(Tensor());
   return sum.as<double>()[0] / static_cast<double>(labeled);
 }
 
@@ -73,9 +79,11 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
   log << "saved activations: " << act_bytes << " bytes/token (" << act_bytes / static_cast<double>(config.model.n_layers)
       << " per layer per token" << (tc.recompute ? ", block recompute on" : "") << ")\n";
 
-  OwnedTensor ids(DType::kI32, {tc.batch_size, tc.seq_len}), labels(DType::kI32, {tc.batch_size, tc.seq_len});
-  std::vector<int64_t> order;
-  int64_t epoch = -1;
+  OwnedTensor ids(DType::kI32, {tc.batch_size, tc.seq_len}), labels(DType::kI32, {tc.batch_size, tc.seq_len}),
+      doc(DType::kI32, {tc.batch_size, tc.seq_len});
+  const bool doc_mask = config.data.intra_doc_mask;
+  if (doc_mask) log << "intra-document masking: documents end with token " << config.data.eos_id << "\n";
+  InstanceOrder order(train.num_instances(), tc.seed);  // state: the global instance position
   TrainSummary summary;
   const double t_start = now_s();
   double t_window = t_start;
@@ -83,8 +91,9 @@ TrainSummary run_training(const Config& config, std::ostream& log) {
   auto write_metrics = [&](nlohmann::json j) { metrics << j.dump() << "\n" << std::flush; };
 
   for (int64_t step = 1; step <= tc.steps; ++step) {
-    fill_batch(train, tc.seed, (step - 1) * tc.batch_size, ids, labels, order, epoch);
-    StepResult r = trainer.step(ids, labels);
+    fill_batch(train, order, (step - 1) * tc.batch_size, ids, labels, 0, 1, doc_mask ? &doc.t : nullptr,
+               static_cast<int32_t>(config.data.eos_id));
+    StepResult r = trainer.step(ids, labels, doc_mask ? doc.t : Tensor());
     tokens_window += r.tokens;
     summary.steps = step;
     summary.final_train_loss = r.ce;

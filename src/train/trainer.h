@@ -33,9 +33,10 @@ class Trainer {
   const Config& config() const { return config_; }
   // ids, labels: (batch_size, seq_len) i32 for the whole step; labels < 0 carry no loss.
   // step() = compute_gradients() + apply_update(); tests look at the gradients in between.
-  StepResult step(const Tensor& ids, const Tensor& labels);
+  // doc_start: (batch_size, seq_len) i32 document starts for intra-document masking, or empty.
+  StepResult step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
   // Forward + backward over all micro-batches: losses, gradients (unclipped) and grad norm.
-  StepResult compute_gradients(const Tensor& ids, const Tensor& labels);
+  StepResult compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
   // Clipping, LR, AdamW, loss-free bias update, bf16 weight refresh.
   void apply_update(StepResult& r);
   int64_t steps_taken() const { return optim_->steps_taken(); }

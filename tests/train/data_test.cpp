@@ -278,6 +278,14 @@ TEST(TokenData, TrainingReadsSeveralFilesAndValidates) {
   EXPECT_GT(s.final_valid_loss, 0.0);
   EXPECT_NE(log.str().find("62 training instances of 8 tokens from 2 file(s)"), std::string::npos) << log.str();
   EXPECT_NE(log.str().find("validation: 62 instances from 2 file(s)"), std::string::npos) << log.str();
+  // Intra-document masking (EOS = 0, frequent here) runs through training and validation.
+  Config masked = c;
+  masked.data.eos_id = 0;
+  masked.data.intra_doc_mask = true;
+  TrainSummary sm = run_training(masked, log);
+  EXPECT_GT(sm.final_valid_loss, 0.0);
+  EXPECT_NE(sm.final_train_loss, s.final_train_loss);
+  EXPECT_NE(log.str().find("intra-document masking"), std::string::npos);
   Config bad = c;
   bad.data.valid_path = temp_path("va0.bin") + "," + temp_path("nope.bin");
   expect_mentions(error_of([&] { run_training(bad, log); }), {"1 of 2 files missing"});
@@ -286,8 +294,7 @@ TEST(TokenData, TrainingReadsSeveralFilesAndValidates) {
 TEST(TokenData, EosAndIntraDocumentMaskConfig) {
   expect_mentions(error_of([] { parse_config("", {"data.eos_id=300"}); }), {"data.eos_id", "300", "vocab_size"});
   expect_mentions(error_of([] { parse_config("", {"data.intra_doc_mask=true"}); }), {"intra_doc_mask", "eos_id"});
-  expect_mentions(error_of([] { parse_config("", {"data.eos_id=0", "data.intra_doc_mask=true"}); }),
-                  {"intra_doc_mask", "not implemented"});
+  EXPECT_TRUE(parse_config("", {"data.eos_id=0", "data.intra_doc_mask=true"}).data.intra_doc_mask);
   EXPECT_EQ(parse_config("", {"data.eos_id=0"}).data.eos_id, 0);
 }
 
