@@ -116,7 +116,7 @@ std::string format_memory(const MemoryEstimate& m) {
   line("AdamW state (2 x fp32)", m.optimizer);
   if (m.router_bias > 0) line("router biases", m.router_bias);
   line("activations (arena, one micro-batch)", m.activations);
-  line("  of which per layer per token", m.act_per_layer_token);
+  line("  of which per layer per token (MoE layer)", m.act_per_layer_token);
   line("  of which shared scratch + residual", m.act_shared);
   line("total", m.total());
   return o.str();
