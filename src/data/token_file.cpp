@@ -83,7 +83,7 @@ size_t parse_npy_header(int fd, const std::string& path, size_t file_bytes, cons
   if (!inner.empty() && inner.back() == ',') inner.pop_back();
   inner = trim(inner);
   MOE_CHECK(!inner.empty() && inner.find(',') == std::string::npos &&
-                inner.find_first_not_of("0123456789") == std::string::npos,
+                inner.find_first_not_of("0123456789") == std::string::npos && inner.size() <= 18,
             "'", path, "': .npy shape ", shape, " is not 1-D (token files are flat arrays)");
   const unsigned long long n = std::stoull(inner);
   const size_t header = pre + len, data = file_bytes - header;

@@ -156,6 +156,8 @@ TEST(TokenData, RealNpyHeadersAreParsedAndChecked) {
   expect_mentions(error_of([&] { TokenFile f(temp_path("f.npy"), "uint16", 10); }), {"f.npy", "fortran_order"});
   write_bytes(temp_path("2d.npy"), npy_bytes("<u2", "(2, 2)", std::string(8, '\0')));
   expect_mentions(error_of([&] { TokenFile f(temp_path("2d.npy"), "uint16", 10); }), {"2d.npy", "not 1-D"});
+  write_bytes(temp_path("huge.npy"), npy_bytes("<u2", "(99999999999999999999999,)", std::string(8, '\0')));
+  expect_mentions(error_of([&] { TokenFile f(temp_path("huge.npy"), "uint16", 10); }), {"huge.npy", "not 1-D"});
   write_bytes(temp_path("short.npy"), npy_bytes("<u2", "(5,)", std::string(8, '\0')));
   expect_mentions(error_of([&] { TokenFile f(temp_path("short.npy"), "uint16", 10); }),
                   {"short.npy", "needs 10 data bytes", "holds 8", "truncated"});
