@@ -443,6 +443,9 @@ int64_t first_key_tile(const Dims& d, int64_t b, int64_t q0, int nq, float* lane
 size_t scratch_floats(int hd) { return (4 * size_t(hd) + 2 * kTile + 4) * kTile; }
 
 // ------------------------------------------------------------------ forward
+// kDoc: intra-document masking (d.doc set); a template parameter so the plain causal path
+// compiles exactly as without it.
+template <bool kDoc>
 void forward_tile(const Dims& d, const float* q, const float* k, const float* v, float* o,
                   float* lse, int64_t b, int64_t h, int64_t qt, float* ws) {
   const int hd = d.hd;
@@ -458,15 +461,15 @@ void forward_tile(const Dims& d, const float* q, const float* k, const float* v,
   pack_transposed(qb, d.qstride(), nq, hd, c, qt_panel);
   std::fill(o_panel, o_panel + hd * kTile, 0.0f);
   float ds_lanes[kTile];
-  const int64_t kfirst = first_key_tile(d, b, q0, nq, ds_lanes);
+  const int64_t kfirst = kDoc ? first_key_tile(d, b, q0, nq, ds_lanes) : 0;
   vf m[kNV], l[kNV], dsv[kNV];
   // With document masks a query lane may see a wholly masked key tile before its document
   // starts: a finite initial max keeps alpha = exp2(m - mnew) = 1 there instead of NaN.
-  const float m0 = d.doc ? -1e30f : -std::numeric_limits<float>::infinity();
+  const float m0 = kDoc ? -1e30f : -std::numeric_limits<float>::infinity();
   for (int x = 0; x < kNV; ++x) {
     m[x] = vset1(m0);
     l[x] = vset1(0.0f);
-    dsv[x] = vload(ds_lanes + x * kLanes);
+    if constexpr (kDoc) dsv[x] = vload(ds_lanes + x * kLanes);
   }
   for (int64_t k0 = kfirst; k0 < q0 + nq; k0 += kTile) {  // key tiles past the last query: skipped
     const int nk = static_cast<int>(std::min<int64_t>(kTile, d.S - k0));
@@ -485,8 +488,8 @@ void forward_tile(const Dims& d, const float* q, const float* k, const float* v,
         vf s = vload(p);
         // query lane i is masked where k0 + j > q0 + x*16 + i
         if (diag) s = vmask_lt(s, static_cast<int>(k0 + j - q0 - x * kLanes));
-        if (d.doc) s = vmask_doc(s, dsv[x], static_cast<float>(k0 + j));  // key before its document
-        if (diag || d.doc) vstore(p, s);
+        if constexpr (kDoc) s = vmask_doc(s, dsv[x], static_cast<float>(k0 + j));  // key before its document
+        if (diag || kDoc) vstore(p, s);
         mt[x] = vmax(mt[x], s);
       }
     vf alpha[kNV], sum[kNV];
@@ -522,6 +525,7 @@ void forward_tile(const Dims& d, const float* q, const float* k, const float* v,
 
 // ------------------------------------------------------------------ backward
 // Pass 1: dk and dv of key tile kt of kv head g, summed over the group's query heads in order.
+template <bool kDoc>
 void backward_kv_tile(const Dims& d, const float* dout, const float* q, const float* k,
                       const float* v, const float* lse, const float* D, float* dk, float* dv,
                       int64_t b, int64_t g, int64_t kt, float* ws) {
@@ -546,8 +550,8 @@ void backward_kv_tile(const Dims& d, const float* dout, const float* q, const fl
       const int64_t qoff = ((b * d.S + q0) * d.H + h) * hd;
       const float* lse_row = lse + (b * d.H + h) * d.S + q0;
       const float* D_row = D + (b * d.H + h) * d.S + q0;
-      const int32_t* ds_row = d.doc ? d.doc + b * d.S + q0 : nullptr;
-      if (ds_row && *std::min_element(ds_row, ds_row + nq) >= k0 + nk) continue;  // all before the documents
+      const int32_t* ds_row = kDoc ? d.doc + b * d.S + q0 : nullptr;
+      if (kDoc && *std::min_element(ds_row, ds_row + nq) >= k0 + nk) continue;  // all before the documents
       // Only the diagonal tile (q0 == k0) has keys after queries (padding past S included):
       // mask there, and skip the lane vectors of row i above i/16 (all masked) everywhere.
       const bool diag = q0 == k0;
@@ -563,7 +567,7 @@ void backward_kv_tile(const Dims& d, const float* dout, const float* q, const fl
           // key lane j is masked where k0 + x*16 + j > q0 + i
           if (diag) s = vmask_ge(s, static_cast<int>(q0 + i - k0 - x * kLanes + 1));
           // key lane j is masked where k0 + x*16 + j < doc_start of query q0 + i
-          if (ds_row) s = vmask_lt(s, static_cast<int>(ds_row[i] - k0 - x * kLanes));
+          if constexpr (kDoc) s = vmask_lt(s, static_cast<int>(ds_row[i] - k0 - x * kLanes));
           vf p = vexp2(vsub(s, l2));
           vstore(ps, p);
           vstore(dps, vmul(p, vsub(vload(dps), Di)));
@@ -580,6 +584,7 @@ void backward_kv_tile(const Dims& d, const float* dout, const float* q, const fl
 }
 
 // Pass 2: dq of query tile qt of head h, summed over key tiles in order.
+template <bool kDoc>
 void backward_q_tile(const Dims& d, const float* dout, const float* q, const float* k,
                      const float* v, const float* lse, const float* D, float* dq, int64_t b,
                      int64_t h, int64_t qt, float* ws) {
@@ -605,12 +610,12 @@ void backward_q_tile(const Dims& d, const float* dout, const float* q, const flo
     lanes[kTile + i] = i < nq ? D_row[i] : 0.0f;
   }
   float ds_lanes[kTile];
-  const int64_t kfirst = first_key_tile(d, b, q0, nq, ds_lanes);
+  const int64_t kfirst = kDoc ? first_key_tile(d, b, q0, nq, ds_lanes) : 0;
   vf l2[kNV], Dv[kNV], dsv[kNV];
   for (int x = 0; x < kNV; ++x) {
     l2[x] = vload(lanes + x * kLanes);
     Dv[x] = vload(lanes + kTile + x * kLanes);
-    dsv[x] = vload(ds_lanes + x * kLanes);
+    if constexpr (kDoc) dsv[x] = vload(ds_lanes + x * kLanes);
   }
   for (int64_t k0 = kfirst; k0 < q0 + nq; k0 += kTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kTile, d.S - k0));
@@ -624,7 +629,7 @@ void backward_q_tile(const Dims& d, const float* dout, const float* q, const flo
       for (int x = diag ? j / kLanes : 0; x < kNV; ++x) {
         vf s = vload(p_tile + j * kTile + x * kLanes);
         if (diag) s = vmask_lt(s, static_cast<int>(k0 + j - q0 - x * kLanes));
-        if (d.doc) s = vmask_doc(s, dsv[x], static_cast<float>(k0 + j));
+        if constexpr (kDoc) s = vmask_doc(s, dsv[x], static_cast<float>(k0 + j));
         vf p = vexp2(vsub(s, l2[x]));
         float* dps = ds_tile + j * kTile + x * kLanes;
         vstore(dps, vmul(p, vsub(vload(dps), Dv[x])));
@@ -663,7 +668,8 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < nt * bh; ++item) {
       const int64_t qt = nt - 1 - item / bh, r = item % bh;
-      forward_tile(d, qp, kp, vp, op, lp, r / d.H, r % d.H, qt, ws);
+      if (d.doc) forward_tile<true>(d, qp, kp, vp, op, lp, r / d.H, r % d.H, qt, ws);
+      else forward_tile<false>(d, qp, kp, vp, op, lp, r / d.H, r % d.H, qt, ws);
     }
   }
 }
@@ -706,14 +712,16 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < nt * bg; ++item) {
       const int64_t kt = item / bg, r = item % bg;
-      backward_kv_tile(d, dop, qp, kp, vp, lp, D, dkp, dvp, r / d.G, r % d.G, kt, ws);
+      if (d.doc) backward_kv_tile<true>(d, dop, qp, kp, vp, lp, D, dkp, dvp, r / d.G, r % d.G, kt, ws);
+      else backward_kv_tile<false>(d, dop, qp, kp, vp, lp, D, dkp, dvp, r / d.G, r % d.G, kt, ws);
     }
     // Pass 2: dq. Item (qt, b, h); the last query tiles see the most key tiles: first.
     const int64_t bh = d.B * d.H;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < nt * bh; ++item) {
       const int64_t qt = nt - 1 - item / bh, r = item % bh;
-      backward_q_tile(d, dop, qp, kp, vp, lp, D, dqp, r / d.H, r % d.H, qt, ws);
+      if (d.doc) backward_q_tile<true>(d, dop, qp, kp, vp, lp, D, dqp, r / d.H, r % d.H, qt, ws);
+      else backward_q_tile<false>(d, dop, qp, kp, vp, lp, D, dqp, r / d.H, r % d.H, qt, ws);
     }
   }
 }
