@@ -45,7 +45,7 @@ void BM_AttentionFwd(benchmark::State& state) {
   omp_set_num_threads(static_cast<int>(state.range(1)));
   Tensors t(hd);
   for (auto _ : state) {
-    cpu::attention_fwd(t.q, t.k, t.v, t.o, t.lse);
+    cpu::attention_fwd(t.q, t.k, t.v, t.o, t.lse, Tensor());
     benchmark::DoNotOptimize(t.o.t.data);
   }
   state.counters["GFLOP/s"] = benchmark::Counter(
@@ -56,9 +56,9 @@ void BM_AttentionBwd(benchmark::State& state) {
   const int64_t hd = state.range(0);
   omp_set_num_threads(static_cast<int>(state.range(1)));
   Tensors t(hd);
-  cpu::attention_fwd(t.q, t.k, t.v, t.o, t.lse);
+  cpu::attention_fwd(t.q, t.k, t.v, t.o, t.lse, Tensor());
   for (auto _ : state) {
-    cpu::attention_bwd(t.dout, t.q, t.k, t.v, t.o, t.lse, t.dq, t.dk, t.dv);
+    cpu::attention_bwd(t.dout, t.q, t.k, t.v, t.o, t.lse, t.dq, t.dk, t.dv, Tensor());
     benchmark::DoNotOptimize(t.dq.t.data);
   }
   state.counters["GFLOP/s"] = benchmark::Counter(

@@ -12,6 +12,7 @@
 #include "checkpoint/hf_export.h"
 #include "checkpoint/safetensors.h"
 #include "data/prepare.h"
+#include "model/memory.h"
 #include "train/train_loop.h"
 
 namespace {
@@ -75,7 +76,11 @@ int run(int argc, char** argv) {
               << "\n# active matmul parameters per token: " << m.num_active_matmul_params()
               << "\n# training FLOPs per token (causal attention): " << m.train_flops_per_token(c.train.seq_len)
               << "\n# training FLOPs per token (non-causal convention, 12*L*H*hd*S): "
-              << m.train_flops_per_token_noncausal(c.train.seq_len) << "\n";
+              << m.train_flops_per_token_noncausal(c.train.seq_len) << "\n"
+              << "# memory estimate (closed form, src/model/memory.cpp; micro-batch of "
+              << c.train.micro_batch_size << " x " << c.train.seq_len << " tokens, " << c.train.precision
+              << (c.train.recompute ? ", block recompute" : "") << "):\n"
+              << moe::format_memory(moe::estimate_memory(c));
     return 0;
   }
   if (a.command == "prepare") {

@@ -98,9 +98,11 @@ const std::vector<Field>& fields() {
     add("train", "on_nonfinite", T(on_nonfinite), 0, 0, {"stop", "skip"}, "NaN/Inf loss or gradients: stop, or skip the update");
 #undef T
 #define D(name) [](Config& c) -> Ref { return &c.data.name; }
-    add("data", "train_path", D(train_path), 0, 0, {}, "training token file");
-    add("data", "valid_path", D(valid_path), 0, 0, {}, "validation token file");
-    add("data", "token_dtype", D(token_dtype), 0, 0, {"uint16", "uint32"}, "token file element type");
+    add("data", "train_path", D(train_path), 0, 0, {}, "training token file(s), comma-separated, concatenated in order");
+    add("data", "valid_path", D(valid_path), 0, 0, {}, "validation token file(s), comma-separated");
+    add("data", "token_dtype", D(token_dtype), 0, 0, {"uint8", "uint16", "uint32"}, "token file element type (.npy descr must match)");
+    add("data", "eos_id", D(eos_id), -1, 2147483647, {}, "end-of-document token id (-1 = none)");
+    add("data", "intra_doc_mask", D(intra_doc_mask), 0, 0, {}, "mask attention across documents (needs data.eos_id)");
 #undef D
 #define X(name) [](Config& c) -> Ref { return &c.metrics.name; }
     add("metrics", "peak_tflops", X(peak_tflops), 0, kInf, {}, "peak TFLOP/s for MFU (0 = measured 0.235 fp32 / 0.470 bf16)");
@@ -370,6 +372,10 @@ void Config::validate() const {
   if (train.backend == "ref")
     MOE_CHECK(train.precision == "fp32", "train.precision = \"", train.precision,
               "\" needs train.backend = \"cpu\" (the reference backend has no bf16 GEMMs)");
+  MOE_CHECK(data.eos_id < model.vocab_size, "data.eos_id = ", data.eos_id, " is not below model.vocab_size = ",
+            model.vocab_size);
+  if (data.intra_doc_mask)
+    MOE_CHECK(data.eos_id >= 0, "data.intra_doc_mask = true needs data.eos_id (the document separator)");
 }
 
 void ModelConfig::validate() const {

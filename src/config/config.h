@@ -89,9 +89,12 @@ struct TrainConfig {
 };
 
 struct DataConfig {
+  // One file, or several comma-separated files concatenated into one stream in the order given.
   std::string train_path = "data/kjv/train.bin";
   std::string valid_path = "data/kjv/valid.bin";
-  std::string token_dtype = "uint16";  // uint16 | uint32
+  std::string token_dtype = "uint16";  // uint8 | uint16 | uint32 (a .npy header must match)
+  int64_t eos_id = -1;                 // document separator id (-1 = none)
+  bool intra_doc_mask = false;         // attention stays within documents (needs eos_id)
 };
 
 // Metrics file and warnings (train/metrics.h).

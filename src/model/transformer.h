@@ -74,6 +74,10 @@ class Transformer {
   // gradients of the step's total loss and adds this micro-batch's loss terms to stats.
   void forward_backward(const Tensor& ids, const Tensor& labels, const MicroBatchScales& scales,
                         StepStats& stats);
+  // Intra-document masking for the following forward/backward calls: (B,S) i32 document starts
+  // of the micro-batch (a view the caller keeps alive), or an empty tensor for plain causal
+  // attention (the default). See attention_fwd in kernels/op_list.inc.
+  void set_document_starts(const Tensor& doc_start) { doc_start_ = doc_start; }
   // Forward only: full logits (B*S, V) in the compute dtype (tests, evaluation).
   void forward_logits(const Tensor& ids, const Tensor& logits);
   // Forward only: summed cross-entropy over labeled positions into out (1) f64 (validation).
@@ -81,8 +85,13 @@ class Transformer {
 
   // The expert choice (T,K) of MoE layer l in the last forward (tests check no choice flips).
   const Tensor& expert_choice(int64_t l) { return acts(l).ffn.expert_idx; }
+  // The router scores (T,E) of MoE layer l in the last forward.
+  const Tensor& router_scores(int64_t l) { return acts(l).ffn.scores; }
   // Bytes of saved activations per token (all layers), for the report.
   double activation_bytes_per_token() const;
+  // Bytes of the one activation arena (saved activations + shared scratch, 64-byte padded);
+  // estimate_memory() (model/memory.h) gives the same in closed form.
+  size_t activation_arena_bytes() const { return arena_.capacity(); }
 
  private:
   void forward_blocks(const Tensor& ids, int64_t token_base);
@@ -134,6 +143,7 @@ class Transformer {
   std::vector<LayerActs> acts_;
   Scratch scratch_;
   Tensor rstd_final_, xf_, xf_act_;  // (T), (T,D), (T,D) final norm
+  Tensor doc_start_;                  // (B,S) i32 document starts, or empty (plain causal)
 };
 
 }  // namespace moe

@@ -27,9 +27,27 @@ double now_s() {
   return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
 }
 
-// Mean cross-entropy over the first `batches` micro-batches of the validation set (file order).
+// Mean cross-entropy over the first `batches` micro-batches of the validation set (stream
+// order), with the same intra-document masking as training.
 double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batches) {
-  return evaluate(trainer.model(), valid, trainer.config().train.micro_batch_size, batches).loss;
+  const Config& c = trainer.config();
+  const int64_t B = c.train.micro_batch_size, S = c.train.seq_len;
+  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S}), sum(DType::kF64, {1}),
+      doc(DType::kI32, {B, S});
+  int64_t labeled = 0;
+  for (int64_t m = 0; m < batches; ++m) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t index = (m * B + b) % valid.num_instances();
+      valid.instance(index, ids.as<int32_t>() + b * S, labels.as<int32_t>() + b * S);
+      if (c.data.intra_doc_mask)
+        document_starts(ids.as<int32_t>() + b * S, S, static_cast<int32_t>(c.data.eos_id), doc.as<int32_t>() + b * S);
+    }
+    for (int64_t i = 0; i < B * S; ++i) labeled += labels.as<int32_t>()[i] >= 0;
+    trainer.model().set_document_starts(c.data.intra_doc_mask ? doc.t : Tensor());
+    trainer.model().forward_loss(ids, labels, sum);
+  }
+  trainer.model().set_document_starts(Tensor());
+  return sum.as<double>()[0] / static_cast<double>(labeled);
 }
 
 }  // namespace
@@ -38,12 +56,18 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume) 
   const TrainConfig& tc = config.train;
   if (tc.threads > 0) cpu::set_num_threads(static_cast<int>(tc.threads));
   std::unique_ptr<Backend> ops = make_backend(tc.backend);
-  TokenDataset train(std::vector<std::string>{config.data.train_path}, config.data.token_dtype,
-                     config.model.vocab_size, tc.seq_len);
+  // data.train_path / data.valid_path: one file or several comma-separated, concatenated in order.
+  TokenDataset train(split_paths(config.data.train_path), config.data.token_dtype, config.model.vocab_size,
+                     tc.seq_len);
   std::unique_ptr<TokenDataset> valid;
-  if (!config.data.valid_path.empty() && std::filesystem::exists(config.data.valid_path))
-    valid = std::make_unique<TokenDataset>(std::vector<std::string>{config.data.valid_path},
-                                           config.data.token_dtype, config.model.vocab_size, tc.seq_len);
+  const std::vector<std::string> valid_paths = split_paths(config.data.valid_path);
+  size_t valid_found = 0;
+  for (const auto& p : valid_paths) valid_found += std::filesystem::exists(p) ? 1 : 0;
+  // No validation file at all means no validation; a partly missing list is an error.
+  MOE_CHECK(valid_found == 0 || valid_found == valid_paths.size(), "data.valid_path: ",
+            valid_paths.size() - valid_found, " of ", valid_paths.size(), " files missing ('", config.data.valid_path, "')");
+  if (valid_found > 0)
+    valid = std::make_unique<TokenDataset>(valid_paths, config.data.token_dtype, config.model.vocab_size, tc.seq_len);
   Trainer trainer(config, *ops, DType::kF32);
   const CheckpointInfo start = begin_checkpointing(config, trainer, resume, log);  // step, data position
   std::filesystem::create_directories(tc.out_dir);
@@ -54,15 +78,18 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume) 
   log << "moecore train: " << config.model.num_params() << " parameters ("
       << config.model.num_active_matmul_params() << " active matmul), " << flops_per_token / 1e6
       << " MFLOP/token, " << cpu::num_threads() << " threads, " << tc.precision << ", "
-      << train.num_instances() << " training instances of " << tc.seq_len << " tokens\n";
-  if (valid) log << "validation: " << valid->num_instances() << " instances\n";
+      << train.num_instances() << " training instances of " << tc.seq_len << " tokens from "
+      << train.num_files() << " file(s)\n";
+  if (valid) log << "validation: " << valid->num_instances() << " instances from " << valid->num_files() << " file(s)\n";
   const double act_bytes = trainer.model().activation_bytes_per_token();
   log << "saved activations: " << act_bytes << " bytes/token (" << act_bytes / static_cast<double>(config.model.n_layers)
       << " per layer per token" << (tc.recompute ? ", block recompute on" : "") << ")\n";
 
-  OwnedTensor ids(DType::kI32, {tc.batch_size, tc.seq_len}), labels(DType::kI32, {tc.batch_size, tc.seq_len});
-  std::vector<int64_t> order;
-  int64_t epoch = -1;
+  OwnedTensor ids(DType::kI32, {tc.batch_size, tc.seq_len}), labels(DType::kI32, {tc.batch_size, tc.seq_len}),
+      doc(DType::kI32, {tc.batch_size, tc.seq_len});
+  const bool doc_mask = config.data.intra_doc_mask;
+  if (doc_mask) log << "intra-document masking: documents end with token " << config.data.eos_id << "\n";
+  InstanceOrder order(train.num_instances(), tc.seed);  // state: the global instance position
   TrainSummary summary;
   summary.steps = start.step;
   const double t_start = now_s();
@@ -83,9 +110,10 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume) 
 
   for (int64_t step = start.step + 1; step <= tc.steps; ++step) {
     const int64_t position = start.next_instance + (step - start.step - 1) * tc.batch_size;
-    fill_batch(train, tc.seed, position, ids, labels, order, epoch);
+    fill_batch(train, order, position, ids, labels, 0, 1, doc_mask ? &doc.t : nullptr,
+               static_cast<int32_t>(config.data.eos_id));
     const double t_step = now_s();
-    StepResult r = trainer.step(ids, labels);
+    StepResult r = trainer.step(ids, labels, doc_mask ? doc.t : Tensor());
     tokens_window += r.tokens;
     summary.steps = step;
     if (!r.skipped) summary.final_train_loss = r.ce;

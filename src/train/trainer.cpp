@@ -29,8 +29,8 @@ double total_loss(const LossConfig& loss, const StepResult& r) {
   return total;
 }
 
-StepResult Trainer::step(const Tensor& ids, const Tensor& labels) {
-  StepResult r = compute_gradients(ids, labels);
+StepResult Trainer::step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
+  StepResult r = compute_gradients(ids, labels, doc_start);
   finish_step(r);
   return r;
 }
@@ -70,10 +70,11 @@ bool Trainer::finish_step(StepResult& r) {
   return false;
 }
 
-StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels) {
+StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
   const TrainConfig& tc = config_.train;
   check_shape(ids, {tc.batch_size, tc.seq_len}, "step ids");
   check_shape(labels, {tc.batch_size, tc.seq_len}, "step labels");
+  if (doc_start.data) check_shape(doc_start, {tc.batch_size, tc.seq_len}, "step doc_start");
   StepResult r;
   r.step = optim_->steps_taken() + 1;
   r.tokens = tc.batch_size * tc.seq_len;
@@ -91,8 +92,10 @@ StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels) {
     sc.ce_scale = 1.0 / static_cast<double>(r.loss_tokens);
     sc.aux_weight = 1.0 / static_cast<double>(num_micro);  // equal-size micro-batches: T_m / T_step
     sc.token_base = (r.step - 1) * r.tokens + m * mbs * tc.seq_len;
+    model_->set_document_starts(doc_start.data ? doc_start.slice(m * mbs, (m + 1) * mbs) : Tensor());
     model_->forward_backward(ids.slice(m * mbs, (m + 1) * mbs), labels.slice(m * mbs, (m + 1) * mbs), sc, stats_);
   }
+  model_->set_document_starts(Tensor());
 
   // Loss terms (one read of the step's sums).
   const double* v = stats_.values.as<double>();

@@ -39,10 +39,11 @@ class Trainer {
   const Config& config() const { return config_; }
   // ids, labels: (batch_size, seq_len) i32 for the whole step; labels < 0 carry no loss.
   // step() = compute_gradients() + finish_step(); tests look at the gradients in between.
-  StepResult step(const Tensor& ids, const Tensor& labels);
+  // doc_start: (batch_size, seq_len) i32 document starts for intra-document masking, or empty.
+  StepResult step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
   // Forward + backward over all micro-batches: losses, gradients (unclipped) and grad norm.
   // A non-finite loss or grad norm sets r.finite = false and r.nonfinite_tensor (no throw).
-  StepResult compute_gradients(const Tensor& ids, const Tensor& labels);
+  StepResult compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
   // Finite: apply_update(r). Non-finite: train.on_nonfinite = "stop" throws naming the step and
   // the first offending tensor; "skip" leaves parameters and optimizer state untouched, sets
   // r.skipped and counts it. Returns whether an update was applied.

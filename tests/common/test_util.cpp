@@ -105,7 +105,7 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 namespace moe::test {
 
 double fd_check(const Tensor& x, const Tensor& analytic, const std::function<double()>& loss, double h,
-                int64_t max_checks) {
+                int64_t max_checks, bool fourth_order) {
   MOE_CHECK(x.dtype == DType::kF64, "fd_check needs an f64 input");
   const int64_t n = x.numel();
   const int64_t stride = std::max<int64_t>(1, n / max_checks);
@@ -113,12 +113,15 @@ double fd_check(const Tensor& x, const Tensor& analytic, const std::function<dou
   for (int64_t i = 0; i < n; i += stride) {
     double* p = x.as<double>() + i;
     const double saved = *p;
-    *p = saved + h;
-    const double lp = loss();
-    *p = saved - h;
-    const double lm = loss();
-    *p = saved;
-    const double fd = (lp - lm) / (2 * h), an = get(analytic, i);
+    auto at = [&](double dx) {
+      *p = saved + dx;
+      const double l = loss();
+      *p = saved;
+      return l;
+    };
+    const double fd = fourth_order ? (-at(2 * h) + 8 * at(h) - 8 * at(-h) + at(-2 * h)) / (12 * h)
+                                   : (at(h) - at(-h)) / (2 * h);
+    const double an = get(analytic, i);
     max_err = std::max(max_err, std::fabs(fd - an));
     max_an = std::max(max_an, std::fabs(an));
   }

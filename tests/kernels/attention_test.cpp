@@ -61,30 +61,30 @@ struct Problem {
   }
 };
 
-template <class Ns> void run(Problem& p) {
-  Ns::attention_fwd(p.q, p.k, p.v, p.o, p.lse);
-  Ns::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dk, p.dv);
+template <class Ns> void run(Problem& p, const Tensor& doc = Tensor()) {
+  Ns::attention_fwd(p.q, p.k, p.v, p.o, p.lse, doc);
+  Ns::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dk, p.dv, doc);
 }
 struct Ref {
   static void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                            const Tensor& lse) {
-    ref::attention_fwd(q, k, v, o, lse);
+                            const Tensor& lse, const Tensor& doc = Tensor()) {
+    ref::attention_fwd(q, k, v, o, lse, doc);
   }
   static void attention_bwd(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
                             const Tensor& e, const Tensor& f, const Tensor& g, const Tensor& h,
-                            const Tensor& i) {
-    ref::attention_bwd(a, b, c, d, e, f, g, h, i);
+                            const Tensor& i, const Tensor& doc = Tensor()) {
+    ref::attention_bwd(a, b, c, d, e, f, g, h, i, doc);
   }
 };
 struct Cpu {
   static void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                            const Tensor& lse) {
-    cpu::attention_fwd(q, k, v, o, lse);
+                            const Tensor& lse, const Tensor& doc = Tensor()) {
+    cpu::attention_fwd(q, k, v, o, lse, doc);
   }
   static void attention_bwd(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
                             const Tensor& e, const Tensor& f, const Tensor& g, const Tensor& h,
-                            const Tensor& i) {
-    cpu::attention_bwd(a, b, c, d, e, f, g, h, i);
+                            const Tensor& i, const Tensor& doc = Tensor()) {
+    cpu::attention_bwd(a, b, c, d, e, f, g, h, i, doc);
   }
 };
 
@@ -156,8 +156,8 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // loss = sum(o * r); its gradient is attention_bwd with dout = r.
-double loss(Problem& p, const Tensor& r) {
-  ref::attention_fwd(p.q, p.k, p.v, p.o, p.lse);
+double loss(Problem& p, const Tensor& r, const Tensor& doc = Tensor()) {
+  ref::attention_fwd(p.q, p.k, p.v, p.o, p.lse, doc);
   double sum = 0;
   for (int64_t i = 0; i < p.o.t.numel(); ++i) sum += test::get(p.o, i) * test::get(r, i);
   return sum;
@@ -206,7 +206,7 @@ template <class Ns> void check_causal(DType t) {
   Problem p(s, DType::kF64);
   p.fill(s, seed);
   Problem a = p.converted(s, t);
-  Ns::attention_fwd(a.q, a.k, a.v, a.o, a.lse);
+  Ns::attention_fwd(a.q, a.k, a.v, a.o, a.lse, Tensor());
   for (int64_t j : {1, 63, 64, 100, 149}) {
     SCOPED_TRACE("seed " + std::to_string(seed) + " j " + std::to_string(j));
     Problem b = p.converted(s, t);
@@ -216,7 +216,7 @@ template <class Ns> void check_causal(DType t) {
         test::set(b.k, i, test::get(b.k, i) + 0.5);
         test::set(b.v, i, test::get(b.v, i) - 0.5);
       }
-    Ns::attention_fwd(b.q, b.k, b.v, b.o, b.lse);
+    Ns::attention_fwd(b.q, b.k, b.v, b.o, b.lse, Tensor());
     const int64_t row = s.H * s.hd;
     for (int64_t bb = 0; bb < s.B; ++bb) {
       const int64_t before = (bb * s.S + j) * row;
@@ -264,24 +264,192 @@ TEST(Attention, RejectsBadArguments) {
   const Shape s{1, 8, 4, 2, 8};
   Problem p64(s, DType::kF64);
   try {
-    cpu::attention_fwd(p64.q, p64.k, p64.v, p64.o, p64.lse);
+    cpu::attention_fwd(p64.q, p64.k, p64.v, p64.o, p64.lse, Tensor());
     ADD_FAILURE() << "cpu attention accepted f64";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cpu backend does not support f64"), std::string::npos)
         << e.what();
   }
   EXPECT_THROW(cpu::attention_bwd(p64.dout, p64.q, p64.k, p64.v, p64.o, p64.lse, p64.dq, p64.dk,
-                                  p64.dv),
+                                  p64.dv, Tensor()),
                Error);
   Problem p(s, DType::kF32);
   Problem g3({1, 8, 4, 3, 8}, DType::kF32);  // H not a multiple of G
-  EXPECT_THROW(cpu::attention_fwd(p.q, g3.k, g3.v, p.o, p.lse), Error);
-  EXPECT_THROW(ref::attention_fwd(p.q, g3.k, g3.v, p.o, p.lse), Error);
+  EXPECT_THROW(cpu::attention_fwd(p.q, g3.k, g3.v, p.o, p.lse, Tensor()), Error);
+  EXPECT_THROW(ref::attention_fwd(p.q, g3.k, g3.v, p.o, p.lse, Tensor()), Error);
   OwnedTensor short_lse(DType::kF32, {1, 4, 7});
-  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p.o, short_lse), Error);
-  EXPECT_THROW(ref::attention_fwd(p.q, p.k, p.v, p.o, short_lse), Error);
-  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p64.o, p.lse), Error);  // dtype mismatch
-  EXPECT_THROW(cpu::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dq, p.dv), Error);
+  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p.o, short_lse, Tensor()), Error);
+  EXPECT_THROW(ref::attention_fwd(p.q, p.k, p.v, p.o, short_lse, Tensor()), Error);
+  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p64.o, p.lse, Tensor()), Error);  // dtype mismatch
+  EXPECT_THROW(cpu::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dq, p.dv, Tensor()), Error);
+  // doc_start: (B,S) i32 with 0 <= doc_start[b,s] <= s.
+  OwnedTensor bad_doc(DType::kI32, {1, 8});
+  for (int s = 0; s < 8; ++s) bad_doc.as<int32_t>()[s] = s == 5 ? 6 : 0;
+  for (auto f : {&cpu::attention_fwd, &ref::attention_fwd}) {
+    try {
+      f(p.q, p.k, p.v, p.o, p.lse, bad_doc);
+      ADD_FAILURE() << "doc_start after its position accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("doc_start[0,5] = 6"), std::string::npos) << e.what();
+    }
+  }
+  OwnedTensor short_doc(DType::kI32, {1, 7});
+  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p.o, p.lse, short_doc), Error);
+  EXPECT_THROW(ref::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dk, p.dv, short_doc), Error);
+}
+
+// ------------------------------------------------------------------ intra-document masking
+// Document starts (B,S) from per-row lists of document boundaries (first positions of documents).
+OwnedTensor doc_starts(int64_t B, int64_t S, const std::vector<std::vector<int64_t>>& starts) {
+  OwnedTensor t(DType::kI32, {B, S});
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t cur = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t x : starts[static_cast<size_t>(b)])
+        if (x == s) cur = static_cast<int32_t>(s);
+      t.as<int32_t>()[b * S + s] = cur;
+    }
+  }
+  return t;
+}
+
+// Boundaries cover: a document starting mid-tile, one starting exactly on a tile edge (64, 128),
+// a one-token document, and a long last document so whole key tiles are skipped (S = 300).
+const std::vector<std::vector<int64_t>> kDocs = {{0, 5, 6, 64, 100, 101, 128, 190}, {0, 37, 130}};
+
+TEST(AttentionDocMask, EqualsEachDocumentAsItsOwnSequence) {
+  // The masked attention of a packed row equals plain causal attention of each document alone.
+  const Shape s{2, 150, 4, 2, 8, 2.0};
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Problem p(s, DType::kF64);
+  p.fill(s, seed);
+  OwnedTensor doc = doc_starts(s.B, s.S, kDocs);  // starts past S are ignored
+  run<Ref>(p, doc);
+  for (int64_t b = 0; b < s.B; ++b) {
+    std::vector<int64_t> bounds;
+    for (int64_t x : kDocs[static_cast<size_t>(b)])
+      if (x < s.S) bounds.push_back(x);
+    bounds.push_back(s.S);
+    for (size_t d = 0; d + 1 < bounds.size(); ++d) {
+      const int64_t a = bounds[d], n = bounds[d + 1] - a;
+      Shape one{1, n, s.H, s.G, s.hd};
+      Problem q(one, DType::kF64);
+      auto copy_rows = [&](const Tensor& src, const Tensor& dst, int64_t width) {
+        for (int64_t i = 0; i < n * width; ++i) test::set(dst, i, test::get(src, (b * s.S + a) * width + i));
+      };
+      copy_rows(p.q, q.q, s.H * s.hd);
+      copy_rows(p.k, q.k, s.G * s.hd);
+      copy_rows(p.v, q.v, s.G * s.hd);
+      copy_rows(p.dout, q.dout, s.H * s.hd);
+      run<Ref>(q);
+      double worst = 0;
+      auto cmp = [&](const Tensor& whole, const Tensor& part, int64_t width) {
+        for (int64_t i = 0; i < n * width; ++i)
+          worst = std::max(worst, std::abs(test::get(whole, (b * s.S + a) * width + i) - test::get(part, i)));
+      };
+      cmp(p.o, q.o, s.H * s.hd);
+      cmp(p.dq, q.dq, s.H * s.hd);
+      cmp(p.dk, q.dk, s.G * s.hd);  // keys of other documents get no gradient from this one
+      cmp(p.dv, q.dv, s.G * s.hd);
+      for (int64_t h = 0; h < s.H; ++h)
+        for (int64_t i = 0; i < n; ++i)
+          worst = std::max(worst, std::abs(test::get(p.lse, (b * s.H + h) * s.S + a + i) - test::get(q.lse, h * n + i)));
+      EXPECT_LE(worst, 1e-12) << "row " << b << " document at " << a;
+    }
+  }
+}
+
+TEST(AttentionDocMask, RefBackwardMatchesFiniteDifferences) {
+  const Shape s{2, 13, 4, 2, 6, 2.0};
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Problem p(s, DType::kF64);
+  p.fill(s, seed);
+  OwnedTensor doc = doc_starts(s.B, s.S, {{0, 4, 5, 9}, {0, 7}});
+  run<Ref>(p, doc);
+  const double h = 1e-3;
+  for (auto [x, g, what] : {std::tuple{&p.q, &p.dq, "dq"}, std::tuple{&p.k, &p.dk, "dk"},
+                            std::tuple{&p.v, &p.dv, "dv"}}) {
+    OwnedTensor fd = clone(*g);
+    for (int64_t i = 0; i < x->t.numel(); ++i) {
+      const double x0 = test::get(*x, i);
+      auto at = [&](double dx) {
+        test::set(*x, i, x0 + dx);
+        return loss(p, p.dout, doc);
+      };
+      const double d1 = at(h) - at(-h), d2 = at(2 * h) - at(-2 * h);
+      test::set(*x, i, x0);
+      test::set(fd, i, (8 * d1 - d2) / (12 * h));
+    }
+    EXPECT_LE(rel_error(*g, fd), 1e-9) << what;
+  }
+}
+
+class AttentionDocShapes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(AttentionDocShapes, CpuMatchesF64Reference) {
+  const Shape s = GetParam();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " " + name(s));
+  Problem ref64(s, DType::kF64);
+  ref64.fill(s, seed);
+  ref64.poison_outputs();
+  Problem cpu32 = ref64.converted(s, DType::kF32);
+  std::vector<std::vector<int64_t>> docs;
+  for (int64_t b = 0; b < s.B; ++b) {
+    std::vector<int64_t> row;
+    for (int64_t x : kDocs[static_cast<size_t>(b % 2)])
+      if (x < s.S) row.push_back(x);
+    docs.push_back(row);
+  }
+  OwnedTensor doc = doc_starts(s.B, s.S, docs);
+  run<Ref>(ref64, doc);
+  run<Cpu>(cpu32, doc);
+  const double grow = std::max(1.0, s.amp * s.amp / 9.0);
+  EXPECT_LE(rel_error(cpu32.o, ref64.o), kTolO * grow);
+  EXPECT_LE(rel_error(cpu32.lse, ref64.lse), kTolLse * grow);
+  EXPECT_LE(rel_error(cpu32.dq, ref64.dq), kTolGrad * grow);
+  EXPECT_LE(rel_error(cpu32.dk, ref64.dk), kTolGrad * grow);
+  EXPECT_LE(rel_error(cpu32.dv, ref64.dv), kTolGrad * grow);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionDocShapes,
+    ::testing::Values(Shape{2, 150, 4, 2, 8}, Shape{2, 300, 4, 2, 32, 2.0}, Shape{2, 200, 8, 1, 64, 3.0},
+                      Shape{2, 70, 4, 4, 12}, Shape{2, 40, 3, 1, 3}),
+    [](const ::testing::TestParamInfo<Shape>& info) {
+      const Shape& s = info.param;
+      return "B" + std::to_string(s.B) + "_S" + std::to_string(s.S) + "_H" + std::to_string(s.H) +
+             "_G" + std::to_string(s.G) + "_hd" + std::to_string(s.hd);
+    });
+
+TEST(AttentionDocMask, OneDocumentIsBitwisePlainCausalAndThreadCountFree) {
+  const uint64_t seed = test::test_seed();
+  const Shape s{2, 200, 4, 2, 16};
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Problem p(s, DType::kF32);
+  p.fill(s, seed);
+  Problem plain = p.converted(s, DType::kF32), one_doc = p.converted(s, DType::kF32);
+  run<Cpu>(plain);
+  run<Cpu>(one_doc, doc_starts(s.B, s.S, {{0}, {0}}));
+  EXPECT_TRUE(test::bitwise_equal(plain.o, one_doc.o));
+  EXPECT_TRUE(test::bitwise_equal(plain.lse, one_doc.lse));
+  EXPECT_TRUE(test::bitwise_equal(plain.dq, one_doc.dq));
+  EXPECT_TRUE(test::bitwise_equal(plain.dk, one_doc.dk));
+  EXPECT_TRUE(test::bitwise_equal(plain.dv, one_doc.dv));
+  const int saved = omp_get_max_threads();
+  OwnedTensor doc = doc_starts(s.B, s.S, kDocs);
+  Problem a = p.converted(s, DType::kF32), b = p.converted(s, DType::kF32);
+  omp_set_num_threads(1);
+  run<Cpu>(a, doc);
+  omp_set_num_threads(2);
+  run<Cpu>(b, doc);
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(test::bitwise_equal(a.o, b.o));
+  EXPECT_TRUE(test::bitwise_equal(a.dq, b.dq));
+  EXPECT_TRUE(test::bitwise_equal(a.dk, b.dk));
+  EXPECT_TRUE(test::bitwise_equal(a.dv, b.dv));
 }
 
 }  // namespace

@@ -6,16 +6,19 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <set>
+#include <sstream>
 
 #include "checkpoint/safetensors.h"
 #include "common/test_util.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
+#include "train/train_loop.h"
 
 namespace moe {
 namespace {
@@ -102,6 +105,199 @@ TEST(TokenData, ShuffleIsADeterministicPermutationPerEpoch) {
   // The order is our own Philox Fisher-Yates, pinned here so no library change can move it.
   auto small = shuffled_order(8, 1234, 0);
   EXPECT_EQ(small, (std::vector<int64_t>{2, 0, 1, 3, 7, 4, 5, 6}));
+}
+
+// A real .npy file: magic, version, little-endian header length, dict padded to 64 bytes.
+std::string npy_bytes(const std::string& descr, const std::string& shape, const std::string& data,
+                      const std::string& fortran = "False", int version = 1) {
+  std::string dict = "{'descr': '" + descr + "', 'fortran_order': " + fortran + ", 'shape': " + shape + ", }";
+  const size_t pre = version == 1 ? 10 : 12;
+  while ((pre + dict.size() + 1) % 64 != 0) dict += ' ';
+  dict += '\n';
+  std::string h("\x93NUMPY", 6);
+  h += static_cast<char>(version);
+  h += '\0';
+  const size_t n = dict.size();
+  h += static_cast<char>(n & 0xff);
+  h += static_cast<char>((n >> 8) & 0xff);
+  if (version > 1) {
+    h += static_cast<char>((n >> 16) & 0xff);
+    h += static_cast<char>((n >> 24) & 0xff);
+  }
+  return h + dict + data;
+}
+
+void expect_mentions(const std::string& msg, std::initializer_list<const char*> words) {
+  EXPECT_FALSE(msg.empty()) << "no error raised";
+  for (const char* w : words) EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' missing in: " << msg;
+}
+
+TEST(TokenData, RealNpyHeadersAreParsedAndChecked) {
+  std::vector<uint32_t> v = {70000, 1, 2, 3, 4, 5};
+  write_bytes(temp_path("u4.npy"), npy_bytes("<u4", "(6,)", pack(v)));
+  TokenDataset d({temp_path("u4.npy")}, "uint32", 100000, 3);
+  int32_t ids[3], labels[3];
+  d.instance(0, ids, labels);
+  EXPECT_EQ(ids[0], 70000);
+  write_bytes(temp_path("u4v2.npy"), npy_bytes("<u4", "(6,)", pack(v), "False", 2));
+  TokenDataset d2({temp_path("u4v2.npy")}, "uint32", 100000, 3);
+  d2.instance(1, ids, labels);
+  EXPECT_EQ(ids[2], 5);
+  std::vector<uint8_t> bytes = {9, 8, 7, 6};
+  write_bytes(temp_path("u1.npy"), npy_bytes("|u1", "(4,)", pack(bytes)));
+  TokenDataset d8({temp_path("u1.npy")}, "uint8", 256, 2);
+  d8.instance(1, ids, labels);
+  EXPECT_EQ(ids[0], 7);
+
+  // dtype mismatch, fortran order, 2-D shape, truncated data, broken header: each names the file.
+  expect_mentions(error_of([&] { TokenFile f(temp_path("u4.npy"), "uint16", 100000); }),
+                  {"u4.npy", "descr '<u4'", "uint16", "byte offset"});
+  write_bytes(temp_path("f.npy"), npy_bytes("<u2", "(4,)", std::string(8, '\0'), "True"));
+  expect_mentions(error_of([&] { TokenFile f(temp_path("f.npy"), "uint16", 10); }), {"f.npy", "fortran_order"});
+  write_bytes(temp_path("2d.npy"), npy_bytes("<u2", "(2, 2)", std::string(8, '\0')));
+  expect_mentions(error_of([&] { TokenFile f(temp_path("2d.npy"), "uint16", 10); }), {"2d.npy", "not 1-D"});
+  write_bytes(temp_path("huge.npy"), npy_bytes("<u2", "(99999999999999999999999,)", std::string(8, '\0')));
+  expect_mentions(error_of([&] { TokenFile f(temp_path("huge.npy"), "uint16", 10); }), {"huge.npy", "not 1-D"});
+  write_bytes(temp_path("short.npy"), npy_bytes("<u2", "(5,)", std::string(8, '\0')));
+  expect_mentions(error_of([&] { TokenFile f(temp_path("short.npy"), "uint16", 10); }),
+                  {"short.npy", "needs 10 data bytes", "holds 8", "truncated"});
+  write_bytes(temp_path("cut.npy"), npy_bytes("<u2", "(5,)", "").substr(0, 30));
+  expect_mentions(error_of([&] { TokenFile f(temp_path("cut.npy"), "uint16", 10); }), {"cut.npy", "truncated"});
+  write_bytes(temp_path("f4.npy"), npy_bytes("<f4", "(2,)", std::string(8, '\0')));
+  expect_mentions(error_of([&] { TokenFile f(temp_path("f4.npy"), "uint32", 10); }), {"f4.npy", "<f4"});
+  // Out-of-vocabulary ids are caught when an instance is read, with the byte offset after the header.
+  std::vector<uint16_t> w = {1, 2, 3, 999};
+  write_bytes(temp_path("oov.npy"), npy_bytes("<u2", "(4,)", pack(w)));
+  TokenDataset oov({temp_path("oov.npy")}, "uint16", 100, 2);
+  oov.instance(0, ids, labels);
+  expect_mentions(error_of([&] { oov.instance(1, ids, labels); }), {"oov.npy", "999", "token offset 3", "byte offset 134"});
+}
+
+TEST(TokenData, SeveralFilesConcatenateIntoOneStream) {
+  std::vector<uint16_t> a = {0, 1, 2, 3, 4}, b = {}, c = {5, 6, 7, 8, 9, 10, 11};
+  write_bytes(temp_path("m0.bin"), pack(a));
+  write_bytes(temp_path("m1.bin"), pack(b));  // an empty file contributes nothing
+  write_bytes(temp_path("m2.npy"), npy_bytes("<u2", "(7,)", pack(c)));  // flat and .npy mix
+  const std::string list = temp_path("m0.bin") + ", " + temp_path("m1.bin") + "," + temp_path("m2.npy");
+  const std::vector<std::string> paths = split_paths(list);
+  ASSERT_EQ(paths.size(), 3u);
+  EXPECT_EQ(paths[1], temp_path("m1.bin"));
+  TokenDataset d(paths, "uint16", 100, 4);
+  EXPECT_EQ(d.num_tokens(), 12);
+  EXPECT_EQ(d.num_instances(), 3);
+  EXPECT_EQ(d.num_files(), 3);
+  int32_t ids[4], labels[4];
+  for (int i = 0; i < 3; ++i) {
+    d.instance(i, ids, labels);  // instance 1 spans the file boundary
+    for (int s = 0; s < 4; ++s) EXPECT_EQ(ids[s], 4 * i + s);
+  }
+}
+
+TEST(TokenData, DocumentStartsFollowEos) {
+  const int32_t ids[] = {5, 6, 0, 7, 8, 9, 0, 0, 4};
+  int32_t ds[9];
+  document_starts(ids, 9, 0, ds);
+  EXPECT_EQ(std::vector<int32_t>(ds, ds + 9), (std::vector<int32_t>{0, 0, 0, 3, 3, 3, 3, 7, 8}));
+  document_starts(ids, 9, -1, ds);  // no EOS id: one document
+  for (int32_t x : ds) EXPECT_EQ(x, 0);
+}
+
+TEST(TokenData, ShuffleMatchesTheCommittedPermutation) {
+  // tests/golden/shuffle_seed1234_n1000.txt was written once by this code (MOE_REGEN_GOLDEN=1)
+  // and reviewed: a permutation of 0..999, one index per line, for seed 1234, epoch 0.
+  const std::string path = std::string(MOE_SOURCE_DIR) + "/tests/golden/shuffle_seed1234_n1000.txt";
+  const std::vector<int64_t> order = shuffled_order(1000, 1234, 0);
+  if (std::getenv("MOE_REGEN_GOLDEN")) {
+    std::ofstream out(path, std::ios::trunc);
+    for (int64_t x : order) out << x << "\n";
+  }
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "missing " << path;
+  std::vector<int64_t> golden;
+  for (int64_t x; in >> x;) golden.push_back(x);
+  EXPECT_EQ(order, golden);
+  // The loader's state is the global position: epoch 1 continues with a fresh permutation.
+  InstanceOrder io(1000, 1234);
+  EXPECT_EQ(io.at(999), golden[999]);
+  EXPECT_EQ(io.at(1000), shuffled_order(1000, 1234, 1)[0]);
+  EXPECT_EQ(io.at(5), golden[5]);
+}
+
+TEST(TokenData, RanksSliceTheGlobalBatch) {
+  const std::vector<int64_t> global = {10, 11, 12, 13, 14, 15, 16, 17};
+  EXPECT_EQ(rank_slice(global, 0, 4), (std::vector<int64_t>{10, 14}));
+  EXPECT_EQ(rank_slice(global, 3, 4), (std::vector<int64_t>{13, 17}));
+  EXPECT_EQ(rank_slice(global, 0, 1), global);
+  expect_mentions(error_of([&] { rank_slice(global, 0, 3); }), {"multiple of the world size 3"});
+  expect_mentions(error_of([&] { rank_slice(global, 4, 4); }), {"rank 4"});
+
+  // fill_batch for rank r of W gives exactly rows r, r+W, ... of the single-process global batch.
+  std::vector<uint16_t> v(200);
+  std::iota(v.begin(), v.end(), 0);
+  write_bytes(temp_path("ranks.bin"), pack(v));
+  TokenDataset d({temp_path("ranks.bin")}, "uint16", 1000, 5);  // 40 instances
+  const int64_t W = 4, Bl = 3, S = 5, position = 33;  // the global batch crosses into epoch 1
+  OwnedTensor gids(DType::kI32, {Bl * W, S}), glab(DType::kI32, {Bl * W, S});
+  std::vector<int64_t> cache;
+  int64_t epoch = -1;
+  fill_batch(d, 77, position, gids, glab, cache, epoch);
+  for (int64_t r = 0; r < W; ++r) {
+    OwnedTensor ids(DType::kI32, {Bl, S}), lab(DType::kI32, {Bl, S}), ds(DType::kI32, {Bl, S});
+    InstanceOrder order(d.num_instances(), 77);
+    fill_batch(d, order, position, ids, lab, r, W, &ds.t, 3);
+    std::vector<int64_t> cache2;
+    int64_t epoch2 = -1;
+    OwnedTensor ids2(DType::kI32, {Bl, S}), lab2(DType::kI32, {Bl, S});
+    fill_batch(d, 77, position, ids2, lab2, cache2, epoch2, r, W);
+    for (int64_t b = 0; b < Bl; ++b)
+      for (int64_t s = 0; s < S; ++s) {
+        EXPECT_EQ(ids.as<int32_t>()[b * S + s], gids.as<int32_t>()[(b * W + r) * S + s]);
+        EXPECT_EQ(lab.as<int32_t>()[b * S + s], glab.as<int32_t>()[(b * W + r) * S + s]);
+        EXPECT_EQ(ids2.as<int32_t>()[b * S + s], ids.as<int32_t>()[b * S + s]);
+      }
+  }
+}
+
+TEST(TokenData, TrainingReadsSeveralFilesAndValidates) {
+  std::vector<uint16_t> a(300), b(200);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint16_t>(i % 7);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint16_t>((i * 3) % 7);
+  write_bytes(temp_path("tr0.bin"), pack(a));
+  write_bytes(temp_path("tr1.npy"), npy_bytes("<u2", "(200,)", pack(b)));
+  write_bytes(temp_path("va0.bin"), pack(b));
+  write_bytes(temp_path("va1.bin"), pack(a));
+  Config c = parse_config("", {"model.vocab_size=16", "model.d_model=16", "model.n_layers=1", "model.n_heads=2",
+                               "model.n_kv_heads=1", "model.num_experts=2", "model.top_k=1",
+                               "model.expert_hidden=16", "train.seq_len=8", "train.batch_size=4",
+                               "train.micro_batch_size=2", "train.steps=3", "optim.warmup_steps=1",
+                               "train.eval_every=2", "train.eval_batches=2", "train.log_every=1",
+                               "train.out_dir=" + temp_path("run"),
+                               "data.train_path=" + temp_path("tr0.bin") + "," + temp_path("tr1.npy"),
+                               "data.valid_path=" + temp_path("va0.bin") + "," + temp_path("va1.bin")});
+  std::ostringstream log;
+  TrainSummary s = run_training(c, log);
+  EXPECT_EQ(s.steps, 3);
+  EXPECT_GT(s.final_valid_loss, 0.0);
+  EXPECT_NE(log.str().find("62 training instances of 8 tokens from 2 file(s)"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("validation: 62 instances from 2 file(s)"), std::string::npos) << log.str();
+  // Intra-document masking (EOS = 0, frequent here) runs through training and validation.
+  Config masked = c;
+  masked.data.eos_id = 0;
+  masked.data.intra_doc_mask = true;
+  TrainSummary sm = run_training(masked, log);
+  EXPECT_GT(sm.final_valid_loss, 0.0);
+  EXPECT_NE(sm.final_train_loss, s.final_train_loss);
+  EXPECT_NE(log.str().find("intra-document masking"), std::string::npos);
+  Config bad = c;
+  bad.data.valid_path = temp_path("va0.bin") + "," + temp_path("nope.bin");
+  expect_mentions(error_of([&] { run_training(bad, log); }), {"1 of 2 files missing"});
+}
+
+TEST(TokenData, EosAndIntraDocumentMaskConfig) {
+  expect_mentions(error_of([] { parse_config("", {"data.eos_id=300"}); }), {"data.eos_id", "300", "vocab_size"});
+  expect_mentions(error_of([] { parse_config("", {"data.intra_doc_mask=true"}); }), {"intra_doc_mask", "eos_id"});
+  EXPECT_TRUE(parse_config("", {"data.eos_id=0", "data.intra_doc_mask=true"}).data.intra_doc_mask);
+  EXPECT_EQ(parse_config("", {"data.eos_id=0"}).data.eos_id, 0);
 }
 
 TEST(Prepare, WritesByteTokensAndTheBigramEntropy) {

@@ -21,7 +21,10 @@
 //           and then query tiles in a fixed order; scores recomputed from q, k and lse.
 //   pass 2: dq, parallel over (batch, head, query tile), looping over key tiles; recomputes the
 //           scores and dp (7 tile matmuls in all instead of 5: the price of no atomics).
-// So results are bitwise identical for any thread count. Work items are scheduled dynamically,
+// So results are bitwise identical for any thread count.
+// Intra-document masking (doc_start given): key tiles wholly before every query's document are
+// skipped, and inside a tile keys before a query's document start are masked to -inf like the
+// causal ones. Work items are scheduled dynamically,
 // longest first; each item's arithmetic does not depend on which thread runs it.
 #include <algorithm>
 #include <cmath>
@@ -83,6 +86,11 @@ inline vf vmask_ge(vf x, int t) {
   __mmask16 m = _mm512_cmpge_epi32_mask(iota, _mm512_set1_epi32(t));
   return _mm512_mask_blend_ps(m, x, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
 }
+// Lanes whose document start ds (as float) is after key position `key` become -inf.
+inline vf vmask_doc(vf x, vf ds, float key) {
+  __mmask16 m = _mm512_cmp_ps_mask(_mm512_set1_ps(key), ds, _CMP_LT_OQ);
+  return _mm512_mask_blend_ps(m, x, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+}
 // 2^x: Cephes exp2f polynomial on the fraction (max rel. error ~2e-7), vscalefps for 2^n.
 // x <= -200 (including -inf from the causal mask) gives exactly 0; NaN stays NaN.
 inline vf vexp2(vf x) {
@@ -141,6 +149,11 @@ inline vf vmask_lt(vf a, int t) {
 inline vf vmask_ge(vf a, int t) {
   for (int i = 0; i < kLanes; ++i)
     if (i >= t) a.x[i] = -std::numeric_limits<float>::infinity();
+  return a;
+}
+inline vf vmask_doc(vf a, vf ds, float key) {
+  for (int i = 0; i < kLanes; ++i)
+    if (key < ds.x[i]) a.x[i] = -std::numeric_limits<float>::infinity();
   return a;
 }
 inline void in_register(vf&) {}
@@ -373,6 +386,7 @@ float* thread_scratch(size_t floats) {
 struct Dims {
   int64_t B, S, H, G;
   int hd;
+  const int32_t* doc = nullptr;  // (B,S) document starts, or null for plain causal
   int64_t rep() const { return H / G; }
   int64_t qstride() const { return H * hd; }  // between positions in q, o, dout, dq
   int64_t kstride() const { return G * hd; }  // between positions in k, v, dk, dv
@@ -397,11 +411,41 @@ Dims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ch
   return d;
 }
 
+// Intra-document masking: checks doc_start (empty, or (B,S) i32 with 0 <= doc_start[b,s] <= s).
+const int32_t* check_doc_start(const Tensor& doc_start, const Dims& d, const char* op) {
+  if (doc_start.data == nullptr) return nullptr;
+  check_shape(doc_start, {d.B, d.S}, op);
+  check_dtype(doc_start, DType::kI32, op);
+  const int32_t* ds = doc_start.as<int32_t>();
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t s = 0; s < d.S; ++s)
+      MOE_CHECK(ds[b * d.S + s] >= 0 && ds[b * d.S + s] <= s, op, ": doc_start[", b, ",", s, "] = ",
+                ds[b * d.S + s], " outside [0, ", s, "]");
+  return ds;
+}
+
+// With document starts: the first key tile any query of tile [q0, q0+nq) reads (key tiles wholly
+// before every query's document are skipped), and each query lane's start as float (0 for
+// padding lanes) in lanes_out. Without: 0.
+int64_t first_key_tile(const Dims& d, int64_t b, int64_t q0, int nq, float* lanes_out) {
+  if (!d.doc) return 0;
+  const int32_t* ds = d.doc + b * d.S + q0;
+  int64_t lo = q0 + nq;
+  for (int i = 0; i < kTile; ++i) {
+    lanes_out[i] = i < nq ? static_cast<float>(ds[i]) : 0.0f;
+    if (i < nq) lo = std::min<int64_t>(lo, ds[i]);
+  }
+  return lo / kTile * kTile;
+}
+
 // Scratch layout for every pass, in floats: four hd x kTile panels, two kTile x kTile tiles and
 // four kTile vectors. O(tile^2 + tile*hd) per thread.
 size_t scratch_floats(int hd) { return (4 * size_t(hd) + 2 * kTile + 4) * kTile; }
 
 // ------------------------------------------------------------------ forward
+// kDoc: intra-document masking (d.doc set); a template parameter so the plain causal path
+// compiles exactly as without it.
+template <bool kDoc>
 void forward_tile(const Dims& d, const float* q, const float* k, const float* v, float* o,
                   float* lse, int64_t b, int64_t h, int64_t qt, float* ws) {
   const int hd = d.hd;
@@ -416,12 +460,18 @@ void forward_tile(const Dims& d, const float* q, const float* k, const float* v,
   const float* qb = q + ((b * d.S + q0) * d.H + h) * hd;
   pack_transposed(qb, d.qstride(), nq, hd, c, qt_panel);
   std::fill(o_panel, o_panel + hd * kTile, 0.0f);
-  vf m[kNV], l[kNV];
+  float ds_lanes[kTile];
+  const int64_t kfirst = kDoc ? first_key_tile(d, b, q0, nq, ds_lanes) : 0;
+  vf m[kNV], l[kNV], dsv[kNV];
+  // With document masks a query lane may see a wholly masked key tile before its document
+  // starts: a finite initial max keeps alpha = exp2(m - mnew) = 1 there instead of NaN.
+  const float m0 = kDoc ? -1e30f : -std::numeric_limits<float>::infinity();
   for (int x = 0; x < kNV; ++x) {
-    m[x] = vset1(-std::numeric_limits<float>::infinity());
+    m[x] = vset1(m0);
     l[x] = vset1(0.0f);
+    if constexpr (kDoc) dsv[x] = vload(ds_lanes + x * kLanes);
   }
-  for (int64_t k0 = 0; k0 < q0 + nq; k0 += kTile) {  // key tiles past the last query: skipped
+  for (int64_t k0 = kfirst; k0 < q0 + nq; k0 += kTile) {  // key tiles past the last query: skipped
     const int nk = static_cast<int>(std::min<int64_t>(kTile, d.S - k0));
     const float* kb = k + ((b * d.S + k0) * d.G + g) * hd;
     const float* vb = v + ((b * d.S + k0) * d.G + g) * hd;
@@ -436,10 +486,10 @@ void forward_tile(const Dims& d, const float* q, const float* k, const float* v,
       for (int x = diag ? j / kLanes : 0; x < kNV; ++x) {
         float* p = s_tile + j * kTile + x * kLanes;
         vf s = vload(p);
-        if (diag) {  // query lane i is masked where k0 + j > q0 + x*16 + i
-          s = vmask_lt(s, static_cast<int>(k0 + j - q0 - x * kLanes));
-          vstore(p, s);
-        }
+        // query lane i is masked where k0 + j > q0 + x*16 + i
+        if (diag) s = vmask_lt(s, static_cast<int>(k0 + j - q0 - x * kLanes));
+        if constexpr (kDoc) s = vmask_doc(s, dsv[x], static_cast<float>(k0 + j));  // key before its document
+        if (diag || kDoc) vstore(p, s);
         mt[x] = vmax(mt[x], s);
       }
     vf alpha[kNV], sum[kNV];
@@ -475,6 +525,7 @@ void forward_tile(const Dims& d, const float* q, const float* k, const float* v,
 
 // ------------------------------------------------------------------ backward
 // Pass 1: dk and dv of key tile kt of kv head g, summed over the group's query heads in order.
+template <bool kDoc>
 void backward_kv_tile(const Dims& d, const float* dout, const float* q, const float* k,
                       const float* v, const float* lse, const float* D, float* dk, float* dv,
                       int64_t b, int64_t g, int64_t kt, float* ws) {
@@ -499,6 +550,8 @@ void backward_kv_tile(const Dims& d, const float* dout, const float* q, const fl
       const int64_t qoff = ((b * d.S + q0) * d.H + h) * hd;
       const float* lse_row = lse + (b * d.H + h) * d.S + q0;
       const float* D_row = D + (b * d.H + h) * d.S + q0;
+      const int32_t* ds_row = kDoc ? d.doc + b * d.S + q0 : nullptr;
+      if (kDoc && *std::min_element(ds_row, ds_row + nq) >= k0 + nk) continue;  // all before the documents
       // Only the diagonal tile (q0 == k0) has keys after queries (padding past S included):
       // mask there, and skip the lane vectors of row i above i/16 (all masked) everywhere.
       const bool diag = q0 == k0;
@@ -513,6 +566,8 @@ void backward_kv_tile(const Dims& d, const float* dout, const float* q, const fl
           vf s = vload(ps);
           // key lane j is masked where k0 + x*16 + j > q0 + i
           if (diag) s = vmask_ge(s, static_cast<int>(q0 + i - k0 - x * kLanes + 1));
+          // key lane j is masked where k0 + x*16 + j < doc_start of query q0 + i
+          if constexpr (kDoc) s = vmask_lt(s, static_cast<int>(ds_row[i] - k0 - x * kLanes));
           vf p = vexp2(vsub(s, l2));
           vstore(ps, p);
           vstore(dps, vmul(p, vsub(vload(dps), Di)));
@@ -529,6 +584,7 @@ void backward_kv_tile(const Dims& d, const float* dout, const float* q, const fl
 }
 
 // Pass 2: dq of query tile qt of head h, summed over key tiles in order.
+template <bool kDoc>
 void backward_q_tile(const Dims& d, const float* dout, const float* q, const float* k,
                      const float* v, const float* lse, const float* D, float* dq, int64_t b,
                      int64_t h, int64_t qt, float* ws) {
@@ -553,12 +609,15 @@ void backward_q_tile(const Dims& d, const float* dout, const float* q, const flo
     lanes[i] = i < nq ? lse_row[i] * kLog2e : 0.0f;
     lanes[kTile + i] = i < nq ? D_row[i] : 0.0f;
   }
-  vf l2[kNV], Dv[kNV];
+  float ds_lanes[kTile];
+  const int64_t kfirst = kDoc ? first_key_tile(d, b, q0, nq, ds_lanes) : 0;
+  vf l2[kNV], Dv[kNV], dsv[kNV];
   for (int x = 0; x < kNV; ++x) {
     l2[x] = vload(lanes + x * kLanes);
     Dv[x] = vload(lanes + kTile + x * kLanes);
+    if constexpr (kDoc) dsv[x] = vload(ds_lanes + x * kLanes);
   }
-  for (int64_t k0 = 0; k0 < q0 + nq; k0 += kTile) {
+  for (int64_t k0 = kfirst; k0 < q0 + nq; k0 += kTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kTile, d.S - k0));
     const float* kb = k + ((b * d.S + k0) * d.G + g) * hd;
     const float* vb = v + ((b * d.S + k0) * d.G + g) * hd;
@@ -570,6 +629,7 @@ void backward_q_tile(const Dims& d, const float* dout, const float* q, const flo
       for (int x = diag ? j / kLanes : 0; x < kNV; ++x) {
         vf s = vload(p_tile + j * kTile + x * kLanes);
         if (diag) s = vmask_lt(s, static_cast<int>(k0 + j - q0 - x * kLanes));
+        if constexpr (kDoc) s = vmask_doc(s, dsv[x], static_cast<float>(k0 + j));
         vf p = vexp2(vsub(s, l2[x]));
         float* dps = ds_tile + j * kTile + x * kLanes;
         vstore(dps, vmul(p, vsub(vload(dps), Dv[x])));
@@ -591,8 +651,9 @@ float* caller_buffer(size_t floats) {
 }  // namespace
 
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                   const Tensor& lse) {
-  const Dims d = check_attention(q, k, v, "attention_fwd");
+                   const Tensor& lse, const Tensor& doc_start) {
+  Dims d = check_attention(q, k, v, "attention_fwd");
+  d.doc = check_doc_start(doc_start, d, "attention_fwd doc_start");
   check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_fwd o");
   check_shape(lse, {d.B, d.H, d.S}, "attention_fwd lse");
   check_dtype(o, DType::kF32, "attention_fwd o");
@@ -607,15 +668,17 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < nt * bh; ++item) {
       const int64_t qt = nt - 1 - item / bh, r = item % bh;
-      forward_tile(d, qp, kp, vp, op, lp, r / d.H, r % d.H, qt, ws);
+      if (d.doc) forward_tile<true>(d, qp, kp, vp, op, lp, r / d.H, r % d.H, qt, ws);
+      else forward_tile<false>(d, qp, kp, vp, op, lp, r / d.H, r % d.H, qt, ws);
     }
   }
 }
 
 void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& o, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                   const Tensor& dv) {
-  const Dims d = check_attention(q, k, v, "attention_bwd");
+                   const Tensor& dv, const Tensor& doc_start) {
+  Dims d = check_attention(q, k, v, "attention_bwd");
+  d.doc = check_doc_start(doc_start, d, "attention_bwd doc_start");
   check_shape(dout, {d.B, d.S, d.H, d.hd}, "attention_bwd dout");
   check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_bwd o");
   check_shape(lse, {d.B, d.H, d.S}, "attention_bwd lse");
@@ -649,14 +712,16 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < nt * bg; ++item) {
       const int64_t kt = item / bg, r = item % bg;
-      backward_kv_tile(d, dop, qp, kp, vp, lp, D, dkp, dvp, r / d.G, r % d.G, kt, ws);
+      if (d.doc) backward_kv_tile<true>(d, dop, qp, kp, vp, lp, D, dkp, dvp, r / d.G, r % d.G, kt, ws);
+      else backward_kv_tile<false>(d, dop, qp, kp, vp, lp, D, dkp, dvp, r / d.G, r % d.G, kt, ws);
     }
     // Pass 2: dq. Item (qt, b, h); the last query tiles see the most key tiles: first.
     const int64_t bh = d.B * d.H;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < nt * bh; ++item) {
       const int64_t qt = nt - 1 - item / bh, r = item % bh;
-      backward_q_tile(d, dop, qp, kp, vp, lp, D, dqp, r / d.H, r % d.H, qt, ws);
+      if (d.doc) backward_q_tile<true>(d, dop, qp, kp, vp, lp, D, dqp, r / d.H, r % d.H, qt, ws);
+      else backward_q_tile<false>(d, dop, qp, kp, vp, lp, D, dqp, r / d.H, r % d.H, qt, ws);
     }
   }
 }

@@ -1,5 +1,5 @@
 // Reference causal grouped-query attention: one query row at a time, its full row of scores
-// materialized, in the tensors' own precision (f32 or f64). Written to be obviously right; the
+// (from its document start with intra-document masking, else from position 0) materialized, in the tensors' own precision (f32 or f64). Written to be obviously right; the
 // fast kernel in kernels/cpu/attention.cpp is tested against it, and the f64 path against
 // PyTorch fixtures and finite differences.
 #include <cmath>
@@ -38,20 +38,38 @@ template <class T> T dot(const T* a, const T* b, int64_t n) {
   return s;
 }
 
-// Scaled scores of query row i against keys 0..i into s[0..i]; returns their max.
+// Scaled scores of query row i against keys j0..i into s[j0..i]; returns their max.
 template <class T>
-T row_scores(const T* qi, const T* kbase, int64_t kstride, int64_t i, int64_t hd, T scale,
+T row_scores(const T* qi, const T* kbase, int64_t kstride, int64_t j0, int64_t i, int64_t hd, T scale,
              std::vector<T>& s) {
   T m = -std::numeric_limits<T>::infinity();
-  for (int64_t j = 0; j <= i; ++j) {
+  for (int64_t j = j0; j <= i; ++j) {
     s[j] = scale * dot(qi, kbase + j * kstride, hd);
     m = std::max(m, s[j]);
   }
   return m;
 }
 
+// First key position query (b, i) may attend to: 0, or doc_start[b, i].
+int64_t first_key(const int32_t* ds, const Dims& d, int64_t b, int64_t i) {
+  return ds ? ds[b * d.S + i] : 0;
+}
+
+// Checks doc_start: empty, or (B,S) i32 with 0 <= doc_start[b,s] <= s. Returns its data or null.
+const int32_t* check_doc_start(const Tensor& doc_start, const Dims& d, const char* op) {
+  if (doc_start.data == nullptr) return nullptr;
+  check_shape(doc_start, {d.B, d.S}, op);
+  check_dtype(doc_start, DType::kI32, op);
+  const int32_t* ds = doc_start.as<int32_t>();
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t s = 0; s < d.S; ++s)
+      MOE_CHECK(ds[b * d.S + s] >= 0 && ds[b * d.S + s] <= s, op, ": doc_start[", b, ",", s, "] = ",
+                ds[b * d.S + s], " outside [0, ", s, "]");
+  return ds;
+}
+
 template <class T>
-void fwd(const Dims& d, const T* q, const T* k, const T* v, T* o, T* lse) {
+void fwd(const Dims& d, const T* q, const T* k, const T* v, T* o, T* lse, const int32_t* doc) {
   const T scale = T(1) / std::sqrt(T(d.hd));
   const int64_t rep = d.H / d.G, qstride = d.H * d.hd, kstride = d.G * d.hd;
   std::vector<T> s(static_cast<size_t>(d.S));
@@ -63,11 +81,12 @@ void fwd(const Dims& d, const T* q, const T* k, const T* v, T* o, T* lse) {
       for (int64_t i = 0; i < d.S; ++i) {
         const T* qi = q + (b * d.S + i) * qstride + h * d.hd;
         T* oi = o + (b * d.S + i) * qstride + h * d.hd;
-        T m = row_scores(qi, kb, kstride, i, d.hd, scale, s);
+        const int64_t j0 = first_key(doc, d, b, i);
+        T m = row_scores(qi, kb, kstride, j0, i, d.hd, scale, s);
         T sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - m);
+        for (int64_t j = j0; j <= i; ++j) sum += std::exp(s[j] - m);
         for (int64_t c = 0; c < d.hd; ++c) oi[c] = 0;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           T p = std::exp(s[j] - m) / sum;
           for (int64_t c = 0; c < d.hd; ++c) oi[c] += p * vb[j * kstride + c];
         }
@@ -79,7 +98,8 @@ void fwd(const Dims& d, const T* q, const T* k, const T* v, T* o, T* lse) {
 // The softmax is recomputed from q and k (o and lse are only shape-checked), so this oracle does
 // not depend on the forward's saved values.
 template <class T>
-void bwd(const Dims& d, const T* dout, const T* q, const T* k, const T* v, T* dq, T* dk, T* dv) {
+void bwd(const Dims& d, const T* dout, const T* q, const T* k, const T* v, T* dq, T* dk, T* dv,
+         const int32_t* doc) {
   const T scale = T(1) / std::sqrt(T(d.hd));
   const int64_t rep = d.H / d.G, qstride = d.H * d.hd, kstride = d.G * d.hd;
   for (int64_t i = 0; i < d.B * d.S * d.H * d.hd; ++i) dq[i] = 0;
@@ -91,17 +111,18 @@ void bwd(const Dims& d, const T* dout, const T* q, const T* k, const T* v, T* dq
       const int64_t kvoff = b * d.S * kstride + g * d.hd;
       for (int64_t i = 0; i < d.S; ++i) {
         const int64_t qoff = (b * d.S + i) * qstride + h * d.hd;
-        T m = row_scores(q + qoff, k + kvoff, kstride, i, d.hd, scale, s);
+        const int64_t j0 = first_key(doc, d, b, i);
+        T m = row_scores(q + qoff, k + kvoff, kstride, j0, i, d.hd, scale, s);
         T sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - m);
+        for (int64_t j = j0; j <= i; ++j) sum += std::exp(s[j] - m);
         // p_j = softmax; dp_j = dO_i . v_j; ds_j = p_j (dp_j - sum_l p_l dp_l).
         T pdp = 0;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           s[j] = std::exp(s[j] - m) / sum;
           dp[j] = dot(dout + qoff, v + kvoff + j * kstride, d.hd);
           pdp += s[j] * dp[j];
         }
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           const T p = s[j], ds = p * (dp[j] - pdp);
           const int64_t kj = kvoff + j * kstride;
           for (int64_t c = 0; c < d.hd; ++c) {
@@ -117,22 +138,24 @@ void bwd(const Dims& d, const T* dout, const T* q, const T* k, const T* v, T* dq
 }  // namespace
 
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                   const Tensor& lse) {
+                   const Tensor& lse, const Tensor& doc_start) {
   Dims d = check_attention(q, k, v, "attention_fwd");
+  const int32_t* ds = check_doc_start(doc_start, d, "attention_fwd doc_start");
   check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_fwd o");
   check_shape(lse, {d.B, d.H, d.S}, "attention_fwd lse");
   check_dtype(o, q.dtype, "attention_fwd o");
   check_dtype(lse, q.dtype, "attention_fwd lse");
   if (q.dtype == DType::kF64)
-    fwd(d, q.as<double>(), k.as<double>(), v.as<double>(), o.as<double>(), lse.as<double>());
+    fwd(d, q.as<double>(), k.as<double>(), v.as<double>(), o.as<double>(), lse.as<double>(), ds);
   else
-    fwd(d, q.as<float>(), k.as<float>(), v.as<float>(), o.as<float>(), lse.as<float>());
+    fwd(d, q.as<float>(), k.as<float>(), v.as<float>(), o.as<float>(), lse.as<float>(), ds);
 }
 
 void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& o, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                   const Tensor& dv) {
+                   const Tensor& dv, const Tensor& doc_start) {
   Dims d = check_attention(q, k, v, "attention_bwd");
+  const int32_t* ds = check_doc_start(doc_start, d, "attention_bwd doc_start");
   check_shape(dout, {d.B, d.S, d.H, d.hd}, "attention_bwd dout");
   check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_bwd o");
   check_shape(lse, {d.B, d.H, d.S}, "attention_bwd lse");
@@ -142,10 +165,10 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   for (const Tensor* t : {&dout, &o, &lse, &dq, &dk, &dv}) check_dtype(*t, q.dtype, "attention_bwd");
   if (q.dtype == DType::kF64)
     bwd(d, dout.as<double>(), q.as<double>(), k.as<double>(), v.as<double>(), dq.as<double>(),
-        dk.as<double>(), dv.as<double>());
+        dk.as<double>(), dv.as<double>(), ds);
   else
     bwd(d, dout.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(), dq.as<float>(),
-        dk.as<float>(), dv.as<float>());
+        dk.as<float>(), dv.as<float>(), ds);
 }
 
 }  // namespace moe::ref

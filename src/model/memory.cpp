@@ -1,0 +1,125 @@
+#include "model/memory.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace moe {
+
+// The closed form. N = num_params(), T = B*S tokens per micro-batch, R = T*K expert rows,
+// c = 4 (fp32 compute), a = operand bytes (2 in bf16 mode, else 4), bf = 1 in bf16 mode.
+//   weights: params 4N, operand copies 2N*bf, grads 4N, AdamW 8N, router biases 4E*L_moe.
+//   saved, per layer (Ha = H*hd, Ga = G*hd; q = T*H for per-head QK-norm else T, k likewise):
+//     attention  c*T*(1 + 2Ha + 2Ga + H) + a*T*D  [+ c*(T*(Ha+Ga) + q + k) with QK-norm]
+//                [+ a*T*Ha in bf16] [+ c*T*(D+1) peri]
+//     x_mid      c*T*D
+//     FFN        c*T + 3a*T*Fw  [+ c*T*D if MoE or fp32] [+ a*T*D in bf16] [+ c*T*(D+1) peri]
+//                Fw = shared_hidden (MoE layer) or dense_width (dense layer)
+//     MoE only   2c*T*E + 4*T*K + c*T*K + 4E + 4(E+1) + 8R + 2a*R*D + 3a*R*F
+//   kept per model: residual stream c*T*D*(L+1); final norm c*T + c*T*D [+ a*T*D in bf16].
+//   layers planned: all L, or with recompute one (MoE-shaped if any MoE layer) plus one dense
+//     layer when the model has both kinds.
+//   scratch (shared): c*T*D*6 + c*T*(2Ha + 2Ga) + c*T*(Ha+Ga) + c*W*(4 [+ 2 in bf16])
+//     + [MoE: c*R*D*(2 [+1 in bf16]) + c*T*K + 2c*T*E + c*E] + a*max(T*D, T*Ha, Tc*V, W [, R*D])
+//     + c*T*D + c*Tc*(V + 2),   W = max(R*F, T*Fs [MoE], T*Fd [dense], 1), Tc = clamp(2^21/V, 1, T)
+// Every tensor is padded to 64 bytes in the arena, so the real arena exceeds this by less than
+// 64 bytes per tensor (tests/model/memory_test.cpp checks the bound).
+namespace {
+
+double layer_bytes(const ModelConfig& c, double T, double a, bool bf16, bool moe) {
+  const double D = static_cast<double>(c.d_model), H = static_cast<double>(c.n_heads),
+               G = static_cast<double>(c.n_kv_heads), hd = static_cast<double>(c.hd());
+  const double Ha = H * hd, Ga = G * hd, cb = 4;
+  const bool peri = c.norm_placement == "peri";
+  double b = cb * T * (1 + 2 * Ha + 2 * Ga + H) + a * T * D;
+  if (c.qk_norm != "none") {
+    const double q = c.qk_norm == "per_head" ? T * H : T, k = c.qk_norm == "per_head" ? T * G : T;
+    b += cb * (T * (Ha + Ga) + q + k);
+  }
+  if (bf16) b += a * T * Ha;
+  if (peri) b += cb * T * (D + 1);
+  b += cb * T * D;  // x_mid
+  const double Fw = static_cast<double>(moe ? c.shared_hidden : c.dense_width());
+  b += cb * T + 3 * a * T * Fw;
+  if (moe || !bf16) b += cb * T * D;
+  if (bf16) b += a * T * D;
+  if (peri) b += cb * T * (D + 1);
+  if (moe) {
+    const double E = static_cast<double>(c.num_experts), K = static_cast<double>(c.top_k), R = T * K,
+                 F = static_cast<double>(c.expert_hidden);
+    b += 2 * cb * T * E + 4 * T * K + cb * T * K + 4 * E + 4 * (E + 1) + 8 * R + 2 * a * R * D + 3 * a * R * F;
+  }
+  return b;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
+                               bool recompute) {
+  MemoryEstimate m;
+  const double N = static_cast<double>(c.num_params());
+  m.params = 4 * N;
+  m.operand_copies = bf16 ? 2 * N : 0;
+  m.grads = 4 * N;
+  m.optimizer = 8 * N;
+  m.router_bias = 4.0 * static_cast<double>(c.num_experts * c.num_moe_layers());
+
+  const int64_t Ti = micro_batch * seq_len;
+  const double T = static_cast<double>(Ti), a = bf16 ? 2 : 4, cb = 4;
+  const double D = static_cast<double>(c.d_model), H = static_cast<double>(c.n_heads),
+               G = static_cast<double>(c.n_kv_heads), hd = static_cast<double>(c.hd());
+  const double Ha = H * hd, Ga = G * hd, V = static_cast<double>(c.vocab_size);
+  const double E = static_cast<double>(c.num_experts), K = static_cast<double>(c.top_k), R = T * K;
+  const bool any_moe = c.num_moe_layers() > 0, any_dense = c.n_dense_layers > 0;
+
+  double layers = 0;
+  if (recompute) {
+    layers = layer_bytes(c, T, a, bf16, any_moe);
+    if (any_moe && any_dense) layers += layer_bytes(c, T, a, bf16, false);
+  } else {
+    for (int64_t l = 0; l < c.n_layers; ++l) layers += layer_bytes(c, T, a, bf16, c.is_moe_layer(l));
+  }
+  const double kept = cb * T * D * static_cast<double>(c.n_layers + 1) + cb * T + cb * T * D + (bf16 ? a * T * D : 0);
+
+  const double Tc = static_cast<double>(std::clamp<int64_t>((int64_t{1} << 21) / std::max<int64_t>(c.vocab_size, 1), 1, Ti));
+  double W = 0;
+  if (any_moe) W = std::max({W, R * static_cast<double>(c.expert_hidden), T * static_cast<double>(c.shared_hidden)});
+  if (any_dense) W = std::max(W, T * static_cast<double>(c.dense_width()));
+  W = std::max(W, 1.0);
+  double scratch = cb * T * D * 6 + cb * T * (2 * Ha + 2 * Ga) + cb * T * (Ha + Ga) + cb * W * (bf16 ? 6 : 4);
+  if (any_moe) scratch += cb * R * D * (bf16 ? 3 : 2) + cb * T * K + 2 * cb * T * E + cb * E;
+  double dy = std::max({T * D, T * Ha, Tc * V, W});
+  if (any_moe) dy = std::max(dy, R * D);
+  scratch += a * dy + cb * T * D + cb * Tc * (V + 2);
+
+  m.activations = layers + kept + scratch;
+  m.act_per_layer_token = layer_bytes(c, T, a, bf16, any_moe) / T;
+  m.act_shared = kept + scratch;
+  return m;
+}
+
+MemoryEstimate estimate_memory(const Config& config) {
+  return estimate_memory(config.model, config.train.micro_batch_size, config.train.seq_len,
+                         config.train.precision == "bf16", config.train.recompute);
+}
+
+std::string format_memory(const MemoryEstimate& m) {
+  std::ostringstream o;
+  auto line = [&](const char* name, double bytes) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "# memory %-34s %16.0f bytes %10.3f GiB\n", name, bytes, bytes / (1024.0 * 1024.0 * 1024.0));
+    o << buf;
+  };
+  line("parameters (fp32 master)", m.params);
+  if (m.operand_copies > 0) line("bf16 operand copies", m.operand_copies);
+  line("gradients (fp32)", m.grads);
+  line("AdamW state (2 x fp32)", m.optimizer);
+  if (m.router_bias > 0) line("router biases", m.router_bias);
+  line("activations (arena, one micro-batch)", m.activations);
+  line("  of which per layer per token (MoE layer)", m.act_per_layer_token);
+  line("  of which shared scratch + residual", m.act_shared);
+  line("total", m.total());
+  return o.str();
+}
+
+}  // namespace moe

@@ -1,0 +1,31 @@
+// Analytic memory estimate of one training process, in closed form (no allocation): parameters,
+// gradients, AdamW state, and the activation arena Transformer plans (model/activations.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "config/config.h"
+
+namespace moe {
+
+struct MemoryEstimate {
+  double params = 0;           // fp32 master weights: 4 N
+  double operand_copies = 0;   // bf16 GEMM operand copies (bf16 mode): 2 N
+  double grads = 0;            // fp32 gradients: 4 N
+  double optimizer = 0;        // AdamW first and second moments: 2 x 4 N
+  double router_bias = 0;      // loss-free biases: 4 E per MoE layer
+  double activations = 0;      // the activation arena: saved activations + shared scratch
+  double act_per_layer_token = 0;  // saved bytes per layer per token (MoE layer; dense if no MoE)
+  double act_shared = 0;           // backward scratch + final norm + residual stream, all layers
+  double total() const { return params + operand_copies + grads + optimizer + router_bias + activations; }
+};
+
+// micro_batch sequences of seq_len tokens per forward/backward; bf16 = GEMM operands in bf16.
+MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
+                               bool recompute);
+MemoryEstimate estimate_memory(const Config& config);
+// Human-readable lines ("# memory ..."), bytes and GiB.
+std::string format_memory(const MemoryEstimate& m);
+
+}  // namespace moe
