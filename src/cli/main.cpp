@@ -1,7 +1,10 @@
-// moecore command line: train, config, prepare. Every error reaches the user as one line
+// moecore command line: train, config, prepare, eval, generate, export-hf, import-hf. Every error
+// reaches the user as one line
 // naming what was wrong; the exit status is non-zero.
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <memory>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -9,10 +12,13 @@
 #include "cli/default_config.h"
 #include "config/config.h"
 #include "core/check.h"
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/safetensors.h"
 #include "data/prepare.h"
 #include "model/memory.h"
+#include "kernels/ops.h"
+#include "train/eval_commands.h"
 #include "train/train_loop.h"
 
 namespace {
@@ -24,16 +30,24 @@ const char* kUsage =
     "           train (embedded default config); --resume continues from the latest good checkpoint\n"
     "  config   [--config FILE] [--set section.key=value ...]   print the resolved config and sizes\n"
     "  prepare  --input TEXT --out DIR                           byte-level token files + bigram entropy\n"
-    "  export-hf --from PARAMS --out DIR [--config FILE] [--set k=v ...] [--dtype f32|bf16]\n"
-    "           OlmoeForCausalLM config.json + model.safetensors from our parameters (a golden\n"
-    "           fixture or an import-hf file; config from --config or the file's metadata)\n"
+    "  eval     --checkpoint PATH [--batches N] [--set k=v ...]  validation loss and perplexity\n"
+    "  generate --checkpoint PATH --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]\n"
+    "           [--seed S]                                       sample text (byte-level models)\n"
+    "  export-hf (--from PARAMS | --checkpoint PATH) --out DIR [--config FILE] [--set k=v ...]\n"
+    "           [--dtype f32|bf16]   OlmoeForCausalLM config.json + model.safetensors from a\n"
+    "           training checkpoint, or from our parameters (a golden fixture or an import-hf file;\n"
+    "           config from --config or the file's metadata)\n"
+    "  (PATH: a checkpoint step_N directory, or a checkpoint directory: its latest good one)\n"
     "  import-hf --from DIR --out PARAMS   a Hugging Face OLMoE checkpoint to our parameters\n"
     "  help\n";
 
 struct Args {
-  std::string command, config_path, input, out, from, dtype = "f32";
+  std::string command, config_path, input, out, from, dtype = "f32", checkpoint, prompt;
   std::vector<std::string> overrides;
   bool resume = false;
+  int64_t batches = 0, max_tokens = 200, top_k = 40;
+  double temperature = 0.8;
+  uint64_t seed = 0;
 };
 
 Args parse_args(int argc, char** argv) {
@@ -53,7 +67,15 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--from") a.from = value();
     else if (flag == "--dtype") a.dtype = value();
     else if (flag == "--resume") a.resume = true;
-    else MOE_FAIL("unknown option '", flag, "' (allowed: --config, --set, --input, --out, --from, --dtype, --resume)\n", kUsage);
+    else if (flag == "--checkpoint") a.checkpoint = value();
+    else if (flag == "--prompt") a.prompt = value();
+    else if (flag == "--batches") a.batches = std::stoll(value());
+    else if (flag == "--max-tokens") a.max_tokens = std::stoll(value());
+    else if (flag == "--top-k") a.top_k = std::stoll(value());
+    else if (flag == "--temperature") a.temperature = std::stod(value());
+    else if (flag == "--seed") a.seed = std::stoull(value());
+    else MOE_FAIL("unknown option '", flag, "' (allowed: --config, --set, --input, --out, --from, --dtype, --resume, "
+                  "--checkpoint, --prompt, --batches, --max-tokens, --temperature, --top-k, --seed)\n", kUsage);
   }
   return a;
 }
@@ -61,6 +83,30 @@ Args parse_args(int argc, char** argv) {
 moe::Config resolve(const Args& a) {
   if (a.config_path.empty()) return moe::parse_config(moe::kDefaultConfigToml, a.overrides, "embedded default config");
   return moe::load_config(a.config_path, a.overrides);
+}
+
+// A model restored from a checkpoint: PATH is a step directory or a checkpoint directory (its
+// latest checkpoint that verifies is used). The config is the checkpoint's, with --set overrides.
+struct Restored {
+  std::unique_ptr<moe::Backend> ops;
+  std::unique_ptr<moe::Trainer> trainer;
+};
+
+Restored restore(const Args& a, std::vector<std::string> extra_overrides = {}) {
+  MOE_CHECK(!a.checkpoint.empty(), a.command, " needs --checkpoint PATH");
+  std::string path = a.checkpoint;
+  if (!std::filesystem::exists(path + "/manifest.json")) {
+    path = moe::latest_checkpoint(a.checkpoint);
+    MOE_CHECK(!path.empty(), "no checkpoint in '", a.checkpoint, "'");
+  }
+  std::vector<std::string> overrides = a.overrides;
+  overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
+  moe::Config c = moe::parse_config(moe::verify_checkpoint(path).config_toml, overrides, path + "/manifest.json");
+  Restored r;
+  r.ops = moe::make_backend(c.train.backend);
+  r.trainer = std::make_unique<moe::Trainer>(c, *r.ops, moe::DType::kF32);
+  moe::load_checkpoint(path, *r.trainer);
+  return r;
 }
 
 int run(int argc, char** argv) {
@@ -100,8 +146,32 @@ int run(int argc, char** argv) {
     std::cout << "\n";
     return 0;
   }
+  if (a.command == "eval") {
+    Restored r = restore(a);
+    moe::run_eval_command(*r.trainer, a.batches, std::cout);
+    return 0;
+  }
+  if (a.command == "generate") {
+    MOE_CHECK(!a.prompt.empty(), "generate needs --prompt TEXT");
+    // One sequence per forward: the batch shape does not change the parameters.
+    Restored r = restore(a, {"train.batch_size=1", "train.micro_batch_size=1"});
+    moe::GenerateOptions o;
+    o.max_new_tokens = a.max_tokens;
+    o.temperature = a.temperature;
+    o.top_k = a.top_k;
+    o.seed = a.seed;
+    moe::run_generate_command(*r.trainer, a.prompt, o, std::cout);
+    return 0;
+  }
+  if (a.command == "export-hf" && !a.checkpoint.empty()) {
+    MOE_CHECK(!a.out.empty(), "export-hf needs --out DIR");
+    Restored r = restore(a);
+    moe::export_hf(r.trainer->model(), a.out, a.dtype);
+    std::cout << "exported " << a.out << "/config.json and " << a.out << "/model.safetensors (" << a.dtype << ")\n";
+    return 0;
+  }
   if (a.command == "export-hf") {
-    MOE_CHECK(!a.from.empty() && !a.out.empty(), "export-hf needs --from PARAMS and --out DIR");
+    MOE_CHECK(!a.from.empty() && !a.out.empty(), "export-hf needs --from PARAMS (or --checkpoint PATH) and --out DIR");
     // The config: --config FILE, else the one embedded in PARAMS; --set overrides apply to either.
     const moe::ModelConfig model =
         a.config_path.empty()

@@ -525,3 +525,55 @@ TEST(Checkpoint, BinarySurvivesRandomSigkillsAndResumesBitExactly) {
 
 }  // namespace
 }  // namespace moe
+
+namespace moe {
+namespace {
+
+// Runs a moecore command line through the shell; returns (exit status, stdout + stderr).
+std::pair<int, std::string> run_cli(const std::string& args) {
+  const std::string cmd = std::string(MOE_BINARY_PATH) + " " + args + " 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(CheckpointCli, EvalGenerateAndExportReadACheckpoint) {
+  const fs::path root = fresh_dir("cli");
+  std::string text;
+  // prepare holds out every 20th 16 KiB block: 6,000 lines give ~340 KB, one validation block.
+  for (int i = 0; i < 6000; ++i) text += "In the beginning God created the heaven and the earth. ";
+  std::ofstream(root / "t.txt") << text;
+  const std::string sets = " --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=4"
+                           " --set model.n_kv_heads=2 --set model.num_experts=4 --set model.expert_hidden=16"
+                           " --set train.seq_len=32 --set train.batch_size=4 --set train.micro_batch_size=2"
+                           " --set train.steps=4 --set optim.warmup_steps=1 --set train.eval_every=0"
+                           " --set train.threads=1 --set data.train_path=" + (root / "d/train.bin").string() +
+                           " --set data.valid_path=" + (root / "d/valid.bin").string() +
+                           " --set train.out_dir=" + (root / "run").string();
+  ASSERT_EQ(run_cli("prepare --input " + (root / "t.txt").string() + " --out " + (root / "d").string()).first, 0);
+  auto [train_status, train_log] = run_cli("train" + sets);
+  ASSERT_EQ(train_status, 0) << train_log;
+  const std::string ckpt = (root / "run/checkpoints").string();
+  auto [eval_status, eval_out] = run_cli("eval --checkpoint " + ckpt + " --batches 2");
+  EXPECT_EQ(eval_status, 0) << eval_out;
+  EXPECT_NE(eval_out.find("perplexity"), std::string::npos) << eval_out;
+  const std::string gen = "generate --checkpoint " + ckpt + " --prompt 'In the' --max-tokens 12 --seed 7";
+  auto [g1_status, g1] = run_cli(gen);
+  auto [g2_status, g2] = run_cli(gen);
+  EXPECT_EQ(g1_status, 0) << g1;
+  EXPECT_EQ(g1, g2) << "the same seed must give the same text";
+  EXPECT_EQ(g1.rfind("In the", 0), 0u) << g1;
+  auto [x_status, x_out] = run_cli("export-hf --checkpoint " + ckpt + " --out " + (root / "hf").string());
+  EXPECT_EQ(x_status, 0) << x_out;
+  EXPECT_TRUE(fs::exists(root / "hf/model.safetensors"));
+  auto [bad_status, bad_out] = run_cli("eval --checkpoint " + (root / "nothing").string());
+  EXPECT_EQ(bad_status, 1);
+  EXPECT_NE(bad_out.find("no checkpoint in"), std::string::npos) << bad_out;
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace moe
