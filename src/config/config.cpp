@@ -95,6 +95,7 @@ const std::vector<Field>& fields() {
     add("train", "eval_batches", T(eval_batches), 1, 1e15, {}, "validation micro-batches");
     add("train", "time_limit_s", T(time_limit_s), 0, kInf, {}, "stop after this many seconds (0 = none)");
     add("train", "out_dir", T(out_dir), 0, 0, {}, "metrics and outputs");
+    add("train", "init_from", T(init_from), 0, 0, {}, "start from these parameters (an import-hf file; \"\" = random init)");
     add("train", "on_nonfinite", T(on_nonfinite), 0, 0, {"stop", "skip"}, "NaN/Inf loss or gradients: stop, or skip the update");
 #undef T
 #define D(name) [](Config& c) -> Ref { return &c.data.name; }

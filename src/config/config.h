@@ -85,6 +85,7 @@ struct TrainConfig {
   int64_t eval_batches = 8;
   double time_limit_s = 0;         // stop after this many seconds (0 = no limit)
   std::string out_dir = "runs/default";
+  std::string init_from;           // "" = random init; else a parameter file (import-hf output)
   std::string on_nonfinite = "stop";  // stop | skip: NaN/Inf in the loss or gradients
 };
 

@@ -11,6 +11,7 @@
 #include <ostream>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_export.h"
 #include "core/buffer.h"
 #include "data/token_file.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -69,6 +70,11 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume) 
   if (valid_found > 0)
     valid = std::make_unique<TokenDataset>(valid_paths, config.data.token_dtype, config.model.vocab_size, tc.seq_len);
   Trainer trainer(config, *ops, DType::kF32);
+  if (!tc.init_from.empty() && !resume) {
+    // Continue training from imported weights (e.g. a Hugging Face OLMoE checkpoint, import-hf).
+    load_into(load_our_params(tc.init_from, config.model), trainer.model());
+    log << "parameters initialized from " << tc.init_from << "\n";
+  }
   const CheckpointInfo start = begin_checkpointing(config, trainer, resume, log);  // step, data position
   std::filesystem::create_directories(tc.out_dir);
   std::ofstream metrics(tc.out_dir + "/metrics.jsonl", resume ? std::ios::app : std::ios::trunc);

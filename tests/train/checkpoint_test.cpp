@@ -577,3 +577,35 @@ TEST(CheckpointCli, EvalGenerateAndExportReadACheckpoint) {
 
 }  // namespace
 }  // namespace moe
+
+namespace moe {
+namespace {
+
+TEST(CheckpointCli, TrainingContinuesFromAnImportedHuggingFaceCheckpoint) {
+  const fs::path root = fresh_dir("init_from");
+  const std::string params = (root / "imported.safetensors").string();
+  auto [imp_status, imp_out] = run_cli("import-hf --from " + std::string(MOE_SOURCE_DIR) + "/tests/golden/hf/fused --out " + params);
+  ASSERT_EQ(imp_status, 0) << imp_out;
+  std::vector<uint16_t> toks(4000);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<uint16_t>((i * 7 + i / 3) % 64);
+  std::ofstream(root / "train.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(toks.data()), static_cast<std::streamsize>(toks.size() * 2));
+  // The architecture of tests/golden/olmoe_pre (which the committed HF checkpoint was made from).
+  const std::string model = " --set model.vocab_size=64 --set model.d_model=32 --set model.n_layers=2"
+                            " --set model.n_heads=4 --set model.n_kv_heads=2 --set model.num_experts=8"
+                            " --set model.top_k=2 --set model.norm_eps=1e-5 --set train.seq_len=24"
+                            " --set train.batch_size=2 --set train.micro_batch_size=2 --set train.steps=3"
+                            " --set optim.warmup_steps=1 --set train.eval_every=0 --set data.valid_path="
+                            " --set train.threads=1 --set data.train_path=" + (root / "train.bin").string() +
+                            " --set train.out_dir=" + (root / "run").string() + " --set train.init_from=" + params;
+  auto [ok_status, ok_out] = run_cli("train" + model + " --set model.expert_hidden=16");
+  EXPECT_EQ(ok_status, 0) << ok_out;
+  EXPECT_NE(ok_out.find("parameters initialized from"), std::string::npos) << ok_out;
+  auto [bad_status, bad_out] = run_cli("train" + model + " --set model.expert_hidden=24");
+  EXPECT_EQ(bad_status, 1) << bad_out;
+  EXPECT_NE(bad_out.find("shape"), std::string::npos) << bad_out;
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace moe
