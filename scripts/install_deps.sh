@@ -3,6 +3,7 @@
 set -euo pipefail
 PKGS=(cmake ninja-build g++ libdnnl-dev libtomlplusplus-dev nlohmann-json3-dev libgtest-dev libgmock-dev
       libbenchmark-dev bible-kjv
+      openmpi-bin libopenmpi-dev  # the communicator (src/parallel/) and its mpirun tests
       clang libclang-rt-14-dev libomp-dev)  # the libFuzzer build (CI's fuzz stage)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,4 +1,5 @@
 #include "config/config.h"
+#include "parallel/layout.h"
 
 #include <cmath>
 #include <fstream>
@@ -116,6 +117,11 @@ const std::vector<Field>& fields() {
     add("checkpoint", "keep_last", K(keep_last), 1, 1e6, {}, "complete checkpoints kept");
     add("checkpoint", "at_end", K(at_end), 0, 0, {}, "save when the run stops");
 #undef K
+#define P(name) [](Config& c) -> Ref { return &c.parallel.name; }
+    add("parallel", "dp", P(dp), 1, 65536, {}, "data-parallel replicas per pipeline stage");
+    add("parallel", "ep", P(ep), 1, 65536, {}, "expert-parallel group size (divides dp and model.num_experts)");
+    add("parallel", "pp", P(pp), 1, 4096, {}, "pipeline stages (at most model.n_layers)");
+#undef P
     return f;
   }();
   return table;
@@ -134,7 +140,7 @@ std::string keys_of(const std::string& section) {
   return join(keys);
 }
 
-std::vector<std::string> sections() { return {"model", "loss", "optim", "train", "data", "metrics", "checkpoint"}; }
+std::vector<std::string> sections() { return {"model", "loss", "optim", "train", "data", "metrics", "checkpoint", "parallel"}; }
 
 const Field& find_field(const std::string& section, const std::string& key) {
   bool section_known = false;
@@ -377,6 +383,8 @@ void Config::validate() const {
             model.vocab_size);
   if (data.intra_doc_mask)
     MOE_CHECK(data.eos_id >= 0, "data.intra_doc_mask = true needs data.eos_id (the document separator)");
+  // The world size is only known at launch (checked there, src/parallel/layout.h).
+  validate_layout(layout_from_config(parallel), -1, model.num_experts, model.n_layers);
 }
 
 void ModelConfig::validate() const {

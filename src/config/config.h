@@ -112,6 +112,13 @@ struct CheckpointConfig {
   bool at_end = true;     // save when the run stops
 };
 
+// Process layout (src/parallel/layout.h): world = pp x dp; ep divides dp.
+struct ParallelConfig {
+  int64_t dp = 1;  // data-parallel replicas per pipeline stage
+  int64_t ep = 1;  // expert-parallel group size (divides dp and num_experts)
+  int64_t pp = 1;  // pipeline stages (at most n_layers)
+};
+
 struct Config {
   ModelConfig model;
   LossConfig loss;
@@ -120,6 +127,7 @@ struct Config {
   DataConfig data;
   MetricsConfig metrics;
   CheckpointConfig checkpoint;
+  ParallelConfig parallel;
 
   void validate() const;
 };

@@ -1,0 +1,47 @@
+#include "parallel/layout.h"
+
+#include "config/config.h"
+#include "core/check.h"
+
+namespace moe {
+
+void validate_layout(const Layout& l, int64_t world_size, int64_t num_experts, int64_t n_layers) {
+  MOE_CHECK(l.dp >= 1 && l.ep >= 1 && l.pp >= 1, "parallel sizes must be at least 1 (dp=", l.dp, ", ep=", l.ep,
+            ", pp=", l.pp, ")");
+  MOE_CHECK(l.dp % l.ep == 0, "ep=", l.ep, " does not divide dp=", l.dp);
+  MOE_CHECK(num_experts % l.ep == 0, "num_experts=", num_experts, " is not divisible by ep=", l.ep);
+  MOE_CHECK(l.pp <= n_layers, "pp=", l.pp, " exceeds the ", n_layers, " layers");
+  if (world_size >= 0)
+    MOE_CHECK(world_size == l.world(), "world size ", world_size, " != pp=", l.pp, " x dp=", l.dp, " = ",
+              l.world(), " (launch with mpirun -np ", l.world(), ")");
+}
+
+Layout layout_from_config(const ParallelConfig& c) { return Layout{c.dp, c.ep, c.pp}; }
+
+RankCoords rank_coords(const Layout& l, int64_t rank) {
+  MOE_CHECK(rank >= 0 && rank < l.world(), "rank ", rank, " is outside the world of ", l.world());
+  RankCoords c;
+  c.pp = rank / l.dp;
+  c.dp = rank % l.dp;
+  c.ep = c.dp % l.ep;
+  c.edp = c.dp / l.ep;
+  return c;
+}
+
+int64_t global_rank(const Layout& l, int64_t pp_rank, int64_t dp_rank) { return pp_rank * l.dp + dp_rank; }
+
+ProcessGroups make_process_groups(Communicator& world, const Layout& l) {
+  MOE_CHECK(world.size() == l.world(), "world size ", world.size(), " != pp=", l.pp, " x dp=", l.dp, " = ",
+            l.world());
+  ProcessGroups g;
+  g.coords = rank_coords(l, world.rank());
+  const RankCoords& c = g.coords;
+  auto i = [](int64_t v) { return static_cast<int>(v); };
+  g.dp = world.split(i(c.pp), i(c.dp));
+  g.ep = world.split(i(c.pp * l.edp() + c.edp), i(c.ep));
+  g.edp = world.split(i(c.pp * l.ep + c.ep), i(c.edp));
+  g.pp = world.split(i(c.dp), i(c.pp));
+  return g;
+}
+
+}  // namespace moe
