@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <vector>
 
@@ -238,5 +239,16 @@ TEST(Communicator, Timing) {
                 "all_to_all_v 1 MiB per rank: %.0f us\n", n, ar, iar, a2a);
 }
 
+}  // namespace
+}  // namespace moe::test
+
+namespace moe::test {
+namespace {
+// A failure on one rank only must fail the whole mpirun (CTest parallel_fail_one_rank, WILL_FAIL).
+TEST(Harness, InjectedFailureOnOneRank) {
+  const char* env = std::getenv("MOE_TEST_FAIL_RANK");
+  if (!env) GTEST_SKIP() << "set MOE_TEST_FAIL_RANK to fail on that rank";
+  EXPECT_NE(world().rank(), std::atoi(env)) << "injected failure";
+}
 }  // namespace
 }  // namespace moe::test
