@@ -45,6 +45,21 @@ struct Variant {
 
 class ModelGradient : public ::testing::TestWithParam<Variant> {};
 
+// Whether two (T,K) expert choices pick the same set of experts for every token. The order
+// within a token's K experts follows their scores and may swap under a perturbation without
+// changing the function (weights are gathered per expert), so only the sets must agree.
+bool same_expert_sets(const Tensor& a, const Tensor& b) {
+  const int64_t T = a.dim(0), K = a.dim(1);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> x(a.as<int32_t>() + t * K, a.as<int32_t>() + (t + 1) * K);
+    std::vector<int32_t> y(b.as<int32_t>() + t * K, b.as<int32_t>() + (t + 1) * K);
+    std::sort(x.begin(), x.end());
+    std::sort(y.begin(), y.end());
+    if (x != y) return false;
+  }
+  return true;
+}
+
 // Smallest gap between the K-th and (K+1)-th selection scores (scores + bias) over all tokens and
 // MoE layers of the last forward.
 double min_selection_gap(Transformer& model, const Config& c) {
@@ -76,15 +91,16 @@ TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
     for (auto& b : trainer.model().router_bias()) test::fill_uniform(b, seed, 40, -0.05, 0.05);
   OwnedTensor ids(DType::kI32, {2, 7}), labels(DType::kI32, {2, 7});
   Transformer& model = trainer.model();
-  // Inputs whose K-th and (K+1)-th selection scores are within 2e-3 anywhere are redrawn: the
+  // Inputs whose K-th and (K+1)-th selection scores are within 1e-2 anywhere are redrawn: the
   // perturbations below (up to 2e-4 in one parameter) must not be able to flip an expert choice.
+  // With init std 0.3 a score can move ~10x a parameter's perturbation (2e-3 was seen to flip).
   StepResult base;
   for (uint64_t attempt = 0;; ++attempt) {
-    ASSERT_LT(attempt, 200u) << "no well-separated routing found";
+    ASSERT_LT(attempt, 1000u) << "no well-separated routing found";
     test::fill_ids(ids, seed, 41 + attempt, 11);
     for (int64_t i = 0; i < 14; ++i) labels.as<int32_t>()[i] = (i % 7 == 6 || i == 3) ? -1 : ids.as<int32_t>()[i + 1];
     base = trainer.compute_gradients(ids, labels);
-    if (c.model.routing != "learned" || min_selection_gap(model, c) > 2e-3) break;
+    if (c.model.routing != "learned" || min_selection_gap(model, c) > 1e-2) break;
   }
   const int64_t moe_layers = c.model.num_moe_layers();
   std::vector<OwnedTensor> choices;
@@ -99,7 +115,7 @@ TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
       model.refresh_operand_weights();
       StepResult r = trainer.compute_gradients(ids, labels);
       for (int64_t m = 0; m < moe_layers; ++m)
-        flipped = flipped || !test::bitwise_equal(model.expert_choice(c.model.n_dense_layers + m), choices[static_cast<size_t>(m)]);
+        flipped = flipped || !same_expert_sets(model.expert_choice(c.model.n_dense_layers + m), choices[static_cast<size_t>(m)]);
       return r.total;
     };
     // With init std 0.3 the model is strongly nonlinear: central differences at h = 1e-5 showed a
