@@ -18,6 +18,8 @@ n_kv_heads = 2
 num_experts = 4
 top_k = 2
 expert_hidden = 32
+[optim]
+warmup_steps = 2
 [train]
 seq_len = 32
 batch_size = 4
