@@ -6,6 +6,9 @@ bool PhaseTimer::enabled_ = false;
 Phase PhaseTimer::current_ = Phase::kOther;
 PhaseTimer::Clock::time_point PhaseTimer::since_{};
 std::array<double, PhaseTimer::kNum> PhaseTimer::seconds_{};
+const std::atomic<uint64_t>* PhaseTimer::alloc_counter_ = nullptr;
+uint64_t PhaseTimer::allocs_since_ = 0;
+std::array<uint64_t, PhaseTimer::kNum> PhaseTimer::allocs_{};
 
 const char* phase_name(Phase p) {
   switch (p) {
@@ -26,12 +29,15 @@ void PhaseTimer::set_enabled(bool on) {
   enabled_ = on;
   current_ = Phase::kOther;
   since_ = Clock::now();
+  if (alloc_counter_) allocs_since_ = alloc_counter_->load(std::memory_order_relaxed);
 }
 
 void PhaseTimer::reset() {
   seconds_.fill(0.0);
+  allocs_.fill(0);
   current_ = Phase::kOther;
   since_ = Clock::now();
+  if (alloc_counter_) allocs_since_ = alloc_counter_->load(std::memory_order_relaxed);
 }
 
 void PhaseTimer::flush() {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 
@@ -38,6 +39,9 @@ class PhaseTimer {
   // Accumulated exclusive seconds per phase since reset(); kOther only holds time in explicit
   // kOther scopes (bench computes the real "other" from the step time).
   static const std::array<double, kNum>& seconds() { return seconds_; }
+  // Optional heap allocation counter: allocations are then attributed to phases as well.
+  static void set_alloc_counter(const std::atomic<uint64_t>* c) { alloc_counter_ = c; }
+  static const std::array<uint64_t, kNum>& allocs() { return allocs_; }
 
  private:
   friend class PhaseScope;
@@ -45,6 +49,9 @@ class PhaseTimer {
   static Phase current_;
   static Clock::time_point since_;
   static std::array<double, kNum> seconds_;
+  static const std::atomic<uint64_t>* alloc_counter_;
+  static uint64_t allocs_since_;
+  static std::array<uint64_t, kNum> allocs_;
 };
 
 class PhaseScope {
@@ -68,6 +75,11 @@ class PhaseScope {
     PhaseTimer::seconds_[static_cast<size_t>(PhaseTimer::current_)] +=
         std::chrono::duration<double>(now - PhaseTimer::since_).count();
     PhaseTimer::since_ = now;
+    if (PhaseTimer::alloc_counter_) {
+      const uint64_t a = PhaseTimer::alloc_counter_->load(std::memory_order_relaxed);
+      PhaseTimer::allocs_[static_cast<size_t>(PhaseTimer::current_)] += a - PhaseTimer::allocs_since_;
+      PhaseTimer::allocs_since_ = a;
+    }
     PhaseTimer::current_ = p;
   }
   bool active_ = false;

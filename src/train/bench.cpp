@@ -44,6 +44,7 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     const bool timed = i > opt.warmup;
     const bool count_allocs = opt.alloc_counter && i >= 3 && i <= 10;
     if (count_allocs) alloc_before = opt.alloc_counter->load(std::memory_order_relaxed);
+    PhaseTimer::set_alloc_counter(count_allocs ? opt.alloc_counter : nullptr);
     PhaseTimer::set_enabled(true);
     PhaseTimer::reset();
     const Clock::time_point t0 = Clock::now();
@@ -54,14 +55,20 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     if (count_allocs) {
       r.allocs_per_step += static_cast<double>(opt.alloc_counter->load(std::memory_order_relaxed) - alloc_before);
       ++r.alloc_steps;
+      for (int p = 0; p < PhaseTimer::kNum; ++p)
+        r.phase_allocs[static_cast<size_t>(p)] += static_cast<double>(PhaseTimer::allocs()[static_cast<size_t>(p)]);
     }
+    PhaseTimer::set_alloc_counter(nullptr);
     if (!timed) continue;
     const double dt = std::chrono::duration<double>(t1 - t0).count();
     r.step_s.push_back(dt);
     step_sum += dt;
     for (int p = 0; p < PhaseTimer::kNum; ++p) sums[static_cast<size_t>(p)] += PhaseTimer::seconds()[static_cast<size_t>(p)];
   }
-  if (r.alloc_steps > 0) r.allocs_per_step /= static_cast<double>(r.alloc_steps);
+  if (r.alloc_steps > 0) {
+    r.allocs_per_step /= static_cast<double>(r.alloc_steps);
+    for (double& a : r.phase_allocs) a /= static_cast<double>(r.alloc_steps);
+  }
 
   const double n = static_cast<double>(r.step_s.size());
   std::vector<double> sorted = r.step_s;
@@ -95,13 +102,15 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   os << std::setprecision(1) << "model GFLOP/s: " << r.tflops * 1e3 << "  MFU: " << r.mfu * 100 << "% of "
      << r.peak_tflops * 1e3 << " GFLOP/s\n";
   os << "phase breakdown (mean per timed step, exclusive):\n";
-  os << "  phase          ms/step      %\n";
+  os << "  phase          ms/step      %" << (r.alloc_steps > 0 ? "   allocs/step" : "") << "\n";
   for (int p = 1; p <= PhaseTimer::kNum; ++p) {
     const int idx = p % PhaseTimer::kNum;  // "other" last
     const double s = r.phase_s[static_cast<size_t>(idx)];
     os << "  " << std::left << std::setw(13) << phase_name(static_cast<Phase>(idx)) << std::right
        << std::setw(9) << std::setprecision(2) << s * 1e3 << std::setw(8) << std::setprecision(1)
-       << 100 * s / r.mean_step_s << "\n";
+       << 100 * s / r.mean_step_s;
+    if (r.alloc_steps > 0) os << std::setw(14) << r.phase_allocs[static_cast<size_t>(idx)];
+    os << "\n";
   }
   os << "  communication      0.00     0.0   (single process)\n";
   os << std::setprecision(2) << "  sum           " << std::setw(9) << r.phase_sum_s * 1e3 << "  vs step " << r.mean_step_s * 1e3

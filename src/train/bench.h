@@ -32,6 +32,7 @@ struct BenchResult {
   double phase_error = 0;              // |phase_sum_s - mean_step_s| / mean_step_s
   int64_t alloc_steps = 0;             // steps counted for allocations (0: no counter)
   double allocs_per_step = 0;
+  std::array<double, PhaseTimer::kNum> phase_allocs{};  // per counted step, by phase
   int64_t peak_rss_bytes = 0;
 };
 
