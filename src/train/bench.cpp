@@ -97,6 +97,9 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
      << config.train.batch_size << " x " << config.train.seq_len << ", micro-batch " << config.train.micro_batch_size
      << "), " << r.step_s.size() << " timed steps\n";
   os << std::setprecision(4) << "step time: median " << r.median_step_s << " s, mean " << r.mean_step_s << " s\n";
+  os << std::setprecision(3) << "step times (s):";
+  for (double t : r.step_s) os << " " << t;
+  os << "\n";
   os << std::setprecision(0) << "tokens/s (median): " << r.tokens_per_s << "\n";
   os << std::setprecision(2) << "model FLOPs/token (causal): " << r.flops_per_token * 1e-6 << " M\n";
   os << std::setprecision(1) << "model GFLOP/s: " << r.tflops * 1e3 << "  MFU: " << r.mfu * 100 << "% of "
