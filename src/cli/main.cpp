@@ -1,7 +1,11 @@
 // moecore command line: train, config, prepare, eval, generate, export-hf, import-hf. Every error
 // reaches the user as one line
 // naming what was wrong; the exit status is non-zero.
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <new>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -18,8 +22,32 @@
 #include "data/prepare.h"
 #include "model/memory.h"
 #include "kernels/ops.h"
+#include "train/bench.h"
 #include "train/eval_commands.h"
 #include "train/train_loop.h"
+
+// Heap allocation counter for `moecore bench`: every operator new in this binary (scalar, array,
+// aligned, nothrow: all funnel through these two) counts one. Direct malloc calls (e.g. inside
+// oneDNN) are not counted. A relaxed atomic increment per allocation, in this binary only.
+namespace {
+std::atomic<uint64_t> g_allocs{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, std::align_val_t al) {
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  const std::size_t a = static_cast<std::size_t>(al);
+  if (void* p = std::aligned_alloc(a, (std::max<std::size_t>(n, 1) + a - 1) / a * a)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -39,12 +67,16 @@ const char* kUsage =
     "           config from --config or the file's metadata)\n"
     "  (PATH: a checkpoint step_N directory, or a checkpoint directory: its latest good one)\n"
     "  import-hf --from DIR --out PARAMS   a Hugging Face OLMoE checkpoint to our parameters\n"
+    "  bench    [--config FILE] [--set k=v ...] [--warmup N] [--steps N]\n"
+    "           full training steps on random ids: tokens/s, model TFLOP/s, MFU, per-phase\n"
+    "           breakdown, heap allocations per step (steps 3-10), peak RSS\n"
     "  help\n";
 
 struct Args {
   std::string command, config_path, input, out, from, dtype = "f32", checkpoint, prompt;
   std::vector<std::string> overrides;
   bool resume = false;
+  int64_t warmup = 3, bench_steps = 10;
   int64_t batches = 0, max_tokens = 200, top_k = 40;
   double temperature = 0.8;
   uint64_t seed = 0;
@@ -74,8 +106,10 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--top-k") a.top_k = std::stoll(value());
     else if (flag == "--temperature") a.temperature = std::stod(value());
     else if (flag == "--seed") a.seed = std::stoull(value());
+    else if (flag == "--warmup") a.warmup = std::stoll(value());
+    else if (flag == "--steps") a.bench_steps = std::stoll(value());
     else MOE_FAIL("unknown option '", flag, "' (allowed: --config, --set, --input, --out, --from, --dtype, --resume, "
-                  "--checkpoint, --prompt, --batches, --max-tokens, --temperature, --top-k, --seed)\n", kUsage);
+                  "--checkpoint, --prompt, --batches, --max-tokens, --temperature, --top-k, --seed, --warmup, --steps)\n", kUsage);
   }
   return a;
 }
@@ -144,6 +178,15 @@ int run(int argc, char** argv) {
               << " tok/s, final train ce " << s.final_train_loss;
     if (s.final_valid_loss >= 0) std::cout << ", validation ce " << s.final_valid_loss;
     std::cout << "\n";
+    return 0;
+  }
+  if (a.command == "bench") {
+    const moe::Config c = resolve(a);
+    moe::BenchOptions o;
+    o.warmup = a.warmup;
+    o.steps = a.bench_steps;
+    o.alloc_counter = &g_allocs;
+    moe::print_bench(c, moe::run_bench(c, o), std::cout);
     return 0;
   }
   if (a.command == "eval") {

@@ -1,11 +1,13 @@
 // Attention sublayer, forward then backward:
 //   h = RMSNorm(x); q,k,v = h W^T; [QK-norm]; RoPE(q,k); o = causal GQA attention; y = o wo^T
 //   pre: x_out = x + y          peri: x_out = x + RMSNorm_out(y)
+#include "core/phase_timer.h"
 #include "model/transformer.h"
 
 namespace moe {
 
 void Transformer::attention_forward(int64_t l, const Tensor& x_in, AttnActs& a, const Tensor& x_out) {
+  PhaseScope phase(Phase::kAttention);
   const LayerWeights& W = params_.layers[static_cast<size_t>(l)];
   const LayerWeights& Wc = operands_.layers[static_cast<size_t>(l)];
   const int64_t T = dims_.T, H = cfg_.n_heads, G = cfg_.n_kv_heads, hd = cfg_.hd();
@@ -38,6 +40,7 @@ void Transformer::attention_forward(int64_t l, const Tensor& x_in, AttnActs& a, 
 
 // On entry scratch_.dx holds d(x_out); on exit d(x_in) (the residual passes straight through).
 void Transformer::attention_backward(int64_t l, const Tensor& x_in, AttnActs& a) {
+  PhaseScope phase(Phase::kAttention);
   const LayerWeights& W = params_.layers[static_cast<size_t>(l)];
   const LayerWeights& Wc = operands_.layers[static_cast<size_t>(l)];
   LayerWeights& dW = grads_.layers[static_cast<size_t>(l)];

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
+#include "core/phase_timer.h"
 #include "core/rng.h"
 
 namespace moe {
@@ -194,6 +196,7 @@ void Transformer::forward_backward(const Tensor& ids, const Tensor& labels, cons
   const int64_t T = dims_.T;
   Tensor xf_act = operand(xf_, xf_act_);
   Tensor lab = labels.view({T});
+  std::optional<PhaseScope> phase(std::in_place, Phase::kLmHeadLoss);
   // LM head + cross-entropy, forward and backward per row chunk: full logits never exist.
   for (int64_t r0 = 0; r0 < T; r0 += head_chunk_) {
     const int64_t r1 = std::min(T, r0 + head_chunk_), n = r1 - r0;
@@ -208,6 +211,7 @@ void Transformer::forward_backward(const Tensor& ids, const Tensor& labels, cons
     ops_.linear_bwd_data(g, operands_.lm_head, s.dtmp.slice(r0, r1), false);
     ops_.linear_bwd_weight(g, x_rows, grads_.lm_head);
   }
+  phase.reset();
   ops_.rmsnorm_bwd(s.dtmp, resid_.back(), params_.final_norm, rstd_final_, s.dx, grads_.final_norm);
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
     if (recompute_) layer_forward(l, acts(l), sc.token_base);

@@ -6,6 +6,9 @@
 //   y = sum_j w_tj * ys[pos(t,j)]  (+ shared expert: sum, or v1 u/(K+1) + r*K/(K+1))
 // Backward mirrors it and injects the load-balancing and router z-loss gradients into the
 // router, weighted by this micro-batch's share of the step's tokens.
+#include <optional>
+
+#include "core/phase_timer.h"
 #include "core/rng.h"
 #include "model/transformer.h"
 
@@ -25,6 +28,7 @@ void Transformer::moe_forward(int64_t l, const Tensor& x_in, FfnActs& a, const T
   Tensor h_act = norm_input(x_in, W.ffn_norm, a.rstd_in, a.h, a.h_act);
 
   // Router in the compute dtype with the fp32 master weights.
+  std::optional<PhaseScope> phase(std::in_place, Phase::kRouter);
   ops_.linear_fwd(a.h, W.router, a.logits, false);
   const int kind = cfg_.score_func == "sigmoid" ? 1 : 0;
   ops_.router_scores_fwd(a.logits, kind, a.scores);
@@ -36,10 +40,14 @@ void Transformer::moe_forward(int64_t l, const Tensor& x_in, FfnActs& a, const T
                        static_cast<int>(cfg_.num_experts), a.expert_idx);
   }
   ops_.router_gather(a.scores, a.expert_idx, cfg_.norm_topk_prob, a.weights);
+  phase.reset();
+  phase.emplace(Phase::kPermute);
   ops_.moe_plan(a.expert_idx, a.counts, a.offsets, a.sorted_slot, a.slot_pos);
 
   // Routed experts over the permuted rows.
   ops_.moe_gather(h_act, a.sorted_slot, a.xs_act);
+  phase.reset();
+  phase.emplace(Phase::kExpertGemm);
   // bf16 mode computes in fp32 scratch and saves bf16 copies (as in swiglu_mlp_forward).
   const int64_t R = a.eg.dim(0), F = a.eg.dim(1), D = cfg_.d_model;
   Tensor eg = bf16 ? rows_view(scratch_.fg, R, F) : a.eg, eu = bf16 ? rows_view(scratch_.fu, R, F) : a.eu;
@@ -56,9 +64,13 @@ void Transformer::moe_forward(int64_t l, const Tensor& x_in, FfnActs& a, const T
   }
 
   Tensor y = cfg_.norm_placement == "peri" ? a.out : x_out;
+  phase.reset();
+  phase.emplace(Phase::kCombine);
   ops_.moe_combine(ys, a.slot_pos, a.weights, y, false);
   if (bf16) ops_.convert(ys, a.ys);
+  phase.reset();
   if (cfg_.shared_hidden > 0) {
+    PhaseScope shared_phase(Phase::kExpertGemm);
     if (cfg_.shared_merge == "sum") {
       swiglu_mlp_forward(h_act, Wc.shared_gate, Wc.shared_up, Wc.shared_down, a, y, true);
     } else {  // v1: shared/(K+1) + routed*K/(K+1)
@@ -84,6 +96,7 @@ void Transformer::moe_backward(int64_t l, const Tensor& x_in, FfnActs& a, const 
   const bool v1 = cfg_.shared_hidden > 0 && cfg_.shared_merge == "v1";
 
   // Shared expert: its d(h) initializes s.dh.
+  std::optional<PhaseScope> phase(std::in_place, Phase::kExpertGemm);
   if (cfg_.shared_hidden > 0) {
     Tensor dshared = dy;
     if (v1) {
@@ -104,7 +117,11 @@ void Transformer::moe_backward(int64_t l, const Tensor& x_in, FfnActs& a, const 
     ops_.axpy(k / (k + 1), dy, s.dtmp2);
     droute = s.dtmp2;
   }
+  phase.reset();
+  phase.emplace(Phase::kCombine);
   ops_.moe_combine_bwd(droute, a.ys, a.slot_pos, a.weights, s.dys, s.dweights);
+  phase.reset();
+  phase.emplace(Phase::kExpertGemm);
   const int64_t R = a.eg.dim(0), F = a.eg.dim(1);
   Tensor da = rows_view(s.da, R, F), dg = rows_view(s.dg, R, F), du = rows_view(s.du, R, F);
   Tensor g = operand_grad(s.dys);
@@ -114,14 +131,21 @@ void Transformer::moe_backward(int64_t l, const Tensor& x_in, FfnActs& a, const 
   g = operand_grad(dg);
   ops_.grouped_linear_bwd_data(g, Wc.exp_gate, a.offsets, s.dxs);
   ops_.grouped_linear_bwd_weight(g, a.xs_act, a.offsets, dW.exp_gate);
-  ops_.moe_gather_bwd(s.dxs, a.slot_pos, s.dh);
+  {
+    PhaseScope permute(Phase::kPermute);
+    ops_.moe_gather_bwd(s.dxs, a.slot_pos, s.dh);
+  }
   g = operand_grad(du);
   ops_.grouped_linear_bwd_data(g, Wc.exp_up, a.offsets, s.dxs);
   ops_.grouped_linear_bwd_weight(g, a.xs_act, a.offsets, dW.exp_up);
+  phase.reset();
+  phase.emplace(Phase::kPermute);
   ops_.moe_gather_bwd(s.dxs, a.slot_pos, s.dh);
 
   // Router: combine weights, then the auxiliary losses (their values go to the step's stats).
   const int kind = cfg_.score_func == "sigmoid" ? 1 : 0;
+  phase.reset();
+  phase.emplace(Phase::kRouter);
   ops_.fill(s.dscores, 0.0);
   ops_.router_gather_bwd(s.dweights, a.scores, a.expert_idx, cfg_.norm_topk_prob, s.dscores);
   ops_.load_balance_loss(a.scores, a.counts, kind, static_cast<int>(cfg_.top_k), sc.aux_weight,
@@ -133,6 +157,7 @@ void Transformer::moe_backward(int64_t l, const Tensor& x_in, FfnActs& a, const 
   ops_.router_z_loss(a.logits, sc.aux_weight, loss_.router_z_coef * sc.aux_weight, stats.router_z(m), s.dlogits);
   ops_.linear_bwd_data(s.dlogits, W.router, s.dh, true);
   ops_.linear_bwd_weight(s.dlogits, a.h, dW.router);
+  phase.reset();
   norm_input_backward(s.dh, x_in, W.ffn_norm, a.rstd_in, dW.ffn_norm);
 }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/phase_timer.h"
 #include "optim/schedule.h"
 
 namespace moe {
@@ -114,6 +115,7 @@ StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, c
   }
   r.total = total_loss(config_.loss, r);
 
+  PhaseScope phase(Phase::kOptimizer);  // grad norm
   ops_.fill(norm_acc_.t, 0.0);
   ops_.sumsq_to(model_->grads().flat, norm_acc_.t);
   r.grad_norm = std::sqrt(norm_acc_.as<double>()[0]);
@@ -125,6 +127,7 @@ StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, c
 void Trainer::apply_update(StepResult& r) {
   const TrainConfig& tc = config_.train;
   const int64_t nm = stats_.num_moe_layers;
+  PhaseScope phase(Phase::kOptimizer);  // clipping, AdamW, bias update, bf16 refresh
 
   const double max_norm = config_.optim.max_grad_norm;
   if (max_norm > 0) {

@@ -1,0 +1,47 @@
+#include "core/phase_timer.h"
+
+namespace moe {
+
+bool PhaseTimer::enabled_ = false;
+Phase PhaseTimer::current_ = Phase::kOther;
+PhaseTimer::Clock::time_point PhaseTimer::since_{};
+std::array<double, PhaseTimer::kNum> PhaseTimer::seconds_{};
+const std::atomic<uint64_t>* PhaseTimer::alloc_counter_ = nullptr;
+uint64_t PhaseTimer::allocs_since_ = 0;
+std::array<uint64_t, PhaseTimer::kNum> PhaseTimer::allocs_{};
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::kOther: return "other";
+    case Phase::kAttention: return "attention";
+    case Phase::kRouter: return "router";
+    case Phase::kPermute: return "permute";
+    case Phase::kExpertGemm: return "expert_gemm";
+    case Phase::kCombine: return "combine";
+    case Phase::kLmHeadLoss: return "lm_head_loss";
+    case Phase::kOptimizer: return "optimizer";
+    case Phase::kCount: break;
+  }
+  return "?";
+}
+
+void PhaseTimer::set_enabled(bool on) {
+  enabled_ = on;
+  current_ = Phase::kOther;
+  since_ = Clock::now();
+  if (alloc_counter_) allocs_since_ = alloc_counter_->load(std::memory_order_relaxed);
+}
+
+void PhaseTimer::reset() {
+  seconds_.fill(0.0);
+  allocs_.fill(0);
+  current_ = Phase::kOther;
+  since_ = Clock::now();
+  if (alloc_counter_) allocs_since_ = alloc_counter_->load(std::memory_order_relaxed);
+}
+
+void PhaseTimer::flush() {
+  if (enabled_) PhaseScope::switch_to(current_);
+}
+
+}  // namespace moe

@@ -1,0 +1,89 @@
+// Per-phase wall-clock profiler for `moecore bench`. Off by default: a disabled PhaseScope costs
+// one branch. Timing is exclusive: entering a nested scope stops the clock of the enclosing
+// phase, so the phases never double count. Everything outside any scope is "other" (norms,
+// embedding, residual adds, grad zeroing); bench derives it as step time minus the named phases.
+// Timers only read the clock: they never change what is computed (bitwise tests unaffected).
+// Single-threaded use (the host thread that issues the ops); kernels parallelize inside.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace moe {
+
+enum class Phase : int {
+  kOther = 0,
+  kAttention,
+  kRouter,
+  kPermute,
+  kExpertGemm,
+  kCombine,
+  kLmHeadLoss,
+  kOptimizer,
+  kCount
+};
+
+const char* phase_name(Phase p);
+
+class PhaseTimer {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr int kNum = static_cast<int>(Phase::kCount);
+
+  static bool enabled() { return enabled_; }
+  static void set_enabled(bool on);
+  static void reset();  // zero all accumulated times
+  static void flush();  // charge the time since the last switch to the current phase
+  // Accumulated exclusive seconds per phase since reset(); kOther only holds time in explicit
+  // kOther scopes (bench computes the real "other" from the step time).
+  static const std::array<double, kNum>& seconds() { return seconds_; }
+  // Optional heap allocation counter: allocations are then attributed to phases as well.
+  static void set_alloc_counter(const std::atomic<uint64_t>* c) { alloc_counter_ = c; }
+  static const std::array<uint64_t, kNum>& allocs() { return allocs_; }
+
+ private:
+  friend class PhaseScope;
+  static bool enabled_;
+  static Phase current_;
+  static Clock::time_point since_;
+  static std::array<double, kNum> seconds_;
+  static const std::atomic<uint64_t>* alloc_counter_;
+  static uint64_t allocs_since_;
+  static std::array<uint64_t, kNum> allocs_;
+};
+
+class PhaseScope {
+ public:
+  explicit PhaseScope(Phase p) {
+    if (!PhaseTimer::enabled_) return;
+    active_ = true;
+    prev_ = PhaseTimer::current_;
+    switch_to(p);
+  }
+  ~PhaseScope() {
+    if (active_) switch_to(prev_);
+  }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  friend class PhaseTimer;
+  static void switch_to(Phase p) {
+    const PhaseTimer::Clock::time_point now = PhaseTimer::Clock::now();
+    PhaseTimer::seconds_[static_cast<size_t>(PhaseTimer::current_)] +=
+        std::chrono::duration<double>(now - PhaseTimer::since_).count();
+    PhaseTimer::since_ = now;
+    if (PhaseTimer::alloc_counter_) {
+      const uint64_t a = PhaseTimer::alloc_counter_->load(std::memory_order_relaxed);
+      PhaseTimer::allocs_[static_cast<size_t>(PhaseTimer::current_)] += a - PhaseTimer::allocs_since_;
+      PhaseTimer::allocs_since_ = a;
+    }
+    PhaseTimer::current_ = p;
+  }
+  bool active_ = false;
+  Phase prev_ = Phase::kOther;
+};
+
+}  // namespace moe

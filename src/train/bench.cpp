@@ -1,0 +1,130 @@
+#include "train/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <random>
+
+#include "kernels/ops.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
+
+namespace moe {
+
+BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
+  MOE_CHECK(opt.warmup >= 0 && opt.steps >= 1, "bench: --warmup must be >= 0 and --steps >= 1");
+  Config config = config_in;
+  // Schedule length covers the run so the LR never hits a degenerate point.
+  config.train.steps = std::max(config.train.steps, opt.warmup + opt.steps);
+  std::unique_ptr<Backend> ops = make_backend(config.train.backend);
+  Trainer trainer(config, *ops, DType::kF32);
+
+  const TrainConfig& tc = config.train;
+  const int64_t B = tc.batch_size, S = tc.seq_len, V = config.model.vocab_size;
+  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S});
+  std::mt19937_64 rng(tc.seed);
+  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(V - 1));
+  std::vector<int32_t> row(static_cast<size_t>(S + 1));
+
+  BenchResult r;
+  r.tokens_per_step = B * S;
+  using Clock = std::chrono::steady_clock;
+  uint64_t alloc_before = 0;
+  const int64_t total = opt.warmup + opt.steps;
+  std::array<double, PhaseTimer::kNum> sums{};
+  double step_sum = 0;
+  for (int64_t i = 1; i <= total; ++i) {
+    // Fresh random ids each step (outside the timed region); labels are the ids shifted by one.
+    for (int64_t b = 0; b < B; ++b) {
+      for (auto& x : row) x = dist(rng);
+      std::copy(row.begin(), row.end() - 1, ids.t.as<int32_t>() + b * S);
+      std::copy(row.begin() + 1, row.end(), labels.t.as<int32_t>() + b * S);
+    }
+    const bool timed = i > opt.warmup;
+    const bool count_allocs = opt.alloc_counter && i >= 3 && i <= 10;
+    if (count_allocs) alloc_before = opt.alloc_counter->load(std::memory_order_relaxed);
+    PhaseTimer::set_alloc_counter(count_allocs ? opt.alloc_counter : nullptr);
+    PhaseTimer::set_enabled(true);
+    PhaseTimer::reset();
+    const Clock::time_point t0 = Clock::now();
+    trainer.step(ids.t, labels.t);
+    const Clock::time_point t1 = Clock::now();
+    PhaseTimer::flush();
+    PhaseTimer::set_enabled(false);
+    if (count_allocs) {
+      r.allocs_per_step += static_cast<double>(opt.alloc_counter->load(std::memory_order_relaxed) - alloc_before);
+      ++r.alloc_steps;
+      for (int p = 0; p < PhaseTimer::kNum; ++p)
+        r.phase_allocs[static_cast<size_t>(p)] += static_cast<double>(PhaseTimer::allocs()[static_cast<size_t>(p)]);
+    }
+    PhaseTimer::set_alloc_counter(nullptr);
+    if (!timed) continue;
+    const double dt = std::chrono::duration<double>(t1 - t0).count();
+    r.step_s.push_back(dt);
+    step_sum += dt;
+    for (int p = 0; p < PhaseTimer::kNum; ++p) sums[static_cast<size_t>(p)] += PhaseTimer::seconds()[static_cast<size_t>(p)];
+  }
+  if (r.alloc_steps > 0) {
+    r.allocs_per_step /= static_cast<double>(r.alloc_steps);
+    for (double& a : r.phase_allocs) a /= static_cast<double>(r.alloc_steps);
+  }
+
+  const double n = static_cast<double>(r.step_s.size());
+  std::vector<double> sorted = r.step_s;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t mid = sorted.size() / 2;
+  r.median_step_s = sorted.size() % 2 ? sorted[mid] : 0.5 * (sorted[mid - 1] + sorted[mid]);
+  r.mean_step_s = step_sum / n;
+  for (int p = 0; p < PhaseTimer::kNum; ++p) {
+    r.phase_s[static_cast<size_t>(p)] = sums[static_cast<size_t>(p)] / n;
+    r.phase_sum_s += r.phase_s[static_cast<size_t>(p)];
+  }
+  r.phase_error = std::abs(r.phase_sum_s - r.mean_step_s) / r.mean_step_s;
+  r.tokens_per_s = static_cast<double>(r.tokens_per_step) / r.median_step_s;
+  r.flops_per_token = config.model.train_flops_per_token(S);
+  r.tflops = r.tokens_per_s * r.flops_per_token * 1e-12;
+  r.peak_tflops = peak_tflops(config);
+  r.mfu = r.peak_tflops > 0 ? r.tflops / r.peak_tflops : 0;
+  r.peak_rss_bytes = peak_rss_bytes();
+  return r;
+}
+
+void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
+  const auto flags = os.flags();
+  os << std::fixed;
+  os << "precision " << config.train.precision << ", " << r.tokens_per_step << " tokens/step ("
+     << config.train.batch_size << " x " << config.train.seq_len << ", micro-batch " << config.train.micro_batch_size
+     << "), " << r.step_s.size() << " timed steps\n";
+  os << std::setprecision(4) << "step time: median " << r.median_step_s << " s, mean " << r.mean_step_s << " s\n";
+  os << std::setprecision(3) << "step times (s):";
+  for (double t : r.step_s) os << " " << t;
+  os << "\n";
+  os << std::setprecision(0) << "tokens/s (median): " << r.tokens_per_s << "\n";
+  os << std::setprecision(2) << "model FLOPs/token (causal): " << r.flops_per_token * 1e-6 << " M\n";
+  os << std::setprecision(1) << "model GFLOP/s: " << r.tflops * 1e3 << "  MFU: " << r.mfu * 100 << "% of "
+     << r.peak_tflops * 1e3 << " GFLOP/s\n";
+  os << "phase breakdown (mean per timed step, exclusive):\n";
+  os << "  phase          ms/step      %" << (r.alloc_steps > 0 ? "   allocs/step" : "") << "\n";
+  for (int p = 1; p <= PhaseTimer::kNum; ++p) {
+    const int idx = p % PhaseTimer::kNum;  // "other" last
+    const double s = r.phase_s[static_cast<size_t>(idx)];
+    os << "  " << std::left << std::setw(13) << phase_name(static_cast<Phase>(idx)) << std::right
+       << std::setw(9) << std::setprecision(2) << s * 1e3 << std::setw(8) << std::setprecision(1)
+       << 100 * s / r.mean_step_s;
+    if (r.alloc_steps > 0) os << std::setw(14) << r.phase_allocs[static_cast<size_t>(idx)];
+    os << "\n";
+  }
+  os << "  communication      0.00     0.0   (single process)\n";
+  os << std::setprecision(2) << "  sum           " << std::setw(9) << r.phase_sum_s * 1e3 << "  vs step " << r.mean_step_s * 1e3
+     << " ms: " << r.phase_error * 100 << "% " << (r.phase_error <= 0.03 ? "(within 3%: ok)" : "(MORE THAN 3%)") << "\n";
+  if (r.alloc_steps > 0)
+    os << std::setprecision(1) << "heap allocations per step (operator new, steps 3-" << 2 + r.alloc_steps
+       << "): " << r.allocs_per_step << "\n";
+  else
+    os << "heap allocations: not counted (no counter installed)\n";
+  os << std::setprecision(1) << "peak RSS: " << static_cast<double>(r.peak_rss_bytes) / (1 << 20) << " MiB\n";
+  os.flags(flags);
+}
+
+}  // namespace moe

@@ -1,0 +1,42 @@
+// `moecore bench`: full training steps on random token ids after a warm-up, with throughput,
+// model TFLOP/s, MFU, a per-phase breakdown (core/phase_timer.h) and heap allocations per step.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <ostream>
+#include <vector>
+
+#include "config/config.h"
+#include "core/phase_timer.h"
+
+namespace moe {
+
+struct BenchOptions {
+  int64_t warmup = 3;
+  int64_t steps = 10;
+  // Heap allocation counter (incremented by a counting operator new in the moecore binary), or
+  // null when none is installed. Counted over steps 3-10 of the whole run (warm-up included).
+  const std::atomic<uint64_t>* alloc_counter = nullptr;
+};
+
+struct BenchResult {
+  int64_t tokens_per_step = 0;
+  std::vector<double> step_s;          // timed steps
+  double median_step_s = 0, mean_step_s = 0;
+  double tokens_per_s = 0;             // tokens_per_step / median step time
+  double flops_per_token = 0, tflops = 0, peak_tflops = 0, mfu = 0;
+  std::array<double, PhaseTimer::kNum> phase_s{};  // mean seconds per timed step, exclusive
+  double phase_sum_s = 0;              // sum of phase_s (other measured, not derived)
+  double phase_error = 0;              // |phase_sum_s - mean_step_s| / mean_step_s
+  int64_t alloc_steps = 0;             // steps counted for allocations (0: no counter)
+  double allocs_per_step = 0;
+  std::array<double, PhaseTimer::kNum> phase_allocs{};  // per counted step, by phase
+  int64_t peak_rss_bytes = 0;
+};
+
+BenchResult run_bench(const Config& config, const BenchOptions& opt);
+void print_bench(const Config& config, const BenchResult& r, std::ostream& os);
+
+}  // namespace moe
