@@ -29,10 +29,23 @@
 // Heap allocation counter for `moecore bench`: every operator new in this binary (scalar, array,
 // aligned, nothrow: all funnel through these two) counts one. Direct malloc calls (e.g. inside
 // oneDNN) are not counted. A relaxed atomic increment per allocation, in this binary only.
+// Sanitizer builds keep their own allocator (replacing it there mismatches new/free pairs).
+#if defined(__SANITIZE_ADDRESS__)
+#define MOE_COUNT_ALLOCS 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MOE_COUNT_ALLOCS 0
+#endif
+#endif
+#ifndef MOE_COUNT_ALLOCS
+#define MOE_COUNT_ALLOCS 1
+#endif
+
 namespace {
 std::atomic<uint64_t> g_allocs{0};
 }  // namespace
 
+#if MOE_COUNT_ALLOCS
 void* operator new(std::size_t n) {
   g_allocs.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
@@ -48,6 +61,7 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#endif
 
 namespace {
 
@@ -185,7 +199,7 @@ int run(int argc, char** argv) {
     moe::BenchOptions o;
     o.warmup = a.warmup;
     o.steps = a.bench_steps;
-    o.alloc_counter = &g_allocs;
+    o.alloc_counter = MOE_COUNT_ALLOCS ? &g_allocs : nullptr;
     moe::print_bench(c, moe::run_bench(c, o), std::cout);
     return 0;
   }
