@@ -369,6 +369,9 @@ void Config::validate() const {
   MOE_CHECK(train.batch_size % train.micro_batch_size == 0, "train.batch_size = ",
             train.batch_size, " is not a multiple of train.micro_batch_size = ",
             train.micro_batch_size);
+  MOE_CHECK(train.batch_size % (train.micro_batch_size * parallel.dp) == 0, "train.batch_size = ", train.batch_size,
+            " is not a multiple of train.micro_batch_size x parallel.dp = ", train.micro_batch_size, " x ",
+            parallel.dp, " (every data-parallel rank runs whole micro-batches of the global batch)");
   MOE_CHECK(optim.min_lr <= optim.lr, "optim.min_lr = ", optim.min_lr, " exceeds optim.lr = ", optim.lr);
   MOE_CHECK(optim.warmup_steps <= train.steps, "optim.warmup_steps = ", optim.warmup_steps,
             " exceeds train.steps = ", train.steps);

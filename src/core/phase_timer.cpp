@@ -20,6 +20,7 @@ const char* phase_name(Phase p) {
     case Phase::kCombine: return "combine";
     case Phase::kLmHeadLoss: return "lm_head_loss";
     case Phase::kOptimizer: return "optimizer";
+    case Phase::kCommunication: return "communication";
     case Phase::kCount: break;
   }
   return "?";

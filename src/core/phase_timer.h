@@ -22,6 +22,7 @@ enum class Phase : int {
   kCombine,
   kLmHeadLoss,
   kOptimizer,
+  kCommunication,  // blocking time in collectives and send/recv
   kCount
 };
 

@@ -238,9 +238,11 @@ std::vector<int64_t> rank_slice(const std::vector<int64_t>& global, int64_t rank
   MOE_CHECK(world >= 1 && rank >= 0 && rank < world, "rank ", rank, " out of range for world size ", world);
   MOE_CHECK(static_cast<int64_t>(global.size()) % world == 0, "global batch of ", global.size(),
             " instances is not a multiple of the world size ", world);
-  std::vector<int64_t> out;
-  for (size_t i = static_cast<size_t>(rank); i < global.size(); i += static_cast<size_t>(world)) out.push_back(global[i]);
-  return out;
+  // Contiguous blocks: data-parallel rank r's micro-batches are global micro-batches
+  // r*n/world ..., so a distributed step sees the same micro-batches as one process.
+  const size_t n = global.size() / static_cast<size_t>(world), begin = static_cast<size_t>(rank) * n;
+  return std::vector<int64_t>(global.begin() + static_cast<std::ptrdiff_t>(begin),
+                              global.begin() + static_cast<std::ptrdiff_t>(begin + n));
 }
 
 void fill_batch(const TokenDataset& data, InstanceOrder& order, int64_t position, const Tensor& ids,

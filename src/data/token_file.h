@@ -85,8 +85,9 @@ class InstanceOrder {
   int64_t epoch_ = -1;
 };
 
-// Data parallelism: rank r of W takes global[r], global[r+W], ... of a global batch (OLMo-core's
-// indices[rank::world]). The global batch size must be a multiple of W.
+// Data parallelism: rank r of W takes the contiguous block global[r*n/W, (r+1)*n/W) of a global
+// batch of n (so its micro-batches are the global batch's micro-batches r*n/W/mbs, ...; OLMo-core
+// strides, indices[rank::world], which changes the micro-batches). n must be a multiple of W.
 std::vector<int64_t> rank_slice(const std::vector<int64_t>& global, int64_t rank, int64_t world);
 
 // Fills a step's batch (batch, seq_len) from the shuffled instance stream. The global batch is

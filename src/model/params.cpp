@@ -2,59 +2,113 @@
 
 namespace moe {
 
-ParamLayout::ParamLayout(const ModelConfig& c) {
-  const int64_t D = c.d_model, hd = c.hd(), q = c.n_heads * hd, kv = c.n_kv_heads * hd;
-  add("embed", {c.vocab_size, D}, false, true);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    add(p + "attn_norm", {D}, true);
-    if (c.norm_placement == "peri") add(p + "attn_out_norm", {D}, true);
-    add(p + "wq", {q, D});
-    add(p + "wk", {kv, D});
-    add(p + "wv", {kv, D});
-    add(p + "wo", {D, q});
-    if (c.qk_norm == "full") {
-      add(p + "q_norm", {q}, true);
-      add(p + "k_norm", {kv}, true);
-    } else if (c.qk_norm == "per_head") {
-      add(p + "q_norm", {hd}, true);
-      add(p + "k_norm", {hd}, true);
-    }
-    add(p + "ffn_norm", {D}, true);
-    if (c.norm_placement == "peri") add(p + "ffn_out_norm", {D}, true);
-    if (!c.is_moe_layer(l)) {
-      const int64_t F = c.dense_width();
-      add(p + "mlp.gate", {F, D});
-      add(p + "mlp.up", {F, D});
-      add(p + "mlp.down", {D, F});
-    } else {
-      const int64_t E = c.num_experts, F = c.expert_hidden;
-      add(p + "router", {E, D});
-      add(p + "experts.gate", {E, F, D});
-      add(p + "experts.up", {E, F, D});
-      add(p + "experts.down", {E, D, F});
-      if (c.shared_hidden > 0) {
-        add(p + "shared.gate", {c.shared_hidden, D});
-        add(p + "shared.up", {c.shared_hidden, D});
-        add(p + "shared.down", {D, c.shared_hidden});
-      }
-    }
-  }
-  add("final_norm", {D}, true);
-  if (!c.tie_embeddings) add("lm_head", {c.vocab_size, D});
+ModelShard ModelShard::resolved(const ModelConfig& c) const {
+  ModelShard s = *this;
+  if (s.layer_end < 0) s.layer_end = c.n_layers;
+  if (s.num_local_experts < 0) s.num_local_experts = c.num_experts - s.expert_begin;
+  MOE_CHECK(s.layer_begin >= 0 && s.layer_begin < s.layer_end && s.layer_end <= c.n_layers, "model shard: layers [",
+            s.layer_begin, ", ", s.layer_end, ") outside the ", c.n_layers, " layers");
+  MOE_CHECK(s.expert_begin >= 0 && s.num_local_experts >= 1 && s.expert_begin + s.num_local_experts <= c.num_experts,
+            "model shard: experts [", s.expert_begin, ", ", s.expert_begin + s.num_local_experts, ") outside the ",
+            c.num_experts, " experts");
+  MOE_CHECK(!c.tie_embeddings || (s.layer_begin == 0 && s.layer_end == c.n_layers),
+            "model.tie_embeddings = true needs the embedding and the LM head on one pipeline stage (use pp = 1 "
+            "or model.tie_embeddings = false)");
+  return s;
 }
 
-void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool is_norm, bool is_embedding) {
+ParamLayout::ParamLayout(const ModelConfig& c, const ModelShard& shard) {
+  shard_ = shard.resolved(c);
+  global_experts_ = c.num_experts;
+  // Dense region first, then experts: two passes over the model order.
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool experts = pass == 1;
+    if (experts) dense_end_ = total_ = (total_ + 15) / 16 * 16;
+    for (int64_t l = -1; l <= c.n_layers; ++l) add_layer(c, l, experts);
+  }
+  // Global indices: positions in the whole model's layout (same two-pass order).
+  const bool whole_model = shard_.layer_begin == 0 && shard_.layer_end == c.n_layers &&
+                           shard_.num_local_experts == c.num_experts;
+  if (whole_model) {
+    for (size_t i = 0; i < entries_.size(); ++i) entries_[i].global_index = static_cast<int64_t>(i);
+    num_global_ = static_cast<int64_t>(entries_.size());
+  } else {
+    const ParamLayout whole(c);
+    num_global_ = whole.num_global_params();
+    for (auto& e : entries_) e.global_index = whole.find(e.name).global_index;
+  }
+}
+
+void ParamLayout::add_layer(const ModelConfig& c, int64_t l, bool experts) {
+  const ModelShard& sh = shard_;
+  const int64_t D = c.d_model, hd = c.hd(), q = c.n_heads * hd, kv = c.n_kv_heads * hd;
+  // l = -1: the embedding (first stage); l = n_layers: final norm and LM head (last stage).
+  if (l == -1 || l == c.n_layers) {
+    if (experts) return;
+    if (l == -1 && sh.first_stage()) add("embed", {c.vocab_size, D}, false, true);
+    if (l == c.n_layers && sh.last_stage(c)) {
+      add("final_norm", {D}, true);
+      if (!c.tie_embeddings) add("lm_head", {c.vocab_size, D});
+    }
+    return;
+  }
+  if (!sh.holds_layer(l)) return;
+  const std::string p = "layers." + std::to_string(l) + ".";
+  if (experts) {
+    if (!c.is_moe_layer(l)) return;
+    const int64_t E = sh.num_local_experts, F = c.expert_hidden;
+    add(p + "experts.gate", {E, F, D}, false, false, true);
+    add(p + "experts.up", {E, F, D}, false, false, true);
+    add(p + "experts.down", {E, D, F}, false, false, true);
+    return;
+  }
+  add(p + "attn_norm", {D}, true);
+  if (c.norm_placement == "peri") add(p + "attn_out_norm", {D}, true);
+  add(p + "wq", {q, D});
+  add(p + "wk", {kv, D});
+  add(p + "wv", {kv, D});
+  add(p + "wo", {D, q});
+  if (c.qk_norm == "full") {
+    add(p + "q_norm", {q}, true);
+    add(p + "k_norm", {kv}, true);
+  } else if (c.qk_norm == "per_head") {
+    add(p + "q_norm", {hd}, true);
+    add(p + "k_norm", {hd}, true);
+  }
+  add(p + "ffn_norm", {D}, true);
+  if (c.norm_placement == "peri") add(p + "ffn_out_norm", {D}, true);
+  if (!c.is_moe_layer(l)) {
+    const int64_t F = c.dense_width();
+    add(p + "mlp.gate", {F, D});
+    add(p + "mlp.up", {F, D});
+    add(p + "mlp.down", {D, F});
+    return;
+  }
+  add(p + "router", {c.num_experts, D});
+  if (c.shared_hidden > 0) {
+    add(p + "shared.gate", {c.shared_hidden, D});
+    add(p + "shared.up", {c.shared_hidden, D});
+    add(p + "shared.down", {D, c.shared_hidden});
+  }
+}
+
+void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool is_norm, bool is_embedding, bool is_expert) {
   ParamInfo info;
   info.name = std::move(name);
   info.shape = std::move(shape);
+  info.global_shape = info.shape;
   info.numel = 1;
   for (int64_t d : info.shape) info.numel *= d;
+  if (is_expert) {  // local experts are a contiguous block of the whole (E, ...) tensor
+    info.global_shape[0] = global_experts_;
+    info.global_begin = shard_.expert_begin * (info.numel / info.shape[0]);
+  }
   // Each parameter starts on a 64-byte boundary (16 floats), good for SIMD and bf16 copies.
   total_ = (total_ + 15) / 16 * 16;
   info.offset = total_;
   info.is_norm = is_norm;
   info.is_embedding = is_embedding;
+  info.is_expert = is_expert;
   total_ += info.numel;
   entries_.push_back(std::move(info));
 }

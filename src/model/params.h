@@ -11,27 +11,54 @@
 
 namespace moe {
 
+// The part of the model one rank holds: a contiguous range of layers (a pipeline stage; the
+// first stage holds the embedding, the last the final norm and LM head) and a contiguous range
+// of experts in every MoE layer (its expert-parallel shard). The default is the whole model.
+struct ModelShard {
+  int64_t layer_begin = 0, layer_end = -1;         // -1: n_layers
+  int64_t expert_begin = 0, num_local_experts = -1;  // -1: num_experts
+  // The same shard with -1 resolved against config (and checked).
+  ModelShard resolved(const ModelConfig& config) const;
+  bool holds_layer(int64_t l) const { return l >= layer_begin && l < layer_end; }
+  bool first_stage() const { return layer_begin == 0; }
+  bool last_stage(const ModelConfig& config) const { return layer_end == config.n_layers; }
+};
+
 struct ParamInfo {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // local shape (experts: num_local_experts x ...)
   int64_t offset = 0;  // elements from the start of the flat buffer
   int64_t numel = 0;
   bool is_norm = false;       // RMSNorm weight: init 1
   bool is_embedding = false;  // excluded from weight decay with no_decay_embeddings_norms
+  bool is_expert = false;     // routed-expert weight: sharded over EP, replicated over EDP
+  std::vector<int64_t> global_shape;  // the whole parameter's shape
+  int64_t global_begin = 0;  // element of the whole (row-major) parameter where this slice starts
+  int64_t global_index = 0;  // position of the parameter in the whole model's layout
 };
 
+// Parameters in two regions of the flat buffer: dense (replicated over data parallelism) first,
+// then routed experts (replicated over expert-data parallelism), so gradient reduction is one
+// collective per region. Within a region, model order.
 class ParamLayout {
  public:
-  explicit ParamLayout(const ModelConfig& config);
+  explicit ParamLayout(const ModelConfig& config, const ModelShard& shard = {});
   const std::vector<ParamInfo>& entries() const { return entries_; }
   int64_t total() const { return total_; }
+  // [0, dense_end()): dense parameters; [dense_end(), total()): routed experts.
+  int64_t dense_end() const { return dense_end_; }
+  const ModelShard& shard() const { return shard_; }
+  int64_t num_global_params() const { return num_global_; }  // parameters of the whole model
   const ParamInfo& find(const std::string& name) const;  // throws naming the parameter
   bool contains(const std::string& name) const;
 
  private:
-  void add(std::string name, std::vector<int64_t> shape, bool is_norm = false, bool is_embedding = false);
+  void add_layer(const ModelConfig& config, int64_t layer, bool experts);
+  void add(std::string name, std::vector<int64_t> shape, bool is_norm = false, bool is_embedding = false,
+           bool is_expert = false);
   std::vector<ParamInfo> entries_;
-  int64_t total_ = 0;
+  ModelShard shard_;
+  int64_t total_ = 0, dense_end_ = 0, num_global_ = 0, global_experts_ = 0;
 };
 
 // Views of one layer's parameters (or gradients, or bf16 copies) inside a flat buffer.

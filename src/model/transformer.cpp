@@ -11,8 +11,11 @@ namespace moe {
 
 Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, const ModelOptions& o,
                          Backend& ops)
-    : cfg_(config), loss_(loss), ops_(ops), layout_(config), recompute_(o.recompute), seed_(o.seed) {
+    : cfg_(config), loss_(loss), ops_(ops), layout_(config, o.shard), recompute_(o.recompute), seed_(o.seed) {
   cfg_.validate();
+  const ModelShard& shard = layout_.shard();
+  MOE_CHECK(shard.first_stage() && shard.last_stage(cfg_) && shard.num_local_experts == cfg_.num_experts,
+            "this build of the transformer runs the whole model only (no pipeline stages or expert shards)");
   MOE_CHECK(o.compute == DType::kF32 || o.compute == DType::kF64, "compute dtype must be f32 or f64");
   MOE_CHECK(!(o.bf16_operands && o.compute != DType::kF32), "bf16 operands need f32 compute");
   dims_.B = o.batch;
@@ -92,7 +95,9 @@ void Transformer::init_params(uint64_t seed) {
     for (char ch : info.name) stream = (stream ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
     stream = (stream << 8) | static_cast<uint64_t>(RngStream::kInit);
     for (int64_t i = 0; i < info.numel; ++i) {
-      double v = info.is_norm ? 1.0 : cfg_.init_std * random_trunc_normal(seed, stream, static_cast<uint64_t>(i), 3.0);
+      // Indexed by the element of the whole parameter: an expert shard draws its own slice.
+      const auto index = static_cast<uint64_t>(info.global_begin + i);
+      double v = info.is_norm ? 1.0 : cfg_.init_std * random_trunc_normal(seed, stream, index, 3.0);
       if (dims_.cdt == DType::kF64) t.as<double>()[i] = v;
       else t.as<float>()[i] = static_cast<float>(v);
     }

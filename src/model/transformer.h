@@ -44,6 +44,7 @@ struct ModelOptions {
   int64_t batch = 1;            // sequences per micro-batch
   int64_t seq_len = 2;
   uint64_t seed = 0;            // random routing draws
+  ModelShard shard;             // the layers and experts this rank holds (default: all)
 };
 
 class Transformer {

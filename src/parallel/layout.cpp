@@ -1,5 +1,7 @@
 #include "parallel/layout.h"
 
+#include <algorithm>
+
 #include "config/config.h"
 #include "core/check.h"
 
@@ -30,10 +32,20 @@ RankCoords rank_coords(const Layout& l, int64_t rank) {
 
 int64_t global_rank(const Layout& l, int64_t pp_rank, int64_t dp_rank) { return pp_rank * l.dp + dp_rank; }
 
+std::pair<int64_t, int64_t> stage_layers(int64_t n_layers, int64_t pp, int64_t stage) {
+  MOE_CHECK(pp >= 1 && pp <= n_layers && stage >= 0 && stage < pp, "stage ", stage, " of pp=", pp, " over ",
+            n_layers, " layers");
+  const int64_t base = n_layers / pp, extra = n_layers % pp;
+  const int64_t begin = stage * base + std::min(stage, extra);
+  return {begin, begin + base + (stage < extra ? 1 : 0)};
+}
+
 ProcessGroups make_process_groups(Communicator& world, const Layout& l) {
   MOE_CHECK(world.size() == l.world(), "world size ", world.size(), " != pp=", l.pp, " x dp=", l.dp, " = ",
             l.world());
   ProcessGroups g;
+  g.layout = l;
+  g.world = &world;
   g.coords = rank_coords(l, world.rank());
   const RankCoords& c = g.coords;
   auto i = [](int64_t v) { return static_cast<int>(v); };

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "parallel/communicator.h"
 
@@ -42,9 +43,15 @@ RankCoords rank_coords(const Layout& layout, int64_t rank);
 // Inverse of rank_coords (ep/edp are derived from dp).
 int64_t global_rank(const Layout& layout, int64_t pp_rank, int64_t dp_rank);
 
+// Layers [begin, end) of pipeline stage `stage`: contiguous, balanced (the first n_layers % pp
+// stages get one layer more).
+std::pair<int64_t, int64_t> stage_layers(int64_t n_layers, int64_t pp, int64_t stage);
+
 // The process groups of this rank, split from world (collective over world).
 struct ProcessGroups {
+  Layout layout;
   RankCoords coords;
+  Communicator* world = nullptr;  // the communicator the groups were split from (not owned)
   std::unique_ptr<Communicator> dp, ep, edp, pp;
 };
 ProcessGroups make_process_groups(Communicator& world, const Layout& layout);

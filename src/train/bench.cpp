@@ -115,7 +115,6 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
     if (r.alloc_steps > 0) os << std::setw(14) << r.phase_allocs[static_cast<size_t>(idx)];
     os << "\n";
   }
-  os << "  communication      0.00     0.0   (single process)\n";
   os << std::setprecision(2) << "  sum           " << std::setw(9) << r.phase_sum_s * 1e3 << "  vs step " << r.mean_step_s * 1e3
      << " ms: " << r.phase_error * 100 << "% " << (r.phase_error <= 0.03 ? "(within 3%: ok)" : "(MORE THAN 3%)") << "\n";
   if (r.alloc_steps > 0)

@@ -7,8 +7,12 @@
 
 namespace moe {
 
-Trainer::Trainer(const Config& config, Backend& ops, DType compute) : config_(config), ops_(ops) {
+Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroups* groups)
+    : config_(config), ops_(ops), groups_(groups) {
   config_.validate();
+  const Layout layout = layout_from_config(config_.parallel);
+  MOE_CHECK(groups_ || layout.world() == 1, "parallel.dp x parallel.pp = ", layout.world(),
+            " ranks, but this is a single process (launch with mpirun -np ", layout.world(), ")");
   ModelOptions o;
   o.compute = compute;
   o.bf16_operands = config_.train.precision == "bf16";
@@ -16,12 +20,23 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute) : config_(co
   o.batch = config_.train.micro_batch_size;
   o.seq_len = config_.train.seq_len;
   o.seed = config_.train.seed;
+  if (groups_) {
+    MOE_CHECK(groups_->layout.dp == layout.dp && groups_->layout.ep == layout.ep && groups_->layout.pp == layout.pp,
+              "process groups were built for another layout than [parallel]");
+    const auto [begin, end] = stage_layers(config_.model.n_layers, layout.pp, groups_->coords.pp);
+    o.shard.layer_begin = begin;
+    o.shard.layer_end = end;
+    o.shard.num_local_experts = config_.model.num_experts / layout.ep;
+    o.shard.expert_begin = groups_->coords.ep * o.shard.num_local_experts;
+  }
   model_ = std::make_unique<Transformer>(config_.model, config_.loss, o, ops_);
   model_->init_params(config_.train.seed);
   optim_ = std::make_unique<AdamW>(model_->layout(), config_.optim, compute);
   stats_ = model_->make_stats();
-  norm_acc_ = OwnedTensor(DType::kF64, {1});
+  sync_ = std::make_unique<GradSync>(model_->layout(), groups_);
 }
+
+int64_t Trainer::local_batch() const { return config_.train.batch_size / config_.parallel.dp; }
 
 double total_loss(const LossConfig& loss, const StepResult& r) {
   double total = r.ce + loss.lm_z_coef * r.lm_z;
@@ -73,30 +88,35 @@ bool Trainer::finish_step(StepResult& r) {
 
 StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
   const TrainConfig& tc = config_.train;
-  check_shape(ids, {tc.batch_size, tc.seq_len}, "step ids");
-  check_shape(labels, {tc.batch_size, tc.seq_len}, "step labels");
-  if (doc_start.data) check_shape(doc_start, {tc.batch_size, tc.seq_len}, "step doc_start");
+  const int64_t local = local_batch();
+  check_shape(ids, {local, tc.seq_len}, "step ids");
+  check_shape(labels, {local, tc.seq_len}, "step labels");
+  if (doc_start.data) check_shape(doc_start, {local, tc.seq_len}, "step doc_start");
   StepResult r;
   r.step = optim_->steps_taken() + 1;
   r.tokens = tc.batch_size * tc.seq_len;
-  // The loss is normalized by the loss tokens of the whole step (not a mean of micro-batch
-  // means). Labels live in host memory with the batch, so this count needs no device sync.
+  // The loss is normalized by the loss tokens of the whole global step (not a mean of
+  // micro-batch means). Labels live in host memory with the batch: no device sync.
   const int32_t* lab = labels.as<int32_t>();
   for (int64_t i = 0; i < labels.numel(); ++i) r.loss_tokens += lab[i] >= 0;
+  r.loss_tokens = sync_->sum_over_dp(r.loss_tokens);
   MOE_CHECK(r.loss_tokens > 0, "step ", r.step, ": the batch has no labeled positions");
 
   model_->zero_grads();
   model_->zero_stats(stats_);
-  const int64_t mbs = tc.micro_batch_size, num_micro = tc.batch_size / mbs;
+  const int64_t mbs = tc.micro_batch_size, num_micro = local / mbs, global_micro = tc.batch_size / mbs;
   for (int64_t m = 0; m < num_micro; ++m) {
+    const int64_t g = sync_->dp_rank() * num_micro + m;  // index in the global batch
     MicroBatchScales sc;
     sc.ce_scale = 1.0 / static_cast<double>(r.loss_tokens);
-    sc.aux_weight = 1.0 / static_cast<double>(num_micro);  // equal-size micro-batches: T_m / T_step
-    sc.token_base = (r.step - 1) * r.tokens + m * mbs * tc.seq_len;
+    sc.aux_weight = 1.0 / static_cast<double>(global_micro);  // equal-size micro-batches: T_m / T_step
+    sc.token_base = (r.step - 1) * r.tokens + g * mbs * tc.seq_len;
     model_->set_document_starts(doc_start.data ? doc_start.slice(m * mbs, (m + 1) * mbs) : Tensor());
     model_->forward_backward(ids.slice(m * mbs, (m + 1) * mbs), labels.slice(m * mbs, (m + 1) * mbs), sc, stats_);
   }
   model_->set_document_starts(Tensor());
+  sync_->reduce_stats(stats_);
+  sync_->reduce_gradients(model_->grads().flat);
 
   // Loss terms (one read of the step's sums).
   const double* v = stats_.values.as<double>();
@@ -116,9 +136,7 @@ StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, c
   r.total = total_loss(config_.loss, r);
 
   PhaseScope phase(Phase::kOptimizer);  // grad norm
-  ops_.fill(norm_acc_.t, 0.0);
-  ops_.sumsq_to(model_->grads().flat, norm_acc_.t);
-  r.grad_norm = std::sqrt(norm_acc_.as<double>()[0]);
+  r.grad_norm = sync_->global_grad_norm(ops_, model_->grads().flat);
   r.finite = std::isfinite(r.total) && std::isfinite(r.grad_norm);
   if (!r.finite) r.nonfinite_tensor = first_nonfinite_grad();
   return r;

@@ -10,6 +10,8 @@
 #include "kernels/ops.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
+#include "parallel/grad_sync.h"
+#include "parallel/layout.h"
 
 namespace moe {
 
@@ -33,11 +35,14 @@ struct StepResult {
 class Trainer {
  public:
   // compute: f32 (cpu or ref backend) or f64 (ref backend, tests).
-  Trainer(const Config& config, Backend& ops, DType compute);
+  // groups: this rank's process groups (not owned) for a distributed run; nullptr = one process.
+  Trainer(const Config& config, Backend& ops, DType compute, ProcessGroups* groups = nullptr);
   Transformer& model() { return *model_; }
   AdamW& optimizer() { return *optim_; }
   const Config& config() const { return config_; }
-  // ids, labels: (batch_size, seq_len) i32 for the whole step; labels < 0 carry no loss.
+  // ids, labels: (local_batch(), seq_len) i32, this rank's contiguous share of the global batch
+  // (data-parallel rank d holds global rows [d*local_batch, (d+1)*local_batch)); labels < 0
+  // carry no loss. The step's results (losses, grad norm, counts) are global.
   // step() = compute_gradients() + finish_step(); tests look at the gradients in between.
   // doc_start: (batch_size, seq_len) i32 document starts for intra-document masking, or empty.
   StepResult step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
@@ -54,14 +59,18 @@ class Trainer {
   // Clipping, LR, AdamW, loss-free bias update, bf16 weight refresh.
   void apply_update(StepResult& r);
   int64_t steps_taken() const { return optim_->steps_taken(); }
+  // Sequences of the global batch this rank feeds to step(): batch_size / dp.
+  int64_t local_batch() const;
+  ProcessGroups* groups() { return groups_; }
 
  private:
   Config config_;
   Backend& ops_;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<AdamW> optim_;
+  ProcessGroups* groups_;
+  std::unique_ptr<GradSync> sync_;
   StepStats stats_;
-  OwnedTensor norm_acc_;  // (1) f64
   int64_t skipped_steps_ = 0;
 };
 

@@ -31,13 +31,13 @@ TEST(Layout, ValidationNamesTheProblem) {
 }
 
 TEST(Layout, ConfigSectionValidates) {
-  const Config c = parse_config("", {"parallel.dp=4", "parallel.ep=2", "parallel.pp=2"});
+  const Config c = parse_config("", {"parallel.dp=4", "parallel.ep=2", "parallel.pp=2", "train.micro_batch_size=4"});
   EXPECT_EQ(c.parallel.dp, 4);
   EXPECT_EQ(c.parallel.ep, 2);
   EXPECT_EQ(c.parallel.pp, 2);
   EXPECT_EQ(parse_config("", {}).parallel.dp, 1);
   try {
-    parse_config("", {"parallel.dp=4", "parallel.ep=3"});
+    parse_config("", {"parallel.dp=4", "parallel.ep=3", "train.micro_batch_size=4"});
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("ep=3 does not divide dp=4"), std::string::npos) << e.what();

@@ -225,8 +225,8 @@ TEST(TokenData, ShuffleMatchesTheCommittedPermutation) {
 
 TEST(TokenData, RanksSliceTheGlobalBatch) {
   const std::vector<int64_t> global = {10, 11, 12, 13, 14, 15, 16, 17};
-  EXPECT_EQ(rank_slice(global, 0, 4), (std::vector<int64_t>{10, 14}));
-  EXPECT_EQ(rank_slice(global, 3, 4), (std::vector<int64_t>{13, 17}));
+  EXPECT_EQ(rank_slice(global, 0, 4), (std::vector<int64_t>{10, 11}));
+  EXPECT_EQ(rank_slice(global, 3, 4), (std::vector<int64_t>{16, 17}));
   EXPECT_EQ(rank_slice(global, 0, 1), global);
   expect_mentions(error_of([&] { rank_slice(global, 0, 3); }), {"multiple of the world size 3"});
   expect_mentions(error_of([&] { rank_slice(global, 4, 4); }), {"rank 4"});
@@ -251,8 +251,8 @@ TEST(TokenData, RanksSliceTheGlobalBatch) {
     fill_batch(d, 77, position, ids2, lab2, cache2, epoch2, r, W);
     for (int64_t b = 0; b < Bl; ++b)
       for (int64_t s = 0; s < S; ++s) {
-        EXPECT_EQ(ids.as<int32_t>()[b * S + s], gids.as<int32_t>()[(b * W + r) * S + s]);
-        EXPECT_EQ(lab.as<int32_t>()[b * S + s], glab.as<int32_t>()[(b * W + r) * S + s]);
+        EXPECT_EQ(ids.as<int32_t>()[b * S + s], gids.as<int32_t>()[(r * Bl + b) * S + s]);
+        EXPECT_EQ(lab.as<int32_t>()[b * S + s], glab.as<int32_t>()[(r * Bl + b) * S + s]);
         EXPECT_EQ(ids2.as<int32_t>()[b * S + s], ids.as<int32_t>()[b * S + s]);
       }
   }

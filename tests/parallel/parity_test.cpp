@@ -1,0 +1,59 @@
+// Layouts against one process on the same global batches (parity_common.h). Every rank runs the
+// single-process reference locally, so no files or rank 0 broadcast are needed.
+//
+// Why f64 (ref backend) and 1e-9: a data-parallel all-reduce sums the replicas' gradients in
+// another order than one process accumulates micro-batches. In fp32 that moves losses and grad
+// norms by ~1e-7 relative (checked below too), but AdamW divides each element's moment by its own
+// RMS, so an element whose gradient nearly cancels turns a rounding difference into a visible
+// update difference (fp32: up to 2.5e-6 of max|param| after 10 steps, DP=2). In f64 the same
+// reordering is ~1e-16, so any real mistake (a missing or doubled contribution, a wrong scale)
+// stands out by many orders of magnitude under a 1e-9 bound. Pipeline parallelism alone reorders
+// nothing and must be bitwise equal.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "parity_common.h"
+#include "world.h"
+
+namespace moe::test {
+namespace {
+
+// Dense replicas must hold the same bits after the run: all-gather the hashes over dp.
+void expect_dense_replicas_equal(const RunResult& r, ProcessGroups& g) {
+  std::vector<uint64_t> all(static_cast<size_t>(g.dp->size()));
+  g.dp->all_gather(&r.dense_hash, all.data(), 2, DType::kI32);  // 64 bits as two i32
+  for (size_t i = 1; i < all.size(); ++i) EXPECT_EQ(all[i], all[0]) << "dp replica " << i << " differs";
+}
+
+TEST(Parity, DataParallel) {
+  const int n = world().size();
+  if (n == 1) GTEST_SKIP() << "needs two or more ranks";
+  Config c = parity_config();
+  c.parallel.dp = n;
+  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
+  const RunResult dist = run_distributed(c, g, DType::kF64);
+  const RunResult single = run_single(c, DType::kF64);
+  expect_parity(dist, single, 1e-9);
+  expect_dense_replicas_equal(dist, g);
+}
+
+// The fast fp32 path: per-step loss and grad norm within 1e-6 (parameters: see above).
+TEST(Parity, DataParallelFp32LossAndNorm) {
+  const int n = world().size();
+  if (n == 1) GTEST_SKIP() << "needs two or more ranks";
+  Config c = parity_config();
+  c.parallel.dp = n;
+  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
+  const RunResult dist = run_distributed(c, g, DType::kF32);
+  const RunResult single = run_single(c, DType::kF32);
+  for (size_t s = 0; s < single.total.size(); ++s) {
+    EXPECT_NEAR(dist.total[s], single.total[s], 1e-6 * std::abs(single.total[s])) << "step " << s + 1;
+    EXPECT_NEAR(dist.grad_norm[s], single.grad_norm[s], 1e-6 * single.grad_norm[s]) << "step " << s + 1;
+  }
+  expect_dense_replicas_equal(dist, g);
+}
+
+}  // namespace
+}  // namespace moe::test
