@@ -22,6 +22,7 @@
 #include "data/prepare.h"
 #include "model/memory.h"
 #include "kernels/ops.h"
+#include "parallel/communicator.h"
 #include "train/bench.h"
 #include "train/eval_commands.h"
 #include "train/train_loop.h"
@@ -188,6 +189,7 @@ int run(int argc, char** argv) {
   }
   if (a.command == "train") {
     moe::TrainSummary s = moe::run_training(resolve(a), std::cout, a.resume);
+    if (moe::launch_rank() != 0) return 0;  // rank 0 reports for the run
     std::cout << "done: " << s.steps << " steps in " << s.seconds << " s, " << s.tokens_per_s
               << " tok/s, final train ce " << s.final_train_loss;
     if (s.final_valid_loss >= 0) std::cout << ", validation ce " << s.final_valid_loss;
@@ -256,6 +258,11 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {
+    if (moe::launched_by_mpi()) {
+      // One rank's error ends every rank now (peers may be blocked in a collective), with this
+      // rank's message; mpirun reports the abort.
+      moe::mpi_abort("moecore: error on rank " + std::to_string(moe::launch_rank()) + ": " + e.what(), 1);
+    }
     std::fprintf(stderr, "moecore: error: %s\n", e.what());
     return 1;
   }

@@ -121,6 +121,8 @@ const std::vector<Field>& fields() {
     add("parallel", "dp", P(dp), 1, 65536, {}, "data-parallel replicas per pipeline stage");
     add("parallel", "ep", P(ep), 1, 65536, {}, "expert-parallel group size (divides dp and model.num_experts)");
     add("parallel", "pp", P(pp), 1, 4096, {}, "pipeline stages (at most model.n_layers)");
+    add("parallel", "zero1", P(zero1), 0, 0, {},
+        "ZeRO-1: shard the Adam moments over the data-parallel group (experts: expert-data-parallel)");
 #undef P
     return f;
   }();

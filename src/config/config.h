@@ -117,6 +117,7 @@ struct ParallelConfig {
   int64_t dp = 1;  // data-parallel replicas per pipeline stage
   int64_t ep = 1;  // expert-parallel group size (divides dp and num_experts)
   int64_t pp = 1;  // pipeline stages (at most n_layers)
+  bool zero1 = false;  // shard Adam moments over dp (dense) and edp (experts)
 };
 
 struct Config {

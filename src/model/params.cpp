@@ -17,15 +17,18 @@ ModelShard ModelShard::resolved(const ModelConfig& c) const {
   return s;
 }
 
-ParamLayout::ParamLayout(const ModelConfig& c, const ModelShard& shard) {
+ParamLayout::ParamLayout(const ModelConfig& c, const ModelShard& shard, int64_t dense_chunks, int64_t expert_chunks) {
+  MOE_CHECK(dense_chunks >= 1 && expert_chunks >= 1, "ParamLayout: chunk counts must be >= 1");
+  auto round_up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
   shard_ = shard.resolved(c);
   global_experts_ = c.num_experts;
   // Dense region first, then experts: two passes over the model order.
   for (int pass = 0; pass < 2; ++pass) {
     const bool experts = pass == 1;
-    if (experts) dense_end_ = total_ = (total_ + 15) / 16 * 16;
+    if (experts) dense_end_ = total_ = round_up(total_, 16 * dense_chunks);
     for (int64_t l = -1; l <= c.n_layers; ++l) add_layer(c, l, experts);
   }
+  total_ = dense_end_ + round_up(total_ - dense_end_, 16 * expert_chunks);
   // Global indices: positions in the whole model's layout (same two-pass order).
   const bool whole_model = shard_.layer_begin == 0 && shard_.layer_end == c.n_layers &&
                            shard_.num_local_experts == c.num_experts;

@@ -42,7 +42,10 @@ struct ParamInfo {
 // collective per region. Within a region, model order.
 class ParamLayout {
  public:
-  explicit ParamLayout(const ModelConfig& config, const ModelShard& shard = {});
+  // dense_chunks / expert_chunks: the region lengths are padded to multiples of 16 x chunks, so
+  // ZeRO-1 can cut each region into equal, 64-byte aligned chunks.
+  explicit ParamLayout(const ModelConfig& config, const ModelShard& shard = {}, int64_t dense_chunks = 1,
+                       int64_t expert_chunks = 1);
   const std::vector<ParamInfo>& entries() const { return entries_; }
   int64_t total() const { return total_; }
   // [0, dense_end()): dense parameters; [dense_end(), total()): routed experts.

@@ -11,7 +11,7 @@ namespace moe {
 
 Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, const ModelOptions& o,
                          Backend& ops)
-    : cfg_(config), loss_(loss), ops_(ops), layout_(config, o.shard), recompute_(o.recompute), seed_(o.seed) {
+    : cfg_(config), loss_(loss), ops_(ops), layout_(config, o.shard, o.dense_chunks, o.expert_chunks), recompute_(o.recompute), seed_(o.seed) {
   cfg_.validate();
   const ModelShard& shard = layout_.shard();
   MOE_CHECK(shard.first_stage() && shard.last_stage(cfg_) && shard.num_local_experts == cfg_.num_experts,

@@ -45,6 +45,8 @@ struct ModelOptions {
   int64_t seq_len = 2;
   uint64_t seed = 0;            // random routing draws
   ModelShard shard;             // the layers and experts this rank holds (default: all)
+  int64_t dense_chunks = 1;     // ZeRO-1: the flat regions split into this many equal chunks
+  int64_t expert_chunks = 1;
 };
 
 class Transformer {

@@ -1,6 +1,12 @@
-// AdamW over the model's flat parameter buffer: first and second moments are one flat buffer
-// each with the parameters' layout, so checkpointing and (later) ZeRO-1 sharding are slices.
+// AdamW over the model's flat parameter buffer. The first and second moments cover the element
+// ranges of the flat buffer this rank owns: all of it in a single process or plain DDP, or one
+// 1/dp chunk of the dense region and one 1/edp chunk of the expert region with ZeRO-1
+// (src/parallel/grad_sync.h decides the ranges). The moments are one buffer each, laid out as
+// the owned ranges back to back; `slices()` maps them to parameters (checkpoints use it).
 #pragma once
+
+#include <utility>
+#include <vector>
 
 #include "config/config.h"
 #include "core/buffer.h"
@@ -9,20 +15,35 @@
 
 namespace moe {
 
+// The part of one parameter whose optimizer state this rank holds.
+struct StateSlice {
+  const ParamInfo* param = nullptr;
+  int64_t param_begin = 0;   // first element inside the (local) parameter
+  int64_t count = 0;
+  int64_t state_offset = 0;  // where it sits in exp_avg() / exp_avg_sq()
+  int64_t flat_offset() const { return param->offset + param_begin; }  // in the local flat buffer
+};
+
 class AdamW {
  public:
-  AdamW(const ParamLayout& layout, const OptimConfig& config, DType dtype);
-  // One update of every parameter with learning rate lr; increments the step counter first.
+  // owned: sorted, disjoint [begin, end) ranges of the flat buffer; empty = all of it.
+  AdamW(const ParamLayout& layout, const OptimConfig& config, DType dtype,
+        std::vector<std::pair<int64_t, int64_t>> owned = {});
+  // One update of the owned elements with learning rate lr, reading gradients at the same flat
+  // offsets; increments the step counter first.
   void step(Backend& ops, const Weights& params, const Weights& grads, double lr);
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t n) { step_ = n; }
   const Tensor& exp_avg() const { return m_.t; }
   const Tensor& exp_avg_sq() const { return v_.t; }
+  const std::vector<StateSlice>& slices() const { return slices_; }
+  // Bytes of optimizer state on this rank (both moments).
+  size_t state_bytes() const { return m_.t.nbytes() + v_.t.nbytes(); }
 
  private:
-  const ParamLayout& layout_;
   OptimConfig config_;
   DType dtype_;
+  std::vector<StateSlice> slices_;
   OwnedTensor m_, v_;
   int64_t step_ = 0;
 };

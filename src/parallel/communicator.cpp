@@ -1,5 +1,7 @@
 #include "parallel/communicator.h"
 
+#include <cstdlib>
+
 #include <cstring>
 #include <numeric>
 
@@ -190,5 +192,22 @@ Request SelfCommunicator::do_recv(void*, size_t, DType, int, int) {
 }
 Request SelfCommunicator::do_broadcast(void*, size_t, DType, int) { return {}; }
 Request SelfCommunicator::do_barrier() { return {}; }
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (std::getenv(v) != nullptr) return true;
+  return false;
+}
+
+int launch_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
+std::unique_ptr<Communicator> launch_world() {
+  if (launched_by_mpi()) return mpi_world();
+  return std::make_unique<SelfCommunicator>();
+}
 
 }  // namespace moe

@@ -188,6 +188,12 @@ class SelfCommunicator final : public Communicator {
 // process exit; works under mpirun and as a singleton (plain ./prog). Defined in
 // mpi_communicator.cpp.
 std::unique_ptr<Communicator> mpi_world();
+// True when a launcher (mpirun, srun) started this process: Open MPI, PMI or PMIx variables.
+bool launched_by_mpi();
+// This process's rank as the launcher numbered it (0 without a launcher); readable before MPI init.
+int launch_rank();
+// The world of a command: the MPI world under a launcher, else a SelfCommunicator (no MPI init).
+std::unique_ptr<Communicator> launch_world();
 // Ends every rank now with this message and exit code (MPI_Abort); never returns.
 [[noreturn]] void mpi_abort(const std::string& message, int code = 1);
 

@@ -1,14 +1,57 @@
 #include "parallel/grad_sync.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/phase_timer.h"
 #include "model/transformer.h"
 
 namespace moe {
 
-GradSync::GradSync(const ParamLayout& layout, ProcessGroups* groups)
-    : layout_(layout), groups_(groups), partial_(DType::kF64, {layout.num_global_params()}) {}
+GradSync::GradSync(const ParamLayout& layout, ProcessGroups* groups, bool zero1)
+    : layout_(layout), groups_(groups), zero1_(zero1 && groups != nullptr), partial_(DType::kF64, {layout.num_global_params()}) {
+  dense_ = {0, layout.dense_end(), groups_ ? groups_->dp.get() : nullptr};
+  experts_ = {layout.dense_end(), layout.total() - layout.dense_end(), groups_ ? groups_->edp.get() : nullptr};
+  if (zero1_) {
+    for (const Region* r : {&dense_, &experts_})
+      MOE_CHECK(r->length % r->comm->size() == 0, "ZeRO-1: a parameter region of ", r->length,
+                " elements does not split into ", r->comm->size(), " chunks (layout not padded for it)");
+    chunk_ = Buffer(static_cast<size_t>(std::max(dense_.chunk(), experts_.chunk()) + 1) * sizeof(double));
+  }
+}
+
+std::vector<std::pair<int64_t, int64_t>> GradSync::owned_ranges() const {
+  if (!zero1_) return {};
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const Region* r : {&dense_, &experts_})
+    if (r->length > 0) out.emplace_back(r->chunk_begin(), r->chunk_begin() + r->chunk());
+  return out;
+}
+
+void GradSync::reduce_scatter(const Region& r, const Tensor& flat) {
+  if (r.length == 0) return;
+  const size_t es = dtype_size(flat.dtype);
+  char* base = static_cast<char*>(flat.data);
+  r.comm->reduce_scatter_sum(base + static_cast<size_t>(r.begin) * es, chunk_.data(), static_cast<size_t>(r.chunk()),
+                             flat.dtype);
+  std::memcpy(base + static_cast<size_t>(r.chunk_begin()) * es, chunk_.data(), static_cast<size_t>(r.chunk()) * es);
+}
+
+void GradSync::all_gather(const Region& r, const Tensor& flat) {
+  if (r.length == 0) return;
+  const size_t es = dtype_size(flat.dtype);
+  char* base = static_cast<char*>(flat.data);
+  std::memcpy(chunk_.data(), base + static_cast<size_t>(r.chunk_begin()) * es, static_cast<size_t>(r.chunk()) * es);
+  r.comm->all_gather(chunk_.data(), base + static_cast<size_t>(r.begin) * es, static_cast<size_t>(r.chunk()), flat.dtype);
+}
+
+void GradSync::gather_params(const Tensor& param_flat) {
+  if (!zero1_) return;
+  PhaseScope phase(Phase::kCommunication);
+  all_gather(dense_, param_flat);
+  all_gather(experts_, param_flat);
+}
 
 int64_t GradSync::dp_size() const { return groups_ ? groups_->layout.dp : 1; }
 int64_t GradSync::dp_rank() const { return groups_ ? groups_->coords.dp : 0; }
@@ -16,6 +59,11 @@ int64_t GradSync::dp_rank() const { return groups_ ? groups_->coords.dp : 0; }
 void GradSync::reduce_gradients(const Tensor& grad_flat) {
   if (!groups_) return;
   PhaseScope phase(Phase::kCommunication);
+  if (zero1_) {
+    reduce_scatter(dense_, grad_flat);
+    reduce_scatter(experts_, grad_flat);
+    return;
+  }
   char* base = static_cast<char*>(grad_flat.data);
   const size_t esize = dtype_size(grad_flat.dtype);
   const auto dense = static_cast<size_t>(layout_.dense_end());
@@ -30,9 +78,16 @@ double GradSync::global_grad_norm(Backend& ops, const Tensor& grad_flat) {
   const bool count_dense = !groups_ || groups_->coords.dp == 0;
   const bool count_experts = !groups_ || groups_->coords.edp == 0;
   for (const ParamInfo& p : layout_.entries()) {
-    if (!(p.is_expert ? count_experts : count_dense)) continue;
-    ops.sumsq_to(grad_flat.slice(p.offset, p.offset + p.numel),
-                 partial_.t.slice(p.global_index, p.global_index + 1));
+    int64_t lo = p.offset, hi = p.offset + p.numel;
+    if (zero1_) {  // the owned chunk's part of this parameter (chunks are disjoint over the world)
+      const Region& r = p.is_expert ? experts_ : dense_;
+      lo = std::max(lo, r.chunk_begin());
+      hi = std::min(hi, r.chunk_begin() + r.chunk());
+      if (lo >= hi) continue;
+    } else if (!(p.is_expert ? count_experts : count_dense)) {
+      continue;
+    }
+    ops.sumsq_to(grad_flat.slice(lo, hi), partial_.t.slice(p.global_index, p.global_index + 1));
   }
   if (groups_ && groups_->world->size() > 1) {
     PhaseScope phase(Phase::kCommunication);

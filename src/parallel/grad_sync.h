@@ -7,9 +7,17 @@
 // parameter's sum of squares only if it is the first replica (dp rank 0 for dense parameters, edp
 // rank 0 for experts); per-parameter partial sums are summed over the world and then added in the
 // whole model's parameter order, so a single process and a pipeline split give the same bits.
+//
+// ZeRO-1 (parallel.zero1): each region is cut into equal chunks (the layout pads it), one per
+// replica: dense chunk dp_rank of dp, expert chunk edp_rank of edp. Gradients are reduce-scattered
+// (each rank receives the sum of its chunk only), AdamW updates the owned chunks with moments of
+// chunk size, and the updated parameters are all-gathered. The norm then counts the owned chunks,
+// which are disjoint across the world. fp32 parameters stay whole on every rank (the model reads
+// them: router, norms, bf16 operand copies); only the Adam moments are sharded.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/buffer.h"
@@ -24,11 +32,17 @@ struct StepStats;
 class GradSync {
  public:
   // groups == nullptr: a single process (every reduction is the identity).
-  GradSync(const ParamLayout& layout, ProcessGroups* groups);
+  GradSync(const ParamLayout& layout, ProcessGroups* groups, bool zero1 = false);
   bool distributed() const { return groups_ != nullptr; }
+  bool zero1() const { return zero1_; }
+  // The flat ranges whose optimizer state this rank holds (AdamW's `owned`); empty = all.
+  std::vector<std::pair<int64_t, int64_t>> owned_ranges() const;
 
-  // Sum the replicas' gradients (dense over dp, experts over edp). In place.
+  // Sum the replicas' gradients (dense over dp, experts over edp). In place; with ZeRO-1 only
+  // the owned chunks hold the sums afterwards.
   void reduce_gradients(const Tensor& grad_flat);
+  // ZeRO-1: all-gather the updated owned chunks of the parameters (no-op otherwise).
+  void gather_params(const Tensor& param_flat);
   // sqrt of the sum of squares of the whole model's gradient, counted once per shard.
   // grad_flat must already be reduced. Same value on every rank.
   double global_grad_norm(Backend& ops, const Tensor& grad_flat);
@@ -41,9 +55,22 @@ class GradSync {
   int64_t dp_rank() const;
 
  private:
+  // The owned chunk of a region over comm (ZeRO-1): [begin + rank*len, begin + (rank+1)*len).
+  struct Region {
+    int64_t begin = 0, length = 0;
+    Communicator* comm = nullptr;
+    int64_t chunk() const { return comm ? length / comm->size() : length; }
+    int64_t chunk_begin() const { return begin + (comm ? comm->rank() * chunk() : 0); }
+  };
+  void reduce_scatter(const Region& r, const Tensor& flat);
+  void all_gather(const Region& r, const Tensor& flat);
+
   const ParamLayout& layout_;
   ProcessGroups* groups_;
+  bool zero1_;
+  Region dense_, experts_;
   OwnedTensor partial_;  // (num_global_params) f64 per-parameter sums of squares
+  Buffer chunk_;         // ZeRO-1 staging: one chunk (MPI send and receive buffers must not alias)
 };
 
 }  // namespace moe

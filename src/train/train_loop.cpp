@@ -54,7 +54,19 @@ double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batc
 }  // namespace
 
 TrainSummary run_training(const Config& config, std::ostream& log, bool resume) {
+  // Under mpirun/srun every rank runs this loop; rank 0 alone logs and writes metrics.
+  std::unique_ptr<Communicator> world = launch_world();
+  const Layout layout = layout_from_config(config.parallel);
+  validate_layout(layout, world->size(), config.model.num_experts, config.model.n_layers);
+  std::unique_ptr<ProcessGroups> groups;
+  if (world->size() > 1) groups = std::make_unique<ProcessGroups>(make_process_groups(*world, layout));
+  std::ostream quiet(nullptr);
+  return run_training(config, world->rank() == 0 ? log : quiet, resume, groups.get());
+}
+
+TrainSummary run_training(const Config& config, std::ostream& log, bool resume, ProcessGroups* groups) {
   const TrainConfig& tc = config.train;
+  const bool rank0 = !groups || groups->world->rank() == 0;
   if (tc.threads > 0) cpu::set_num_threads(static_cast<int>(tc.threads));
   std::unique_ptr<Backend> ops = make_backend(tc.backend);
   // data.train_path / data.valid_path: one file or several comma-separated, concatenated in order.
@@ -69,16 +81,20 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume) 
             valid_paths.size() - valid_found, " of ", valid_paths.size(), " files missing ('", config.data.valid_path, "')");
   if (valid_found > 0)
     valid = std::make_unique<TokenDataset>(valid_paths, config.data.token_dtype, config.model.vocab_size, tc.seq_len);
-  Trainer trainer(config, *ops, DType::kF32);
+  Trainer trainer(config, *ops, DType::kF32, groups);
+  const int64_t dp_rank = groups ? groups->coords.dp : 0, dp = config.parallel.dp;
   if (!tc.init_from.empty() && !resume) {
     // Continue training from imported weights (e.g. a Hugging Face OLMoE checkpoint, import-hf).
     load_into(load_our_params(tc.init_from, config.model), trainer.model());
     log << "parameters initialized from " << tc.init_from << "\n";
   }
   const CheckpointInfo start = begin_checkpointing(config, trainer, resume, log);  // step, data position
-  std::filesystem::create_directories(tc.out_dir);
-  std::ofstream metrics(tc.out_dir + "/metrics.jsonl", resume ? std::ios::app : std::ios::trunc);
-  std::ofstream(tc.out_dir + "/config.toml", std::ios::trunc) << config_to_toml(config);
+  std::ofstream metrics;
+  if (rank0) {
+    std::filesystem::create_directories(tc.out_dir);
+    metrics.open(tc.out_dir + "/metrics.jsonl", resume ? std::ios::app : std::ios::trunc);
+    std::ofstream(tc.out_dir + "/config.toml", std::ios::trunc) << config_to_toml(config);
+  }
 
   const double flops_per_token = config.model.train_flops_per_token(tc.seq_len);
   log << "moecore train: " << config.model.num_params() << " parameters ("
@@ -86,13 +102,17 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume) 
       << " MFLOP/token, " << cpu::num_threads() << " threads, " << tc.precision << ", "
       << train.num_instances() << " training instances of " << tc.seq_len << " tokens from "
       << train.num_files() << " file(s)\n";
+  if (groups)
+    log << "parallel: " << groups->world->size() << " ranks (" << groups->world->backend() << "), pp=" << groups->layout.pp << " x dp=" << groups->layout.dp << " (ep=" << groups->layout.ep << ")"
+        << ", " << trainer.local_batch() << " sequences per data-parallel rank\n";
   if (valid) log << "validation: " << valid->num_instances() << " instances from " << valid->num_files() << " file(s)\n";
   const double act_bytes = trainer.model().activation_bytes_per_token();
   log << "saved activations: " << act_bytes << " bytes/token (" << act_bytes / static_cast<double>(config.model.n_layers)
       << " per layer per token" << (tc.recompute ? ", block recompute on" : "") << ")\n";
 
-  OwnedTensor ids(DType::kI32, {tc.batch_size, tc.seq_len}), labels(DType::kI32, {tc.batch_size, tc.seq_len}),
-      doc(DType::kI32, {tc.batch_size, tc.seq_len});
+  const int64_t local = trainer.local_batch();
+  OwnedTensor ids(DType::kI32, {local, tc.seq_len}), labels(DType::kI32, {local, tc.seq_len}),
+      doc(DType::kI32, {local, tc.seq_len});
   const bool doc_mask = config.data.intra_doc_mask;
   if (doc_mask) log << "intra-document masking: documents end with token " << config.data.eos_id << "\n";
   InstanceOrder order(train.num_instances(), tc.seed);  // state: the global instance position
@@ -101,9 +121,11 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume) 
   const double t_start = now_s();
   double t_window = t_start;
   int64_t tokens_window = 0;
-  auto write_metrics = [&](const nlohmann::json& j) { metrics << j.dump() << "\n" << std::flush; };
+  auto write_metrics = [&](const nlohmann::json& j) {
+    if (rank0) metrics << j.dump() << "\n" << std::flush;
+  };
   // A live progress line, rewritten in place, when the log is a terminal; plain lines otherwise.
-  const bool live = &log == &std::cout && isatty(STDOUT_FILENO);
+  const bool live = rank0 && &log == &std::cout && isatty(STDOUT_FILENO);
   bool live_shown = false;
   auto clear_live = [&] {
     if (live_shown) log << "\r\033[K";
@@ -116,7 +138,7 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume) 
 
   for (int64_t step = start.step + 1; step <= tc.steps; ++step) {
     const int64_t position = start.next_instance + (step - start.step - 1) * tc.batch_size;
-    fill_batch(train, order, position, ids, labels, 0, 1, doc_mask ? &doc.t : nullptr,
+    fill_batch(train, order, position, ids, labels, dp_rank, dp, doc_mask ? &doc.t : nullptr,
                static_cast<int32_t>(config.data.eos_id));
     const double t_step = now_s();
     StepResult r = trainer.step(ids, labels, doc_mask ? doc.t : Tensor());

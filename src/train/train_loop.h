@@ -4,6 +4,7 @@
 #include <iosfwd>
 
 #include "config/config.h"
+#include "parallel/layout.h"
 
 namespace moe {
 
@@ -16,6 +17,10 @@ struct TrainSummary {
 };
 
 // resume: continue from the latest good checkpoint in checkpoint_dir(config).
+// Under mpirun/srun (src/parallel/communicator.h launch_world) every rank calls this; the layout
+// comes from [parallel] and must match the number of ranks.
 TrainSummary run_training(const Config& config, std::ostream& log, bool resume = false);
+// The same on given process groups (nullptr: one process); log is written by world rank 0 only.
+TrainSummary run_training(const Config& config, std::ostream& log, bool resume, ProcessGroups* groups);
 
 }  // namespace moe

@@ -28,12 +28,16 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
     o.shard.layer_end = end;
     o.shard.num_local_experts = config_.model.num_experts / layout.ep;
     o.shard.expert_begin = groups_->coords.ep * o.shard.num_local_experts;
+    if (config_.parallel.zero1) {
+      o.dense_chunks = layout.dp;
+      o.expert_chunks = layout.edp();
+    }
   }
   model_ = std::make_unique<Transformer>(config_.model, config_.loss, o, ops_);
   model_->init_params(config_.train.seed);
-  optim_ = std::make_unique<AdamW>(model_->layout(), config_.optim, compute);
+  sync_ = std::make_unique<GradSync>(model_->layout(), groups_, config_.parallel.zero1);
+  optim_ = std::make_unique<AdamW>(model_->layout(), config_.optim, compute, sync_->owned_ranges());
   stats_ = model_->make_stats();
-  sync_ = std::make_unique<GradSync>(model_->layout(), groups_);
 }
 
 int64_t Trainer::local_batch() const { return config_.train.batch_size / config_.parallel.dp; }
@@ -157,6 +161,7 @@ void Trainer::apply_update(StepResult& r) {
   }
   r.lr = learning_rate(config_.optim, tc.steps, r.step);
   optim_->step(ops_, model_->params(), model_->grads(), r.lr);
+  sync_->gather_params(model_->params().flat);
   if (config_.model.router_bias_gamma > 0)
     for (int64_t i = 0; i < nm; ++i)
       ops_.router_bias_update(stats_.counts[static_cast<size_t>(i)].t, config_.model.router_bias_gamma,

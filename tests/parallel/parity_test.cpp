@@ -13,7 +13,10 @@
 
 #include <cmath>
 
+#include <cstdio>
+
 #include "kernels/cpu/cpu_ops.h"
+#include "train/trainer.h"
 #include "parity_common.h"
 #include "world.h"
 
@@ -53,6 +56,54 @@ TEST(Parity, DataParallelFp32LossAndNorm) {
     EXPECT_NEAR(dist.grad_norm[s], single.grad_norm[s], 1e-6 * single.grad_norm[s]) << "step " << s + 1;
   }
   expect_dense_replicas_equal(dist, g);
+}
+
+}  // namespace
+}  // namespace moe::test
+
+namespace moe::test {
+namespace {
+
+// ZeRO-1: reduce-scatter, update the owned chunk, all-gather. Same tolerance and reason as
+// DataParallel (reduce-scatter sums in yet another order).
+TEST(Parity, Zero1) {
+  const int n = world().size();
+  if (n == 1) GTEST_SKIP() << "needs two or more ranks";
+  Config c = parity_config();
+  c.parallel.dp = n;
+  c.parallel.zero1 = true;
+  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
+  const RunResult dist = run_distributed(c, g, DType::kF64);
+  const RunResult single = run_single(c, DType::kF64);
+  expect_parity(dist, single, 1e-9);
+  expect_dense_replicas_equal(dist, g);
+}
+
+}  // namespace
+}  // namespace moe::test
+
+namespace moe::test {
+namespace {
+
+// Optimizer-state memory per rank against dp, on the default model (printed for the notes):
+// ZeRO-1 holds 1/dp of the moments (plus at most 16 x dp padding elements per region).
+TEST(Zero1, OptimizerStatePerRankShrinksWithDp) {
+  const int n = world().size();
+  Config c = parse_config("", {"train.micro_batch_size=1"});
+  c.parallel.dp = n;
+  std::unique_ptr<Backend> ops = make_backend("cpu");
+  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
+  Trainer plain(c, *ops, DType::kF32, n > 1 ? &g : nullptr);
+  c.parallel.zero1 = true;
+  Trainer sharded(c, *ops, DType::kF32, n > 1 ? &g : nullptr);
+  const double full = static_cast<double>(plain.optimizer().state_bytes());
+  const double mine = static_cast<double>(sharded.optimizer().state_bytes());
+  if (world().rank() == 0)
+    std::printf("[ zero1    ] dp=%d: Adam state per rank %.2f MB (ZeRO-1) vs %.2f MB (replicated), ratio %.3f\n", n,
+                mine / 1e6, full / 1e6, mine / full);
+  const double padding = 2.0 * 2 * 16 * n * sizeof(float);  // two moments, two regions
+  EXPECT_LE(mine, full / n + padding);
+  EXPECT_GE(mine, full / n - padding);
 }
 
 }  // namespace
