@@ -17,6 +17,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/check.h"
+#include "parallel/communicator.h"
 #include "train/trainer.h"
 
 namespace moe {
@@ -25,9 +26,9 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;  // 2: pieces in whole-model coordinates, any layout
 constexpr const char* kFormat = "moecore-checkpoint";
-constexpr const char* kFlatTensors[] = {"params", "exp_avg", "exp_avg_sq"};
+constexpr const char* kFlatTensors[] = {"params", "exp_avg", "exp_avg_sq"};  // piece kinds
 
 // ---- crash points -------------------------------------------------------------------------------
 int tensors_written = 0;  // per save, for after_tensor:N
@@ -188,6 +189,10 @@ std::vector<std::string> compare_configs(const Config& saved, const Config& now)
       if (value == other) continue;
       const std::string what = section + "." + key + " = " + other.dump() + " differs from the checkpoint's " + value.dump();
       if (section == "model") MOE_FAIL("cannot resume: ", what, " (the model shape must not change)");
+      if (section == "parallel") {  // resharding is supported; only reduction order changes
+        warnings.push_back(what + " (layout changed: the same run up to floating-point reduction order)");
+        continue;
+      }
       const bool benign = section == "checkpoint" || section == "data" ||
                           (section == "train" && (key == "threads" || key == "log_every" || key == "eval_every" ||
                                                   key == "eval_batches" || key == "time_limit_s" || key == "out_dir"));
@@ -280,6 +285,84 @@ void remove_checkpoint_dir(const fs::path& path) {
   fs::remove_all(trash);
 }
 
+void prune_checkpoints(const fs::path& parent, const fs::path& keep_path, size_t keep) {
+  std::vector<std::string> complete = checkpoint_dirs(parent.string());
+  for (size_t i = 0; i + keep < complete.size(); ++i) {
+    if (fs::path(complete[i]) == keep_path) continue;
+    remove_checkpoint_dir(complete[i]);
+    crash_point("during_prune");
+  }
+  for (const auto& e : fs::directory_iterator(parent)) {  // leftovers of crashed saves and prunes
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".tmp.step_", 0) == 0 || n.rfind(".trash.step_", 0) == 0) fs::remove_all(e.path());
+  }
+  fsync_path(parent.string(), true);
+}
+
+// Every rank's string, in rank order (all-gather of the lengths, then of the padded bytes).
+std::vector<std::string> gather_strings(Communicator& comm, const std::string& mine) {
+  const int n = comm.size();
+  int32_t len = static_cast<int32_t>(mine.size());
+  std::vector<int32_t> lens(static_cast<size_t>(n));
+  comm.all_gather(&len, lens.data(), 1, DType::kI32);
+  const int32_t max_len = *std::max_element(lens.begin(), lens.end());
+  const size_t words = static_cast<size_t>(max_len + 3) / 4;
+  std::vector<int32_t> send(words, 0), recv(words * static_cast<size_t>(n));
+  std::memcpy(send.data(), mine.data(), mine.size());
+  comm.all_gather(send.data(), recv.data(), words, DType::kI32);
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r)
+    out.emplace_back(reinterpret_cast<const char*>(recv.data() + static_cast<size_t>(r) * words),
+                     static_cast<size_t>(lens[static_cast<size_t>(r)]));
+  return out;
+}
+
+// What this rank writes, each piece named "<kind>:<parameter>" with its range in the whole
+// model's flat layout (ParamLayout(config), the manifest's "params"), so any layout can read it:
+//  - parameters: the first replica writes them (dp rank 0 for dense, edp rank 0 for experts);
+//  - Adam moments: every rank writes the slices it owns (all of its parameters, or its ZeRO-1
+//    chunks; replicas without ZeRO-1 skip like parameters);
+//  - loss-free router biases of the MoE layers this rank's stage holds, by dp rank 0.
+std::vector<Piece> checkpoint_pieces(Trainer& trainer) {
+  Transformer& model = trainer.model();
+  const ParamLayout& local = model.layout();
+  const ParamLayout whole(trainer.config().model);
+  ProcessGroups* g = trainer.groups();
+  const bool zero1 = g && trainer.config().parallel.zero1;
+  auto first_replica = [&](const ParamInfo& p) { return !g || (p.is_expert ? g->coords.edp == 0 : g->coords.dp == 0); };
+  const DType dt = model.params().flat.dtype;
+  const size_t es = dtype_size(dt);
+  std::vector<Piece> out;
+  for (const ParamInfo& p : local.entries()) {
+    if (!first_replica(p)) continue;
+    const int64_t gb = whole.find(p.name).offset + p.global_begin;
+    out.push_back({"params:" + p.name, static_cast<const unsigned char*>(model.params().flat.data) + static_cast<size_t>(p.offset) * es,
+                   static_cast<size_t>(p.numel) * es, st_dtype(dt), gb, gb + p.numel});
+  }
+  const AdamW& opt = trainer.optimizer();
+  MOE_CHECK(opt.exp_avg().dtype == dt, "optimizer state dtype differs from the parameters'");
+  const char* kinds[2] = {"exp_avg", "exp_avg_sq"};
+  const Tensor* states[2] = {&opt.exp_avg(), &opt.exp_avg_sq()};
+  for (int k = 0; k < 2; ++k)
+    for (const StateSlice& s : opt.slices()) {
+      if (!zero1 && !first_replica(*s.param)) continue;
+      const int64_t gb = whole.find(s.param->name).offset + s.param->global_begin + s.param_begin;
+      out.push_back({std::string(kinds[k]) + ":" + s.param->name,
+                     static_cast<const unsigned char*>(states[k]->data) + static_cast<size_t>(s.state_offset) * es,
+                     static_cast<size_t>(s.count) * es, st_dtype(dt), gb, gb + s.count});
+    }
+  if (!g || g->coords.dp == 0) {
+    const ModelConfig& c = trainer.config().model;
+    for (int64_t m = 0; m < c.num_moe_layers(); ++m) {
+      if (!local.shard().holds_layer(c.n_dense_layers + m)) continue;
+      const Tensor& t = model.router_bias()[static_cast<size_t>(m)].t;
+      out.push_back({"router_bias." + std::to_string(m), static_cast<const unsigned char*>(t.data), t.nbytes(),
+                     st_dtype(t.dtype), 0, t.numel()});
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string checkpoint_name(int64_t step) {
@@ -290,84 +373,79 @@ std::string checkpoint_name(int64_t step) {
 
 std::string save_checkpoint(const std::string& dir, Trainer& trainer, int64_t next_instance, const SaveOptions& options) {
   MOE_CHECK(options.keep_last >= 1 && options.num_shards >= 1, "save_checkpoint: keep_last and num_shards must be >= 1");
+  ProcessGroups* groups = trainer.groups();
+  Communicator* world = groups ? groups->world : nullptr;
+  const int rank = world ? world->rank() : 0;
+  MOE_CHECK(!world || options.num_shards == 1, "save_checkpoint: num_shards is for single-process tests");
+  const int64_t num_files = world ? world->size() : options.num_shards;
   tensors_written = 0;
   const int64_t step = trainer.steps_taken();
   const fs::path parent = fs::absolute(dir);
-  fs::create_directories(parent);
   const std::string name = checkpoint_name(step);
   const fs::path final_path = parent / name;
-  const fs::path tmp = parent / (".tmp." + name + "." + std::to_string(::getpid()));
-  fs::remove_all(tmp);
-  fs::create_directory(tmp);
+  // Rank 0's pid names the temp dir (two runs sharing a directory never collide).
+  int32_t pid = ::getpid();
+  if (world) world->broadcast(&pid, 1, DType::kI32, 0);
+  const fs::path tmp = parent / (".tmp." + name + "." + std::to_string(pid));
+  if (rank == 0) {
+    fs::create_directories(parent);
+    fs::remove_all(tmp);
+    fs::create_directory(tmp);
+  }
+  if (world) world->barrier();
 
-  Transformer& model = trainer.model();
-  const DType dt = model.params().flat.dtype;
-  const int64_t total = model.layout().total();
-  const size_t es = dtype_size(dt);
-  const unsigned char* flats[3] = {static_cast<const unsigned char*>(model.params().flat.data),
-                                   static_cast<const unsigned char*>(trainer.optimizer().exp_avg().data),
-                                   static_cast<const unsigned char*>(trainer.optimizer().exp_avg_sq().data)};
-  MOE_CHECK(trainer.optimizer().exp_avg().dtype == dt, "optimizer state dtype differs from the parameters'");
-  json shards = json::array();
-  for (int64_t r = 0; r < options.num_shards; ++r) {
-    const int64_t b = total * r / options.num_shards, e = total * (r + 1) / options.num_shards;
-    std::vector<Piece> pieces;
-    for (int k = 0; k < 3; ++k)
-      pieces.push_back({kFlatTensors[k], flats[k] + static_cast<size_t>(b) * es, static_cast<size_t>(e - b) * es, st_dtype(dt), b, e});
-    if (r == 0)
-      for (size_t i = 0; i < model.router_bias().size(); ++i) {
-        const Tensor& t = model.router_bias()[i].t;
-        pieces.push_back({"router_bias." + std::to_string(i), static_cast<const unsigned char*>(t.data), t.nbytes(),
-                          st_dtype(t.dtype), 0, t.numel()});
-      }
+  // This rank's pieces, in whole-model coordinates (checkpoint_pieces), one file per rank.
+  std::vector<std::vector<Piece>> files(static_cast<size_t>(num_files));
+  std::vector<Piece> mine = checkpoint_pieces(trainer);
+  for (size_t i = 0; i < mine.size(); ++i)
+    files[world ? 0 : i % static_cast<size_t>(num_files)].push_back(std::move(mine[i]));
+  std::vector<std::string> entries;
+  for (int64_t f = 0; f < (world ? 1 : num_files); ++f) {
     char file[64];
-    std::snprintf(file, sizeof file, "rank_%05lld.safetensors", static_cast<long long>(r));
-    shards.push_back(write_shard((tmp / file).string(), pieces));
+    std::snprintf(file, sizeof file, "rank_%05lld.safetensors", static_cast<long long>(world ? rank : f));
+    entries.push_back(write_shard((tmp / file).string(), files[static_cast<size_t>(f)]).dump());
   }
+  if (world) entries = gather_strings(*world, entries[0]);  // rank 0 gets every rank's entry
 
-  json params = json::array();
-  for (const ParamInfo& p : model.layout().entries())
-    params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel}});
-  const Config& c = trainer.config();
-  json m = {{"format", kFormat},
-            {"version", kFormatVersion},
-            {"step", step},
-            {"optimizer", {{"type", "adamw"}, {"steps_taken", step}, {"dtype", st_dtype(dt)}}},
-            {"data", {{"next_instance", next_instance}, {"batch_size", c.train.batch_size}, {"seed", c.train.seed}}},
-            {"rng", "stateless: every random draw is a pure function of (train.seed, stream, index); nothing to save"},
-            {"schedule", "learning rate is a pure function of (optim.*, train.steps, step)"},
-            {"config_toml", config_to_toml(c)},
-            {"world_size", options.num_shards},
-            {"flat_numel", total},
-            {"params", params},
-            {"num_router_bias", model.router_bias().size()},
-            {"shards", shards}};
-  crash_point("before_manifest");
-  write_manifest(tmp.string(), m);
-  fsync_path(tmp.string(), true);
-  crash_point("before_rename");
-  if (fs::exists(final_path)) {  // re-saving a step: move the old one aside; removed after the fsync
-    const fs::path old = parent / (".trash." + name);
-    fs::remove_all(old);
-    fs::rename(final_path, old);
+  if (rank == 0) {
+    json shards = json::array();
+    for (const std::string& e : entries) shards.push_back(json::parse(e));
+    const Config& c = trainer.config();
+    const ParamLayout whole(c.model);
+    json params = json::array();
+    for (const ParamInfo& p : whole.entries())
+      params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel}});
+    const DType dt = trainer.model().params().flat.dtype;
+    json m = {{"format", kFormat},
+              {"version", kFormatVersion},
+              {"step", step},
+              {"optimizer", {{"type", "adamw"}, {"steps_taken", step}, {"dtype", st_dtype(dt)}}},
+              {"data", {{"next_instance", next_instance}, {"batch_size", c.train.batch_size}, {"seed", c.train.seed}}},
+              {"rng", "stateless: every random draw is a pure function of (train.seed, stream, index); nothing to save"},
+              {"schedule", "learning rate is a pure function of (optim.*, train.steps, step)"},
+              {"config_toml", config_to_toml(c)},
+              {"layout", {{"dp", c.parallel.dp}, {"ep", c.parallel.ep}, {"pp", c.parallel.pp}, {"zero1", c.parallel.zero1}}},
+              {"world_size", num_files},
+              {"flat_numel", whole.total()},
+              {"params", params},
+              {"num_router_bias", c.model.num_moe_layers()},
+              {"shards", shards}};
+    crash_point("before_manifest");
+    write_manifest(tmp.string(), m);
+    fsync_path(tmp.string(), true);
+    crash_point("before_rename");
+    if (fs::exists(final_path)) {  // re-saving a step: move the old one aside; removed after the fsync
+      const fs::path old = parent / (".trash." + name);
+      fs::remove_all(old);
+      fs::rename(final_path, old);
+    }
+    fs::rename(tmp, final_path);
+    crash_point("before_dir_fsync");
+    fsync_path(parent.string(), true);
+    crash_point("before_prune");
+    prune_checkpoints(parent, final_path, static_cast<size_t>(options.keep_last));
   }
-  fs::rename(tmp, final_path);
-  crash_point("before_dir_fsync");
-  fsync_path(parent.string(), true);
-  crash_point("before_prune");
-
-  std::vector<std::string> complete = checkpoint_dirs(parent.string());
-  const size_t keep = static_cast<size_t>(options.keep_last);
-  for (size_t i = 0; i + keep < complete.size(); ++i) {
-    if (fs::path(complete[i]) == final_path) continue;
-    remove_checkpoint_dir(complete[i]);
-    crash_point("during_prune");
-  }
-  for (const auto& e : fs::directory_iterator(parent)) {  // leftovers of crashed saves and prunes
-    const std::string n = e.path().filename().string();
-    if (n.rfind(".tmp.step_", 0) == 0 || n.rfind(".trash.step_", 0) == 0) fs::remove_all(e.path());
-  }
-  fsync_path(parent.string(), true);
+  if (world) world->barrier();  // nobody runs ahead of a save that is not complete
   return final_path.string();
 }
 
@@ -397,26 +475,29 @@ CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
   const std::string opt_dt = field<std::string>(field<json>(v.manifest, "optimizer", mpath), "dtype", mpath);
   MOE_CHECK(opt_dt == want_dt, "cannot resume '", path, "': parameters and optimizer state are ", opt_dt,
             ", this run keeps them in ", want_dt);
-  const int64_t total = model.layout().total();
-  MOE_CHECK(field<int64_t>(v.manifest, "flat_numel", mpath) == total, "cannot resume '", path,
-            "': the checkpoint holds ", field<int64_t>(v.manifest, "flat_numel", mpath), " parameters, the model has ", total);
+  // The manifest's layout is the whole model's; this rank may hold any part of it.
+  const ParamLayout whole(trainer.config().model);
+  MOE_CHECK(field<int64_t>(v.manifest, "flat_numel", mpath) == whole.total(), "cannot resume '", path,
+            "': the checkpoint holds ", field<int64_t>(v.manifest, "flat_numel", mpath), " parameters, the model has ",
+            whole.total());
   const json params = field<json>(v.manifest, "params", mpath);
-  MOE_CHECK(params.is_array() && params.size() == model.layout().entries().size(), "cannot resume '", path,
+  MOE_CHECK(params.is_array() && params.size() == whole.entries().size(), "cannot resume '", path,
             "': parameter list differs from the model's");
   for (size_t i = 0; i < params.size(); ++i) {
-    const ParamInfo& p = model.layout().entries()[i];
+    const ParamInfo& p = whole.entries()[i];
     MOE_CHECK(field<std::string>(params[i], "name", mpath) == p.name &&
                   field<std::vector<int64_t>>(params[i], "shape", mpath) == p.shape &&
                   field<int64_t>(params[i], "offset", mpath) == p.offset,
               "cannot resume '", path, "': parameter '", p.name, "' differs in name, shape or offset");
   }
 
-  // Assemble the flat buffers from the shards' global ranges; each must be covered exactly once.
+  // Index every piece by kind and whole-model range; pieces of one kind must not overlap.
+  struct Src {
+    int64_t begin, end;
+    const unsigned char* data;
+  };
+  std::array<std::vector<Src>, 3> pieces;
   const size_t es = dtype_size(dt);
-  unsigned char* flats[3] = {static_cast<unsigned char*>(model.params().flat.data),
-                             static_cast<unsigned char*>(trainer.optimizer().exp_avg().data),
-                             static_cast<unsigned char*>(trainer.optimizer().exp_avg_sq().data)};
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> covered(3);
   std::vector<bool> bias_loaded(model.router_bias().size(), false);
   for (auto& [shard, bytes] : v.shards) {
     uint64_t header_len = 0;
@@ -428,15 +509,15 @@ CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
       const SafetensorsEntry& e = entries.at(name);
       const unsigned char* src = bytes.data() + 8 + header_len + e.begin;
       const int64_t b = field<int64_t>(t, "global_begin", mpath), end = field<int64_t>(t, "global_end", mpath);
+      const std::string kind = name.substr(0, name.find(':'));
       int k = -1;
       for (int i = 0; i < 3; ++i)
-        if (name == kFlatTensors[i]) k = i;
+        if (name.find(':') != std::string::npos && kind == kFlatTensors[i]) k = i;
       if (k >= 0) {
-        MOE_CHECK(e.dtype == want_dt && 0 <= b && b <= end && end <= total &&
+        MOE_CHECK(e.dtype == want_dt && 0 <= b && b <= end && end <= whole.total() &&
                       e.end - e.begin == static_cast<size_t>(end - b) * es,
                   "tensor '", name, "' in '", fpath, "': range [", b, ", ", end, ") or dtype ", e.dtype, " does not fit");
-        std::memcpy(flats[k] + static_cast<size_t>(b) * es, src, e.end - e.begin);
-        covered[static_cast<size_t>(k)].emplace_back(b, end);
+        pieces[static_cast<size_t>(k)].push_back({b, end, src});
       } else if (name.rfind("router_bias.", 0) == 0) {
         const size_t i = std::stoul(name.substr(12));
         MOE_CHECK(i < model.router_bias().size(), "tensor '", name, "' in '", fpath, "': the model has ",
@@ -453,18 +534,46 @@ CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
     }
   }
   for (int k = 0; k < 3; ++k) {
-    auto& r = covered[static_cast<size_t>(k)];
-    std::sort(r.begin(), r.end());
-    int64_t at = 0;
-    for (auto& [b, e] : r) {
-      MOE_CHECK(b == at, "checkpoint '", path, "': tensor '", kFlatTensors[k], "' shards ",
-                b < at ? "overlap" : "leave a gap", " at element ", std::min(b, at));
-      at = e;
-    }
-    MOE_CHECK(at == total, "checkpoint '", path, "': tensor '", kFlatTensors[k], "' covers ", at, " of ", total, " elements");
+    auto& list = pieces[static_cast<size_t>(k)];
+    std::sort(list.begin(), list.end(), [](const Src& a, const Src& b) { return a.begin < b.begin; });
+    for (size_t i = 1; i < list.size(); ++i)
+      MOE_CHECK(list[i].begin >= list[i - 1].end, "checkpoint '", path, "': pieces of '", kFlatTensors[k],
+                "' overlap at element ", list[i].begin);
   }
+  // Copies whole-model elements [begin, begin + count) of a kind into dst; every element must be
+  // in some piece (a missing rank file or a gap is an error naming the parameter).
+  auto fill = [&](int k, int64_t begin, int64_t count, unsigned char* dst, const std::string& what) {
+    const auto& list = pieces[static_cast<size_t>(k)];
+    auto it = std::upper_bound(list.begin(), list.end(), begin, [](int64_t x, const Src& s) { return x < s.begin; });
+    if (it != list.begin()) --it;
+    int64_t at = begin;
+    for (; it != list.end() && at < begin + count; ++it) {
+      if (it->end <= at) continue;
+      MOE_CHECK(it->begin <= at, "checkpoint '", path, "': no '", kFlatTensors[k], "' data for ", what, " at element ",
+                at - begin);
+      const int64_t hi = std::min(it->end, begin + count);
+      std::memcpy(dst + static_cast<size_t>(at - begin) * es, it->data + static_cast<size_t>(at - it->begin) * es,
+                  static_cast<size_t>(hi - at) * es);
+      at = hi;
+    }
+    MOE_CHECK(at == begin + count, "checkpoint '", path, "': '", kFlatTensors[k], "' covers ", at - begin, " of ",
+              count, " elements of ", what);
+  };
+  auto* pbase = static_cast<unsigned char*>(model.params().flat.data);
+  for (const ParamInfo& p : model.layout().entries())
+    fill(0, whole.find(p.name).offset + p.global_begin, p.numel, pbase + static_cast<size_t>(p.offset) * es,
+         "parameter '" + p.name + "'");
+  AdamW& opt = trainer.optimizer();
+  unsigned char* states[2] = {static_cast<unsigned char*>(opt.exp_avg().data),
+                              static_cast<unsigned char*>(opt.exp_avg_sq().data)};
+  for (int k = 1; k < 3; ++k)
+    for (const StateSlice& s : opt.slices())
+      fill(k, whole.find(s.param->name).offset + s.param->global_begin + s.param_begin, s.count,
+           states[k - 1] + static_cast<size_t>(s.state_offset) * es, "parameter '" + s.param->name + "'");
+  const ModelConfig& mc = trainer.config().model;
   for (size_t i = 0; i < bias_loaded.size(); ++i)
-    MOE_CHECK(bias_loaded[i], "checkpoint '", path, "' has no tensor 'router_bias.", i, "'");
+    if (model.layout().shard().holds_layer(mc.n_dense_layers + static_cast<int64_t>(i)))
+      MOE_CHECK(bias_loaded[i], "checkpoint '", path, "' has no tensor 'router_bias.", i, "'");
   const int64_t steps = field<int64_t>(field<json>(v.manifest, "optimizer", mpath), "steps_taken", mpath);
   MOE_CHECK(steps == v.info.step, "malformed manifest '", mpath, "': optimizer steps_taken ", steps, " != step ", v.info.step);
   trainer.optimizer().set_steps_taken(steps);

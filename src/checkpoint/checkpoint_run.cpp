@@ -7,6 +7,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/check.h"
+#include "parallel/communicator.h"
 #include "train/trainer.h"
 
 namespace moe {
@@ -97,8 +98,10 @@ void maybe_save_checkpoint(const Config& config, Trainer& trainer, int64_t step,
 CheckpointInfo begin_checkpointing(const Config& config, Trainer& trainer, bool resume, std::ostream& log) {
   const std::string dir = checkpoint_dir(config);
   if (!resume) {
+    Communicator* world = trainer.groups() ? trainer.groups()->world : nullptr;
     const std::vector<std::string> earlier = list_checkpoints(dir);
-    if (!earlier.empty()) {  // a fresh run must not prune (or be mixed with) an earlier run's checkpoints
+    if (world) world->barrier();  // every rank listed the directory before rank 0 moves it
+    if (!earlier.empty() && (!world || world->rank() == 0)) {  // a fresh run must not prune (or be mixed with) an earlier run's checkpoints
       const std::string aside = fs::path(dir).lexically_normal().string() + ".previous";
       fs::remove_all(aside);
       fs::rename(dir, aside);
@@ -106,6 +109,7 @@ CheckpointInfo begin_checkpointing(const Config& config, Trainer& trainer, bool 
           << fs::path(earlier.back()).filename().string() << "); moved to '" << aside
           << "' (pass --resume to continue a run)\n";
     }
+    if (world) world->barrier();
     return {};
   }
   const auto t0 = std::chrono::steady_clock::now();

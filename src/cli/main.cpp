@@ -151,6 +151,7 @@ Restored restore(const Args& a, std::vector<std::string> extra_overrides = {}) {
   std::vector<std::string> overrides = a.overrides;
   overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
   moe::Config c = moe::parse_config(moe::verify_checkpoint(path).config_toml, overrides, path + "/manifest.json");
+  c.parallel = moe::ParallelConfig{};  // one process reads a checkpoint of any layout
   Restored r;
   r.ops = moe::make_backend(c.train.backend);
   r.trainer = std::make_unique<moe::Trainer>(c, *r.ops, moe::DType::kF32);

@@ -1,6 +1,8 @@
 #include "train/train_loop.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -49,6 +51,24 @@ double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batc
   }
   trainer.model().set_document_starts(Tensor());
   return sum.as<double>()[0] / static_cast<double>(labeled);
+}
+
+// Fault injection for the failure tests: MOE_INJECT_FAULT="error@R:S" makes world rank R throw
+// before step S; "nan@R:S" fills rank R's first parameter with NaN before step S (its replicas
+// then disagree, and the non-finite loss must stop every rank).
+void maybe_inject_fault(Trainer& trainer, int64_t step, int rank) {
+  const char* env = std::getenv("MOE_INJECT_FAULT");
+  if (env == nullptr) return;
+  char kind[8] = {};
+  long long r = -1, s = -1;
+  MOE_CHECK(std::sscanf(env, "%7[a-z]@%lld:%lld", kind, &r, &s) == 3, "MOE_INJECT_FAULT='", env,
+            "': expected error@RANK:STEP or nan@RANK:STEP");
+  if (r != rank || s != step) return;
+  if (std::string(kind) == "error") MOE_FAIL("injected fault (MOE_INJECT_FAULT=", env, ")");
+  MOE_CHECK(std::string(kind) == "nan", "MOE_INJECT_FAULT: unknown kind '", kind, "'");
+  const ParamInfo& p = trainer.model().layout().entries().front();
+  trainer.model().ops().fill(param_view(p, trainer.model().params().flat.data, trainer.model().compute_dtype()),
+                             std::nan(""));
 }
 
 }  // namespace
@@ -140,6 +160,7 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume, 
     const int64_t position = start.next_instance + (step - start.step - 1) * tc.batch_size;
     fill_batch(train, order, position, ids, labels, dp_rank, dp, doc_mask ? &doc.t : nullptr,
                static_cast<int32_t>(config.data.eos_id));
+    maybe_inject_fault(trainer, step, groups ? groups->world->rank() : 0);
     const double t_step = now_s();
     StepResult r = trainer.step(ids, labels, doc_mask ? doc.t : Tensor());
     tokens_window += r.tokens;

@@ -61,11 +61,22 @@ namespace {
 RunResult run(const Config& c, ProcessGroups* groups, DType compute) {
   std::unique_ptr<Backend> ops = make_backend(compute == DType::kF64 ? "ref" : "cpu");
   Trainer trainer(c, *ops, compute, groups);
+  RunResult out;
+  train_steps(trainer, 0, c.train.steps, out);
+  collect_params(trainer, out);
+  return out;
+}
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
+}  // namespace
+
+void train_steps(Trainer& trainer, int64_t from, int64_t to, RunResult& out) {
+  const Config& c = trainer.config();
+  ProcessGroups* groups = trainer.groups();
   const int64_t local = trainer.local_batch(), S = c.train.seq_len;
   const int64_t row0 = groups ? groups->coords.dp * local : 0;
-  RunResult out;
   std::vector<int32_t> ids, labels;
-  for (int64_t step = 0; step < c.train.steps; ++step) {
+  for (int64_t step = from; step < to; ++step) {
     parity_batch(c, step, ids, labels);
     Tensor tid(ids.data() + row0 * S, DType::kI32, {local, S}), tlab(labels.data() + row0 * S, DType::kI32, {local, S});
     StepResult r = trainer.step(tid, tlab);
@@ -73,10 +84,14 @@ RunResult run(const Config& c, ProcessGroups* groups, DType compute) {
     out.grad_norm.push_back(r.grad_norm);
     out.clipped.push_back(r.clipped);
   }
+}
+
+void collect_params(Trainer& trainer, RunResult& out) {
   const Transformer& model = trainer.model();
   const Tensor& flat = const_cast<Transformer&>(model).params().flat;
   for (const ParamInfo& info : model.layout().entries()) {
     std::vector<double>& v = out.params[info.name];
+    v.clear();
     for (int64_t i = 0; i < info.numel; ++i) v.push_back(get(flat, info.offset + i));
     out.global_begin[info.name] = info.global_begin;
   }
@@ -85,11 +100,7 @@ RunResult run(const Config& c, ProcessGroups* groups, DType compute) {
   for (size_t i = 0; i < static_cast<size_t>(model.layout().dense_end()) * dtype_size(flat.dtype); ++i)
     h = (h ^ bytes[i]) * 1099511628211ull;
   out.dense_hash = h;
-  return out;
 }
-
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
-}  // namespace
 
 RunResult run_single(const Config& c, DType compute) {
   Config single = c;

@@ -11,6 +11,10 @@
 #include "config/config.h"
 #include "parallel/layout.h"
 
+namespace moe {
+class Trainer;
+}
+
 namespace moe::test {
 
 struct RunResult {
@@ -30,6 +34,10 @@ void parity_batch(const Config& c, int64_t step, std::vector<int32_t>& ids, std:
 RunResult run_single(const Config& c, DType compute);
 // groups: built from world for the layout in c.parallel.
 RunResult run_distributed(const Config& c, ProcessGroups& groups, DType compute);
+// Steps [from, to) of the parity batches on this trainer (its groups pick the rows), appended.
+void train_steps(Trainer& trainer, int64_t from, int64_t to, RunResult& out);
+// This rank's parameters and the dense-region hash into out.
+void collect_params(Trainer& trainer, RunResult& out);
 // Per-step loss and grad norm and every held parameter within rel_tol (max|a-b|/max|b| per
 // tensor); bitwise when rel_tol == 0.
 void expect_parity(const RunResult& dist, const RunResult& single, double rel_tol);

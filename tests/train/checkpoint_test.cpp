@@ -202,9 +202,9 @@ TEST_F(CheckpointDamage, TruncatedTensorFileIsRefused) {
 }
 
 TEST_F(CheckpointDamage, FlippedDataByteNamesTheTensor) {
-  flip_byte(rank_, data_offset("exp_avg") + 17);
+  flip_byte(rank_, data_offset("exp_avg:layers.1.wq") + 17);
   const std::string e = load_error();
-  EXPECT_NE(e.find("tensor 'exp_avg' in '"), std::string::npos) << e;
+  EXPECT_NE(e.find("tensor 'exp_avg:layers.1.wq' in '"), std::string::npos) << e;
   EXPECT_NE(e.find("fails its checksum"), std::string::npos) << e;
   EXPECT_NE(e.find("rank_00000.safetensors"), std::string::npos) << e;
 }
@@ -286,13 +286,13 @@ TEST_F(CheckpointDamage, ResumeFallsBackToTheNewestCheckpointThatVerifies) {
   Trace t;
   run_steps(*trainer_, 2, 3, t);
   const std::string newer = save_checkpoint(dir_.string(), *trainer_, 12);
-  flip_byte((fs::path(newer) / "rank_00000.safetensors").string(), data_offset("params") + 5);
+  flip_byte((fs::path(newer) / "rank_00000.safetensors").string(), data_offset("params:embed") + 5);
   Trainer fresh(small_config(), *ops_, DType::kF32);
   std::ostringstream log;
   CheckpointInfo info = resume_latest(dir_.string(), fresh, log);
   EXPECT_EQ(info.path, path_);
   EXPECT_NE(log.str().find("skipping checkpoint"), std::string::npos) << log.str();
-  EXPECT_NE(log.str().find("tensor 'params'"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("tensor 'params:embed'"), std::string::npos) << log.str();
 }
 
 TEST_F(CheckpointDamage, FreshRunMovesAnEarlierRunsCheckpointsAside) {

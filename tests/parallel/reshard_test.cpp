@@ -1,0 +1,136 @@
+// Checkpoints across layouts: a run saved under one layout continues under another and stays on
+// the single-process loss curve (f64, 1e-9: reduction order only, see parity_test.cpp); the
+// Hugging Face export of a resharded checkpoint has the same bytes as the original's.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_export.h"
+#include "parity_common.h"
+#include "train/trainer.h"
+#include "world.h"
+
+namespace moe::test {
+namespace {
+namespace fs = std::filesystem;
+
+// A directory every rank agrees on (rank 0's pid), removed by rank 0 at the end.
+struct SharedDir {
+  explicit SharedDir(const std::string& tag) {
+    int32_t pid = ::getpid();
+    world().broadcast(&pid, 1, DType::kI32, 0);
+    path = (fs::temp_directory_path() / ("moecore_reshard_" + tag + "_" + std::to_string(pid))).string();
+    if (world().rank() == 0) fs::remove_all(path);
+    world().barrier();
+  }
+  ~SharedDir() {
+    world().barrier();
+    if (world().rank() == 0) fs::remove_all(path);
+  }
+  std::string path;
+};
+
+void expect_on_curve(const RunResult& got, const RunResult& ref, size_t first_step, const char* what) {
+  for (size_t i = 0; i < got.total.size(); ++i) {
+    const size_t s = first_step + i;
+    EXPECT_NEAR(got.total[i], ref.total[s], 1e-9 * std::abs(ref.total[s])) << what << ", step " << s + 1;
+    EXPECT_NEAR(got.grad_norm[i], ref.grad_norm[s], 1e-9 * ref.grad_norm[s]) << what << ", step " << s + 1;
+  }
+}
+
+// world size n (2 or 4): dp=n with ZeRO-1 for steps 1-4 -> dp=n/2 (ranks 0..n/2-1) for steps
+// 5-6 -> one process for steps 7-8, each stage loading the previous stage's checkpoint.
+TEST(Reshard, CheckpointContinuesUnderOtherLayouts) {
+  const int n = world().size();
+  if (n != 2 && n != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
+  Config base = parity_config();
+  base.train.steps = 8;
+  std::unique_ptr<Backend> ops = make_backend("ref");
+  const RunResult ref = run_single(base, DType::kF64);
+  SharedDir dir("continue");
+
+  Config a = base;
+  a.parallel.dp = n;
+  a.parallel.zero1 = true;
+  {
+    ProcessGroups g = make_process_groups(world(), layout_from_config(a.parallel));
+    Trainer t(a, *ops, DType::kF64, &g);
+    RunResult r;
+    train_steps(t, 0, 4, r);
+    expect_on_curve(r, ref, 0, "dp=n zero1");
+    save_checkpoint(dir.path + "/a", t, 4 * a.train.batch_size);
+  }
+
+  Config b = base;
+  b.parallel.dp = n / 2;
+  const bool in_b = world().rank() < n / 2;
+  std::unique_ptr<Communicator> sub = world().split(in_b ? 0 : 1, world().rank());
+  if (in_b) {
+    std::unique_ptr<ProcessGroups> g;
+    if (b.parallel.dp > 1) g = std::make_unique<ProcessGroups>(make_process_groups(*sub, layout_from_config(b.parallel)));
+    Trainer t(b, *ops, DType::kF64, g.get());
+    const CheckpointInfo info = load_checkpoint(latest_checkpoint(dir.path + "/a"), t);
+    EXPECT_EQ(info.step, 4);
+    RunResult r;
+    train_steps(t, 4, 6, r);
+    expect_on_curve(r, ref, 4, "dp=n/2");
+    save_checkpoint(dir.path + "/b", t, 6 * b.train.batch_size);
+  }
+  world().barrier();
+
+  Trainer t(base, *ops, DType::kF64);  // every rank, alone
+  EXPECT_EQ(load_checkpoint(latest_checkpoint(dir.path + "/b"), t).step, 6);
+  RunResult r;
+  train_steps(t, 6, 8, r);
+  expect_on_curve(r, ref, 6, "one process");
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A single-process checkpoint, loaded and saved again by a distributed layout, exports to the
+// same Hugging Face bytes: resharding moves every parameter bit.
+TEST(Reshard, HfExportOfAReshardedCheckpointIsByteIdentical) {
+  const int n = world().size();
+  if (n == 1) GTEST_SKIP() << "needs two or more ranks";
+  Config base = parity_config();
+  base.model.n_dense_layers = 0;      // OLMoE: every layer MoE,
+  base.model.router_bias_gamma = 0;   // no router bias
+  std::unique_ptr<Backend> ops = make_backend("cpu");
+  SharedDir dir("export");
+  Trainer single(base, *ops, DType::kF32);
+  RunResult r;
+  train_steps(single, 0, 3, r);
+  if (world().rank() == 0) save_checkpoint(dir.path + "/single", single, 3 * base.train.batch_size);
+  world().barrier();
+
+  Config d = base;
+  d.parallel.dp = n;
+  d.parallel.zero1 = true;
+  ProcessGroups g = make_process_groups(world(), layout_from_config(d.parallel));
+  Trainer dist(d, *ops, DType::kF32, &g);
+  load_checkpoint(latest_checkpoint(dir.path + "/single"), dist);
+  save_checkpoint(dir.path + "/dist", dist, 3 * base.train.batch_size);
+
+  if (world().rank() == 0) {
+    for (const char* name : {"single", "dist"}) {
+      Trainer back(base, *ops, DType::kF32);
+      load_checkpoint(latest_checkpoint(dir.path + "/" + name), back);
+      export_hf(back.model(), dir.path + "/hf_" + name, "bf16");
+    }
+    for (const char* f : {"config.json", "model.safetensors"}) {
+      const std::string x = file_bytes(dir.path + "/hf_single/" + f), y = file_bytes(dir.path + "/hf_dist/" + f);
+      EXPECT_FALSE(x.empty()) << f;
+      EXPECT_TRUE(x == y) << f << " differs after resharding";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moe::test
