@@ -203,7 +203,8 @@ int run(int argc, char** argv) {
     o.warmup = a.warmup;
     o.steps = a.bench_steps;
     o.alloc_counter = MOE_COUNT_ALLOCS ? &g_allocs : nullptr;
-    moe::print_bench(c, moe::run_bench(c, o), std::cout);
+    const moe::BenchResult result = moe::run_bench(c, o);
+    if (moe::launch_rank() == 0) moe::print_bench(c, result, std::cout);
     return 0;
   }
   if (a.command == "eval") {

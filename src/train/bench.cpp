@@ -7,10 +7,21 @@
 #include <random>
 
 #include "kernels/ops.h"
+#include "parallel/communicator.h"
+#include "parallel/layout.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
 namespace moe {
+
+namespace {
+// Payload bytes this rank has sent over its groups (world-level ops are the norm's partials).
+uint64_t comm_bytes_sent(const ProcessGroups& g) {
+  uint64_t n = g.world->stats().total_sent();
+  for (const auto* c : {g.dp.get(), g.ep.get(), g.edp.get(), g.pp.get()}) n += c->stats().total_sent();
+  return n;
+}
+}  // namespace
 
 BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   MOE_CHECK(opt.warmup >= 0 && opt.steps >= 1, "bench: --warmup must be >= 0 and --steps >= 1");
@@ -18,17 +29,24 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   // Schedule length covers the run so the LR never hits a degenerate point.
   config.train.steps = std::max(config.train.steps, opt.warmup + opt.steps);
   std::unique_ptr<Backend> ops = make_backend(config.train.backend);
-  Trainer trainer(config, *ops, DType::kF32);
+  // Under mpirun every rank benches its share of the step; rank 0 prints (main.cpp).
+  std::unique_ptr<Communicator> world = launch_world();
+  const Layout layout = layout_from_config(config.parallel);
+  validate_layout(layout, world->size(), config.model.num_experts, config.model.n_layers);
+  std::unique_ptr<ProcessGroups> groups;
+  if (world->size() > 1) groups = std::make_unique<ProcessGroups>(make_process_groups(*world, layout));
+  Trainer trainer(config, *ops, DType::kF32, groups.get());
 
   const TrainConfig& tc = config.train;
-  const int64_t B = tc.batch_size, S = tc.seq_len, V = config.model.vocab_size;
+  const int64_t B = trainer.local_batch(), S = tc.seq_len, V = config.model.vocab_size;
   OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S});
   std::mt19937_64 rng(tc.seed);
   std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(V - 1));
   std::vector<int32_t> row(static_cast<size_t>(S + 1));
 
   BenchResult r;
-  r.tokens_per_step = B * S;
+  r.tokens_per_step = tc.batch_size * S;  // the global step
+  r.ranks = world->size();
   using Clock = std::chrono::steady_clock;
   uint64_t alloc_before = 0;
   const int64_t total = opt.warmup + opt.steps;
@@ -47,9 +65,12 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     PhaseTimer::set_alloc_counter(count_allocs ? opt.alloc_counter : nullptr);
     PhaseTimer::set_enabled(true);
     PhaseTimer::reset();
+    if (groups) world->barrier();  // steps start together: a rank's wait is not the previous step's
+    const uint64_t sent_before = groups ? comm_bytes_sent(*groups) : 0;
     const Clock::time_point t0 = Clock::now();
     trainer.step(ids.t, labels.t);
     const Clock::time_point t1 = Clock::now();
+    if (groups && timed) r.comm_bytes_per_step += static_cast<double>(comm_bytes_sent(*groups) - sent_before);
     PhaseTimer::flush();
     PhaseTimer::set_enabled(false);
     if (count_allocs) {
@@ -65,6 +86,7 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     step_sum += dt;
     for (int p = 0; p < PhaseTimer::kNum; ++p) sums[static_cast<size_t>(p)] += PhaseTimer::seconds()[static_cast<size_t>(p)];
   }
+  r.comm_bytes_per_step /= static_cast<double>(opt.steps);
   if (r.alloc_steps > 0) {
     r.allocs_per_step /= static_cast<double>(r.alloc_steps);
     for (double& a : r.phase_allocs) a /= static_cast<double>(r.alloc_steps);
@@ -101,6 +123,9 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   for (double t : r.step_s) os << " " << t;
   os << "\n";
   os << std::setprecision(0) << "tokens/s (median): " << r.tokens_per_s << "\n";
+  if (r.ranks > 1)
+    os << "ranks: " << r.ranks << " (rank 0's phases; communication = time blocked in collectives), "
+       << std::setprecision(2) << r.comm_bytes_per_step / 1e6 << " MB sent per step by rank 0\n";
   os << std::setprecision(2) << "model FLOPs/token (causal): " << r.flops_per_token * 1e-6 << " M\n";
   os << std::setprecision(1) << "model GFLOP/s: " << r.tflops * 1e3 << "  MFU: " << r.mfu * 100 << "% of "
      << r.peak_tflops * 1e3 << " GFLOP/s\n";

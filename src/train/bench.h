@@ -22,7 +22,9 @@ struct BenchOptions {
 };
 
 struct BenchResult {
-  int64_t tokens_per_step = 0;
+  int64_t tokens_per_step = 0;         // the global step (all data-parallel ranks)
+  int64_t ranks = 1;
+  double comm_bytes_per_step = 0;      // payload this rank sent (Communicator byte counters)
   std::vector<double> step_s;          // timed steps
   double median_step_s = 0, mean_step_s = 0;
   double tokens_per_s = 0;             // tokens_per_step / median step time
