@@ -121,6 +121,8 @@ const std::vector<Field>& fields() {
     add("parallel", "dp", P(dp), 1, 65536, {}, "data-parallel replicas per pipeline stage");
     add("parallel", "ep", P(ep), 1, 65536, {}, "expert-parallel group size (divides dp and model.num_experts)");
     add("parallel", "pp", P(pp), 1, 4096, {}, "pipeline stages (at most model.n_layers)");
+    add("parallel", "ep_capacity_factor", P(ep_capacity_factor), 0, 1e6, {},
+        "expert parallelism: rows each rank's experts keep per MoE layer = ceil(cf x top_k x local tokens), the tail dropped (0 = dropless)");
 #undef P
     return f;
   }();
