@@ -233,7 +233,8 @@ TEST(ExpertParallel, SendsExactlyTheOffRankRows) {
 
 // Capacity: with a small factor rows are dropped in the order (local expert, source rank, token),
 // dropped rows return zero, and the reported drop fraction and rows per EP rank match a count
-// made here from all ranks' expert choices. The same run twice gives the same bits.
+// made here from all ranks' expert choices. The same run twice gives the same bits; with block
+// recompute the same numbers are reported (re-run exchanges are not counted twice).
 TEST(ExpertParallel, CapacityDropsTheTailDeterministically) {
   const int n = world().size();
   if (n < 2 || n % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
@@ -251,11 +252,15 @@ TEST(ExpertParallel, CapacityDropsTheTailDeterministically) {
   const int me = world().rank();
   Tensor tid(ids.data() + me * T, DType::kI32, {1, T}), tlab(labels.data() + me * T, DType::kI32, {1, T});
   std::vector<std::vector<double>> outputs;  // per run, expert outputs of every MoE layer
+  std::vector<double> reported_drop;
+  std::vector<std::vector<int64_t>> reported_rows;
   for (int run = 0; run < 2; ++run) {
     std::unique_ptr<Backend> ops = make_backend("ref");
     Trainer trainer(c, *ops, DType::kF64, &g);
     const StepResult r = trainer.compute_gradients(tid, tlab);
     ASSERT_EQ(r.ep_drop_fraction.size(), static_cast<size_t>(c.model.num_moe_layers()));
+    reported_drop = r.ep_drop_fraction;
+    reported_rows = r.ep_rows_received;
     outputs.emplace_back();
     for (int64_t mi = 0; mi < c.model.num_moe_layers(); ++mi) {
       SCOPED_TRACE("MoE layer " + std::to_string(mi));
@@ -304,6 +309,14 @@ TEST(ExpertParallel, CapacityDropsTheTailDeterministically) {
     }
   }
   EXPECT_EQ(outputs[0], outputs[1]);
+  // Block recompute re-runs every exchange in backward: the same drops, counted once.
+  std::unique_ptr<Backend> ops = make_backend("ref");
+  Config rc = c;
+  rc.train.recompute = true;
+  Trainer recomputing(rc, *ops, DType::kF64, &g);
+  const StepResult r = recomputing.compute_gradients(tid, tlab);
+  EXPECT_EQ(r.ep_drop_fraction, reported_drop);
+  EXPECT_EQ(r.ep_rows_received, reported_rows);
 }
 
 // The activation arena holds the receive buffers for the worst case (dropless: the whole group
@@ -334,8 +347,8 @@ TEST(ExpertParallel, ArenaMatchesTheClosedForm) {
 }
 
 
-// Measurement, not a check (runs only with MOE_EP_BENCH_CONFIG=path/to/config.toml):
-// dp = ep = world size on that config, fp32. Prints per rank and step the exchange payload bytes,
+// Measurement, not a check (runs only with MOE_EP_BENCH_CONFIG=path/to/config.toml, and
+// optional MOE_EP_BENCH_SET=k=v,k=v overrides): dp = ep = world size on that config. Prints per rank and step the exchange payload bytes,
 // the count all-gather bytes, the seconds blocked in the exchange and the step time; then times
 // the two ways to place the rows of one real plan expert-major: per-block isend/irecv straight
 // into place (what the model does) against one all_to_all_v grouped by sender + a placement copy.
@@ -344,7 +357,16 @@ TEST(ExpertParallel, ExchangeCostReport) {
   const int n = world().size();
   if (!path || n == 1) GTEST_SKIP() << "set MOE_EP_BENCH_CONFIG and run on 2+ ranks";
   const int64_t steps = 4;
-  Config c = load_config(path, {"parallel.dp=" + std::to_string(n), "parallel.ep=" + std::to_string(n)});
+  std::vector<std::string> overrides = {"parallel.dp=" + std::to_string(n), "parallel.ep=" + std::to_string(n)};
+  if (const char* extra = std::getenv("MOE_EP_BENCH_SET")) {  // comma-separated k=v overrides
+    std::string list = extra;
+    for (size_t b = 0; b < list.size();) {
+      const size_t e = std::min(list.find(',', b), list.size());
+      overrides.push_back(list.substr(b, e - b));
+      b = e + 1;
+    }
+  }
+  Config c = load_config(path, overrides);
   ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
   std::unique_ptr<Backend> ops = make_backend("cpu");
   Trainer trainer(c, *ops, DType::kF32, &g);
