@@ -14,8 +14,9 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
     : cfg_(config), loss_(loss), ops_(ops), layout_(config, o.shard), recompute_(o.recompute), seed_(o.seed) {
   cfg_.validate();
   const ModelShard& shard = layout_.shard();
+  // Layer ranges belong to pipeline parallelism, not built here yet.
   MOE_CHECK(shard.first_stage() && shard.last_stage(cfg_),
-            "this build of the transformer runs all layers only (no pipeline stages)");
+            "this build of the transformer runs all layers only (pipeline stages are not supported yet)");
   const int64_t ep = o.ep ? o.ep->size() : 1;
   MOE_CHECK(shard.num_local_experts * ep == cfg_.num_experts && (ep == 1 || shard.expert_begin == o.ep->rank() * shard.num_local_experts),
             "expert shard [", shard.expert_begin, ", ", shard.expert_begin + shard.num_local_experts,

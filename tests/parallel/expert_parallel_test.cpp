@@ -57,6 +57,23 @@ TEST(ExpertParallel, ParityWithRecompute) {
   expect_ep_parity(world().size(), 2, true);
 }
 
+// An expert shard needs the EP group that matches it; layer ranges are still refused.
+TEST(ExpertParallel, ShardsWithoutTheirGroupAreRefused) {
+  const Config c = parity_config();
+  std::unique_ptr<Backend> ops = make_backend("cpu");
+  ModelOptions o;
+  o.shard.num_local_experts = c.model.num_experts / 2;
+  EXPECT_THROW(
+      try { Transformer(c.model, c.loss, o, *ops); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("does not match EP rank 0 of 1"), std::string::npos) << e.what();
+        throw;
+      },
+      Error);
+  o.shard = ModelShard{};
+  o.shard.layer_end = 2;
+  EXPECT_THROW(Transformer(c.model, c.loss, o, *ops), Error);
+}
+
 // The fast path: fp32, and bf16 operands with block recompute; per-step loss and grad norm.
 // rel_tol for the first first_steps steps, later_tol after.
 void expect_loss_and_norm(const Config& c, double rel_tol, size_t first_steps = 1000, double later_tol = 0) {
