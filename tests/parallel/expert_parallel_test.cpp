@@ -28,9 +28,10 @@ Config ep_config(int64_t dp, int64_t ep) {
   return c;
 }
 
-void expect_ep_parity(int64_t dp, int64_t ep, bool recompute = false) {
+void expect_ep_parity(int64_t dp, int64_t ep, bool recompute = false, void (*variant)(ModelConfig&) = nullptr) {
   Config c = ep_config(dp, ep);
   c.train.recompute = recompute;
+  if (variant) variant(c.model);
   ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
   const RunResult dist = run_distributed(c, g, DType::kF64);
   const RunResult single = run_single(c, DType::kF64);
@@ -72,6 +73,22 @@ TEST(ExpertParallel, ShardsWithoutTheirGroupAreRefused) {
   o.shard = ModelShard{};
   o.shard.layer_end = 2;
   EXPECT_THROW(Transformer(c.model, c.loss, o, *ops), Error);
+}
+
+// Other sublayer variants around the exchange: peri norms, a v1-merged shared expert, sigmoid
+// scores; and random routing (global token indices must not change with the layout).
+TEST(ExpertParallel, ParityVariants) {
+  if (world().size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  expect_ep_parity(world().size(), 2, false, [](ModelConfig& m) {
+    m.norm_placement = "peri";
+    m.shared_hidden = 16;
+    m.shared_merge = "v1";
+    m.score_func = "sigmoid";
+  });
+  expect_ep_parity(world().size(), 2, false, [](ModelConfig& m) {
+    m.routing = "random";
+    m.router_bias_gamma = 0;
+  });
 }
 
 // The fast path: fp32, and bf16 operands with block recompute; per-step loss and grad norm.
