@@ -123,6 +123,8 @@ const std::vector<Field>& fields() {
     add("parallel", "pp", P(pp), 1, 4096, {}, "pipeline stages (at most model.n_layers)");
     add("parallel", "zero1", P(zero1), 0, 0, {},
         "ZeRO-1: shard the Adam moments over the data-parallel group (experts: expert-data-parallel)");
+    add("parallel", "ep_capacity_factor", P(ep_capacity_factor), 0, 1e6, {},
+        "expert parallelism: rows each rank's experts keep per MoE layer = ceil(cf x top_k x local tokens), the tail dropped (0 = dropless)");
 #undef P
     return f;
   }();

@@ -64,9 +64,15 @@ void plan_layer(Allocator& A, const ModelConfig& c, const Dims& d, int64_t layer
     f.sorted_slot = A(DType::kI32, {R});
     f.slot_pos = A(DType::kI32, {R});
     f.xs_act = A(d.adt, {R, D});
-    f.eg = A(d.adt, {R, F});
-    f.eu = A(d.adt, {R, F});
-    f.ea_act = A(d.adt, {R, F});
+    f.xr_act = f.xs_act;
+    f.recv_offsets = f.offsets;
+    if (d.ep > 1) {
+      f.xr_act = A(d.adt, {d.Rx, D});
+      f.recv_offsets = A(DType::kI32, {d.El + 1});
+    }
+    f.eg = A(d.adt, {d.Rx, F});
+    f.eu = A(d.adt, {d.Rx, F});
+    f.ea_act = A(d.adt, {d.Rx, F});
     f.ys = A(d.adt, {R, D});
   }
   if (peri) {
@@ -92,9 +98,11 @@ void plan_scratch(Allocator& A, const ModelConfig& c, const Dims& d, int64_t hea
   s.dO = A(d.cdt, {d.B, d.S, H, hd});
   s.dq_lin = A(d.cdt, {T, H * hd});
   s.dk_lin = A(d.cdt, {T, G * hd});
-  // Rows x width of the largest SwiGLU activation: routed (R,F), dense (T,Fd), shared (T,Fs).
+  // Rows x width of the largest SwiGLU activation: routed (Rx,F), dense (T,Fd), shared (T,Fs).
+  const int64_t Rx = d.Rx;
+  const bool ep = d.ep > 1;
   int64_t swiglu = 0;
-  if (any_moe) swiglu = std::max({swiglu, R * c.expert_hidden, T * c.shared_hidden});
+  if (any_moe) swiglu = std::max({swiglu, Rx * c.expert_hidden, T * c.shared_hidden});
   if (any_dense) swiglu = std::max(swiglu, T * c.dense_width());
   swiglu = std::max<int64_t>(swiglu, 1);
   s.dg = A(d.cdt, {swiglu});
@@ -104,11 +112,15 @@ void plan_scratch(Allocator& A, const ModelConfig& c, const Dims& d, int64_t hea
   if (d.adt != d.cdt) {
     s.fg = A(d.cdt, {swiglu});
     s.fu = A(d.cdt, {swiglu});
-    if (any_moe) s.fys = A(d.cdt, {R, D});
   }
+  if (any_moe && (d.adt != d.cdt || ep)) s.fys = A(d.cdt, {Rx, D});
   if (any_moe) {
     s.dys = A(d.cdt, {R, D});
-    s.dxs = A(d.cdt, {R, D});
+    s.dxs = A(d.cdt, {Rx, D});
+    if (ep) {
+      s.dyr = A(d.adt, {Rx, D});
+      s.dxs2 = A(d.cdt, {Rx, D});
+    }
     s.dweights = A(d.cdt, {T, K});
     s.dscores = A(d.cdt, {T, E});
     s.dlogits = A(d.cdt, {T, E});
@@ -116,7 +128,7 @@ void plan_scratch(Allocator& A, const ModelConfig& c, const Dims& d, int64_t hea
   }
   // Operand-dtype copy of any upstream gradient that feeds a GEMM.
   int64_t dy = std::max({T * D, T * H * hd, head_chunk * c.vocab_size, swiglu});
-  if (any_moe) dy = std::max(dy, R * D);
+  if (any_moe) dy = std::max(dy, std::max(R, Rx) * D);
   s.dy_act = A(d.adt, {dy});
   s.h_tmp = A(d.cdt, {T, D});
   s.logits = A(d.cdt, {head_chunk, c.vocab_size});

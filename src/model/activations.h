@@ -1,5 +1,6 @@
 // Saved activations of one block, and the shared backward scratch. Shapes for one micro-batch
-// of T = B*S tokens; R = T*K permuted expert rows. "act" tensors are GEMM operands and use the
+// of T = B*S tokens; R = T*K permuted expert rows; Rx rows computed by this rank's experts
+// (= R without expert parallelism). "act" tensors are GEMM operands and use the
 // operand dtype (bf16 in bf16 mode); everything else uses the compute dtype (f32, or f64 in the
 // reference path). With block recompute, all blocks share one LayerActs and only the residual
 // stream is kept per block.
@@ -22,6 +23,9 @@ struct Allocator {
 
 struct Dims {
   int64_t B = 0, S = 0, T = 0, R = 0;
+  // Expert parallelism: ep ranks share the experts, El = E / ep local experts each; Rx = rows this
+  // rank's experts may compute in one micro-batch (R without EP; expert_rows_bound with EP).
+  int64_t ep = 1, El = 0, Rx = 0;
   DType cdt = DType::kF32;  // compute dtype
   DType adt = DType::kF32;  // GEMM operand dtype
 };
@@ -54,10 +58,12 @@ struct FfnActs {
   Tensor offsets;          // (E+1) i32
   Tensor sorted_slot;      // (R) i32
   Tensor slot_pos;         // (R) i32
-  Tensor xs_act;           // (R,D) permuted inputs, GEMM operand
-  Tensor eg, eu;           // (R,F) saved in the operand dtype
-  Tensor ea_act;           // (R,F)
-  Tensor ys;               // (R,D) expert outputs, saved in the operand dtype
+  Tensor xs_act;           // (R,D) permuted inputs, GEMM operand (with EP: the send buffer)
+  Tensor xr_act;           // (Rx,D) with EP: rows received for the local experts; else = xs_act
+  Tensor recv_offsets;     // (El+1) i32 with EP: grouped GEMM offsets over xr_act; else = offsets
+  Tensor eg, eu;           // (Rx,F) saved in the operand dtype
+  Tensor ea_act;           // (Rx,F)
+  Tensor ys;               // (R,D) expert outputs (returned to their tokens), saved in the operand dtype
   Tensor out;              // (T,D) FFN output (peri only: input of ffn_out_norm)
   Tensor rstd_out;         // (T) (peri only)
 };
@@ -75,12 +81,15 @@ struct Scratch {
   Tensor dh;               // (T,D) gradient of a normed FFN input
   Tensor ftmp;             // (max(R,T), Fmax) forward temp (SwiGLU output before bf16 conversion)
   Tensor fg, fu;           // (max(R,T), Fmax) bf16 mode: SwiGLU inputs in fp32 before they are saved
-  Tensor fys;              // (R,D) bf16 mode: expert outputs in fp32 before they are saved
+  Tensor fys;              // (Rx,D) bf16 mode or EP: expert outputs in the compute dtype
   Tensor fwd_dtmp;         // (T,D) forward temp (shared-expert output)
   Tensor dq, dk, dv, dO;   // (B,S,H,hd) / (B,S,G,hd)
   Tensor dq_lin, dk_lin;   // (T,H*hd), (T,G*hd)
   Tensor dg, du, da;       // (max(R,T), Fmax)
-  Tensor dys, dxs;         // (R,D)
+  Tensor dys;              // (R,D) (with EP also the forward's returned rows in bf16 mode)
+  Tensor dxs;              // (Rx,D)
+  Tensor dyr;              // (Rx,D) EP only: received expert-output gradients, operand dtype
+  Tensor dxs2;             // (Rx,D) EP only: the up projection's input gradient
   Tensor dweights;         // (T,K)
   Tensor dscores, dlogits; // (T,E)
   Tensor dy_act;           // (max rows, max cols) operand-dtype copy of an upstream gradient

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "moe/expert_exchange.h"
+
 namespace moe {
 
 // The closed form. N = num_params(), T = B*S tokens per micro-batch, R = T*K expert rows,
@@ -15,18 +17,22 @@ namespace moe {
 //     x_mid      c*T*D
 //     FFN        c*T + 3a*T*Fw  [+ c*T*D if MoE or fp32] [+ a*T*D in bf16] [+ c*T*(D+1) peri]
 //                Fw = shared_hidden (MoE layer) or dense_width (dense layer)
-//     MoE only   2c*T*E + 4*T*K + c*T*K + 4E + 4(E+1) + 8R + 2a*R*D + 3a*R*F
+//     MoE only   2c*T*E + 4*T*K + c*T*K + 4E + 4(E+1) + 8R + 2a*R*D + 3a*Rx*F
+//                [+ a*Rx*D + 4(E/ep+1) with EP: received rows, their group offsets]
+//   Rx = R, or with EP (ep > 1) expert_rows_bound: min(ep*T*min(K, E/ep), ceil(cf*K*T) if cf > 0),
+//     the rows one rank's experts may receive (dropless worst case: the whole group routes to it).
 //   kept per model: residual stream c*T*D*(L+1); final norm c*T + c*T*D [+ a*T*D in bf16].
 //   layers planned: all L, or with recompute one (MoE-shaped if any MoE layer) plus one dense
 //     layer when the model has both kinds.
 //   scratch (shared): c*T*D*6 + c*T*(2Ha + 2Ga) + c*T*(Ha+Ga) + c*W*(4 [+ 2 in bf16])
-//     + [MoE: c*R*D*(2 [+1 in bf16]) + c*T*K + 2c*T*E + c*E] + a*max(T*D, T*Ha, Tc*V, W [, R*D])
-//     + c*T*D + c*Tc*(V + 2),   W = max(R*F, T*Fs [MoE], T*Fd [dense], 1), Tc = clamp(2^21/V, 1, T)
+//     + [MoE: c*R*D + c*Rx*D [+ c*Rx*D in bf16 or EP] [+ (a+c)*Rx*D with EP] + c*T*K + 2c*T*E + c*E]
+//     + a*max(T*D, T*Ha, Tc*V, W [, max(R,Rx)*D]) + c*T*D + c*Tc*(V + 2),
+//     W = max(Rx*F, T*Fs [MoE], T*Fd [dense], 1), Tc = clamp(2^21/V, 1, T)
 // Every tensor is padded to 64 bytes in the arena, so the real arena exceeds this by less than
 // 64 bytes per tensor (tests/model/memory_test.cpp checks the bound).
 namespace {
 
-double layer_bytes(const ModelConfig& c, double T, double a, bool bf16, bool moe) {
+double layer_bytes(const ModelConfig& c, double T, double a, bool bf16, bool moe, double ep, double Rx) {
   const double D = static_cast<double>(c.d_model), H = static_cast<double>(c.n_heads),
                G = static_cast<double>(c.n_kv_heads), hd = static_cast<double>(c.hd());
   const double Ha = H * hd, Ga = G * hd, cb = 4;
@@ -47,7 +53,8 @@ double layer_bytes(const ModelConfig& c, double T, double a, bool bf16, bool moe
   if (moe) {
     const double E = static_cast<double>(c.num_experts), K = static_cast<double>(c.top_k), R = T * K,
                  F = static_cast<double>(c.expert_hidden);
-    b += 2 * cb * T * E + 4 * T * K + cb * T * K + 4 * E + 4 * (E + 1) + 8 * R + 2 * a * R * D + 3 * a * R * F;
+    b += 2 * cb * T * E + 4 * T * K + cb * T * K + 4 * E + 4 * (E + 1) + 8 * R + 2 * a * R * D + 3 * a * Rx * F;
+    if (ep > 1) b += a * Rx * D + 4 * (E / ep + 1);
   }
   return b;
 }
@@ -55,7 +62,7 @@ double layer_bytes(const ModelConfig& c, double T, double a, bool bf16, bool moe
 }  // namespace
 
 MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
-                               bool recompute) {
+                               bool recompute, int64_t ep, double capacity_factor) {
   MemoryEstimate m;
   const double N = static_cast<double>(c.num_params());
   m.params = 4 * N;
@@ -71,36 +78,43 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_
   const double Ha = H * hd, Ga = G * hd, V = static_cast<double>(c.vocab_size);
   const double E = static_cast<double>(c.num_experts), K = static_cast<double>(c.top_k), R = T * K;
   const bool any_moe = c.num_moe_layers() > 0, any_dense = c.n_dense_layers > 0;
+  const double epd = static_cast<double>(ep);
+  const double Rx = ep > 1 ? static_cast<double>(expert_rows_bound(Ti, c.top_k, c.num_experts, ep, capacity_factor)) : R;
 
   double layers = 0;
   if (recompute) {
-    layers = layer_bytes(c, T, a, bf16, any_moe);
-    if (any_moe && any_dense) layers += layer_bytes(c, T, a, bf16, false);
+    layers = layer_bytes(c, T, a, bf16, any_moe, epd, Rx);
+    if (any_moe && any_dense) layers += layer_bytes(c, T, a, bf16, false, epd, Rx);
   } else {
-    for (int64_t l = 0; l < c.n_layers; ++l) layers += layer_bytes(c, T, a, bf16, c.is_moe_layer(l));
+    for (int64_t l = 0; l < c.n_layers; ++l) layers += layer_bytes(c, T, a, bf16, c.is_moe_layer(l), epd, Rx);
   }
   const double kept = cb * T * D * static_cast<double>(c.n_layers + 1) + cb * T + cb * T * D + (bf16 ? a * T * D : 0);
 
   const double Tc = static_cast<double>(std::clamp<int64_t>((int64_t{1} << 21) / std::max<int64_t>(c.vocab_size, 1), 1, Ti));
   double W = 0;
-  if (any_moe) W = std::max({W, R * static_cast<double>(c.expert_hidden), T * static_cast<double>(c.shared_hidden)});
+  if (any_moe) W = std::max({W, Rx * static_cast<double>(c.expert_hidden), T * static_cast<double>(c.shared_hidden)});
   if (any_dense) W = std::max(W, T * static_cast<double>(c.dense_width()));
   W = std::max(W, 1.0);
   double scratch = cb * T * D * 6 + cb * T * (2 * Ha + 2 * Ga) + cb * T * (Ha + Ga) + cb * W * (bf16 ? 6 : 4);
-  if (any_moe) scratch += cb * R * D * (bf16 ? 3 : 2) + cb * T * K + 2 * cb * T * E + cb * E;
+  if (any_moe) {
+    scratch += cb * R * D + cb * Rx * D + cb * T * K + 2 * cb * T * E + cb * E;  // dys, dxs, ...
+    if (bf16 || ep > 1) scratch += cb * Rx * D;                                // fys
+    if (ep > 1) scratch += a * Rx * D + cb * Rx * D;                           // dyr, dxs2
+  }
   double dy = std::max({T * D, T * Ha, Tc * V, W});
-  if (any_moe) dy = std::max(dy, R * D);
+  if (any_moe) dy = std::max(dy, std::max(R, Rx) * D);
   scratch += a * dy + cb * T * D + cb * Tc * (V + 2);
 
   m.activations = layers + kept + scratch;
-  m.act_per_layer_token = layer_bytes(c, T, a, bf16, any_moe) / T;
+  m.act_per_layer_token = layer_bytes(c, T, a, bf16, any_moe, epd, Rx) / T;
   m.act_shared = kept + scratch;
   return m;
 }
 
 MemoryEstimate estimate_memory(const Config& config) {
   return estimate_memory(config.model, config.train.micro_batch_size, config.train.seq_len,
-                         config.train.precision == "bf16", config.train.recompute);
+                         config.train.precision == "bf16", config.train.recompute, config.parallel.ep,
+                         config.parallel.ep_capacity_factor);
 }
 
 std::string format_memory(const MemoryEstimate& m) {

@@ -21,9 +21,11 @@ struct MemoryEstimate {
   double total() const { return params + operand_copies + grads + optimizer + router_bias + activations; }
 };
 
-// micro_batch sequences of seq_len tokens per forward/backward; bf16 = GEMM operands in bf16.
+// micro_batch sequences of seq_len tokens per forward/backward; bf16 = GEMM operands in bf16;
+// ep > 1: expert parallelism (buffers for the rows this rank's experts may receive, bounded by
+// the capacity factor when > 0). Parameters are counted for the whole model.
 MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
-                               bool recompute);
+                               bool recompute, int64_t ep = 1, double capacity_factor = 0);
 MemoryEstimate estimate_memory(const Config& config);
 // Human-readable lines ("# memory ..."), bytes and GiB.
 std::string format_memory(const MemoryEstimate& m);

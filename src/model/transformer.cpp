@@ -14,14 +14,29 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
     : cfg_(config), loss_(loss), ops_(ops), layout_(config, o.shard, o.dense_chunks, o.expert_chunks), recompute_(o.recompute), seed_(o.seed) {
   cfg_.validate();
   const ModelShard& shard = layout_.shard();
-  MOE_CHECK(shard.first_stage() && shard.last_stage(cfg_) && shard.num_local_experts == cfg_.num_experts,
-            "this build of the transformer runs the whole model only (no pipeline stages or expert shards)");
+  // Layer ranges belong to pipeline parallelism, not built here yet.
+  MOE_CHECK(shard.first_stage() && shard.last_stage(cfg_),
+            "this build of the transformer runs all layers only (pipeline stages are not supported yet)");
+  const int64_t ep = o.ep ? o.ep->size() : 1;
+  MOE_CHECK(shard.num_local_experts * ep == cfg_.num_experts && (ep == 1 || shard.expert_begin == o.ep->rank() * shard.num_local_experts),
+            "expert shard [", shard.expert_begin, ", ", shard.expert_begin + shard.num_local_experts,
+            ") does not match EP rank ", o.ep ? o.ep->rank() : 0, " of ", ep, " over ", cfg_.num_experts, " experts");
   MOE_CHECK(o.compute == DType::kF32 || o.compute == DType::kF64, "compute dtype must be f32 or f64");
   MOE_CHECK(!(o.bf16_operands && o.compute != DType::kF32), "bf16 operands need f32 compute");
   dims_.B = o.batch;
   dims_.S = o.seq_len;
   dims_.T = o.batch * o.seq_len;
   dims_.R = dims_.T * cfg_.top_k;
+  dims_.ep = ep;
+  dims_.El = shard.num_local_experts;
+  dims_.Rx = ep > 1 ? expert_rows_bound(dims_.T, cfg_.top_k, cfg_.num_experts, ep, o.ep_capacity_factor) : dims_.R;
+  exchange_counts_.assign(static_cast<size_t>(cfg_.num_moe_layers()), ExpertExchangeCounts{});
+  if (ep > 1) {
+    exchange_ = std::make_unique<ExpertExchange>(*o.ep, ops, cfg_.num_experts,
+                                                 expert_capacity(dims_.T, cfg_.top_k, o.ep_capacity_factor));
+    plans_.resize(static_cast<size_t>(cfg_.num_moe_layers()));
+  }
+  reset_exchange_counts();
   dims_.cdt = o.compute;
   dims_.adt = o.bf16_operands ? DType::kBF16 : o.compute;
   moe_index_base_ = cfg_.n_dense_layers;
@@ -83,8 +98,16 @@ double Transformer::activation_bytes_per_token() const {
       add(*t);
     add(a.ffn.h);
     if (a.ffn.h_act.data != a.ffn.h.data) add(a.ffn.h_act);
+    if (a.ffn.xr_act.data != a.ffn.xs_act.data) add(a.ffn.xr_act);
   }
   return static_cast<double>(bytes) / static_cast<double>(dims_.T);
+}
+
+void Transformer::reset_exchange_counts() {
+  for (ExpertExchangeCounts& c : exchange_counts_) {
+    c = ExpertExchangeCounts{};
+    c.received_per_rank.assign(static_cast<size_t>(dims_.ep), 0);
+  }
 }
 
 void Transformer::init_params(uint64_t seed) {
@@ -219,7 +242,11 @@ void Transformer::forward_backward(const Tensor& ids, const Tensor& labels, cons
   phase.reset();
   ops_.rmsnorm_bwd(s.dtmp, resid_.back(), params_.final_norm, rstd_final_, s.dx, grads_.final_norm);
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
-    if (recompute_) layer_forward(l, acts(l), sc.token_base);
+    if (recompute_) {
+      recomputing_ = true;
+      layer_forward(l, acts(l), sc.token_base);
+      recomputing_ = false;
+    }
     layer_backward(l, acts(l), sc, stats);
   }
   ops_.embedding_bwd(ids.view({T}), s.dx, grads_.embed);

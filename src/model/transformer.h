@@ -15,6 +15,7 @@
 #include "kernels/ops.h"
 #include "model/activations.h"
 #include "model/params.h"
+#include "moe/expert_exchange.h"
 
 namespace moe {
 
@@ -47,6 +48,18 @@ struct ModelOptions {
   ModelShard shard;             // the layers and experts this rank holds (default: all)
   int64_t dense_chunks = 1;     // ZeRO-1: the flat regions split into this many equal chunks
   int64_t expert_chunks = 1;
+  // Expert parallelism: the EP group (not owned; nullptr or size 1 = no EP). Its rank r must
+  // hold experts [r*E/ep, (r+1)*E/ep) (shard.expert_begin, shard.num_local_experts).
+  Communicator* ep = nullptr;
+  double ep_capacity_factor = 0;  // 0 = dropless (see parallel.ep_capacity_factor)
+};
+
+// Expert-parallel exchange counters of one MoE layer, summed over the forwards since the last
+// reset (recompute re-runs are not counted).
+struct ExpertExchangeCounts {
+  int64_t rows_routed = 0, rows_dropped = 0;  // over this rank's EP group
+  int64_t rows_sent_off_rank = 0;             // this rank's rows sent to other ranks (each way)
+  std::vector<int64_t> received_per_rank;     // (ep) rows each EP rank's experts computed
 };
 
 class Transformer {
@@ -88,8 +101,16 @@ class Transformer {
 
   // The expert choice (T,K) of MoE layer l in the last forward (tests check no choice flips).
   const Tensor& expert_choice(int64_t l) { return acts(l).ffn.expert_idx; }
+  // The expert outputs (T*K,D) of MoE layer l in the last forward, in the plan's expert-major
+  // order (with EP: as returned to this rank; rows the capacity dropped are zero).
+  const Tensor& expert_outputs(int64_t l) { return acts(l).ffn.ys; }
   // The router scores (T,E) of MoE layer l in the last forward.
   const Tensor& router_scores(int64_t l) { return acts(l).ffn.scores; }
+  // Expert parallelism: the exchange counters per MoE layer, and their reset.
+  const std::vector<ExpertExchangeCounts>& exchange_counts() const { return exchange_counts_; }
+  void reset_exchange_counts();
+  int64_t ep_size() const { return dims_.ep; }
+  const ExpertExchange* exchange() const { return exchange_.get(); }  // nullptr without EP
   // Bytes of saved activations per token (all layers), for the report.
   double activation_bytes_per_token() const;
   // Bytes of the one activation arena (saved activations + shared scratch, 64-byte padded);
@@ -147,6 +168,13 @@ class Transformer {
   Scratch scratch_;
   Tensor rstd_final_, xf_, xf_act_;  // (T), (T,D), (T,D) final norm
   Tensor doc_start_;                  // (B,S) i32 document starts, or empty (plain causal)
+
+  // Expert parallelism (ep > 1): the exchange, its plan per MoE layer (kept from forward for
+  // backward), counters; recomputing_ marks the backward's forward re-runs.
+  std::unique_ptr<ExpertExchange> exchange_;
+  std::vector<ExchangePlan> plans_;
+  std::vector<ExpertExchangeCounts> exchange_counts_;
+  bool recomputing_ = false;
 };
 
 }  // namespace moe

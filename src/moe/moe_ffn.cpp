@@ -4,6 +4,9 @@
 //   plan: stable counting sort of the T*K (token, slot) pairs by expert -> offsets, positions
 //   xs = h rows in expert-major order; ys = grouped SwiGLU experts over xs (row tiles per expert)
 //   y = sum_j w_tj * ys[pos(t,j)]  (+ shared expert: sum, or v1 u/(K+1) + r*K/(K+1))
+// Expert parallelism (moe/expert_exchange.h): after the gather, rows move to the ranks holding
+// their experts and the outputs come back before the combine; backward moves the gradients the
+// same two ways. Routing, the plan, the combine and the router losses stay on the tokens' rank.
 // Backward mirrors it and injects the load-balancing and router z-loss gradients into the
 // router, weighted by this micro-batch's share of the step's tokens.
 #include <optional>
@@ -46,21 +49,45 @@ void Transformer::moe_forward(int64_t l, const Tensor& x_in, FfnActs& a, const T
 
   // Routed experts over the permuted rows.
   ops_.moe_gather(h_act, a.sorted_slot, a.xs_act);
+  // Expert parallelism: rows travel to the ranks of their experts, arriving grouped by local
+  // expert (then source rank); a.recv_offsets are the grouped GEMM's offsets over them.
+  int64_t rows = dims_.R;
+  if (exchange_) {
+    ExchangePlan& plan = plans_[static_cast<size_t>(m)];
+    exchange_->make_plan(a.counts, plan, a.recv_offsets);
+    exchange_->send_to_experts(plan, a.xs_act, a.xr_act);
+    rows = plan.rows_received;
+    if (!recomputing_) {
+      ExpertExchangeCounts& c = exchange_counts_[static_cast<size_t>(m)];
+      c.rows_routed += plan.rows_routed;
+      c.rows_dropped += plan.rows_dropped;
+      c.rows_sent_off_rank += plan.rows_sent_off_rank;
+      for (size_t r = 0; r < c.received_per_rank.size(); ++r) c.received_per_rank[r] += plan.received_per_rank[r];
+    }
+  }
   phase.reset();
   phase.emplace(Phase::kExpertGemm);
   // bf16 mode computes in fp32 scratch and saves bf16 copies (as in swiglu_mlp_forward).
-  const int64_t R = a.eg.dim(0), F = a.eg.dim(1), D = cfg_.d_model;
-  Tensor eg = bf16 ? rows_view(scratch_.fg, R, F) : a.eg, eu = bf16 ? rows_view(scratch_.fu, R, F) : a.eu;
-  ops_.grouped_linear_fwd(a.xs_act, Wc.exp_gate, a.offsets, eg);
-  ops_.grouped_linear_fwd(a.xs_act, Wc.exp_up, a.offsets, eu);
-  Tensor act = bf16 ? rows_view(scratch_.ftmp, R, F) : a.ea_act;
+  const int64_t F = a.eg.dim(1);
+  const Tensor xr = a.xr_act.slice(0, rows);
+  Tensor eg = bf16 ? rows_view(scratch_.fg, rows, F) : a.eg.slice(0, rows);
+  Tensor eu = bf16 ? rows_view(scratch_.fu, rows, F) : a.eu.slice(0, rows);
+  ops_.grouped_linear_fwd(xr, Wc.exp_gate, a.recv_offsets, eg);
+  ops_.grouped_linear_fwd(xr, Wc.exp_up, a.recv_offsets, eu);
+  Tensor act = bf16 ? rows_view(scratch_.ftmp, rows, F) : a.ea_act.slice(0, rows);
   ops_.swiglu_fwd(eg, eu, act);
   Tensor ea_act = operand(act, a.ea_act);
-  Tensor ys = bf16 ? scratch_.fys.view({R, D}) : a.ys;
-  ops_.grouped_linear_fwd(ea_act, Wc.exp_down, a.offsets, ys);
+  // With EP the outputs go back in the compute dtype: the combine reads that dtype.
+  Tensor ys = bf16 || exchange_ ? scratch_.fys.slice(0, rows) : a.ys;
+  ops_.grouped_linear_fwd(ea_act, Wc.exp_down, a.recv_offsets, ys);
   if (bf16) {
-    ops_.convert(eg, a.eg);
-    ops_.convert(eu, a.eu);
+    ops_.convert(eg, a.eg.slice(0, rows));
+    ops_.convert(eu, a.eu.slice(0, rows));
+  }
+  if (exchange_) {  // back to the tokens' rank, into their local expert-major rows
+    Tensor returned = bf16 ? scratch_.dys : a.ys;  // dys is free during the forward
+    exchange_->return_to_sources(plans_[static_cast<size_t>(m)], ys, returned);
+    ys = returned;
   }
 
   Tensor y = cfg_.norm_placement == "peri" ? a.out : x_out;
@@ -122,25 +149,42 @@ void Transformer::moe_backward(int64_t l, const Tensor& x_in, FfnActs& a, const 
   ops_.moe_combine_bwd(droute, a.ys, a.slot_pos, a.weights, s.dys, s.dweights);
   phase.reset();
   phase.emplace(Phase::kExpertGemm);
-  const int64_t R = a.eg.dim(0), F = a.eg.dim(1);
-  Tensor da = rows_view(s.da, R, F), dg = rows_view(s.dg, R, F), du = rows_view(s.du, R, F);
+  // Mirror of the forward exchange: output gradients (operand dtype) go to the experts' ranks,
+  // input gradients (compute dtype, gate + up summed first: one message) come back.
   Tensor g = operand_grad(s.dys);
-  ops_.grouped_linear_bwd_data(g, Wc.exp_down, a.offsets, da);
-  ops_.grouped_linear_bwd_weight(g, a.ea_act, a.offsets, dW.exp_down);
-  ops_.swiglu_bwd(da, a.eg, a.eu, dg, du);
+  int64_t rows = dims_.R;
+  if (exchange_) {
+    const ExchangePlan& plan = plans_[static_cast<size_t>(m)];
+    exchange_->send_to_experts(plan, g, s.dyr);
+    rows = plan.rows_received;
+    g = s.dyr.slice(0, rows);
+  }
+  const int64_t F = a.eg.dim(1);
+  Tensor da = rows_view(s.da, rows, F), dg = rows_view(s.dg, rows, F), du = rows_view(s.du, rows, F);
+  const Tensor xr = a.xr_act.slice(0, rows), dxs = s.dxs.slice(0, rows);
+  ops_.grouped_linear_bwd_data(g, Wc.exp_down, a.recv_offsets, da);
+  ops_.grouped_linear_bwd_weight(g, a.ea_act.slice(0, rows), a.recv_offsets, dW.exp_down);
+  ops_.swiglu_bwd(da, a.eg.slice(0, rows), a.eu.slice(0, rows), dg, du);
   g = operand_grad(dg);
-  ops_.grouped_linear_bwd_data(g, Wc.exp_gate, a.offsets, s.dxs);
-  ops_.grouped_linear_bwd_weight(g, a.xs_act, a.offsets, dW.exp_gate);
-  {
+  ops_.grouped_linear_bwd_data(g, Wc.exp_gate, a.recv_offsets, dxs);
+  ops_.grouped_linear_bwd_weight(g, xr, a.recv_offsets, dW.exp_gate);
+  if (!exchange_) {
     PhaseScope permute(Phase::kPermute);
-    ops_.moe_gather_bwd(s.dxs, a.slot_pos, s.dh);
+    ops_.moe_gather_bwd(dxs, a.slot_pos, s.dh);
   }
   g = operand_grad(du);
-  ops_.grouped_linear_bwd_data(g, Wc.exp_up, a.offsets, s.dxs);
-  ops_.grouped_linear_bwd_weight(g, a.xs_act, a.offsets, dW.exp_up);
+  const Tensor dxs_up = exchange_ ? s.dxs2.slice(0, rows) : dxs;
+  ops_.grouped_linear_bwd_data(g, Wc.exp_up, a.recv_offsets, dxs_up);
+  ops_.grouped_linear_bwd_weight(g, xr, a.recv_offsets, dW.exp_up);
+  Tensor dxs_local = dxs;
+  if (exchange_) {
+    ops_.axpy(1.0, dxs_up, dxs);
+    exchange_->return_to_sources(plans_[static_cast<size_t>(m)], dxs, s.dys);  // dys was sent: free
+    dxs_local = s.dys;
+  }
   phase.reset();
   phase.emplace(Phase::kPermute);
-  ops_.moe_gather_bwd(s.dxs, a.slot_pos, s.dh);
+  ops_.moe_gather_bwd(dxs_local, a.slot_pos, s.dh);
 
   // Router: combine weights, then the auxiliary losses (their values go to the step's stats).
   const int kind = cfg_.score_func == "sigmoid" ? 1 : 0;

@@ -46,7 +46,9 @@ class GradSync {
   // sqrt of the sum of squares of the whole model's gradient, counted once per shard.
   // grad_flat must already be reduced. Same value on every rank.
   double global_grad_norm(Backend& ops, const Tensor& grad_flat);
-  // Sum the step's loss terms, expert counts and router probabilities over dp and pp.
+  // Sum the step's loss terms, expert counts and router probabilities over dp and pp. Under
+  // expert parallelism routing and these statistics stay on the tokens' rank, and dp contains
+  // the EP group, so every token counts once and every rank gets the same bias update.
   void reduce_stats(StepStats& stats);
   // Sum of an integer over the dp group (e.g. the global batch's loss tokens).
   int64_t sum_over_dp(int64_t value);

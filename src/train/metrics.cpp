@@ -141,6 +141,10 @@ nlohmann::json step_record(const StepResult& r, const StepTiming& timing, double
   }
   j["max_load"] = max_load;
   j["load_cv"] = cv;
+  if (!r.ep_drop_fraction.empty()) {  // expert parallelism, per MoE layer
+    j["ep_drop_fraction"] = r.ep_drop_fraction;
+    j["ep_rows_received"] = r.ep_rows_received;
+  }
   if (with_vectors) {
     j["f"] = r.counts;
     j["P"] = r.mean_prob;

@@ -32,6 +32,8 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
       o.dense_chunks = layout.dp;
       o.expert_chunks = layout.edp();
     }
+    o.ep = groups_->ep.get();
+    o.ep_capacity_factor = config_.parallel.ep_capacity_factor;
   }
   model_ = std::make_unique<Transformer>(config_.model, config_.loss, o, ops_);
   model_->init_params(config_.train.seed);
@@ -108,6 +110,7 @@ StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, c
 
   model_->zero_grads();
   model_->zero_stats(stats_);
+  model_->reset_exchange_counts();
   const int64_t mbs = tc.micro_batch_size, num_micro = local / mbs, global_micro = tc.batch_size / mbs;
   for (int64_t m = 0; m < num_micro; ++m) {
     const int64_t g = sync_->dp_rank() * num_micro + m;  // index in the global batch
@@ -138,12 +141,36 @@ StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, c
     r.mean_prob.push_back(std::move(probs));
   }
   r.total = total_loss(config_.loss, r);
+  if (model_->ep_size() > 1) expert_parallel_stats(r);
 
   PhaseScope phase(Phase::kOptimizer);  // grad norm
   r.grad_norm = sync_->global_grad_norm(ops_, model_->grads().flat);
   r.finite = std::isfinite(r.total) && std::isfinite(r.grad_norm);
   if (!r.finite) r.nonfinite_tensor = first_nonfinite_grad();
   return r;
+}
+
+void Trainer::expert_parallel_stats(StepResult& r) {
+  // Each EP group counted its own exchanges; the EP groups of a stage are the edp indices, so a
+  // sum over the edp group gives the whole stage's rows (same on every rank).
+  const auto& counts = model_->exchange_counts();
+  const size_t ep = static_cast<size_t>(model_->ep_size());
+  std::vector<double> v;
+  for (const ExpertExchangeCounts& c : counts) {
+    v.push_back(static_cast<double>(c.rows_routed));
+    v.push_back(static_cast<double>(c.rows_dropped));
+    for (int64_t x : c.received_per_rank) v.push_back(static_cast<double>(x));
+  }
+  if (groups_->edp->size() > 1) {
+    PhaseScope phase(Phase::kCommunication);
+    groups_->edp->all_reduce_sum(v.data(), v.size(), DType::kF64);
+  }
+  for (size_t m = 0; m < counts.size(); ++m) {
+    const double* x = v.data() + m * (2 + ep);
+    r.ep_drop_fraction.push_back(x[0] > 0 ? x[1] / x[0] : 0.0);
+    r.ep_rows_received.emplace_back();
+    for (size_t i = 0; i < ep; ++i) r.ep_rows_received.back().push_back(static_cast<int64_t>(x[2 + i]));
+  }
 }
 
 void Trainer::apply_update(StepResult& r) {

@@ -23,6 +23,11 @@ struct StepResult {
   std::vector<std::vector<int32_t>> counts;    // per MoE layer, tokens per expert this step
   std::vector<std::vector<double>> mean_prob;  // per MoE layer, mean router probability per expert
                                                // (token-weighted over the step's micro-batches)
+  // Expert parallelism (parallel.ep > 1), per MoE layer over the step and all EP groups of the
+  // stage: the fraction of routed rows dropped by the capacity (0 when dropless), and the rows
+  // EP rank r's experts computed (summed over r's replicas).
+  std::vector<double> ep_drop_fraction;
+  std::vector<std::vector<int64_t>> ep_rows_received;
   double grad_norm = 0;     // before clipping
   double lr = 0;
   bool clipped = false;
@@ -56,7 +61,8 @@ class Trainer {
   // Name of the first parameter (ParamLayout order) whose gradient holds a NaN or Inf; "" if none.
   std::string first_nonfinite_grad();
   int64_t skipped_steps() const { return skipped_steps_; }
-  // Clipping, LR, AdamW, loss-free bias update, bf16 weight refresh.
+  // Clipping, LR, AdamW, loss-free bias update (with the counts summed over dp, which contains
+  // the EP group: every rank applies the same update), bf16 weight refresh.
   void apply_update(StepResult& r);
   int64_t steps_taken() const { return optim_->steps_taken(); }
   // Sequences of the global batch this rank feeds to step(): batch_size / dp.
@@ -72,6 +78,7 @@ class Trainer {
   std::unique_ptr<GradSync> sync_;
   StepStats stats_;
   int64_t skipped_steps_ = 0;
+  void expert_parallel_stats(StepResult& r);
 };
 
 // Total of the loss terms with the configured coefficients.

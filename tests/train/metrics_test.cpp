@@ -115,6 +115,12 @@ TEST(Metrics, StepRecordFields) {
   nlohmann::json v = step_record(r, {0.5, 10.0}, 1e9, 4.0, true);
   EXPECT_EQ(v["f"][1][0].get<int>(), 40);
   EXPECT_DOUBLE_EQ(v["P"][1][0].get<double>(), 0.7);
+  EXPECT_FALSE(j.contains("ep_drop_fraction"));  // expert parallelism only
+  r.ep_drop_fraction = {0.0, 0.125};
+  r.ep_rows_received = {{30, 34}, {40, 16}};
+  nlohmann::json e = step_record(r, {0.5, 10.0}, 1e9, 4.0, false);
+  EXPECT_DOUBLE_EQ(e["ep_drop_fraction"][1].get<double>(), 0.125);
+  EXPECT_EQ(e["ep_rows_received"][1][0].get<int>(), 40);
   r.total = std::nan("");
   r.skipped = true;
   r.nonfinite_tensor = "layers.0.attn.wq";
