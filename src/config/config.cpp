@@ -121,6 +121,7 @@ const std::vector<Field>& fields() {
     add("parallel", "dp", P(dp), 1, 65536, {}, "data-parallel replicas per pipeline stage");
     add("parallel", "ep", P(ep), 1, 65536, {}, "expert-parallel group size (divides dp and model.num_experts)");
     add("parallel", "pp", P(pp), 1, 4096, {}, "pipeline stages (at most model.n_layers)");
+    add("parallel", "stage_layers", P(stage_layers), 0, 0, {}, "layers per pipeline stage, comma-separated (\"\" = balanced)");
 #undef P
     return f;
   }();
@@ -388,6 +389,7 @@ void Config::validate() const {
     MOE_CHECK(data.eos_id >= 0, "data.intra_doc_mask = true needs data.eos_id (the document separator)");
   // The world size is only known at launch (checked there, src/parallel/layout.h).
   validate_layout(layout_from_config(parallel), -1, model.num_experts, model.n_layers);
+  configured_stage_layers(parallel, model.n_layers, 0);  // throws naming a bad parallel.stage_layers
 }
 
 void ModelConfig::validate() const {

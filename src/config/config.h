@@ -117,6 +117,8 @@ struct ParallelConfig {
   int64_t dp = 1;  // data-parallel replicas per pipeline stage
   int64_t ep = 1;  // expert-parallel group size (divides dp and num_experts)
   int64_t pp = 1;  // pipeline stages (at most n_layers)
+  // Layers per pipeline stage, comma-separated ("1,3"); "" = balanced (parallel/layout.h).
+  std::string stage_layers;
 };
 
 struct Config {

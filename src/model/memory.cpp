@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "model/params.h"
+
 namespace moe {
 
 // The closed form. N = num_params(), T = B*S tokens per micro-batch, R = T*K expert rows,
@@ -19,6 +21,8 @@ namespace moe {
 //   kept per model: residual stream c*T*D*(L+1); final norm c*T + c*T*D [+ a*T*D in bf16].
 //   layers planned: all L, or with recompute one (MoE-shaped if any MoE layer) plus one dense
 //     layer when the model has both kinds.
+//   A pipeline stage of L_s layers with P slots: residual stream c*T*D*(L_s+1)*P, its layers
+//     P times (recompute: once, by the stage's kinds), final norm only on the last stage.
 //   scratch (shared): c*T*D*6 + c*T*(2Ha + 2Ga) + c*T*(Ha+Ga) + c*W*(4 [+ 2 in bf16])
 //     + [MoE: c*R*D*(2 [+1 in bf16]) + c*T*K + 2c*T*E + c*E] + a*max(T*D, T*Ha, Tc*V, W [, R*D])
 //     + c*T*D + c*Tc*(V + 2),   W = max(R*F, T*Fs [MoE], T*Fd [dense], 1), Tc = clamp(2^21/V, 1, T)
@@ -56,8 +60,17 @@ double layer_bytes(const ModelConfig& c, double T, double a, bool bf16, bool moe
 
 MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
                                bool recompute) {
+  return estimate_stage_memory(c, micro_batch, seq_len, bf16, recompute, 0, c.n_layers, 1);
+}
+
+MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
+                                     bool recompute, int64_t layer_begin, int64_t layer_end, int64_t slots) {
   MemoryEstimate m;
-  const double N = static_cast<double>(c.num_params());
+  ModelShard shard;
+  shard.layer_begin = layer_begin;
+  shard.layer_end = layer_end;
+  const bool whole = layer_begin == 0 && layer_end == c.n_layers;
+  const double N = static_cast<double>(whole ? c.num_params() : ParamLayout(c, shard).total());
   m.params = 4 * N;
   m.operand_copies = bf16 ? 2 * N : 0;
   m.grads = 4 * N;
@@ -65,21 +78,23 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_
   m.router_bias = 4.0 * static_cast<double>(c.num_experts * c.num_moe_layers());
 
   const int64_t Ti = micro_batch * seq_len;
-  const double T = static_cast<double>(Ti), a = bf16 ? 2 : 4, cb = 4;
+  const double T = static_cast<double>(Ti), a = bf16 ? 2 : 4, cb = 4, P = static_cast<double>(slots);
   const double D = static_cast<double>(c.d_model), H = static_cast<double>(c.n_heads),
                G = static_cast<double>(c.n_kv_heads), hd = static_cast<double>(c.hd());
   const double Ha = H * hd, Ga = G * hd, V = static_cast<double>(c.vocab_size);
   const double E = static_cast<double>(c.num_experts), K = static_cast<double>(c.top_k), R = T * K;
   const bool any_moe = c.num_moe_layers() > 0, any_dense = c.n_dense_layers > 0;
+  const bool stage_moe = c.is_moe_layer(layer_end - 1), stage_dense = !c.is_moe_layer(layer_begin);
 
   double layers = 0;
   if (recompute) {
-    layers = layer_bytes(c, T, a, bf16, any_moe);
-    if (any_moe && any_dense) layers += layer_bytes(c, T, a, bf16, false);
+    layers = layer_bytes(c, T, a, bf16, stage_moe);
+    if (stage_moe && stage_dense) layers += layer_bytes(c, T, a, bf16, false);
   } else {
-    for (int64_t l = 0; l < c.n_layers; ++l) layers += layer_bytes(c, T, a, bf16, c.is_moe_layer(l));
+    for (int64_t l = layer_begin; l < layer_end; ++l) layers += P * layer_bytes(c, T, a, bf16, c.is_moe_layer(l));
   }
-  const double kept = cb * T * D * static_cast<double>(c.n_layers + 1) + cb * T + cb * T * D + (bf16 ? a * T * D : 0);
+  double kept = cb * T * D * static_cast<double>(layer_end - layer_begin + 1) * P;
+  if (layer_end == c.n_layers) kept += cb * T + cb * T * D + (bf16 ? a * T * D : 0);
 
   const double Tc = static_cast<double>(std::clamp<int64_t>((int64_t{1} << 21) / std::max<int64_t>(c.vocab_size, 1), 1, Ti));
   double W = 0;

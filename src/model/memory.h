@@ -25,6 +25,11 @@ struct MemoryEstimate {
 MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
                                bool recompute);
 MemoryEstimate estimate_memory(const Config& config);
+// One pipeline stage: layers [layer_begin, layer_end) with `slots` micro-batches of saved
+// activations (train/pipeline.h; scratch shared); weights, gradients and AdamW state count the
+// stage's parameters only (the first stage holds the embedding, the last final norm + LM head).
+MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
+                                     bool recompute, int64_t layer_begin, int64_t layer_end, int64_t slots);
 // Human-readable lines ("# memory ..."), bytes and GiB.
 std::string format_memory(const MemoryEstimate& m);
 

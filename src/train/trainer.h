@@ -12,6 +12,7 @@
 #include "optim/adamw.h"
 #include "parallel/grad_sync.h"
 #include "parallel/layout.h"
+#include "train/pipeline.h"
 
 namespace moe {
 
@@ -30,6 +31,7 @@ struct StepResult {
   bool finite = true;            // loss and grad norm finite
   std::string nonfinite_tensor;  // first parameter (layout order) with a NaN/Inf gradient, if any
   bool skipped = false;          // non-finite with train.on_nonfinite = "skip": no update applied
+  double pp_bubble_s = 0;        // seconds this rank blocked receiving pipeline activations/gradients
 };
 
 class Trainer {
@@ -62,6 +64,11 @@ class Trainer {
   // Sequences of the global batch this rank feeds to step(): batch_size / dp.
   int64_t local_batch() const;
   ProcessGroups* groups() { return groups_; }
+  // Forward only across the pipeline stages (validation): summed cross-entropy of one
+  // micro-batch (micro_batch_size, seq_len) added to out (1) f64, the same on every stage.
+  void forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out);
+  // This stage's forward/backward actions of the last step in execution order ("F0", "B0", ...).
+  const std::vector<std::string>& pipeline_schedule() const { return pipeline_->schedule_log(); }
 
  private:
   Config config_;
@@ -70,6 +77,7 @@ class Trainer {
   std::unique_ptr<AdamW> optim_;
   ProcessGroups* groups_;
   std::unique_ptr<GradSync> sync_;
+  std::unique_ptr<Pipeline> pipeline_;  // one stage without pipeline parallelism
   StepStats stats_;
   int64_t skipped_steps_ = 0;
 };
