@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "model/params.h"
+#include "parallel/layout.h"
 
 namespace moe {
 
@@ -114,8 +115,21 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
 }
 
 MemoryEstimate estimate_memory(const Config& config) {
-  return estimate_memory(config.model, config.train.micro_batch_size, config.train.seq_len,
-                         config.train.precision == "bf16", config.train.recompute);
+  const int64_t pp = config.parallel.pp;
+  if (pp == 1)
+    return estimate_memory(config.model, config.train.micro_batch_size, config.train.seq_len,
+                           config.train.precision == "bf16", config.train.recompute);
+  // Pipeline: the stage that needs the most (1F1B activation slots: min(pp - stage, micro-batches)).
+  const int64_t micro = config.train.batch_size / (config.train.micro_batch_size * config.parallel.dp);
+  MemoryEstimate most;
+  for (int64_t s = 0; s < pp; ++s) {
+    const auto [begin, end] = configured_stage_layers(config.parallel, config.model.n_layers, s);
+    const MemoryEstimate m = estimate_stage_memory(config.model, config.train.micro_batch_size, config.train.seq_len,
+                                                   config.train.precision == "bf16", config.train.recompute, begin,
+                                                   end, std::min(pp - s, micro));
+    if (m.total() > most.total()) most = m;
+  }
+  return most;
 }
 
 std::string format_memory(const MemoryEstimate& m) {

@@ -24,6 +24,7 @@ struct MemoryEstimate {
 // micro_batch sequences of seq_len tokens per forward/backward; bf16 = GEMM operands in bf16.
 MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
                                bool recompute);
+// With parallel.pp > 1: the pipeline stage that needs the most (see estimate_stage_memory).
 MemoryEstimate estimate_memory(const Config& config);
 // One pipeline stage: layers [layer_begin, layer_end) with `slots` micro-batches of saved
 // activations (train/pipeline.h; scratch shared); weights, gradients and AdamW state count the

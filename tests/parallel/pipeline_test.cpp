@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "data/token_file.h"
 #include "kernels/ops.h"
 #include "model/memory.h"
 #include "parallel/layout.h"
@@ -167,6 +168,22 @@ TEST(PipelineMemory, StageArenaEqualsClosedForm) {
       }
 }
 
+// `moecore config` with pp > 1 reports the stage that needs the most: with 8 micro-batches and
+// pp = 4 over 4 equal MoE layers, stage 0 (embedding + 4 activation slots) beats the last
+// (final norm, LM head, 1 slot).
+TEST(PipelineMemory, ConfigEstimateIsTheLargestStage) {
+  Config c = parity_config();
+  c.model.n_dense_layers = 0;
+  c.parallel.pp = 4;
+  const MemoryEstimate m = estimate_memory(c);
+  const int64_t T = c.train.seq_len;
+  const MemoryEstimate first = estimate_stage_memory(c.model, 1, T, false, false, 0, 1, 4);
+  const MemoryEstimate last = estimate_stage_memory(c.model, 1, T, false, false, 3, 4, 1);
+  EXPECT_EQ(m.total(), std::max(first.total(), last.total()));
+  EXPECT_GT(first.activations, last.activations);
+  EXPECT_LT(m.total(), estimate_memory(c.model, 1, T, false, false).total());
+}
+
 // The order each stage really executed, and stage 0's activations in flight, for M = 1, pp and
 // 2 pp + 1 micro-batches.
 TEST(PipelineSchedule, ExecutedOrderIsCanonical1F1B) {
@@ -251,6 +268,44 @@ TEST(PipelineParity, Pp2Dp2) {
   expect_parity(run_distributed(c, g, DType::kF64), run_single(c, DType::kF64), 1e-9);
 }
 
+// A micro-batch's forward and backward are far apart under 1F1B: each action must see its own
+// micro-batch's document mask and routing draws (random routing, recomputed in backward).
+TEST(PipelineParity, Pp2DocumentMaskAndRandomRoutingBitwise) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  Config c = parity_config();
+  c.parallel.pp = 2;
+  c.train.batch_size = 4;
+  c.train.steps = 3;
+  c.train.recompute = true;
+  c.model.routing = "random";
+  c.model.router_bias_gamma = 0;
+  c.data.eos_id = 5;
+  c.data.intra_doc_mask = true;
+  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
+  std::unique_ptr<Backend> ops = make_backend("ref");
+  Trainer staged(c, *ops, DType::kF64, &g);
+  Config single_config = c;
+  single_config.parallel = ParallelConfig{};
+  Trainer single(single_config, *ops, DType::kF64);
+  const int64_t B = c.train.batch_size, S = c.train.seq_len;
+  std::vector<int32_t> ids, labels, doc(static_cast<size_t>(B * S));
+  int64_t documents = 0;
+  for (int64_t step = 0; step < c.train.steps; ++step) {
+    parity_batch(c, step, ids, labels);
+    for (int64_t b = 0; b < B; ++b) {
+      ids[static_cast<size_t>(b * S + 3 + b)] = 5;  // a document boundary at a different place per row
+      document_starts(ids.data() + b * S, S, 5, doc.data() + b * S);
+    }
+    for (int32_t d : doc) documents += d > 0;
+    const Tensor tid(ids.data(), DType::kI32, {B, S}), tlab(labels.data(), DType::kI32, {B, S}),
+        tdoc(doc.data(), DType::kI32, {B, S});
+    const StepResult a = staged.step(tid, tlab, tdoc), b = single.step(tid, tlab, tdoc);
+    EXPECT_EQ(a.total, b.total) << "step " << step + 1;
+    EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step + 1;
+  }
+  EXPECT_GT(documents, 0);
+}
+
 // Validation across stages: the last stage's loss sum reaches every stage, equal to one process.
 TEST(PipelineParity, ForwardLossAcrossStages) {
   const int n = world().size();
@@ -288,6 +343,7 @@ TEST(PipelineBubble, MeasuredPerStep) {
     Config c = parity_config();
     c.model.d_model = 128;
     c.model.n_layers = 4;
+    c.model.n_dense_layers = 0;  // stages of equal work but for the embedding and LM head
     c.model.expert_hidden = 128;
     c.model.vocab_size = 512;
     c.train.seq_len = 64;
