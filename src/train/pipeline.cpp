@@ -9,7 +9,7 @@
 
 namespace moe {
 namespace {
-constexpr int kActivationTag = 101, kGradientTag = 102;
+constexpr int kActivationTag = 101, kGradientTag = 102, kFlushTag = 103;
 }  // namespace
 
 std::string PipelineAction::name() const {
@@ -107,6 +107,8 @@ void Pipeline::wait_sends() {
   PhaseScope phase(Phase::kCommunication);
   wait_all(act_sent_);
   wait_all(grad_sent_);
+  wait_all(flush_sent_);
+  flush_sent_.clear();
 }
 
 double Pipeline::run(const std::vector<MicroBatch>& micro, StepStats& stats) {
@@ -121,6 +123,17 @@ double Pipeline::run(const std::vector<MicroBatch>& micro, StepStats& stats) {
     if (a.forward) forward(mb, a.micro);
     else backward(mb, a.micro, stats);
     log_.push_back(a.name());
+  }
+  // Cool-down: stage 0's last backward ends the pipeline; the later stages finished earlier and
+  // their wait for it is bubble too (the step's next collective would wait as long), so they
+  // block on stage 0's end-of-step token here, where the wait is measured.
+  if (stages_ > 1) {
+    if (stage_ == 0) {
+      for (int64_t s = 1; s < stages_; ++s)
+        flush_sent_.push_back(pp_->isend(&flush_token_, 1, DType::kI32, static_cast<int>(s), kFlushTag));
+    } else {
+      receive(Tensor(&flush_token_, DType::kI32, {1}), 0, kFlushTag);
+    }
   }
   wait_sends();
   model_.set_document_starts(Tensor());

@@ -12,7 +12,9 @@
 // backward as (T,D) compute-dtype buffers with distinct tags. Sends are non-blocking from buffers
 // that stay untouched until their request completes (the slot's stage output; a per-slot copy
 // of the input gradient); receives block and land directly in the model's buffers. The time
-// blocked in receives is the pipeline bubble (plus any imbalance between stages).
+// blocked in receives is the pipeline bubble (plus any imbalance between stages): warm-up waits
+// for activations, steady-state waits for gradients, and the cool-down wait of stages 1.. for
+// stage 0's last backward (an end-of-step token from stage 0).
 #pragma once
 
 #include <cstdint>
@@ -71,6 +73,8 @@ class Pipeline {
   int64_t stages_ = 1, stage_ = 0;
   std::vector<OwnedTensor> grad_out_;  // per slot: d(stage input) while its send is in flight
   std::vector<Request> act_sent_, grad_sent_;  // per slot
+  std::vector<Request> flush_sent_;            // stage 0: end-of-step tokens to the other stages
+  int32_t flush_token_ = 0;
   std::vector<std::string> log_;
   double bubble_s_ = 0;
 };
