@@ -4,7 +4,9 @@
 //   or moe/moe_ffn.cpp)] x L -> final norm -> LM head + cross-entropy in row chunks
 //   -> backward of the same, in reverse, gradients accumulating into one flat buffer.
 // Auxiliary MoE losses are computed in each MoE layer's backward, where their gradients are
-// injected; their values land in StepStats.
+// injected; their values land in StepStats. A pipeline stage holds layers [layer_begin,
+// layer_end) of its ModelShard and runs the same code per slot (stage_forward/stage_backward);
+// the first stage adds the embedding, the last the final norm, LM head and loss.
 #pragma once
 
 #include <memory>
