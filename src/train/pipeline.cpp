@@ -66,7 +66,7 @@ void Pipeline::receive(const Tensor& t, int64_t from, int tag) {
 void Pipeline::forward(const MicroBatch& mb, int64_t m) {
   const int64_t slot = m % model_.pipeline_slots();
   if (stage_ > 0) receive(model_.stage_input(slot), stage_ - 1, kActivationTag);
-  {
+  if (stage_ < stages_ - 1) {
     PhaseScope phase(Phase::kCommunication);
     act_sent_[static_cast<size_t>(slot)].wait();  // the slot's output is about to be rewritten
   }
@@ -81,8 +81,8 @@ void Pipeline::forward(const MicroBatch& mb, int64_t m) {
 
 void Pipeline::backward(const MicroBatch& mb, int64_t m, StepStats& stats) {
   const auto slot = static_cast<size_t>(m % model_.pipeline_slots());
-  if (stage_ < stages_ - 1) receive(model_.stage_grad(), stage_ + 1, kGradientTag);
-  {
+  if (stage_ < stages_ - 1) {
+    receive(model_.stage_grad(), stage_ + 1, kGradientTag);
     // Recompute rewrites the stage output (same values); MPI forbids touching a buffer in flight.
     // The next stage already received it (its gradient just arrived), so this does not block.
     PhaseScope phase(Phase::kCommunication);
@@ -104,6 +104,7 @@ void Pipeline::backward(const MicroBatch& mb, int64_t m, StepStats& stats) {
 }
 
 void Pipeline::wait_sends() {
+  if (!pp_) return;
   PhaseScope phase(Phase::kCommunication);
   wait_all(act_sent_);
   wait_all(grad_sent_);

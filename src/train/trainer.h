@@ -1,5 +1,6 @@
-// One optimizer step: micro-batches with gradient accumulation, loss normalization over the
-// whole step, global grad-norm clipping, the LR schedule, AdamW, and loss-free bias updates.
+// One optimizer step: micro-batches with gradient accumulation (in 1F1B order across pipeline
+// stages, train/pipeline.h), loss normalization over the whole step, global grad-norm clipping,
+// the LR schedule, AdamW, and loss-free bias updates.
 #pragma once
 
 #include <memory>
