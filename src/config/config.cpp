@@ -125,6 +125,7 @@ const std::vector<Field>& fields() {
         "ZeRO-1: shard the Adam moments over the data-parallel group (experts: expert-data-parallel)");
     add("parallel", "ep_capacity_factor", P(ep_capacity_factor), 0, 1e6, {},
         "expert parallelism: rows each rank's experts keep per MoE layer = ceil(cf x top_k x local tokens), the tail dropped (0 = dropless)");
+    add("parallel", "stage_layers", P(stage_layers), 0, 0, {}, "layers per pipeline stage, comma-separated (\"\" = balanced)");
 #undef P
     return f;
   }();
@@ -392,6 +393,7 @@ void Config::validate() const {
     MOE_CHECK(data.eos_id >= 0, "data.intra_doc_mask = true needs data.eos_id (the document separator)");
   // The world size is only known at launch (checked there, src/parallel/layout.h).
   validate_layout(layout_from_config(parallel), -1, model.num_experts, model.n_layers);
+  configured_stage_layers(parallel, model.n_layers, 0);  // throws naming a bad parallel.stage_layers
 }
 
 void ModelConfig::validate() const {

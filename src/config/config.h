@@ -122,6 +122,8 @@ struct ParallelConfig {
   // rows per MoE layer and micro-batch, dropping the tail (local expert, then source rank
   // order). 0 = dropless.
   double ep_capacity_factor = 0;
+  // Layers per pipeline stage, comma-separated ("1,3"); "" = balanced (parallel/layout.h).
+  std::string stage_layers;
 };
 
 struct Config {

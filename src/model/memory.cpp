@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <sstream>
 
+#include "model/params.h"
 #include "moe/expert_exchange.h"
+#include "parallel/layout.h"
 
 namespace moe {
 
@@ -24,6 +26,8 @@ namespace moe {
 //   kept per model: residual stream c*T*D*(L+1); final norm c*T + c*T*D [+ a*T*D in bf16].
 //   layers planned: all L, or with recompute one (MoE-shaped if any MoE layer) plus one dense
 //     layer when the model has both kinds.
+//   A pipeline stage of L_s layers with P slots: residual stream c*T*D*(L_s+1)*P, its layers
+//     P times (recompute: once, by the stage's kinds), final norm only on the last stage.
 //   scratch (shared): c*T*D*6 + c*T*(2Ha + 2Ga) + c*T*(Ha+Ga) + c*W*(4 [+ 2 in bf16])
 //     + [MoE: c*R*D + c*Rx*D [+ c*Rx*D in bf16 or EP] [+ (a+c)*Rx*D with EP] + c*T*K + 2c*T*E + c*E]
 //     + a*max(T*D, T*Ha, Tc*V, W [, max(R,Rx)*D]) + c*T*D + c*Tc*(V + 2),
@@ -63,16 +67,33 @@ double layer_bytes(const ModelConfig& c, double T, double a, bool bf16, bool moe
 
 MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
                                bool recompute, int64_t ep, double capacity_factor) {
+  return estimate_stage_memory(c, micro_batch, seq_len, bf16, recompute, 0, c.n_layers, 1, ep, capacity_factor);
+}
+
+MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
+                                     bool recompute, int64_t layer_begin, int64_t layer_end, int64_t slots,
+                                     int64_t ep, double capacity_factor, int64_t zero1_dp) {
   MemoryEstimate m;
-  const double N = static_cast<double>(c.num_params());
+  ModelShard shard;
+  shard.layer_begin = layer_begin;
+  shard.layer_end = layer_end;
+  shard.num_local_experts = c.num_experts / ep;
+  const bool whole = layer_begin == 0 && layer_end == c.n_layers && ep == 1;
+  // A shard's parameters: its layers, its 1/ep of the experts (padding included).
+  const ParamLayout held(c, shard, zero1_dp, std::max<int64_t>(zero1_dp / ep, 1));
+  const double N = static_cast<double>(whole && zero1_dp == 1 ? c.num_params() : held.total());
   m.params = 4 * N;
   m.operand_copies = bf16 ? 2 * N : 0;
   m.grads = 4 * N;
-  m.optimizer = 8 * N;
+  // ZeRO-1: the moments of one dense chunk (1/dp) and one expert chunk (1/edp).
+  m.optimizer = zero1_dp > 1 ? 8.0 * (static_cast<double>(held.dense_end()) / static_cast<double>(zero1_dp) +
+                                      static_cast<double>(held.total() - held.dense_end()) /
+                                          static_cast<double>(std::max<int64_t>(zero1_dp / ep, 1)))
+                             : 8 * N;
   m.router_bias = 4.0 * static_cast<double>(c.num_experts * c.num_moe_layers());
 
   const int64_t Ti = micro_batch * seq_len;
-  const double T = static_cast<double>(Ti), a = bf16 ? 2 : 4, cb = 4;
+  const double T = static_cast<double>(Ti), a = bf16 ? 2 : 4, cb = 4, P = static_cast<double>(slots);
   const double D = static_cast<double>(c.d_model), H = static_cast<double>(c.n_heads),
                G = static_cast<double>(c.n_kv_heads), hd = static_cast<double>(c.hd());
   const double Ha = H * hd, Ga = G * hd, V = static_cast<double>(c.vocab_size);
@@ -80,15 +101,17 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_
   const bool any_moe = c.num_moe_layers() > 0, any_dense = c.n_dense_layers > 0;
   const double epd = static_cast<double>(ep);
   const double Rx = ep > 1 ? static_cast<double>(expert_rows_bound(Ti, c.top_k, c.num_experts, ep, capacity_factor)) : R;
+  const bool stage_moe = c.is_moe_layer(layer_end - 1), stage_dense = !c.is_moe_layer(layer_begin);
 
   double layers = 0;
   if (recompute) {
-    layers = layer_bytes(c, T, a, bf16, any_moe, epd, Rx);
-    if (any_moe && any_dense) layers += layer_bytes(c, T, a, bf16, false, epd, Rx);
+    layers = layer_bytes(c, T, a, bf16, stage_moe, epd, Rx);
+    if (stage_moe && stage_dense) layers += layer_bytes(c, T, a, bf16, false, epd, Rx);
   } else {
-    for (int64_t l = 0; l < c.n_layers; ++l) layers += layer_bytes(c, T, a, bf16, c.is_moe_layer(l), epd, Rx);
+    for (int64_t l = layer_begin; l < layer_end; ++l) layers += P * layer_bytes(c, T, a, bf16, c.is_moe_layer(l), epd, Rx);
   }
-  const double kept = cb * T * D * static_cast<double>(c.n_layers + 1) + cb * T + cb * T * D + (bf16 ? a * T * D : 0);
+  double kept = cb * T * D * static_cast<double>(layer_end - layer_begin + 1) * P;
+  if (layer_end == c.n_layers) kept += cb * T + cb * T * D + (bf16 ? a * T * D : 0);
 
   const double Tc = static_cast<double>(std::clamp<int64_t>((int64_t{1} << 21) / std::max<int64_t>(c.vocab_size, 1), 1, Ti));
   double W = 0;
@@ -112,9 +135,20 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_
 }
 
 MemoryEstimate estimate_memory(const Config& config) {
-  return estimate_memory(config.model, config.train.micro_batch_size, config.train.seq_len,
-                         config.train.precision == "bf16", config.train.recompute, config.parallel.ep,
-                         config.parallel.ep_capacity_factor);
+  const ParallelConfig& pc = config.parallel;
+  const int64_t pp = pc.pp, zero1_dp = pc.zero1 ? pc.dp : 1;
+  // Pipeline: the stage that needs the most (1F1B activation slots: min(pp - stage, micro-batches)).
+  const int64_t micro = config.train.batch_size / (config.train.micro_batch_size * pc.dp);
+  MemoryEstimate most;
+  for (int64_t s = 0; s < pp; ++s) {
+    const auto [begin, end] = configured_stage_layers(pc, config.model.n_layers, s);
+    const MemoryEstimate m = estimate_stage_memory(config.model, config.train.micro_batch_size, config.train.seq_len,
+                                                   config.train.precision == "bf16", config.train.recompute, begin,
+                                                   end, pp == 1 ? 1 : std::min(pp - s, micro), pc.ep,
+                                                   pc.ep_capacity_factor, zero1_dp);
+    if (m.total() > most.total()) most = m;
+  }
+  return most;
 }
 
 std::string format_memory(const MemoryEstimate& m) {

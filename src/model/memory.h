@@ -26,7 +26,15 @@ struct MemoryEstimate {
 // the capacity factor when > 0). Parameters are counted for the whole model.
 MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
                                bool recompute, int64_t ep = 1, double capacity_factor = 0);
+// With parallel.* : the rank that needs the most (pipeline stage, expert shard, ZeRO-1 chunk).
 MemoryEstimate estimate_memory(const Config& config);
+// One rank: pipeline stage layers [layer_begin, layer_end) with `slots` micro-batches of saved
+// activations (train/pipeline.h; scratch shared), 1/ep of the experts, and with zero1_dp > 1
+// the ZeRO-1 moments of one chunk; weights, gradients and AdamW state count what the rank holds
+// (the first stage holds the embedding, the last final norm + LM head).
+MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
+                                     bool recompute, int64_t layer_begin, int64_t layer_end, int64_t slots,
+                                     int64_t ep = 1, double capacity_factor = 0, int64_t zero1_dp = 1);
 // Human-readable lines ("# memory ..."), bytes and GiB.
 std::string format_memory(const MemoryEstimate& m);
 

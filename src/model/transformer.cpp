@@ -14,13 +14,13 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
     : cfg_(config), loss_(loss), ops_(ops), layout_(config, o.shard, o.dense_chunks, o.expert_chunks), recompute_(o.recompute), seed_(o.seed) {
   cfg_.validate();
   const ModelShard& shard = layout_.shard();
-  // Layer ranges belong to pipeline parallelism, not built here yet.
-  MOE_CHECK(shard.first_stage() && shard.last_stage(cfg_),
-            "this build of the transformer runs all layers only (pipeline stages are not supported yet)");
   const int64_t ep = o.ep ? o.ep->size() : 1;
   MOE_CHECK(shard.num_local_experts * ep == cfg_.num_experts && (ep == 1 || shard.expert_begin == o.ep->rank() * shard.num_local_experts),
             "expert shard [", shard.expert_begin, ", ", shard.expert_begin + shard.num_local_experts,
             ") does not match EP rank ", o.ep ? o.ep->rank() : 0, " of ", ep, " over ", cfg_.num_experts, " experts");
+  MOE_CHECK(o.pipeline_slots >= 1, "pipeline_slots = ", o.pipeline_slots, " must be at least 1");
+  layer_begin_ = shard.layer_begin;
+  layer_end_ = shard.layer_end;
   MOE_CHECK(o.compute == DType::kF32 || o.compute == DType::kF64, "compute dtype must be f32 or f64");
   MOE_CHECK(!(o.bf16_operands && o.compute != DType::kF32), "bf16 operands need f32 compute");
   dims_.B = o.batch;
@@ -34,7 +34,8 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
   if (ep > 1) {
     exchange_ = std::make_unique<ExpertExchange>(*o.ep, ops, cfg_.num_experts,
                                                  expert_capacity(dims_.T, cfg_.top_k, o.ep_capacity_factor));
-    plans_.resize(static_cast<size_t>(cfg_.num_moe_layers()));
+    // One plan per (activation slot, MoE layer): 1F1B keeps several micro-batches in flight.
+    plans_.assign(static_cast<size_t>(o.pipeline_slots), std::vector<ExchangePlan>(static_cast<size_t>(cfg_.num_moe_layers())));
   }
   reset_exchange_counts();
   dims_.cdt = o.compute;
@@ -58,26 +59,33 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
   head_chunk_ = std::clamp<int64_t>((int64_t{1} << 21) / std::max<int64_t>(cfg_.vocab_size, 1), 1, dims_.T);
 
   // Plan all activations twice: measure, then carve them out of one arena.
+  const int64_t n_local = layer_end_ - layer_begin_;
+  const bool stage_moe = cfg_.is_moe_layer(layer_end_ - 1), stage_dense = !cfg_.is_moe_layer(layer_begin_);
+  const auto slots = static_cast<size_t>(o.pipeline_slots);
   for (int pass = 0; pass < 2; ++pass) {
     Allocator alloc{pass == 0 ? nullptr : &arena_};
-    resid_.assign(static_cast<size_t>(cfg_.n_layers + 1), Tensor());
-    for (auto& r : resid_) r = alloc(dims_.cdt, {dims_.T, cfg_.d_model});
-    acts_.assign(recompute_ ? 1 : static_cast<size_t>(cfg_.n_layers), LayerActs());
-    // With recompute, the single shared LayerActs must fit the largest layer kind.
-    for (size_t i = 0; i < acts_.size(); ++i) {
-      int64_t layer = recompute_ ? (cfg_.num_moe_layers() > 0 ? cfg_.n_dense_layers : 0) : static_cast<int64_t>(i);
-      plan_layer(alloc, cfg_, dims_, layer, acts_[i]);
-    }
-    if (recompute_ && cfg_.n_dense_layers > 0 && cfg_.num_moe_layers() > 0) {
+    resid_.assign(slots, std::vector<Tensor>(static_cast<size_t>(n_local + 1)));
+    for (auto& slot : resid_)
+      for (auto& r : slot) r = alloc(dims_.cdt, {dims_.T, cfg_.d_model});
+    if (recompute_) {
+      // The single shared LayerActs must fit the stage's largest layer kind.
+      acts_.assign(1, std::vector<LayerActs>(1));
+      plan_layer(alloc, cfg_, dims_, stage_moe ? layer_end_ - 1 : layer_begin_, acts_[0][0]);
       // Dense layers reuse the MoE-shaped activations; their (T, dense_width) buffers come extra.
-      LayerActs dense;
-      plan_layer(alloc, cfg_, dims_, 0, dense);
-      acts_.push_back(dense);
+      recompute_dense_ = LayerActs();
+      if (stage_moe && stage_dense) plan_layer(alloc, cfg_, dims_, layer_begin_, recompute_dense_);
+    } else {
+      acts_.assign(slots, std::vector<LayerActs>(static_cast<size_t>(n_local)));
+      for (auto& slot : acts_)
+        for (int64_t l = layer_begin_; l < layer_end_; ++l)
+          plan_layer(alloc, cfg_, dims_, l, slot[static_cast<size_t>(l - layer_begin_)]);
     }
     plan_scratch(alloc, cfg_, dims_, head_chunk_, scratch_);
-    rstd_final_ = alloc(dims_.cdt, {dims_.T});
-    xf_ = alloc(dims_.cdt, {dims_.T, cfg_.d_model});
-    xf_act_ = dims_.adt != dims_.cdt ? alloc(dims_.adt, {dims_.T, cfg_.d_model}) : xf_;
+    if (last_stage()) {
+      rstd_final_ = alloc(dims_.cdt, {dims_.T});
+      xf_ = alloc(dims_.cdt, {dims_.T, cfg_.d_model});
+      xf_act_ = dims_.adt != dims_.cdt ? alloc(dims_.adt, {dims_.T, cfg_.d_model}) : xf_;
+    }
     if (pass == 0) arena_ = Arena(alloc.bytes);
   }
 }
@@ -86,8 +94,14 @@ double Transformer::activation_bytes_per_token() const {
   // Everything in the arena except the shared backward scratch is kept for backward.
   size_t bytes = 0;
   auto add = [&](const Tensor& t) { bytes += t.data ? t.nbytes() : 0; };
-  for (const auto& r : resid_) add(r);
-  for (const auto& a : acts_) {
+  std::vector<const LayerActs*> planned;
+  for (const auto& slot : resid_)
+    for (const auto& r : slot) add(r);
+  for (const auto& slot : acts_)
+    for (const auto& a : slot) planned.push_back(&a);
+  if (recompute_dense_.x_mid.data) planned.push_back(&recompute_dense_);
+  for (const LayerActs* ap : planned) {
+    const LayerActs& a = *ap;
     for (const Tensor* t : {&a.attn.rstd_in, &a.attn.h_act, &a.attn.q_lin, &a.attn.k_lin, &a.attn.rstd_q,
                             &a.attn.rstd_k, &a.attn.q, &a.attn.k, &a.attn.v, &a.attn.o, &a.attn.o_act,
                             &a.attn.lse, &a.attn.out, &a.attn.rstd_out, &a.x_mid, &a.ffn.rstd_in,
@@ -195,71 +209,94 @@ void Transformer::norm_input_backward(const Tensor& dh, const Tensor& x_in, cons
   ops_.axpy(1.0, scratch_.dtmp, scratch_.dx);
 }
 
-void Transformer::layer_forward(int64_t l, LayerActs& a, int64_t token_base) {
-  const Tensor& x_in = resid_[static_cast<size_t>(l)];
-  const Tensor& x_out = resid_[static_cast<size_t>(l + 1)];
+void Transformer::layer_forward(int64_t slot, int64_t l, int64_t token_base) {
+  LayerActs& a = acts(slot, l);
+  const std::vector<Tensor>& resid = resid_[static_cast<size_t>(slot)];
+  const Tensor& x_in = resid[static_cast<size_t>(l - layer_begin_)];
+  const Tensor& x_out = resid[static_cast<size_t>(l - layer_begin_ + 1)];
   attention_forward(l, x_in, a.attn, a.x_mid);
-  if (cfg_.is_moe_layer(l)) moe_forward(l, a.x_mid, a.ffn, x_out, token_base);
-  else dense_forward(l, a.x_mid, recompute_ && acts_.size() > 1 ? acts_.back().ffn : a.ffn, x_out);
+  if (cfg_.is_moe_layer(l)) moe_forward(slot, l, a.x_mid, a.ffn, x_out, token_base);
+  else dense_forward(l, a.x_mid, dense_ffn_acts(slot, l), x_out);
 }
 
-void Transformer::layer_backward(int64_t l, LayerActs& a, const MicroBatchScales& s, StepStats& stats) {
-  if (cfg_.is_moe_layer(l)) moe_backward(l, a.x_mid, a.ffn, s, stats);
-  else dense_backward(l, a.x_mid, recompute_ && acts_.size() > 1 ? acts_.back().ffn : a.ffn);
-  attention_backward(l, resid_[static_cast<size_t>(l)], a.attn);
+void Transformer::layer_backward(int64_t slot, int64_t l, const MicroBatchScales& s, StepStats& stats) {
+  LayerActs& a = acts(slot, l);
+  if (cfg_.is_moe_layer(l)) moe_backward(slot, l, a.x_mid, a.ffn, s, stats);
+  else dense_backward(l, a.x_mid, dense_ffn_acts(slot, l));
+  attention_backward(l, resid_[static_cast<size_t>(slot)][static_cast<size_t>(l - layer_begin_)], a.attn);
 }
 
-void Transformer::forward_blocks(const Tensor& ids, int64_t token_base) {
-  check_shape(ids, {dims_.B, dims_.S}, "ids");
-  ops_.embedding_fwd(ids.view({dims_.T}), params_.embed, resid_[0]);
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) layer_forward(l, acts(l), token_base);
-  ops_.rmsnorm_fwd(resid_.back(), params_.final_norm, cfg_.norm_eps, xf_, rstd_final_);
+void Transformer::stage_forward(int64_t slot, const Tensor& ids, int64_t token_base) {
+  MOE_CHECK(slot >= 0 && slot < pipeline_slots(), "activation slot ", slot, " of ", pipeline_slots());
+  if (first_stage()) {
+    check_shape(ids, {dims_.B, dims_.S}, "ids");
+    ops_.embedding_fwd(ids.view({dims_.T}), params_.embed, stage_input(slot));
+  }
+  for (int64_t l = layer_begin_; l < layer_end_; ++l) layer_forward(slot, l, token_base);
+}
+
+void Transformer::final_norm(int64_t slot) {
+  ops_.rmsnorm_fwd(stage_output(slot), params_.final_norm, cfg_.norm_eps, xf_, rstd_final_);
+}
+
+void Transformer::stage_backward(int64_t slot, const Tensor& ids, const Tensor& labels, const MicroBatchScales& sc,
+                                 StepStats& stats) {
+  Scratch& s = scratch_;
+  const int64_t T = dims_.T;
+  if (last_stage()) {
+    // The final norm runs here, not in stage_forward: one set of its buffers serves every slot.
+    check_shape(labels, {dims_.B, dims_.S}, "labels");
+    final_norm(slot);
+    Tensor xf_act = operand(xf_, xf_act_);
+    Tensor lab = labels.view({T});
+    std::optional<PhaseScope> phase(std::in_place, Phase::kLmHeadLoss);
+    // LM head + cross-entropy, forward and backward per row chunk: full logits never exist.
+    for (int64_t r0 = 0; r0 < T; r0 += head_chunk_) {
+      const int64_t r1 = std::min(T, r0 + head_chunk_), n = r1 - r0;
+      Tensor logits = s.logits.slice(0, n);
+      Tensor x_rows = xf_act.slice(r0, r1);
+      ops_.linear_fwd(x_rows, operands_.lm_head, logits, false);
+      Tensor row_ce = s.row_ce.slice(0, n), row_z = s.row_z.slice(0, n);
+      ops_.cross_entropy(logits, lab.slice(r0, r1), sc.ce_scale, loss_.lm_z_coef, logits, row_ce, row_z);
+      ops_.sum_to(row_ce, sc.ce_scale, stats.ce());
+      ops_.sum_to(row_z, sc.ce_scale, stats.lm_z());
+      Tensor g = operand_grad(logits);
+      ops_.linear_bwd_data(g, operands_.lm_head, s.dtmp.slice(r0, r1), false);
+      ops_.linear_bwd_weight(g, x_rows, grads_.lm_head);
+    }
+    phase.reset();
+    ops_.rmsnorm_bwd(s.dtmp, stage_output(slot), params_.final_norm, rstd_final_, s.dx, grads_.final_norm);
+  }
+  // Otherwise s.dx already holds the gradient of the stage output (received).
+  for (int64_t l = layer_end_ - 1; l >= layer_begin_; --l) {
+    if (recompute_) {
+      recomputing_ = true;  // the expert exchange counts each forward once
+      layer_forward(slot, l, sc.token_base);
+      recomputing_ = false;
+    }
+    layer_backward(slot, l, sc, stats);
+  }
+  if (first_stage()) ops_.embedding_bwd(ids.view({T}), s.dx, grads_.embed);
 }
 
 void Transformer::forward_backward(const Tensor& ids, const Tensor& labels, const MicroBatchScales& sc,
                                    StepStats& stats) {
-  check_shape(labels, {dims_.B, dims_.S}, "labels");
-  forward_blocks(ids, sc.token_base);
-  Scratch& s = scratch_;
-  const int64_t T = dims_.T;
-  Tensor xf_act = operand(xf_, xf_act_);
-  Tensor lab = labels.view({T});
-  std::optional<PhaseScope> phase(std::in_place, Phase::kLmHeadLoss);
-  // LM head + cross-entropy, forward and backward per row chunk: full logits never exist.
-  for (int64_t r0 = 0; r0 < T; r0 += head_chunk_) {
-    const int64_t r1 = std::min(T, r0 + head_chunk_), n = r1 - r0;
-    Tensor logits = s.logits.slice(0, n);
-    Tensor x_rows = xf_act.slice(r0, r1);
-    ops_.linear_fwd(x_rows, operands_.lm_head, logits, false);
-    Tensor row_ce = s.row_ce.slice(0, n), row_z = s.row_z.slice(0, n);
-    ops_.cross_entropy(logits, lab.slice(r0, r1), sc.ce_scale, loss_.lm_z_coef, logits, row_ce, row_z);
-    ops_.sum_to(row_ce, sc.ce_scale, stats.ce());
-    ops_.sum_to(row_z, sc.ce_scale, stats.lm_z());
-    Tensor g = operand_grad(logits);
-    ops_.linear_bwd_data(g, operands_.lm_head, s.dtmp.slice(r0, r1), false);
-    ops_.linear_bwd_weight(g, x_rows, grads_.lm_head);
-  }
-  phase.reset();
-  ops_.rmsnorm_bwd(s.dtmp, resid_.back(), params_.final_norm, rstd_final_, s.dx, grads_.final_norm);
-  for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
-    if (recompute_) {
-      recomputing_ = true;
-      layer_forward(l, acts(l), sc.token_base);
-      recomputing_ = false;
-    }
-    layer_backward(l, acts(l), sc, stats);
-  }
-  ops_.embedding_bwd(ids.view({T}), s.dx, grads_.embed);
+  MOE_CHECK(first_stage() && last_stage(), "forward_backward runs the whole model (a stage: stage_forward/backward)");
+  stage_forward(0, ids, sc.token_base);
+  stage_backward(0, ids, labels, sc, stats);
 }
 
 void Transformer::forward_logits(const Tensor& ids, const Tensor& logits) {
+  MOE_CHECK(first_stage() && last_stage(), "forward_logits runs the whole model only");
   check_shape(logits, {dims_.T, cfg_.vocab_size}, "logits");
-  forward_blocks(ids, 0);
+  stage_forward(0, ids, 0);
+  final_norm(0);
   ops_.linear_fwd(operand(xf_, xf_act_), operands_.lm_head, logits, false);
 }
 
-void Transformer::forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out) {
-  forward_blocks(ids, 0);
+void Transformer::stage_loss(int64_t slot, const Tensor& labels, const Tensor& out) {
+  MOE_CHECK(last_stage(), "stage_loss needs the last pipeline stage (final norm and LM head)");
+  final_norm(slot);
   Scratch& s = scratch_;
   const int64_t T = dims_.T;
   Tensor xf_act = operand(xf_, xf_act_);
@@ -271,6 +308,12 @@ void Transformer::forward_loss(const Tensor& ids, const Tensor& labels, const Te
     ops_.cross_entropy(logits, lab.slice(r0, r1), 1.0, 0.0, logits, s.row_ce.slice(0, n), s.row_z.slice(0, n));
     ops_.sum_to(s.row_ce.slice(0, n), 1.0, out);
   }
+}
+
+void Transformer::forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out) {
+  MOE_CHECK(first_stage() && last_stage(), "forward_loss runs the whole model (pipeline: Trainer::forward_loss)");
+  stage_forward(0, ids, 0);
+  stage_loss(0, labels, out);
 }
 
 }  // namespace moe

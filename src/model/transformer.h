@@ -4,7 +4,9 @@
 //   or moe/moe_ffn.cpp)] x L -> final norm -> LM head + cross-entropy in row chunks
 //   -> backward of the same, in reverse, gradients accumulating into one flat buffer.
 // Auxiliary MoE losses are computed in each MoE layer's backward, where their gradients are
-// injected; their values land in StepStats.
+// injected; their values land in StepStats. A pipeline stage holds layers [layer_begin,
+// layer_end) of its ModelShard and runs the same code per slot (stage_forward/stage_backward);
+// the first stage adds the embedding, the last the final norm, LM head and loss.
 #pragma once
 
 #include <memory>
@@ -52,6 +54,9 @@ struct ModelOptions {
   // hold experts [r*E/ep, (r+1)*E/ep) (shard.expert_begin, shard.num_local_experts).
   Communicator* ep = nullptr;
   double ep_capacity_factor = 0;  // 0 = dropless (see parallel.ep_capacity_factor)
+  // Micro-batches whose saved activations a pipeline stage holds at once (1F1B: min(pp - stage,
+  // micro-batches)); each slot is a residual stream + per-layer activations, scratch is shared.
+  int64_t pipeline_slots = 1;
 };
 
 // Expert-parallel exchange counters of one MoE layer, summed over the forwards since the last
@@ -88,24 +93,48 @@ class Transformer {
 
   // One micro-batch: ids and labels (B,S) i32 (label < 0: no loss). Accumulates parameter
   // gradients of the step's total loss and adds this micro-batch's loss terms to stats.
+  // = stage_forward(0, ...) + stage_backward(0, ...) on the whole model.
   void forward_backward(const Tensor& ids, const Tensor& labels, const MicroBatchScales& scales,
                         StepStats& stats);
+
+  // Pipeline stage API (the shard's layers [layer_begin, layer_end); train/pipeline.h runs the
+  // schedule). A slot holds one in-flight micro-batch's saved activations.
+  int64_t pipeline_slots() const { return static_cast<int64_t>(resid_.size()); }
+  bool first_stage() const { return layout_.shard().first_stage(); }
+  bool last_stage() const { return layout_.shard().last_stage(cfg_); }
+  // (T,D) compute dtype: a non-first stage receives the previous stage's output here.
+  const Tensor& stage_input(int64_t slot) const { return resid_[static_cast<size_t>(slot)].front(); }
+  // (T,D): the residual stream after the stage's last layer (a non-last stage sends it).
+  const Tensor& stage_output(int64_t slot) const { return resid_[static_cast<size_t>(slot)].back(); }
+  // (T,D) gradient of the residual stream: a non-last stage receives d(stage output) here before
+  // stage_backward; after stage_backward a non-first stage finds d(stage input) here (valid
+  // until the next backward).
+  const Tensor& stage_grad() const { return scratch_.dx; }
+  // Forward of the stage's layers (the first stage embeds ids; others read stage_input(slot)).
+  void stage_forward(int64_t slot, const Tensor& ids, int64_t token_base);
+  // Backward of the stage's layers, gradients accumulating. The last stage first runs final norm,
+  // LM head and loss (forward and backward, labels); the first stage ends with the embedding.
+  void stage_backward(int64_t slot, const Tensor& ids, const Tensor& labels, const MicroBatchScales& scales,
+                      StepStats& stats);
+  // Last stage, after stage_forward: summed cross-entropy over labeled positions added to out (1) f64.
+  void stage_loss(int64_t slot, const Tensor& labels, const Tensor& out);
   // Intra-document masking for the following forward/backward calls: (B,S) i32 document starts
   // of the micro-batch (a view the caller keeps alive), or an empty tensor for plain causal
   // attention (the default). See attention_fwd in kernels/op_list.inc.
   void set_document_starts(const Tensor& doc_start) { doc_start_ = doc_start; }
   // Forward only: full logits (B*S, V) in the compute dtype (tests, evaluation).
   void forward_logits(const Tensor& ids, const Tensor& logits);
-  // Forward only: summed cross-entropy over labeled positions into out (1) f64 (validation).
+  // Forward only: summed cross-entropy over labeled positions added to out (1) f64 (validation).
+  // Whole model only; Trainer::forward_loss runs it across pipeline stages.
   void forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out);
 
   // The expert choice (T,K) of MoE layer l in the last forward (tests check no choice flips).
-  const Tensor& expert_choice(int64_t l) { return acts(l).ffn.expert_idx; }
+  const Tensor& expert_choice(int64_t l) { return acts(0, l).ffn.expert_idx; }
   // The expert outputs (T*K,D) of MoE layer l in the last forward, in the plan's expert-major
   // order (with EP: as returned to this rank; rows the capacity dropped are zero).
-  const Tensor& expert_outputs(int64_t l) { return acts(l).ffn.ys; }
+  const Tensor& expert_outputs(int64_t l) { return acts(0, l).ffn.ys; }
   // The router scores (T,E) of MoE layer l in the last forward.
-  const Tensor& router_scores(int64_t l) { return acts(l).ffn.scores; }
+  const Tensor& router_scores(int64_t l) { return acts(0, l).ffn.scores; }
   // Expert parallelism: the exchange counters per MoE layer, and their reset.
   const std::vector<ExpertExchangeCounts>& exchange_counts() const { return exchange_counts_; }
   void reset_exchange_counts();
@@ -118,10 +147,17 @@ class Transformer {
   size_t activation_arena_bytes() const { return arena_.capacity(); }
 
  private:
-  void forward_blocks(const Tensor& ids, int64_t token_base);
-  void layer_forward(int64_t l, LayerActs& a, int64_t token_base);
-  void layer_backward(int64_t l, LayerActs& a, const MicroBatchScales& s, StepStats& stats);
-  LayerActs& acts(int64_t l) { return recompute_ ? acts_[0] : acts_[static_cast<size_t>(l)]; }
+  void final_norm(int64_t slot);
+  void layer_forward(int64_t slot, int64_t l, int64_t token_base);
+  void layer_backward(int64_t slot, int64_t l, const MicroBatchScales& s, StepStats& stats);
+  // Saved activations of layer l in a slot (with recompute: the one shared set).
+  LayerActs& acts(int64_t slot, int64_t l) {
+    return recompute_ ? acts_[0][0] : acts_[static_cast<size_t>(slot)][static_cast<size_t>(l - layer_begin_)];
+  }
+  // A dense layer's FFN activations (with recompute in a stage of both kinds: their own buffers).
+  FfnActs& dense_ffn_acts(int64_t slot, int64_t l) {
+    return recompute_dense_.x_mid.data ? recompute_dense_.ffn : acts(slot, l).ffn;
+  }
   // A GEMM operand view of x: x itself, or x converted into store (bf16 mode).
   Tensor operand(const Tensor& x, const Tensor& store);
   // The operand-dtype scratch for an upstream gradient of x's shape.
@@ -139,8 +175,8 @@ class Transformer {
   void attention_backward(int64_t l, const Tensor& x_in, AttnActs& a);
   void dense_forward(int64_t l, const Tensor& x_in, FfnActs& a, const Tensor& x_out);
   void dense_backward(int64_t l, const Tensor& x_in, FfnActs& a);
-  void moe_forward(int64_t l, const Tensor& x_in, FfnActs& a, const Tensor& x_out, int64_t token_base);
-  void moe_backward(int64_t l, const Tensor& x_in, FfnActs& a, const MicroBatchScales& s, StepStats& stats);
+  void moe_forward(int64_t slot, int64_t l, const Tensor& x_in, FfnActs& a, const Tensor& x_out, int64_t token_base);
+  void moe_backward(int64_t slot, int64_t l, const Tensor& x_in, FfnActs& a, const MicroBatchScales& s, StepStats& stats);
   // Shared pieces: the normed input of a sublayer, and the output norm + residual add.
   Tensor norm_input(const Tensor& x_in, const Tensor& w, const Tensor& rstd, const Tensor& h, const Tensor& h_act);
   void finish_sublayer(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out, const Tensor& x_in, const Tensor& x_out);
@@ -157,22 +193,26 @@ class Transformer {
   uint64_t seed_ = 0;
   int64_t head_chunk_ = 0;
   int64_t moe_index_base_ = 0;  // layer index of the first MoE layer
+  int64_t layer_begin_ = 0, layer_end_ = 0;  // the stage's layers
 
   Buffer param_mem_, grad_mem_, operand_mem_;
   Weights params_, grads_, operands_;  // operands_ = params_ in fp32 mode
   std::vector<OwnedTensor> router_bias_;
 
   Arena arena_;
-  std::vector<Tensor> resid_;  // (T,D) residual stream into each layer, and after the last
-  std::vector<LayerActs> acts_;
+  // Per slot: (T,D) residual stream into each of the stage's layers, and after its last.
+  std::vector<std::vector<Tensor>> resid_;
+  // Per slot, per stage layer; with recompute one shared set (acts_[0][0], the largest kind).
+  std::vector<std::vector<LayerActs>> acts_;
+  LayerActs recompute_dense_;  // recompute in a stage with dense and MoE layers: dense FFN buffers
   Scratch scratch_;
-  Tensor rstd_final_, xf_, xf_act_;  // (T), (T,D), (T,D) final norm
+  Tensor rstd_final_, xf_, xf_act_;  // (T), (T,D), (T,D) final norm (last stage only)
   Tensor doc_start_;                  // (B,S) i32 document starts, or empty (plain causal)
 
   // Expert parallelism (ep > 1): the exchange, its plan per MoE layer (kept from forward for
   // backward), counters; recomputing_ marks the backward's forward re-runs.
   std::unique_ptr<ExpertExchange> exchange_;
-  std::vector<ExchangePlan> plans_;
+  std::vector<std::vector<ExchangePlan>> plans_;  // [activation slot][MoE layer]
   std::vector<ExpertExchangeCounts> exchange_counts_;
   bool recomputing_ = false;
 };

@@ -22,7 +22,7 @@ Tensor rows_view(const Tensor& flat, int64_t rows, int64_t cols) {
 }
 }  // namespace
 
-void Transformer::moe_forward(int64_t l, const Tensor& x_in, FfnActs& a, const Tensor& x_out,
+void Transformer::moe_forward(int64_t slot, int64_t l, const Tensor& x_in, FfnActs& a, const Tensor& x_out,
                               int64_t token_base) {
   const LayerWeights& W = params_.layers[static_cast<size_t>(l)];
   const LayerWeights& Wc = operands_.layers[static_cast<size_t>(l)];
@@ -53,7 +53,7 @@ void Transformer::moe_forward(int64_t l, const Tensor& x_in, FfnActs& a, const T
   // expert (then source rank); a.recv_offsets are the grouped GEMM's offsets over them.
   int64_t rows = dims_.R;
   if (exchange_) {
-    ExchangePlan& plan = plans_[static_cast<size_t>(m)];
+    ExchangePlan& plan = plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)];
     exchange_->make_plan(a.counts, plan, a.recv_offsets);
     exchange_->send_to_experts(plan, a.xs_act, a.xr_act);
     rows = plan.rows_received;
@@ -86,7 +86,7 @@ void Transformer::moe_forward(int64_t l, const Tensor& x_in, FfnActs& a, const T
   }
   if (exchange_) {  // back to the tokens' rank, into their local expert-major rows
     Tensor returned = bf16 ? scratch_.dys : a.ys;  // dys is free during the forward
-    exchange_->return_to_sources(plans_[static_cast<size_t>(m)], ys, returned);
+    exchange_->return_to_sources(plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)], ys, returned);
     ys = returned;
   }
 
@@ -110,7 +110,7 @@ void Transformer::moe_forward(int64_t l, const Tensor& x_in, FfnActs& a, const T
   finish_sublayer(y, W.ffn_out_norm, a.rstd_out, x_in, x_out);
 }
 
-void Transformer::moe_backward(int64_t l, const Tensor& x_in, FfnActs& a, const MicroBatchScales& sc,
+void Transformer::moe_backward(int64_t slot, int64_t l, const Tensor& x_in, FfnActs& a, const MicroBatchScales& sc,
                                StepStats& stats) {
   const LayerWeights& W = params_.layers[static_cast<size_t>(l)];
   const LayerWeights& Wc = operands_.layers[static_cast<size_t>(l)];
@@ -154,7 +154,7 @@ void Transformer::moe_backward(int64_t l, const Tensor& x_in, FfnActs& a, const 
   Tensor g = operand_grad(s.dys);
   int64_t rows = dims_.R;
   if (exchange_) {
-    const ExchangePlan& plan = plans_[static_cast<size_t>(m)];
+    const ExchangePlan& plan = plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)];
     exchange_->send_to_experts(plan, g, s.dyr);
     rows = plan.rows_received;
     g = s.dyr.slice(0, rows);
@@ -179,7 +179,7 @@ void Transformer::moe_backward(int64_t l, const Tensor& x_in, FfnActs& a, const 
   Tensor dxs_local = dxs;
   if (exchange_) {
     ops_.axpy(1.0, dxs_up, dxs);
-    exchange_->return_to_sources(plans_[static_cast<size_t>(m)], dxs, s.dys);  // dys was sent: free
+    exchange_->return_to_sources(plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)], dxs, s.dys);  // dys was sent: free
     dxs_local = s.dys;
   }
   phase.reset();

@@ -1,6 +1,10 @@
 #include "parallel/layout.h"
 
 #include <algorithm>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "core/check.h"
@@ -38,6 +42,35 @@ std::pair<int64_t, int64_t> stage_layers(int64_t n_layers, int64_t pp, int64_t s
   const int64_t base = n_layers / pp, extra = n_layers % pp;
   const int64_t begin = stage * base + std::min(stage, extra);
   return {begin, begin + base + (stage < extra ? 1 : 0)};
+}
+
+std::pair<int64_t, int64_t> configured_stage_layers(const ParallelConfig& c, int64_t n_layers, int64_t stage) {
+  if (c.stage_layers.empty()) return stage_layers(n_layers, c.pp, stage);
+  std::vector<int64_t> counts;
+  std::stringstream in(c.stage_layers);
+  for (std::string item; std::getline(in, item, ',');) {
+    size_t used = 0;
+    int64_t n = 0;
+    try {
+      n = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && item[used] == ' ') ++used;
+    MOE_CHECK(used == item.size() && !item.empty() && n >= 1, "parallel.stage_layers = \"", c.stage_layers,
+              "\": '", item, "' is not a positive layer count (every stage needs at least one layer)");
+    counts.push_back(n);
+  }
+  MOE_CHECK(static_cast<int64_t>(counts.size()) == c.pp, "parallel.stage_layers = \"", c.stage_layers, "\" has ",
+            counts.size(), " stages, but parallel.pp = ", c.pp);
+  int64_t sum = 0;
+  for (int64_t n : counts) sum += n;
+  MOE_CHECK(sum == n_layers, "parallel.stage_layers = \"", c.stage_layers, "\" sums to ", sum,
+            " layers, but model.n_layers = ", n_layers);
+  MOE_CHECK(stage >= 0 && stage < c.pp, "stage ", stage, " of pp=", c.pp);
+  int64_t begin = 0;
+  for (int64_t s = 0; s < stage; ++s) begin += counts[static_cast<size_t>(s)];
+  return {begin, begin + counts[static_cast<size_t>(stage)]};
 }
 
 ProcessGroups make_process_groups(Communicator& world, const Layout& l) {

@@ -46,6 +46,10 @@ int64_t global_rank(const Layout& layout, int64_t pp_rank, int64_t dp_rank);
 // Layers [begin, end) of pipeline stage `stage`: contiguous, balanced (the first n_layers % pp
 // stages get one layer more).
 std::pair<int64_t, int64_t> stage_layers(int64_t n_layers, int64_t pp, int64_t stage);
+// Layers of stage `stage` under parallel.stage_layers (comma-separated layer counts per stage,
+// contiguous in order; "" = stage_layers() above). Throws naming the problem: not pp counts, a
+// count that is not a positive integer, or counts not summing to n_layers.
+std::pair<int64_t, int64_t> configured_stage_layers(const ParallelConfig& config, int64_t n_layers, int64_t stage);
 
 // The process groups of this rank, split from world (collective over world).
 struct ProcessGroups {

@@ -132,7 +132,8 @@ nlohmann::json step_record(const StepResult& r, const StepTiming& timing, double
                       {"tflops", tflops},
                       {"mfu", peak > 0 ? tflops / peak : 0.0},
                       {"peak_rss_mb", static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0)},
-                      {"elapsed_s", timing.elapsed_s}};
+                      {"elapsed_s", timing.elapsed_s},
+                      {"pp_bubble_s", r.pp_bubble_s}};
   std::vector<double> max_load, cv;
   for (const auto& c : r.counts) {
     const LoadStats s = load_stats(c);

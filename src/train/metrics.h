@@ -84,7 +84,8 @@ double sum_of(const std::vector<double>& v);
 // One optimizer step's JSONL record. Fields (README, "Metrics"):
 //   step, loss (total), ce, lm_z, lbl_sum, router_z_sum, lbl[], router_z[] (per MoE layer,
 //   unweighted), grad_norm (before clipping), lr, clipped, tokens, tokens_per_s (this step),
-//   tflops (achieved model TFLOP/s), mfu (tflops / peak), peak_rss_mb, elapsed_s,
+//   tflops (achieved model TFLOP/s), mfu (tflops / peak), peak_rss_mb, elapsed_s, pp_bubble_s
+//   (seconds this rank blocked receiving pipeline activations/gradients: the bubble; 0 without pp),
 //   max_load[] and load_cv[] per MoE layer, and with_vectors: f[][] (tokens per expert) and
 //   P[][] (mean router probability per expert) per MoE layer. Skipped steps carry
 //   "skipped": true, "nonfinite_tensor" and "skipped_total".

@@ -47,7 +47,7 @@ double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batc
     }
     for (int64_t i = 0; i < B * S; ++i) labeled += labels.as<int32_t>()[i] >= 0;
     trainer.model().set_document_starts(c.data.intra_doc_mask ? doc.t : Tensor());
-    trainer.model().forward_loss(ids, labels, sum);
+    trainer.forward_loss(ids, labels, sum);  // across pipeline stages when pp > 1
   }
   trainer.model().set_document_starts(Tensor());
   return sum.as<double>()[0] / static_cast<double>(labeled);

@@ -23,9 +23,11 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
   if (groups_) {
     MOE_CHECK(groups_->layout.dp == layout.dp && groups_->layout.ep == layout.ep && groups_->layout.pp == layout.pp,
               "process groups were built for another layout than [parallel]");
-    const auto [begin, end] = stage_layers(config_.model.n_layers, layout.pp, groups_->coords.pp);
+    const auto [begin, end] = configured_stage_layers(config_.parallel, config_.model.n_layers, groups_->coords.pp);
     o.shard.layer_begin = begin;
     o.shard.layer_end = end;
+    // 1F1B: this stage holds at most min(pp - stage, micro-batches) micro-batches of activations.
+    o.pipeline_slots = pipeline_slots(layout.pp, groups_->coords.pp, local_batch() / o.batch);
     o.shard.num_local_experts = config_.model.num_experts / layout.ep;
     o.shard.expert_begin = groups_->coords.ep * o.shard.num_local_experts;
     if (config_.parallel.zero1) {
@@ -40,6 +42,11 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
   sync_ = std::make_unique<GradSync>(model_->layout(), groups_, config_.parallel.zero1);
   optim_ = std::make_unique<AdamW>(model_->layout(), config_.optim, compute, sync_->owned_ranges());
   stats_ = model_->make_stats();
+  pipeline_ = std::make_unique<Pipeline>(*model_, groups_ ? groups_->pp.get() : nullptr);
+}
+
+void Trainer::forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out) {
+  pipeline_->forward_loss(ids, labels, out);
 }
 
 int64_t Trainer::local_batch() const { return config_.train.batch_size / config_.parallel.dp; }
@@ -112,16 +119,19 @@ StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, c
   model_->zero_stats(stats_);
   model_->reset_exchange_counts();
   const int64_t mbs = tc.micro_batch_size, num_micro = local / mbs, global_micro = tc.batch_size / mbs;
+  std::vector<MicroBatch> micro(static_cast<size_t>(num_micro));
   for (int64_t m = 0; m < num_micro; ++m) {
     const int64_t g = sync_->dp_rank() * num_micro + m;  // index in the global batch
-    MicroBatchScales sc;
-    sc.ce_scale = 1.0 / static_cast<double>(r.loss_tokens);
-    sc.aux_weight = 1.0 / static_cast<double>(global_micro);  // equal-size micro-batches: T_m / T_step
-    sc.token_base = (r.step - 1) * r.tokens + g * mbs * tc.seq_len;
-    model_->set_document_starts(doc_start.data ? doc_start.slice(m * mbs, (m + 1) * mbs) : Tensor());
-    model_->forward_backward(ids.slice(m * mbs, (m + 1) * mbs), labels.slice(m * mbs, (m + 1) * mbs), sc, stats_);
+    MicroBatch& mb = micro[static_cast<size_t>(m)];
+    mb.ids = ids.slice(m * mbs, (m + 1) * mbs);
+    mb.labels = labels.slice(m * mbs, (m + 1) * mbs);
+    if (doc_start.data) mb.doc_start = doc_start.slice(m * mbs, (m + 1) * mbs);
+    mb.scales.ce_scale = 1.0 / static_cast<double>(r.loss_tokens);
+    mb.scales.aux_weight = 1.0 / static_cast<double>(global_micro);  // equal-size micro-batches: T_m / T_step
+    mb.scales.token_base = (r.step - 1) * r.tokens + g * mbs * tc.seq_len;
   }
-  model_->set_document_starts(Tensor());
+  // One stage: F0 B0 F1 B1 ...; pipeline stages: 1F1B with activations and gradients sent between them.
+  r.pp_bubble_s = pipeline_->run(micro, stats_);
   sync_->reduce_stats(stats_);
   sync_->reduce_gradients(model_->grads().flat);
 

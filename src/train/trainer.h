@@ -1,5 +1,6 @@
-// One optimizer step: micro-batches with gradient accumulation, loss normalization over the
-// whole step, global grad-norm clipping, the LR schedule, AdamW, and loss-free bias updates.
+// One optimizer step: micro-batches with gradient accumulation (in 1F1B order across pipeline
+// stages, train/pipeline.h), loss normalization over the whole step, global grad-norm clipping,
+// the LR schedule, AdamW, and loss-free bias updates.
 #pragma once
 
 #include <memory>
@@ -12,6 +13,7 @@
 #include "optim/adamw.h"
 #include "parallel/grad_sync.h"
 #include "parallel/layout.h"
+#include "train/pipeline.h"
 
 namespace moe {
 
@@ -35,6 +37,7 @@ struct StepResult {
   bool finite = true;            // loss and grad norm finite
   std::string nonfinite_tensor;  // first parameter (layout order) with a NaN/Inf gradient, if any
   bool skipped = false;          // non-finite with train.on_nonfinite = "skip": no update applied
+  double pp_bubble_s = 0;        // seconds this rank blocked receiving pipeline activations/gradients
 };
 
 class Trainer {
@@ -68,6 +71,11 @@ class Trainer {
   // Sequences of the global batch this rank feeds to step(): batch_size / dp.
   int64_t local_batch() const;
   ProcessGroups* groups() { return groups_; }
+  // Forward only across the pipeline stages (validation): summed cross-entropy of one
+  // micro-batch (micro_batch_size, seq_len) added to out (1) f64, the same on every stage.
+  void forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out);
+  // This stage's forward/backward actions of the last step in execution order ("F0", "B0", ...).
+  const std::vector<std::string>& pipeline_schedule() const { return pipeline_->schedule_log(); }
 
  private:
   Config config_;
@@ -76,6 +84,7 @@ class Trainer {
   std::unique_ptr<AdamW> optim_;
   ProcessGroups* groups_;
   std::unique_ptr<GradSync> sync_;
+  std::unique_ptr<Pipeline> pipeline_;  // one stage without pipeline parallelism
   StepStats stats_;
   int64_t skipped_steps_ = 0;
   void expert_parallel_stats(StepResult& r);

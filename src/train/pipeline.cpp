@@ -1,0 +1,165 @@
+#include "train/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "core/check.h"
+#include "core/phase_timer.h"
+
+namespace moe {
+namespace {
+constexpr int kActivationTag = 101, kGradientTag = 102, kFlushTag = 103;
+}  // namespace
+
+std::string PipelineAction::name() const {
+  std::string s(1, forward ? 'F' : 'B');
+  s += std::to_string(micro);
+  return s;
+}
+
+std::vector<PipelineAction> one_f_one_b(int64_t stages, int64_t stage, int64_t micro_batches) {
+  MOE_CHECK(stages >= 1 && stage >= 0 && stage < stages && micro_batches >= 1, "1F1B: stage ", stage, " of ",
+            stages, " over ", micro_batches, " micro-batches");
+  std::vector<PipelineAction> order;
+  const int64_t warmup = std::min(stages - stage - 1, micro_batches);
+  int64_t f = 0, b = 0;
+  for (; f < warmup; ++f) order.push_back({true, f});
+  while (f < micro_batches) {
+    order.push_back({true, f++});
+    order.push_back({false, b++});
+  }
+  while (b < micro_batches) order.push_back({false, b++});
+  return order;
+}
+
+int64_t pipeline_slots(int64_t stages, int64_t stage, int64_t micro_batches) {
+  return std::min(stages - stage, micro_batches);
+}
+
+Pipeline::Pipeline(Transformer& model, Communicator* pp) : model_(model), pp_(pp) {
+  if (pp_ && pp_->size() > 1) {
+    stages_ = pp_->size();
+    stage_ = pp_->rank();
+  } else {
+    pp_ = nullptr;
+  }
+  MOE_CHECK(model_.first_stage() == (stage_ == 0) && model_.last_stage() == (stage_ == stages_ - 1),
+            "pipeline stage ", stage_, " of ", stages_, " does not match the model's layer range");
+  const auto slots = static_cast<size_t>(model_.pipeline_slots());
+  act_sent_.resize(slots);
+  grad_sent_.resize(slots);
+  if (stage_ > 0)
+    for (size_t i = 0; i < slots; ++i) {
+      const Tensor& in = model_.stage_input(static_cast<int64_t>(i));
+      grad_out_.emplace_back(in.dtype, std::initializer_list<int64_t>{in.dim(0), in.dim(1)});
+    }
+}
+
+void Pipeline::receive(const Tensor& t, int64_t from, int tag) {
+  PhaseScope phase(Phase::kCommunication);
+  const auto t0 = std::chrono::steady_clock::now();
+  pp_->recv(t.data, static_cast<size_t>(t.numel()), t.dtype, static_cast<int>(from), tag);
+  bubble_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Pipeline::forward(const MicroBatch& mb, int64_t m) {
+  const int64_t slot = m % model_.pipeline_slots();
+  if (stage_ > 0) receive(model_.stage_input(slot), stage_ - 1, kActivationTag);
+  if (stage_ < stages_ - 1) {
+    PhaseScope phase(Phase::kCommunication);
+    act_sent_[static_cast<size_t>(slot)].wait();  // the slot's output is about to be rewritten
+  }
+  model_.set_document_starts(mb.doc_start);
+  model_.stage_forward(slot, mb.ids, mb.scales.token_base);
+  if (stage_ < stages_ - 1) {
+    const Tensor& out = model_.stage_output(slot);
+    act_sent_[static_cast<size_t>(slot)] =
+        pp_->isend(out.data, static_cast<size_t>(out.numel()), out.dtype, static_cast<int>(stage_ + 1), kActivationTag);
+  }
+}
+
+void Pipeline::backward(const MicroBatch& mb, int64_t m, StepStats& stats) {
+  const auto slot = static_cast<size_t>(m % model_.pipeline_slots());
+  if (stage_ < stages_ - 1) {
+    receive(model_.stage_grad(), stage_ + 1, kGradientTag);
+    // Recompute rewrites the stage output (same values); MPI forbids touching a buffer in flight.
+    // The next stage already received it (its gradient just arrived), so this does not block.
+    PhaseScope phase(Phase::kCommunication);
+    act_sent_[slot].wait();
+  }
+  model_.set_document_starts(mb.doc_start);
+  model_.stage_backward(static_cast<int64_t>(slot), mb.ids, mb.labels, mb.scales, stats);
+  if (stage_ > 0) {
+    {
+      PhaseScope phase(Phase::kCommunication);
+      grad_sent_[slot].wait();
+    }
+    const Tensor& dx = model_.stage_grad();
+    Tensor& out = grad_out_[slot].t;
+    std::memcpy(out.data, dx.data, dx.nbytes());  // host buffers (cpu and ref backends)
+    grad_sent_[slot] =
+        pp_->isend(out.data, static_cast<size_t>(out.numel()), out.dtype, static_cast<int>(stage_ - 1), kGradientTag);
+  }
+}
+
+void Pipeline::wait_sends() {
+  if (!pp_) return;
+  PhaseScope phase(Phase::kCommunication);
+  wait_all(act_sent_);
+  wait_all(grad_sent_);
+  wait_all(flush_sent_);
+  flush_sent_.clear();
+}
+
+double Pipeline::run(const std::vector<MicroBatch>& micro, StepStats& stats) {
+  const auto M = static_cast<int64_t>(micro.size());
+  MOE_CHECK(pipeline_slots(stages_, stage_, M) <= model_.pipeline_slots(), "pipeline stage ", stage_, " of ",
+            stages_, " needs ", pipeline_slots(stages_, stage_, M), " activation slots for ", M,
+            " micro-batches; the model has ", model_.pipeline_slots());
+  log_.clear();
+  bubble_s_ = 0;
+  for (const PipelineAction& a : one_f_one_b(stages_, stage_, M)) {
+    const MicroBatch& mb = micro[static_cast<size_t>(a.micro)];
+    if (a.forward) forward(mb, a.micro);
+    else backward(mb, a.micro, stats);
+    log_.push_back(a.name());
+  }
+  // Cool-down: stage 0's last backward ends the pipeline; the later stages finished earlier and
+  // their wait for it is bubble too (the step's next collective would wait as long), so they
+  // block on stage 0's end-of-step token here, where the wait is measured.
+  if (stages_ > 1) {
+    if (stage_ == 0) {
+      for (int64_t s = 1; s < stages_; ++s)
+        flush_sent_.push_back(pp_->isend(&flush_token_, 1, DType::kI32, static_cast<int>(s), kFlushTag));
+    } else {
+      receive(Tensor(&flush_token_, DType::kI32, {1}), 0, kFlushTag);
+    }
+  }
+  wait_sends();
+  model_.set_document_starts(Tensor());
+  return bubble_s_;
+}
+
+void Pipeline::forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out) {
+  if (!pp_) {
+    model_.forward_loss(ids, labels, out);
+    return;
+  }
+  if (stage_ > 0) receive(model_.stage_input(0), stage_ - 1, kActivationTag);
+  {
+    PhaseScope phase(Phase::kCommunication);
+    act_sent_[0].wait();
+  }
+  model_.stage_forward(0, ids, 0);
+  if (stage_ < stages_ - 1) {
+    const Tensor& x = model_.stage_output(0);
+    pp_->send(x.data, static_cast<size_t>(x.numel()), x.dtype, static_cast<int>(stage_ + 1), kActivationTag);
+  } else {
+    model_.stage_loss(0, labels, out);
+  }
+  PhaseScope phase(Phase::kCommunication);
+  pp_->broadcast(out.data, 1, DType::kF64, static_cast<int>(stages_ - 1));
+}
+
+}  // namespace moe

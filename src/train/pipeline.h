@@ -1,0 +1,82 @@
+// Pipeline parallelism: the 1F1B schedule over a step's micro-batches and its execution on one
+// stage (a Transformer holding layers [layer_begin, layer_end)).
+//
+// 1F1B (PipeDream-flush / Megatron): stage s of P runs min(P - s - 1, M) warm-up forwards, then
+// alternates one forward and one backward, then drains the remaining backwards. Stage s therefore
+// holds at most min(P - s, M) micro-batches of activations (the Transformer's slots), instead of
+// all M as in GPipe; stage 0 holds the most. Backwards run in micro-batch order on every stage, so
+// parameter gradients accumulate (+=) in the same order as in one process: PP alone is bitwise
+// equal to a single process.
+//
+// Communication over the pp group (ranks ordered by stage): activations forward and gradients
+// backward as (T,D) compute-dtype buffers with distinct tags. Sends are non-blocking from buffers
+// that stay untouched until their request completes (the slot's stage output; a per-slot copy
+// of the input gradient); receives block and land directly in the model's buffers. The time
+// blocked in receives is the pipeline bubble (plus any imbalance between stages): warm-up waits
+// for activations, steady-state waits for gradients, and the cool-down wait of stages 1.. for
+// stage 0's last backward (an end-of-step token from stage 0).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/buffer.h"
+#include "model/transformer.h"
+#include "parallel/communicator.h"
+
+namespace moe {
+
+struct PipelineAction {
+  bool forward = true;
+  int64_t micro = 0;
+  std::string name() const;  // "F3", "B0"
+};
+
+// The canonical 1F1B order of stage `stage` of `stages` over `micro_batches` micro-batches.
+std::vector<PipelineAction> one_f_one_b(int64_t stages, int64_t stage, int64_t micro_batches);
+// Micro-batches whose activations the stage holds at once under 1F1B: min(stages - stage, M).
+int64_t pipeline_slots(int64_t stages, int64_t stage, int64_t micro_batches);
+
+// One micro-batch of this rank's share of the step.
+struct MicroBatch {
+  Tensor ids, labels;  // (B,S) i32
+  Tensor doc_start;    // (B,S) i32 document starts, or empty
+  MicroBatchScales scales;
+};
+
+class Pipeline {
+ public:
+  // pp: this rank's pipeline group (ranks ordered by stage); nullptr or size 1: one stage.
+  Pipeline(Transformer& model, Communicator* pp);
+  int64_t stages() const { return stages_; }
+  int64_t stage() const { return stage_; }
+
+  // Forward and backward of every micro-batch in 1F1B order; gradients accumulate in the model,
+  // loss terms in stats. Returns the seconds blocked in receives (the bubble).
+  double run(const std::vector<MicroBatch>& micro, StepStats& stats);
+  // Forward only of one micro-batch across the stages (validation): the summed cross-entropy is
+  // added to out (1) f64 on the last stage, then out is broadcast to every stage of the group.
+  void forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out);
+  // The actions of the last run() in execution order ("F0", "F1", "B0", ...).
+  const std::vector<std::string>& schedule_log() const { return log_; }
+
+ private:
+  void forward(const MicroBatch& mb, int64_t m);
+  void backward(const MicroBatch& mb, int64_t m, StepStats& stats);
+  // Blocking receive into t from stage `from`; the blocked time is added to bubble_s_.
+  void receive(const Tensor& t, int64_t from, int tag);
+  void wait_sends();
+
+  Transformer& model_;
+  Communicator* pp_;
+  int64_t stages_ = 1, stage_ = 0;
+  std::vector<OwnedTensor> grad_out_;  // per slot: d(stage input) while its send is in flight
+  std::vector<Request> act_sent_, grad_sent_;  // per slot
+  std::vector<Request> flush_sent_;            // stage 0: end-of-step tokens to the other stages
+  int32_t flush_token_ = 0;
+  std::vector<std::string> log_;
+  double bubble_s_ = 0;
+};
+
+}  // namespace moe
