@@ -136,3 +136,25 @@ TEST(Parity, DataParallelBf16Recompute) {
 
 }  // namespace
 }  // namespace moe::test
+
+namespace moe::test {
+namespace {
+
+// Every dimension at once (np=4: pp=2 x dp=2, ep=2, ZeRO-1), and at np=8 pp=2 x dp=4, ep=2.
+TEST(Parity, PipelineDataExpertZero1) {
+  const int n = world().size();
+  if (n != 4 && n != 8) GTEST_SKIP() << "needs 4 or 8 ranks";
+  Config c = parity_config();
+  c.parallel.pp = 2;
+  c.parallel.dp = n / 2;
+  c.parallel.ep = 2;
+  c.parallel.zero1 = true;
+  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
+  const RunResult dist = run_distributed(c, g, DType::kF64);
+  const RunResult single = run_single(c, DType::kF64);
+  expect_parity(dist, single, 1e-9);
+  expect_dense_replicas_equal(dist, g);
+}
+
+}  // namespace
+}  // namespace moe::test

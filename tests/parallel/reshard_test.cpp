@@ -42,8 +42,8 @@ void expect_on_curve(const RunResult& got, const RunResult& ref, size_t first_st
   }
 }
 
-// world size n (2 or 4): dp=n with ZeRO-1 for steps 1-4 -> dp=n/2 (ranks 0..n/2-1) for steps
-// 5-6 -> one process for steps 7-8, each stage loading the previous stage's checkpoint.
+// world size n (2 or 4): dp=n, ep=2 with ZeRO-1 for steps 1-4 -> dp=n/2 (ranks 0..n/2-1) for
+// steps 5-6 -> one process for steps 7-8, each loading the previous layout's checkpoint.
 TEST(Reshard, CheckpointContinuesUnderOtherLayouts) {
   const int n = world().size();
   if (n != 2 && n != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
@@ -55,6 +55,7 @@ TEST(Reshard, CheckpointContinuesUnderOtherLayouts) {
 
   Config a = base;
   a.parallel.dp = n;
+  a.parallel.ep = 2;
   a.parallel.zero1 = true;
   {
     ProcessGroups g = make_process_groups(world(), layout_from_config(a.parallel));
@@ -110,24 +111,45 @@ TEST(Reshard, HfExportOfAReshardedCheckpointIsByteIdentical) {
   if (world().rank() == 0) save_checkpoint(dir.path + "/single", single, 3 * base.train.batch_size);
   world().barrier();
 
-  Config d = base;
-  d.parallel.dp = n;
-  d.parallel.zero1 = true;
-  ProcessGroups g = make_process_groups(world(), layout_from_config(d.parallel));
-  Trainer dist(d, *ops, DType::kF32, &g);
-  load_checkpoint(latest_checkpoint(dir.path + "/single"), dist);
-  save_checkpoint(dir.path + "/dist", dist, 3 * base.train.batch_size);
-
-  if (world().rank() == 0) {
-    for (const char* name : {"single", "dist"}) {
+  // Layouts: EP=2 (dp=2), PP=2 (dp=n/2); at 4 ranks also PP=2 x DP=2 x EP=2 with ZeRO-1.
+  std::vector<ParallelConfig> layouts(2);
+  layouts[0].dp = 2;
+  layouts[0].ep = 2;
+  layouts[1].pp = 2;
+  layouts[1].dp = n / 2;
+  if (n == 4) {
+    ParallelConfig all;
+    all.pp = 2;
+    all.dp = 2;
+    all.ep = 2;
+    all.zero1 = true;
+    layouts.push_back(all);
+  }
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    Config d = base;
+    d.parallel = layouts[i];
+    const int64_t world_needed = d.parallel.dp * d.parallel.pp;
+    const bool in = world().rank() < world_needed;
+    std::unique_ptr<Communicator> sub = world().split(in ? 0 : 1, world().rank());
+    const std::string out = dir.path + "/dist" + std::to_string(i);
+    if (in) {
+      ProcessGroups g = make_process_groups(*sub, layout_from_config(d.parallel));
+      Trainer dist(d, *ops, DType::kF32, &g);
+      load_checkpoint(latest_checkpoint(dir.path + "/single"), dist);
+      save_checkpoint(out, dist, 3 * base.train.batch_size);
+    }
+    world().barrier();
+    if (world().rank() != 0) continue;
+    for (const std::string& name : {std::string("single"), "dist" + std::to_string(i)}) {
       Trainer back(base, *ops, DType::kF32);
       load_checkpoint(latest_checkpoint(dir.path + "/" + name), back);
       export_hf(back.model(), dir.path + "/hf_" + name, "bf16");
     }
     for (const char* f : {"config.json", "model.safetensors"}) {
-      const std::string x = file_bytes(dir.path + "/hf_single/" + f), y = file_bytes(dir.path + "/hf_dist/" + f);
+      const std::string x = file_bytes(dir.path + "/hf_single/" + f),
+                        y = file_bytes(dir.path + "/hf_dist" + std::to_string(i) + "/" + f);
       EXPECT_FALSE(x.empty()) << f;
-      EXPECT_TRUE(x == y) << f << " differs after resharding";
+      EXPECT_TRUE(x == y) << f << " differs after resharding through layout " << i;
     }
   }
 }
