@@ -121,6 +121,8 @@ const std::vector<Field>& fields() {
     add("parallel", "dp", P(dp), 1, 65536, {}, "data-parallel replicas per pipeline stage");
     add("parallel", "ep", P(ep), 1, 65536, {}, "expert-parallel group size (divides dp and model.num_experts)");
     add("parallel", "pp", P(pp), 1, 4096, {}, "pipeline stages (at most model.n_layers)");
+    add("parallel", "overlap_grad_reduce", P(overlap_grad_reduce), 0, 0, {},
+        "DDP: start each layer's gradient all-reduce during the backward (not with zero1)");
     add("parallel", "zero1", P(zero1), 0, 0, {},
         "ZeRO-1: shard the Adam moments over the data-parallel group (experts: expert-data-parallel)");
     add("parallel", "ep_capacity_factor", P(ep_capacity_factor), 0, 1e6, {},
@@ -391,6 +393,9 @@ void Config::validate() const {
             model.vocab_size);
   if (data.intra_doc_mask)
     MOE_CHECK(data.eos_id >= 0, "data.intra_doc_mask = true needs data.eos_id (the document separator)");
+  MOE_CHECK(!(parallel.overlap_grad_reduce && parallel.zero1),
+            "parallel.overlap_grad_reduce = true is not supported with parallel.zero1 = true (ZeRO-1 reduce-scatters "
+            "after the backward)");
   // The world size is only known at launch (checked there, src/parallel/layout.h).
   validate_layout(layout_from_config(parallel), -1, model.num_experts, model.n_layers);
   configured_stage_layers(parallel, model.n_layers, 0);  // throws naming a bad parallel.stage_layers

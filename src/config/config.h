@@ -118,6 +118,7 @@ struct ParallelConfig {
   int64_t ep = 1;  // expert-parallel group size (divides dp and num_experts)
   int64_t pp = 1;  // pipeline stages (at most n_layers)
   bool zero1 = false;  // shard Adam moments over dp (dense) and edp (experts)
+  bool overlap_grad_reduce = false;  // DDP: per-layer all-reduce started during the backward
   // Expert parallelism: each receiving rank keeps at most ceil(cf * top_k * tokens per rank)
   // rows per MoE layer and micro-batch, dropping the tail (local expert, then source rank
   // order). 0 = dropless.

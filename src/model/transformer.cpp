@@ -275,6 +275,7 @@ void Transformer::stage_backward(int64_t slot, const Tensor& ids, const Tensor& 
       recomputing_ = false;
     }
     layer_backward(slot, l, sc, stats);
+    if (layer_grads_hook_) layer_grads_hook_(l);
   }
   if (first_stage()) ops_.embedding_bwd(ids.view({T}), s.dx, grads_.embed);
 }

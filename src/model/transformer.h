@@ -9,6 +9,7 @@
 // the first stage adds the embedding, the last the final norm, LM head and loss.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -122,6 +123,9 @@ class Transformer {
   // of the micro-batch (a view the caller keeps alive), or an empty tensor for plain causal
   // attention (the default). See attention_fwd in kernels/op_list.inc.
   void set_document_starts(const Tensor& doc_start) { doc_start_ = doc_start; }
+  // Called after each layer's backward with its index (data-parallel gradient reduction starts
+  // a finished layer's bucket there); empty = none.
+  void set_layer_grads_hook(std::function<void(int64_t)> hook) { layer_grads_hook_ = std::move(hook); }
   // Forward only: full logits (B*S, V) in the compute dtype (tests, evaluation).
   void forward_logits(const Tensor& ids, const Tensor& logits);
   // Forward only: summed cross-entropy over labeled positions added to out (1) f64 (validation).
@@ -208,6 +212,7 @@ class Transformer {
   Scratch scratch_;
   Tensor rstd_final_, xf_, xf_act_;  // (T), (T,D), (T,D) final norm (last stage only)
   Tensor doc_start_;                  // (B,S) i32 document starts, or empty (plain causal)
+  std::function<void(int64_t)> layer_grads_hook_;
 
   // Expert parallelism (ep > 1): the exchange, its plan per MoE layer (kept from forward for
   // backward), counters; recomputing_ marks the backward's forward re-runs.

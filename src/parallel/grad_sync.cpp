@@ -1,6 +1,8 @@
 #include "parallel/grad_sync.h"
 
 #include <algorithm>
+#include <chrono>
+#include <string>
 #include <cmath>
 #include <cstring>
 
@@ -9,8 +11,23 @@
 
 namespace moe {
 
-GradSync::GradSync(const ParamLayout& layout, ProcessGroups* groups, bool zero1)
+GradSync::GradSync(const ParamLayout& layout, ProcessGroups* groups, bool zero1, bool overlap)
     : layout_(layout), groups_(groups), zero1_(zero1 && groups != nullptr), partial_(DType::kF64, {layout.num_global_params()}) {
+  overlap_ = overlap && groups_ != nullptr && !zero1_;
+  if (overlap_) {
+    // Each layer's parameters are contiguous within the dense region and within the expert region.
+    for (const ParamInfo& p : layout.entries()) {
+      if (p.name.rfind("layers.", 0) != 0) continue;
+      const auto l = static_cast<size_t>(std::stoll(p.name.substr(7)));
+      if (buckets_.size() <= l) buckets_.resize(l + 1);
+      LayerBucket& b = buckets_[l];
+      int64_t& lo = p.is_expert ? b.expert_begin : b.dense_begin;
+      int64_t& hi = p.is_expert ? b.expert_end : b.dense_end;
+      lo = lo < 0 ? p.offset : std::min(lo, p.offset);
+      hi = std::max(hi, p.offset + p.numel);
+    }
+    in_flight_.reserve(2 * buckets_.size());
+  }
   dense_ = {0, layout.dense_end(), groups_ ? groups_->dp.get() : nullptr};
   experts_ = {layout.dense_end(), layout.total() - layout.dense_end(), groups_ ? groups_->edp.get() : nullptr};
   if (zero1_) {
@@ -56,9 +73,47 @@ void GradSync::gather_params(const Tensor& param_flat) {
 int64_t GradSync::dp_size() const { return groups_ ? groups_->layout.dp : 1; }
 int64_t GradSync::dp_rank() const { return groups_ ? groups_->coords.dp : 0; }
 
+void GradSync::begin_step(const Tensor& grad_flat, int64_t backwards_per_layer) {
+  if (!overlap_) return;
+  grads_ = grad_flat;
+  backwards_per_layer_ = backwards_per_layer;
+  for (LayerBucket& b : buckets_) b.done = 0;
+}
+
+void GradSync::layer_done(int64_t layer) {
+  if (!overlap_ || layer >= static_cast<int64_t>(buckets_.size())) return;
+  PhaseScope phase(Phase::kCommunication);
+  LayerBucket& b = buckets_[static_cast<size_t>(layer)];
+  if (++b.done == backwards_per_layer_) {
+    char* base = static_cast<char*>(grads_.data);
+    const size_t es = dtype_size(grads_.dtype);
+    if (groups_->dp->size() > 1 && b.dense_begin >= 0)
+      in_flight_.push_back(groups_->dp->iall_reduce_sum(base + static_cast<size_t>(b.dense_begin) * es,
+                                                        static_cast<size_t>(b.dense_end - b.dense_begin), grads_.dtype));
+    if (groups_->edp->size() > 1 && b.expert_begin >= 0)
+      in_flight_.push_back(groups_->edp->iall_reduce_sum(base + static_cast<size_t>(b.expert_begin) * es,
+                                                         static_cast<size_t>(b.expert_end - b.expert_begin), grads_.dtype));
+  }
+  for (Request& r : in_flight_) r.test();  // progress
+}
+
 void GradSync::reduce_gradients(const Tensor& grad_flat) {
   if (!groups_) return;
   PhaseScope phase(Phase::kCommunication);
+  if (overlap_) {
+    // The dense parameters outside the layers (embedding, final norm, LM head), then the wait.
+    const auto t0 = std::chrono::steady_clock::now();
+    char* base = static_cast<char*>(grad_flat.data);
+    const size_t es = dtype_size(grad_flat.dtype);
+    if (groups_->dp->size() > 1)
+      for (const ParamInfo& p : layout_.entries())
+        if (!p.is_expert && p.name.rfind("layers.", 0) != 0)
+          groups_->dp->all_reduce_sum(base + static_cast<size_t>(p.offset) * es, static_cast<size_t>(p.numel), grad_flat.dtype);
+    for (Request& r : in_flight_) r.wait();
+    in_flight_.clear();
+    exposed_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return;
+  }
   if (zero1_) {
     reduce_scatter(dense_, grad_flat);
     reduce_scatter(experts_, grad_flat);

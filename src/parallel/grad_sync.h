@@ -32,7 +32,7 @@ struct StepStats;
 class GradSync {
  public:
   // groups == nullptr: a single process (every reduction is the identity).
-  GradSync(const ParamLayout& layout, ProcessGroups* groups, bool zero1 = false);
+  GradSync(const ParamLayout& layout, ProcessGroups* groups, bool zero1 = false, bool overlap = false);
   bool distributed() const { return groups_ != nullptr; }
   bool zero1() const { return zero1_; }
   // The flat ranges whose optimizer state this rank holds (AdamW's `owned`); empty = all.
@@ -41,6 +41,16 @@ class GradSync {
   // Sum the replicas' gradients (dense over dp, experts over edp). In place; with ZeRO-1 only
   // the owned chunks hold the sums afterwards.
   void reduce_gradients(const Tensor& grad_flat);
+  // Overlap (parallel.overlap_grad_reduce, plain DDP): begin_step(grads, backwards per layer)
+  // arms it; layer_done(l) after each layer backward starts layer l's all-reduce (dense over dp,
+  // its experts over edp) once its last micro-batch is through, and polls the outstanding ones
+  // (Open MPI progresses non-blocking collectives only inside MPI calls); reduce_gradients then
+  // reduces the rest (embedding, final norm, LM head) and waits. exposed_wait_s() is the time
+  // that wait took in the last step.
+  void begin_step(const Tensor& grad_flat, int64_t backwards_per_layer);
+  void layer_done(int64_t layer);
+  double exposed_wait_s() const { return exposed_wait_s_; }
+  bool overlapping() const { return overlap_; }
   // ZeRO-1: all-gather the updated owned chunks of the parameters (no-op otherwise).
   void gather_params(const Tensor& param_flat);
   // sqrt of the sum of squares of the whole model's gradient, counted once per shard.
@@ -73,6 +83,17 @@ class GradSync {
   Region dense_, experts_;
   OwnedTensor partial_;  // (num_global_params) f64 per-parameter sums of squares
   Buffer chunk_;         // ZeRO-1 staging: one chunk (MPI send and receive buffers must not alias)
+  // Overlap: per layer, its dense and expert flat ranges; backwards seen this step; requests.
+  struct LayerBucket {
+    int64_t dense_begin = -1, dense_end = -1, expert_begin = -1, expert_end = -1;
+    int64_t done = 0;
+  };
+  bool overlap_ = false;
+  std::vector<LayerBucket> buckets_;  // by layer index (layers outside the stage stay empty)
+  std::vector<Request> in_flight_;
+  Tensor grads_;
+  int64_t backwards_per_layer_ = 0;
+  double exposed_wait_s_ = 0;
 };
 
 }  // namespace moe

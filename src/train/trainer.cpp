@@ -39,7 +39,9 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
   }
   model_ = std::make_unique<Transformer>(config_.model, config_.loss, o, ops_);
   model_->init_params(config_.train.seed);
-  sync_ = std::make_unique<GradSync>(model_->layout(), groups_, config_.parallel.zero1);
+  sync_ = std::make_unique<GradSync>(model_->layout(), groups_, config_.parallel.zero1,
+                                     config_.parallel.overlap_grad_reduce);
+  if (sync_->overlapping()) model_->set_layer_grads_hook([this](int64_t layer) { sync_->layer_done(layer); });
   optim_ = std::make_unique<AdamW>(model_->layout(), config_.optim, compute, sync_->owned_ranges());
   stats_ = model_->make_stats();
   pipeline_ = std::make_unique<Pipeline>(*model_, groups_ ? groups_->pp.get() : nullptr);
@@ -130,6 +132,7 @@ StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, c
     mb.scales.aux_weight = 1.0 / static_cast<double>(global_micro);  // equal-size micro-batches: T_m / T_step
     mb.scales.token_base = (r.step - 1) * r.tokens + g * mbs * tc.seq_len;
   }
+  sync_->begin_step(model_->grads().flat, num_micro);
   // One stage: F0 B0 F1 B1 ...; pipeline stages: 1F1B with activations and gradients sent between them.
   r.pp_bubble_s = pipeline_->run(micro, stats_);
   sync_->reduce_stats(stats_);

@@ -158,3 +158,28 @@ TEST(Parity, PipelineDataExpertZero1) {
 
 }  // namespace
 }  // namespace moe::test
+
+namespace moe::test {
+namespace {
+
+// DDP with per-layer all-reduces started during the backward: the same sums as after it.
+TEST(Parity, OverlappedGradientReduction) {
+  const int n = world().size();
+  if (n == 1) GTEST_SKIP() << "needs two or more ranks";
+  Config c = parity_config();
+  c.parallel.dp = n;
+  c.parallel.ep = 2;  // experts reduced over edp (size 1 at n=2)
+  c.parallel.overlap_grad_reduce = true;
+  if (n == 4) {  // and a pipeline: each stage reduces its own layers
+    c.parallel.pp = 2;
+    c.parallel.dp = 2;
+  }
+  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
+  const RunResult dist = run_distributed(c, g, DType::kF64);
+  const RunResult single = run_single(c, DType::kF64);
+  expect_parity(dist, single, 1e-9);
+  expect_dense_replicas_equal(dist, g);
+}
+
+}  // namespace
+}  // namespace moe::test
