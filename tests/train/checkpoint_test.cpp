@@ -466,22 +466,31 @@ TEST(Checkpoint, BinarySurvivesRandomSigkillsAndResumesBitExactly) {
 
   // The killed run: save every step, SIGKILL at pseudo-random moments, check, resume.
   const fs::path out = root / "killed", ckpt = out / "checkpoints";
+  // The kill delays scale with the reference run; on a loaded machine (other tests running) a
+  // killed run may start slower than the reference did, so a kill that left no new checkpoint
+  // lengthens the following delays (and a long run of progress shortens them again).
   int kills = 0, loads_checked = 0;
-  for (int attempt = 0; attempt < 14; ++attempt) {
+  double scale = 1.0;
+  int64_t last_step = 0;
+  for (int attempt = 0; attempt < 40 && kills < 14; ++attempt) {
     std::vector<std::string> args = binary_args(data, out, 1);
     if (!latest_checkpoint(ckpt.string()).empty()) args.push_back("--resume");
     const pid_t pid = spawn(args);
     const double u = random_uniform(42, 1, static_cast<uint64_t>(attempt));
-    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>((0.03 + 0.12 * u) * ref_s * 1e6)));
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(scale * (0.03 + 0.12 * u) * ref_s * 1e6)));
     ::kill(pid, SIGKILL);
     const int status = wait_for(pid);
     if (WIFSIGNALED(status)) ++kills;
     const std::string latest = latest_checkpoint(ckpt.string());
+    int64_t step = 0;
     if (!latest.empty()) {
       const CheckpointInfo info = verify_checkpoint(latest);  // must be complete and intact
       EXPECT_GT(info.step, 0);
+      step = info.step;
       ++loads_checked;
     }
+    scale = step > last_step ? std::max(1.0, scale / 1.5) : scale * 1.5;
+    last_step = step;
     if (WIFEXITED(status)) break;  // finished before the kill
   }
   std::vector<std::string> args = binary_args(data, out, 1);
