@@ -8,16 +8,15 @@
 // update difference (fp32: up to 2.5e-6 of max|param| after 10 steps, DP=2). In f64 the same
 // reordering is ~1e-16, so any real mistake (a missing or doubled contribution, a wrong scale)
 // stands out by many orders of magnitude under a 1e-9 bound. Pipeline parallelism alone reorders
-// nothing and must be bitwise equal.
+// nothing and must be bitwise equal (pipeline_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
-
 #include <cstdio>
 
 #include "kernels/cpu/cpu_ops.h"
-#include "train/trainer.h"
 #include "parity_common.h"
+#include "train/trainer.h"
 #include "world.h"
 
 namespace moe::test {
@@ -30,60 +29,94 @@ void expect_dense_replicas_equal(const RunResult& r, ProcessGroups& g) {
   for (size_t i = 1; i < all.size(); ++i) EXPECT_EQ(all[i], all[0]) << "dp replica " << i << " differs";
 }
 
+struct Compared {
+  RunResult dist, single;
+};
+
+// The layout in c.parallel (over the whole world) against one process.
+Compared compare(const Config& c, DType compute) {
+  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
+  Compared out{run_distributed(c, g, compute), run_single(c, compute)};
+  expect_dense_replicas_equal(out.dist, g);
+  return out;
+}
+
+void expect_f64_parity(const Config& c) {
+  const Compared r = compare(c, DType::kF64);
+  expect_parity(r.dist, r.single, 1e-9);
+}
+
+Config dp_config(int n) {
+  Config c = parity_config();
+  c.parallel.dp = n;
+  return c;
+}
+
 TEST(Parity, DataParallel) {
-  const int n = world().size();
-  if (n == 1) GTEST_SKIP() << "needs two or more ranks";
-  Config c = parity_config();
-  c.parallel.dp = n;
-  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
-  const RunResult dist = run_distributed(c, g, DType::kF64);
-  const RunResult single = run_single(c, DType::kF64);
-  expect_parity(dist, single, 1e-9);
-  expect_dense_replicas_equal(dist, g);
+  if (world().size() == 1) GTEST_SKIP() << "needs two or more ranks";
+  expect_f64_parity(dp_config(world().size()));
 }
 
-// The fast fp32 path: per-step loss and grad norm within 1e-6 (parameters: see above).
-TEST(Parity, DataParallelFp32LossAndNorm) {
-  const int n = world().size();
-  if (n == 1) GTEST_SKIP() << "needs two or more ranks";
-  Config c = parity_config();
-  c.parallel.dp = n;
-  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
-  const RunResult dist = run_distributed(c, g, DType::kF32);
-  const RunResult single = run_single(c, DType::kF32);
-  for (size_t s = 0; s < single.total.size(); ++s) {
-    EXPECT_NEAR(dist.total[s], single.total[s], 1e-6 * std::abs(single.total[s])) << "step " << s + 1;
-    EXPECT_NEAR(dist.grad_norm[s], single.grad_norm[s], 1e-6 * single.grad_norm[s]) << "step " << s + 1;
-  }
-  expect_dense_replicas_equal(dist, g);
-}
-
-}  // namespace
-}  // namespace moe::test
-
-namespace moe::test {
-namespace {
-
-// ZeRO-1: reduce-scatter, update the owned chunk, all-gather. Same tolerance and reason as
-// DataParallel (reduce-scatter sums in yet another order).
+// ZeRO-1: reduce-scatter, update the owned chunk, all-gather (yet another summation order).
 TEST(Parity, Zero1) {
-  const int n = world().size();
-  if (n == 1) GTEST_SKIP() << "needs two or more ranks";
-  Config c = parity_config();
-  c.parallel.dp = n;
+  if (world().size() == 1) GTEST_SKIP() << "needs two or more ranks";
+  Config c = dp_config(world().size());
   c.parallel.zero1 = true;
-  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
-  const RunResult dist = run_distributed(c, g, DType::kF64);
-  const RunResult single = run_single(c, DType::kF64);
-  expect_parity(dist, single, 1e-9);
-  expect_dense_replicas_equal(dist, g);
+  expect_f64_parity(c);
 }
 
-}  // namespace
-}  // namespace moe::test
+// DDP with per-layer all-reduces started during the backward: the same sums as after it.
+TEST(Parity, OverlappedGradientReduction) {
+  const int n = world().size();
+  if (n == 1) GTEST_SKIP() << "needs two or more ranks";
+  Config c = dp_config(n);
+  c.parallel.ep = 2;  // experts reduced over edp (size 1 at n=2)
+  c.parallel.overlap_grad_reduce = true;
+  if (n == 4) {  // and a pipeline: each stage reduces its own layers
+    c.parallel.pp = 2;
+    c.parallel.dp = 2;
+  }
+  expect_f64_parity(c);
+}
 
-namespace moe::test {
-namespace {
+// Every dimension at once (np=4: pp=2 x dp=2, ep=2, ZeRO-1), and at np=8 pp=2 x dp=4, ep=2.
+TEST(Parity, PipelineDataExpertZero1) {
+  const int n = world().size();
+  if (n != 4 && n != 8) GTEST_SKIP() << "needs 4 or 8 ranks";
+  Config c = parity_config();
+  c.parallel.pp = 2;
+  c.parallel.dp = n / 2;
+  c.parallel.ep = 2;
+  c.parallel.zero1 = true;
+  expect_f64_parity(c);
+}
+
+// The fast fp32 path: per-step loss and grad norm within 1e-6 (parameters: see the top).
+TEST(Parity, DataParallelFp32LossAndNorm) {
+  if (world().size() == 1) GTEST_SKIP() << "needs two or more ranks";
+  const Compared r = compare(dp_config(world().size()), DType::kF32);
+  for (size_t s = 0; s < r.single.total.size(); ++s) {
+    EXPECT_NEAR(r.dist.total[s], r.single.total[s], 1e-6 * std::abs(r.single.total[s])) << "step " << s + 1;
+    EXPECT_NEAR(r.dist.grad_norm[s], r.single.grad_norm[s], 1e-6 * r.single.grad_norm[s]) << "step " << s + 1;
+  }
+}
+
+// bf16 GEMM operands with block recompute under DP + ZeRO-1: the first step (same weights
+// everywhere) matches one process to 1e-6; later steps differ by bf16 rounding of weights that
+// moved by reduction-order amounts, so they are only required to stay close (1e-3), and the
+// dense replicas must still be bitwise equal.
+TEST(Parity, DataParallelBf16Recompute) {
+  if (world().size() == 1) GTEST_SKIP() << "needs two or more ranks";
+  Config c = dp_config(world().size());
+  c.train.precision = "bf16";
+  c.train.recompute = true;
+  c.parallel.zero1 = true;
+  const Compared r = compare(c, DType::kF32);
+  EXPECT_NEAR(r.dist.total[0], r.single.total[0], 1e-6 * std::abs(r.single.total[0]));
+  EXPECT_NEAR(r.dist.grad_norm[0], r.single.grad_norm[0], 1e-6 * r.single.grad_norm[0]);
+  for (size_t s = 1; s < r.single.total.size(); ++s)
+    EXPECT_NEAR(r.dist.total[s], r.single.total[s], 1e-3 * std::abs(r.single.total[s])) << "step " << s + 1;
+}
 
 // Optimizer-state memory per rank against dp, on the default model (printed for the notes):
 // ZeRO-1 holds 1/dp of the moments (plus at most 16 x dp padding elements per region).
@@ -104,81 +137,6 @@ TEST(Zero1, OptimizerStatePerRankShrinksWithDp) {
   const double padding = 2.0 * 2 * 16 * n * sizeof(float);  // two moments, two regions
   EXPECT_LE(mine, full / n + padding);
   EXPECT_GE(mine, full / n - padding);
-}
-
-}  // namespace
-}  // namespace moe::test
-
-namespace moe::test {
-namespace {
-
-// bf16 GEMM operands with block recompute under DP + ZeRO-1: the first step (same weights
-// everywhere) matches one process to 1e-6; later steps differ by bf16 rounding of weights that
-// moved by reduction-order amounts, so they are only required to stay close (1e-3), and the
-// dense replicas must still be bitwise equal.
-TEST(Parity, DataParallelBf16Recompute) {
-  const int n = world().size();
-  if (n == 1) GTEST_SKIP() << "needs two or more ranks";
-  Config c = parity_config();
-  c.train.precision = "bf16";
-  c.train.recompute = true;
-  c.parallel.dp = n;
-  c.parallel.zero1 = true;
-  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
-  const RunResult dist = run_distributed(c, g, DType::kF32);
-  const RunResult single = run_single(c, DType::kF32);
-  EXPECT_NEAR(dist.total[0], single.total[0], 1e-6 * std::abs(single.total[0]));
-  EXPECT_NEAR(dist.grad_norm[0], single.grad_norm[0], 1e-6 * single.grad_norm[0]);
-  for (size_t s = 1; s < single.total.size(); ++s)
-    EXPECT_NEAR(dist.total[s], single.total[s], 1e-3 * std::abs(single.total[s])) << "step " << s + 1;
-  expect_dense_replicas_equal(dist, g);
-}
-
-}  // namespace
-}  // namespace moe::test
-
-namespace moe::test {
-namespace {
-
-// Every dimension at once (np=4: pp=2 x dp=2, ep=2, ZeRO-1), and at np=8 pp=2 x dp=4, ep=2.
-TEST(Parity, PipelineDataExpertZero1) {
-  const int n = world().size();
-  if (n != 4 && n != 8) GTEST_SKIP() << "needs 4 or 8 ranks";
-  Config c = parity_config();
-  c.parallel.pp = 2;
-  c.parallel.dp = n / 2;
-  c.parallel.ep = 2;
-  c.parallel.zero1 = true;
-  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
-  const RunResult dist = run_distributed(c, g, DType::kF64);
-  const RunResult single = run_single(c, DType::kF64);
-  expect_parity(dist, single, 1e-9);
-  expect_dense_replicas_equal(dist, g);
-}
-
-}  // namespace
-}  // namespace moe::test
-
-namespace moe::test {
-namespace {
-
-// DDP with per-layer all-reduces started during the backward: the same sums as after it.
-TEST(Parity, OverlappedGradientReduction) {
-  const int n = world().size();
-  if (n == 1) GTEST_SKIP() << "needs two or more ranks";
-  Config c = parity_config();
-  c.parallel.dp = n;
-  c.parallel.ep = 2;  // experts reduced over edp (size 1 at n=2)
-  c.parallel.overlap_grad_reduce = true;
-  if (n == 4) {  // and a pipeline: each stage reduces its own layers
-    c.parallel.pp = 2;
-    c.parallel.dp = 2;
-  }
-  ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
-  const RunResult dist = run_distributed(c, g, DType::kF64);
-  const RunResult single = run_single(c, DType::kF64);
-  expect_parity(dist, single, 1e-9);
-  expect_dense_replicas_equal(dist, g);
 }
 
 }  // namespace
