@@ -1,5 +1,6 @@
 #include "train/train_loop.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,25 +33,34 @@ double now_s() {
 
 // Mean cross-entropy over the first `batches` micro-batches of the validation set (stream
 // order), with the same intra-document masking as training.
+// Data-parallel ranks split the batches (rank d takes m = d, d + dp, ...) and sum; a rank with
+// no batch left in the last round runs one with every label masked, because expert and pipeline
+// parallelism need the whole group in every forward.
 double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batches) {
   const Config& c = trainer.config();
   const int64_t B = c.train.micro_batch_size, S = c.train.seq_len;
-  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S}), sum(DType::kF64, {1}),
+  ProcessGroups* g = trainer.groups();
+  const int64_t dp = g ? g->layout.dp : 1, d = g ? g->coords.dp : 0;
+  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S}), sum(DType::kF64, {2}),
       doc(DType::kI32, {B, S});
-  int64_t labeled = 0;
-  for (int64_t m = 0; m < batches; ++m) {
+  double labeled = 0;
+  for (int64_t round = 0; round * dp < batches; ++round) {
+    const int64_t m = round * dp + d;
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t index = (m * B + b) % valid.num_instances();
+      const int64_t index = (std::min(m, batches - 1) * B + b) % valid.num_instances();
       valid.instance(index, ids.as<int32_t>() + b * S, labels.as<int32_t>() + b * S);
       if (c.data.intra_doc_mask)
         document_starts(ids.as<int32_t>() + b * S, S, static_cast<int32_t>(c.data.eos_id), doc.as<int32_t>() + b * S);
     }
+    if (m >= batches) std::fill(labels.as<int32_t>(), labels.as<int32_t>() + B * S, -1);
     for (int64_t i = 0; i < B * S; ++i) labeled += labels.as<int32_t>()[i] >= 0;
     trainer.model().set_document_starts(c.data.intra_doc_mask ? doc.t : Tensor());
-    trainer.forward_loss(ids, labels, sum);  // across pipeline stages when pp > 1
+    trainer.forward_loss(ids, labels, sum.t.slice(0, 1));  // across pipeline stages when pp > 1
   }
   trainer.model().set_document_starts(Tensor());
-  return sum.as<double>()[0] / static_cast<double>(labeled);
+  sum.as<double>()[1] = labeled;
+  if (g && dp > 1) g->dp->all_reduce_sum(sum.t.data, 2, DType::kF64);
+  return sum.as<double>()[0] / sum.as<double>()[1];
 }
 
 // Fault injection for the failure tests: MOE_INJECT_FAULT="error@R:S" makes world rank R throw

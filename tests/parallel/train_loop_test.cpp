@@ -18,10 +18,14 @@ namespace moe::test {
 namespace {
 namespace fs = std::filesystem;
 
-std::vector<double> losses(const std::string& metrics_path) {
+// Per step: loss, and validation CE where evaluated (else NaN).
+std::vector<std::pair<double, double>> losses(const std::string& metrics_path) {
   std::ifstream in(metrics_path);
-  std::vector<double> out;
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  std::vector<std::pair<double, double>> out;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    out.emplace_back(j.at("loss").get<double>(), j.contains("valid_ce") ? j.at("valid_ce").get<double>() : std::nan(""));
+  }
   return out;
 }
 
@@ -33,7 +37,9 @@ TEST(TrainLoop, DistributedRunFollowsOneProcessAndOneProcessResumesIt) {
   const fs::path dir = fs::temp_directory_path() / ("moecore_trainloop_" + std::to_string(pid));
   Config c = parity_config();
   c.data.train_path = (dir / "train.bin").string();
-  c.data.valid_path = (dir / "none.bin").string();  // absent: no validation
+  c.data.valid_path = c.data.train_path;  // validation split over dp ranks (3 batches over 2 or 4)
+  c.train.eval_every = 6;
+  c.train.eval_batches = 3;
   c.train.steps = 6;
   c.train.log_every = 100;
   c.train.threads = 1;
@@ -70,11 +76,13 @@ TEST(TrainLoop, DistributedRunFollowsOneProcessAndOneProcessResumesIt) {
     resume.train.out_dir = dist.train.out_dir;
     run_training(resume, log2, true, nullptr);
     EXPECT_NE(log2.str().find("resumed from"), std::string::npos) << log2.str();
-    const std::vector<double> a = losses(dist.train.out_dir + "/metrics.jsonl"), b = losses(one.train.out_dir + "/metrics.jsonl");
+    const auto a = losses(dist.train.out_dir + "/metrics.jsonl"), b = losses(one.train.out_dir + "/metrics.jsonl");
     ASSERT_EQ(a.size(), 8u);  // 6 distributed steps, then 2 resumed (appended)
     ASSERT_EQ(b.size(), 8u);
     // fp32: reduction order differs (see parity_test.cpp), 1e-6 relative.
-    for (size_t s = 0; s < 8; ++s) EXPECT_NEAR(a[s], b[s], 1e-6 * std::abs(b[s])) << "step " << s + 1;
+    for (size_t s = 0; s < 8; ++s) EXPECT_NEAR(a[s].first, b[s].first, 1e-6 * std::abs(b[s].first)) << "step " << s + 1;
+    ASSERT_FALSE(std::isnan(a[5].second));  // step 6: validation of the distributed run
+    EXPECT_NEAR(a[5].second, b[5].second, 1e-6 * b[5].second);
     fs::remove_all(dir);
   }
 }
