@@ -9,6 +9,8 @@ std::array<double, PhaseTimer::kNum> PhaseTimer::seconds_{};
 const std::atomic<uint64_t>* PhaseTimer::alloc_counter_ = nullptr;
 uint64_t PhaseTimer::allocs_since_ = 0;
 std::array<uint64_t, PhaseTimer::kNum> PhaseTimer::allocs_{};
+uint64_t (*PhaseTimer::thread_alloc_reader_)() = nullptr;
+std::atomic<uint64_t> PhaseTimer::foreign_allocs_{0};
 
 const char* phase_name(Phase p) {
   switch (p) {

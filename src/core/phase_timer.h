@@ -42,6 +42,11 @@ class PhaseTimer {
   // Optional heap allocation counter: allocations are then attributed to phases as well.
   static void set_alloc_counter(const std::atomic<uint64_t>* c) { alloc_counter_ = c; }
   static const std::array<uint64_t, kNum>& allocs() { return allocs_; }
+  // Optional reader of the calling thread's own allocation count (same counting operator new).
+  // With it, ForeignAllocScope separates the allocations made inside library calls that cannot
+  // be made allocation-free from ours; foreign_allocs() is their running total (all threads).
+  static void set_thread_alloc_reader(uint64_t (*f)()) { thread_alloc_reader_ = f; }
+  static uint64_t foreign_allocs() { return foreign_allocs_.load(std::memory_order_relaxed); }
 
  private:
   friend class PhaseScope;
@@ -52,6 +57,25 @@ class PhaseTimer {
   static const std::atomic<uint64_t>* alloc_counter_;
   static uint64_t allocs_since_;
   static std::array<uint64_t, kNum> allocs_;
+  friend class ForeignAllocScope;
+  static uint64_t (*thread_alloc_reader_)();
+  static std::atomic<uint64_t> foreign_allocs_;
+};
+
+// Brackets one call into a library that allocates internally (any thread; the count is the
+// calling thread's own, so concurrent scopes never see each other's allocations).
+class ForeignAllocScope {
+ public:
+  ForeignAllocScope() : read_(PhaseTimer::thread_alloc_reader_), start_(read_ ? read_() : 0) {}
+  ~ForeignAllocScope() {
+    if (read_) PhaseTimer::foreign_allocs_.fetch_add(read_() - start_, std::memory_order_relaxed);
+  }
+  ForeignAllocScope(const ForeignAllocScope&) = delete;
+  ForeignAllocScope& operator=(const ForeignAllocScope&) = delete;
+
+ private:
+  uint64_t (*read_)();
+  uint64_t start_;
 };
 
 class PhaseScope {

@@ -30,7 +30,8 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   BenchResult r;
   r.tokens_per_step = B * S;
   using Clock = std::chrono::steady_clock;
-  uint64_t alloc_before = 0;
+  uint64_t alloc_before = 0, foreign_before = 0;
+  PhaseTimer::set_thread_alloc_reader(opt.thread_alloc_reader);
   const int64_t total = opt.warmup + opt.steps;
   std::array<double, PhaseTimer::kNum> sums{};
   double step_sum = 0;
@@ -43,7 +44,10 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     }
     const bool timed = i > opt.warmup;
     const bool count_allocs = opt.alloc_counter && i >= 3 && i <= 10;
-    if (count_allocs) alloc_before = opt.alloc_counter->load(std::memory_order_relaxed);
+    if (count_allocs) {
+      alloc_before = opt.alloc_counter->load(std::memory_order_relaxed);
+      foreign_before = PhaseTimer::foreign_allocs();
+    }
     PhaseTimer::set_alloc_counter(count_allocs ? opt.alloc_counter : nullptr);
     PhaseTimer::set_enabled(true);
     PhaseTimer::reset();
@@ -54,6 +58,7 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     PhaseTimer::set_enabled(false);
     if (count_allocs) {
       r.allocs_per_step += static_cast<double>(opt.alloc_counter->load(std::memory_order_relaxed) - alloc_before);
+      r.dnnl_allocs_per_step += static_cast<double>(PhaseTimer::foreign_allocs() - foreign_before);
       ++r.alloc_steps;
       for (int p = 0; p < PhaseTimer::kNum; ++p)
         r.phase_allocs[static_cast<size_t>(p)] += static_cast<double>(PhaseTimer::allocs()[static_cast<size_t>(p)]);
@@ -65,8 +70,11 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     step_sum += dt;
     for (int p = 0; p < PhaseTimer::kNum; ++p) sums[static_cast<size_t>(p)] += PhaseTimer::seconds()[static_cast<size_t>(p)];
   }
+  PhaseTimer::set_thread_alloc_reader(nullptr);
+  if (!opt.thread_alloc_reader) r.dnnl_allocs_per_step = -1;
   if (r.alloc_steps > 0) {
     r.allocs_per_step /= static_cast<double>(r.alloc_steps);
+    if (opt.thread_alloc_reader) r.dnnl_allocs_per_step /= static_cast<double>(r.alloc_steps);
     for (double& a : r.phase_allocs) a /= static_cast<double>(r.alloc_steps);
   }
 
@@ -121,7 +129,10 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   if (r.alloc_steps > 0)
     os << std::setprecision(1) << "heap allocations per step (operator new, steps 3-" << 2 + r.alloc_steps
        << "): " << r.allocs_per_step << "\n";
-  else
+  if (r.alloc_steps > 0 && r.dnnl_allocs_per_step >= 0)
+    os << "  inside oneDNN primitive execution: " << r.dnnl_allocs_per_step
+       << "\n  outside oneDNN: " << r.allocs_per_step - r.dnnl_allocs_per_step << "\n";
+  if (r.alloc_steps == 0)
     os << "heap allocations: not counted (no counter installed)\n";
   os << std::setprecision(1) << "peak RSS: " << static_cast<double>(r.peak_rss_bytes) / (1 << 20) << " MiB\n";
   os.flags(flags);

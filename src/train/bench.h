@@ -19,6 +19,9 @@ struct BenchOptions {
   // Heap allocation counter (incremented by a counting operator new in the moecore binary), or
   // null when none is installed. Counted over steps 3-10 of the whole run (warm-up included).
   const std::atomic<uint64_t>* alloc_counter = nullptr;
+  // The calling thread's count of the same counter (PhaseTimer::set_thread_alloc_reader), or
+  // null: splits the count into allocations inside oneDNN's primitive execution and the rest.
+  uint64_t (*thread_alloc_reader)() = nullptr;
 };
 
 struct BenchResult {
@@ -32,6 +35,7 @@ struct BenchResult {
   double phase_error = 0;              // |phase_sum_s - mean_step_s| / mean_step_s
   int64_t alloc_steps = 0;             // steps counted for allocations (0: no counter)
   double allocs_per_step = 0;
+  double dnnl_allocs_per_step = 0;     // of which inside oneDNN's primitive execution (-1: unknown)
   std::array<double, PhaseTimer::kNum> phase_allocs{};  // per counted step, by phase
   int64_t peak_rss_bytes = 0;
 };
