@@ -67,7 +67,8 @@ class TorchVariant:
                          norm_topk_prob=m.get("norm_topk_prob", False), rms_norm_eps=m.get("norm_eps", 1e-5),
                          rope_theta=m.get("rope_theta", 10000.0), max_position_embeddings=max(4096, self.S),
                          router_aux_loss_coef=cfg["loss"]["lbl_coef"], output_router_logits=True,
-                         tie_word_embeddings=False, initializer_range=m.get("init_std", 0.02))
+                         tie_word_embeddings=False, initializer_range=m.get("init_std", 0.02),
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
         hf._experts_implementation = experts_impl
         self.model = OlmoeForCausalLM(hf)
         self.model.train()

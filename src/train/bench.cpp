@@ -67,6 +67,7 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     if (!timed) continue;
     const double dt = std::chrono::duration<double>(t1 - t0).count();
     r.step_s.push_back(dt);
+    r.fwd_bwd_s.push_back(dt - PhaseTimer::seconds()[static_cast<size_t>(Phase::kOptimizer)]);
     step_sum += dt;
     for (int p = 0; p < PhaseTimer::kNum; ++p) sums[static_cast<size_t>(p)] += PhaseTimer::seconds()[static_cast<size_t>(p)];
   }
@@ -107,6 +108,10 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   os << std::setprecision(4) << "step time: median " << r.median_step_s << " s, mean " << r.mean_step_s << " s\n";
   os << std::setprecision(3) << "step times (s):";
   for (double t : r.step_s) os << " " << t;
+  // Forward + backward of all micro-batches: each step less its optimizer phase (grad norm,
+  // clipping, AdamW, bf16 refresh). Per step, so a noisy machine's best step can be picked.
+  os << "\nfwd+bwd times (s):";
+  for (double t : r.fwd_bwd_s) os << " " << t;
   os << "\n";
   os << std::setprecision(0) << "tokens/s (median): " << r.tokens_per_s << "\n";
   os << std::setprecision(2) << "model FLOPs/token (causal): " << r.flops_per_token * 1e-6 << " M\n";

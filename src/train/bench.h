@@ -27,6 +27,7 @@ struct BenchOptions {
 struct BenchResult {
   int64_t tokens_per_step = 0;
   std::vector<double> step_s;          // timed steps
+  std::vector<double> fwd_bwd_s;       // the same steps less their optimizer phase
   double median_step_s = 0, mean_step_s = 0;
   double tokens_per_s = 0;             // tokens_per_step / median step time
   double flops_per_token = 0, tflops = 0, peak_tflops = 0, mfu = 0;
