@@ -28,10 +28,12 @@ struct BenchResult {
   int64_t tokens_per_step = 0;
   std::vector<double> step_s;          // timed steps
   std::vector<double> fwd_bwd_s;       // the same steps less their optimizer phase
+  std::vector<double> cpu_s, cpu_fwd_bwd_s;  // the same in process CPU seconds (all threads)
   double median_step_s = 0, mean_step_s = 0;
   double tokens_per_s = 0;             // tokens_per_step / median step time
   double flops_per_token = 0, tflops = 0, peak_tflops = 0, mfu = 0;
   std::array<double, PhaseTimer::kNum> phase_s{};  // mean seconds per timed step, exclusive
+  std::array<double, PhaseTimer::kNum> phase_cpu_s{};  // the same in process CPU seconds
   double phase_sum_s = 0;              // sum of phase_s (other measured, not derived)
   double phase_error = 0;              // |phase_sum_s - mean_step_s| / mean_step_s
   int64_t alloc_steps = 0;             // steps counted for allocations (0: no counter)
