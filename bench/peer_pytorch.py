@@ -159,8 +159,15 @@ def main():
     results = {}
     cmds = {}
     for r in range(args.rounds):
-        for v in variants:
-            results.setdefault(v.name, []).append(v.run(args.steps))
+        for v in list(variants):
+            try:
+                results.setdefault(v.name, []).append(v.run(args.steps))
+            except Exception as e:  # e.g. a recompilation failing later: report, drop the variant
+                failed[v.name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                print(f"  {v.name}: FAILED in round {r + 1} ({failed[v.name]})", flush=True)
+                variants.remove(v)
+                results.pop(v.name, None)
+                continue
             print(f"  round {r + 1} torch {v.name}: {results[v.name][-1][0]:.0f} tokens/s wall, "
                   f"{results[v.name][-1][1]:.0f} by CPU time", flush=True)
         for prec in ("fp32", "bf16"):
