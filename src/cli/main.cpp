@@ -44,16 +44,22 @@
 
 namespace {
 std::atomic<uint64_t> g_allocs{0};
+// The same count per thread (initial-exec TLS of the executable: a plain increment), read by
+// bench to tell oneDNN's internal allocations from ours.
+thread_local uint64_t t_allocs = 0;
+uint64_t thread_allocs() { return t_allocs; }
 }  // namespace
 
 #if MOE_COUNT_ALLOCS
 void* operator new(std::size_t n) {
   g_allocs.fetch_add(1, std::memory_order_relaxed);
+  ++t_allocs;
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
 void* operator new(std::size_t n, std::align_val_t al) {
   g_allocs.fetch_add(1, std::memory_order_relaxed);
+  ++t_allocs;
   const std::size_t a = static_cast<std::size_t>(al);
   if (void* p = std::aligned_alloc(a, (std::max<std::size_t>(n, 1) + a - 1) / a * a)) return p;
   throw std::bad_alloc();
@@ -203,6 +209,7 @@ int run(int argc, char** argv) {
     o.warmup = a.warmup;
     o.steps = a.bench_steps;
     o.alloc_counter = MOE_COUNT_ALLOCS ? &g_allocs : nullptr;
+    o.thread_alloc_reader = MOE_COUNT_ALLOCS ? &thread_allocs : nullptr;
     const moe::BenchResult result = moe::run_bench(c, o);
     if (moe::launch_rank() == 0) moe::print_bench(c, result, std::cout);
     return 0;

@@ -6,9 +6,13 @@ bool PhaseTimer::enabled_ = false;
 Phase PhaseTimer::current_ = Phase::kOther;
 PhaseTimer::Clock::time_point PhaseTimer::since_{};
 std::array<double, PhaseTimer::kNum> PhaseTimer::seconds_{};
+double PhaseTimer::cpu_since_ = 0;
+std::array<double, PhaseTimer::kNum> PhaseTimer::cpu_seconds_{};
 const std::atomic<uint64_t>* PhaseTimer::alloc_counter_ = nullptr;
 uint64_t PhaseTimer::allocs_since_ = 0;
 std::array<uint64_t, PhaseTimer::kNum> PhaseTimer::allocs_{};
+uint64_t (*PhaseTimer::thread_alloc_reader_)() = nullptr;
+std::atomic<uint64_t> PhaseTimer::foreign_allocs_{0};
 
 const char* phase_name(Phase p) {
   switch (p) {
@@ -30,14 +34,17 @@ void PhaseTimer::set_enabled(bool on) {
   enabled_ = on;
   current_ = Phase::kOther;
   since_ = Clock::now();
+  cpu_since_ = process_cpu_now();
   if (alloc_counter_) allocs_since_ = alloc_counter_->load(std::memory_order_relaxed);
 }
 
 void PhaseTimer::reset() {
   seconds_.fill(0.0);
+  cpu_seconds_.fill(0.0);
   allocs_.fill(0);
   current_ = Phase::kOther;
   since_ = Clock::now();
+  cpu_since_ = process_cpu_now();
   if (alloc_counter_) allocs_since_ = alloc_counter_->load(std::memory_order_relaxed);
 }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 
 namespace moe {
 
@@ -40,9 +41,23 @@ class PhaseTimer {
   // Accumulated exclusive seconds per phase since reset(); kOther only holds time in explicit
   // kOther scopes (bench computes the real "other" from the step time).
   static const std::array<double, kNum>& seconds() { return seconds_; }
+  // The same per phase in CPU seconds of the whole process (all threads): on a shared machine
+  // this barely moves when other processes take the cores, unlike wall time (with
+  // OMP_WAIT_POLICY=passive, so that waiting threads sleep instead of spinning).
+  static const std::array<double, kNum>& cpu_seconds() { return cpu_seconds_; }
+  static double process_cpu_now() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
   // Optional heap allocation counter: allocations are then attributed to phases as well.
   static void set_alloc_counter(const std::atomic<uint64_t>* c) { alloc_counter_ = c; }
   static const std::array<uint64_t, kNum>& allocs() { return allocs_; }
+  // Optional reader of the calling thread's own allocation count (same counting operator new).
+  // With it, ForeignAllocScope separates the allocations made inside library calls that cannot
+  // be made allocation-free from ours; foreign_allocs() is their running total (all threads).
+  static void set_thread_alloc_reader(uint64_t (*f)()) { thread_alloc_reader_ = f; }
+  static uint64_t foreign_allocs() { return foreign_allocs_.load(std::memory_order_relaxed); }
 
  private:
   friend class PhaseScope;
@@ -50,9 +65,30 @@ class PhaseTimer {
   static Phase current_;
   static Clock::time_point since_;
   static std::array<double, kNum> seconds_;
+  static double cpu_since_;
+  static std::array<double, kNum> cpu_seconds_;
   static const std::atomic<uint64_t>* alloc_counter_;
   static uint64_t allocs_since_;
   static std::array<uint64_t, kNum> allocs_;
+  friend class ForeignAllocScope;
+  static uint64_t (*thread_alloc_reader_)();
+  static std::atomic<uint64_t> foreign_allocs_;
+};
+
+// Brackets one call into a library that allocates internally (any thread; the count is the
+// calling thread's own, so concurrent scopes never see each other's allocations).
+class ForeignAllocScope {
+ public:
+  ForeignAllocScope() : read_(PhaseTimer::thread_alloc_reader_), start_(read_ ? read_() : 0) {}
+  ~ForeignAllocScope() {
+    if (read_) PhaseTimer::foreign_allocs_.fetch_add(read_() - start_, std::memory_order_relaxed);
+  }
+  ForeignAllocScope(const ForeignAllocScope&) = delete;
+  ForeignAllocScope& operator=(const ForeignAllocScope&) = delete;
+
+ private:
+  uint64_t (*read_)();
+  uint64_t start_;
 };
 
 class PhaseScope {
@@ -76,6 +112,9 @@ class PhaseScope {
     PhaseTimer::seconds_[static_cast<size_t>(PhaseTimer::current_)] +=
         std::chrono::duration<double>(now - PhaseTimer::since_).count();
     PhaseTimer::since_ = now;
+    const double cpu = PhaseTimer::process_cpu_now();
+    PhaseTimer::cpu_seconds_[static_cast<size_t>(PhaseTimer::current_)] += cpu - PhaseTimer::cpu_since_;
+    PhaseTimer::cpu_since_ = cpu;
     if (PhaseTimer::alloc_counter_) {
       const uint64_t a = PhaseTimer::alloc_counter_->load(std::memory_order_relaxed);
       PhaseTimer::allocs_[static_cast<size_t>(PhaseTimer::current_)] += a - PhaseTimer::allocs_since_;

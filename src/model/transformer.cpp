@@ -118,8 +118,8 @@ double Transformer::activation_bytes_per_token() const {
 }
 
 void Transformer::reset_exchange_counts() {
-  for (ExpertExchangeCounts& c : exchange_counts_) {
-    c = ExpertExchangeCounts{};
+  for (ExpertExchangeCounts& c : exchange_counts_) {  // zeroed in place: no allocation per step
+    c.rows_routed = c.rows_dropped = c.rows_sent_off_rank = 0;
     c.received_per_rank.assign(static_cast<size_t>(dims_.ep), 0);
   }
 }

@@ -48,9 +48,10 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   r.tokens_per_step = tc.batch_size * S;  // the global step
   r.ranks = world->size();
   using Clock = std::chrono::steady_clock;
-  uint64_t alloc_before = 0;
+  uint64_t alloc_before = 0, foreign_before = 0;
+  PhaseTimer::set_thread_alloc_reader(opt.thread_alloc_reader);
   const int64_t total = opt.warmup + opt.steps;
-  std::array<double, PhaseTimer::kNum> sums{};
+  std::array<double, PhaseTimer::kNum> sums{}, cpu_sums{};
   double step_sum = 0;
   for (int64_t i = 1; i <= total; ++i) {
     // Fresh random ids each step (outside the timed region); labels are the ids shifted by one.
@@ -61,7 +62,10 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     }
     const bool timed = i > opt.warmup;
     const bool count_allocs = opt.alloc_counter && i >= 3 && i <= 10;
-    if (count_allocs) alloc_before = opt.alloc_counter->load(std::memory_order_relaxed);
+    if (count_allocs) {
+      alloc_before = opt.alloc_counter->load(std::memory_order_relaxed);
+      foreign_before = PhaseTimer::foreign_allocs();
+    }
     PhaseTimer::set_alloc_counter(count_allocs ? opt.alloc_counter : nullptr);
     PhaseTimer::set_enabled(true);
     PhaseTimer::reset();
@@ -75,6 +79,7 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     PhaseTimer::set_enabled(false);
     if (count_allocs) {
       r.allocs_per_step += static_cast<double>(opt.alloc_counter->load(std::memory_order_relaxed) - alloc_before);
+      r.dnnl_allocs_per_step += static_cast<double>(PhaseTimer::foreign_allocs() - foreign_before);
       ++r.alloc_steps;
       for (int p = 0; p < PhaseTimer::kNum; ++p)
         r.phase_allocs[static_cast<size_t>(p)] += static_cast<double>(PhaseTimer::allocs()[static_cast<size_t>(p)]);
@@ -83,12 +88,23 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     if (!timed) continue;
     const double dt = std::chrono::duration<double>(t1 - t0).count();
     r.step_s.push_back(dt);
+    r.fwd_bwd_s.push_back(dt - PhaseTimer::seconds()[static_cast<size_t>(Phase::kOptimizer)]);
+    double cpu = 0;
+    for (double c : PhaseTimer::cpu_seconds()) cpu += c;
+    r.cpu_s.push_back(cpu);
+    r.cpu_fwd_bwd_s.push_back(cpu - PhaseTimer::cpu_seconds()[static_cast<size_t>(Phase::kOptimizer)]);
     step_sum += dt;
-    for (int p = 0; p < PhaseTimer::kNum; ++p) sums[static_cast<size_t>(p)] += PhaseTimer::seconds()[static_cast<size_t>(p)];
+    for (int p = 0; p < PhaseTimer::kNum; ++p) {
+      sums[static_cast<size_t>(p)] += PhaseTimer::seconds()[static_cast<size_t>(p)];
+      cpu_sums[static_cast<size_t>(p)] += PhaseTimer::cpu_seconds()[static_cast<size_t>(p)];
+    }
   }
   r.comm_bytes_per_step /= static_cast<double>(opt.steps);
+  PhaseTimer::set_thread_alloc_reader(nullptr);
+  if (!opt.thread_alloc_reader) r.dnnl_allocs_per_step = -1;
   if (r.alloc_steps > 0) {
     r.allocs_per_step /= static_cast<double>(r.alloc_steps);
+    if (opt.thread_alloc_reader) r.dnnl_allocs_per_step /= static_cast<double>(r.alloc_steps);
     for (double& a : r.phase_allocs) a /= static_cast<double>(r.alloc_steps);
   }
 
@@ -100,6 +116,7 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   r.mean_step_s = step_sum / n;
   for (int p = 0; p < PhaseTimer::kNum; ++p) {
     r.phase_s[static_cast<size_t>(p)] = sums[static_cast<size_t>(p)] / n;
+    r.phase_cpu_s[static_cast<size_t>(p)] = cpu_sums[static_cast<size_t>(p)] / n;
     r.phase_sum_s += r.phase_s[static_cast<size_t>(p)];
   }
   r.phase_error = std::abs(r.phase_sum_s - r.mean_step_s) / r.mean_step_s;
@@ -121,6 +138,15 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   os << std::setprecision(4) << "step time: median " << r.median_step_s << " s, mean " << r.mean_step_s << " s\n";
   os << std::setprecision(3) << "step times (s):";
   for (double t : r.step_s) os << " " << t;
+  // Forward + backward of all micro-batches: each step less its optimizer phase (grad norm,
+  // clipping, AdamW, bf16 refresh). Per step, so a noisy machine's best step can be picked.
+  os << "\nfwd+bwd times (s):";
+  for (double t : r.fwd_bwd_s) os << " " << t;
+  // CPU seconds of all threads: robust to other processes on the cores (see phase_timer.h).
+  os << "\ncpu times (s):";
+  for (double t : r.cpu_s) os << " " << t;
+  os << "\ncpu fwd+bwd times (s):";
+  for (double t : r.cpu_fwd_bwd_s) os << " " << t;
   os << "\n";
   os << std::setprecision(0) << "tokens/s (median): " << r.tokens_per_s << "\n";
   if (r.ranks > 1)
@@ -130,13 +156,14 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   os << std::setprecision(1) << "model GFLOP/s: " << r.tflops * 1e3 << "  MFU: " << r.mfu * 100 << "% of "
      << r.peak_tflops * 1e3 << " GFLOP/s\n";
   os << "phase breakdown (mean per timed step, exclusive):\n";
-  os << "  phase          ms/step      %" << (r.alloc_steps > 0 ? "   allocs/step" : "") << "\n";
+  os << "  phase          ms/step      %  cpu ms/step" << (r.alloc_steps > 0 ? "   allocs/step" : "") << "\n";
   for (int p = 1; p <= PhaseTimer::kNum; ++p) {
     const int idx = p % PhaseTimer::kNum;  // "other" last
     const double s = r.phase_s[static_cast<size_t>(idx)];
     os << "  " << std::left << std::setw(13) << phase_name(static_cast<Phase>(idx)) << std::right
        << std::setw(9) << std::setprecision(2) << s * 1e3 << std::setw(8) << std::setprecision(1)
-       << 100 * s / r.mean_step_s;
+       << 100 * s / r.mean_step_s << std::setw(13) << std::setprecision(2)
+       << r.phase_cpu_s[static_cast<size_t>(idx)] * 1e3;
     if (r.alloc_steps > 0) os << std::setw(14) << r.phase_allocs[static_cast<size_t>(idx)];
     os << "\n";
   }
@@ -145,7 +172,10 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   if (r.alloc_steps > 0)
     os << std::setprecision(1) << "heap allocations per step (operator new, steps 3-" << 2 + r.alloc_steps
        << "): " << r.allocs_per_step << "\n";
-  else
+  if (r.alloc_steps > 0 && r.dnnl_allocs_per_step >= 0)
+    os << "  inside oneDNN primitive execution: " << r.dnnl_allocs_per_step
+       << "\n  outside oneDNN: " << r.allocs_per_step - r.dnnl_allocs_per_step << "\n";
+  if (r.alloc_steps == 0)
     os << "heap allocations: not counted (no counter installed)\n";
   os << std::setprecision(1) << "peak RSS: " << static_cast<double>(r.peak_rss_bytes) / (1 << 20) << " MiB\n";
   os.flags(flags);

@@ -19,6 +19,9 @@ struct BenchOptions {
   // Heap allocation counter (incremented by a counting operator new in the moecore binary), or
   // null when none is installed. Counted over steps 3-10 of the whole run (warm-up included).
   const std::atomic<uint64_t>* alloc_counter = nullptr;
+  // The calling thread's count of the same counter (PhaseTimer::set_thread_alloc_reader), or
+  // null: splits the count into allocations inside oneDNN's primitive execution and the rest.
+  uint64_t (*thread_alloc_reader)() = nullptr;
 };
 
 struct BenchResult {
@@ -26,14 +29,18 @@ struct BenchResult {
   int64_t ranks = 1;
   double comm_bytes_per_step = 0;      // payload this rank sent (Communicator byte counters)
   std::vector<double> step_s;          // timed steps
+  std::vector<double> fwd_bwd_s;       // the same steps less their optimizer phase
+  std::vector<double> cpu_s, cpu_fwd_bwd_s;  // the same in process CPU seconds (all threads)
   double median_step_s = 0, mean_step_s = 0;
   double tokens_per_s = 0;             // tokens_per_step / median step time
   double flops_per_token = 0, tflops = 0, peak_tflops = 0, mfu = 0;
   std::array<double, PhaseTimer::kNum> phase_s{};  // mean seconds per timed step, exclusive
+  std::array<double, PhaseTimer::kNum> phase_cpu_s{};  // the same in process CPU seconds
   double phase_sum_s = 0;              // sum of phase_s (other measured, not derived)
   double phase_error = 0;              // |phase_sum_s - mean_step_s| / mean_step_s
   int64_t alloc_steps = 0;             // steps counted for allocations (0: no counter)
   double allocs_per_step = 0;
+  double dnnl_allocs_per_step = 0;     // of which inside oneDNN's primitive execution (-1: unknown)
   std::array<double, PhaseTimer::kNum> phase_allocs{};  // per counted step, by phase
   int64_t peak_rss_bytes = 0;
 };

@@ -119,7 +119,11 @@ double Pipeline::run(const std::vector<MicroBatch>& micro, StepStats& stats) {
             " micro-batches; the model has ", model_.pipeline_slots());
   log_.clear();
   bubble_s_ = 0;
-  for (const PipelineAction& a : one_f_one_b(stages_, stage_, M)) {
+  if (static_cast<int64_t>(schedule_micro_) != M) {  // computed once per micro-batch count: no allocation per step
+    schedule_ = one_f_one_b(stages_, stage_, M);
+    schedule_micro_ = M;
+  }
+  for (const PipelineAction& a : schedule_) {
     const MicroBatch& mb = micro[static_cast<size_t>(a.micro)];
     if (a.forward) forward(mb, a.micro);
     else backward(mb, a.micro, stats);

@@ -76,6 +76,8 @@ class Pipeline {
   std::vector<Request> flush_sent_;            // stage 0: end-of-step tokens to the other stages
   int32_t flush_token_ = 0;
   std::vector<std::string> log_;
+  std::vector<PipelineAction> schedule_;  // 1F1B for schedule_micro_ micro-batches
+  int64_t schedule_micro_ = -1;
   double bubble_s_ = 0;
 };
 

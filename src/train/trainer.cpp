@@ -121,7 +121,8 @@ StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, c
   model_->zero_stats(stats_);
   model_->reset_exchange_counts();
   const int64_t mbs = tc.micro_batch_size, num_micro = local / mbs, global_micro = tc.batch_size / mbs;
-  std::vector<MicroBatch> micro(static_cast<size_t>(num_micro));
+  std::vector<MicroBatch>& micro = micro_;  // reused: no allocation per step
+  micro.resize(static_cast<size_t>(num_micro));
   for (int64_t m = 0; m < num_micro; ++m) {
     const int64_t g = sync_->dp_rank() * num_micro + m;  // index in the global batch
     MicroBatch& mb = micro[static_cast<size_t>(m)];

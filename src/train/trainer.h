@@ -84,6 +84,7 @@ class Trainer {
   std::unique_ptr<AdamW> optim_;
   ProcessGroups* groups_;
   std::unique_ptr<GradSync> sync_;
+  std::vector<MicroBatch> micro_;  // the step's micro-batch views
   std::unique_ptr<Pipeline> pipeline_;  // one stage without pipeline parallelism
   StepStats stats_;
   int64_t skipped_steps_ = 0;

@@ -130,6 +130,7 @@ struct Item {
   int64_t c_rows = 0, c_cols = 0, c_ld = 0;
   bool c_in = false;
   double cost = 0;  // for ordering: proportional to the flops
+  int64_t seq = 0;  // position in the plan: breaks cost ties
 };
 
 std::vector<Item>& items() {
@@ -192,9 +193,12 @@ void run_item(const Item& it, int thread) {
 
 void run_items(std::vector<Item>& list) {
   if (list.empty()) return;
-  // Largest first, then dynamic hand-out: the last items to start are the cheapest.
-  std::stable_sort(list.begin(), list.end(),
-                   [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  // Largest first, then dynamic hand-out: the last items to start are the cheapest. Ties keep
+  // plan order (std::stable_sort would, but it allocates a temporary buffer on every call).
+  for (size_t i = 0; i < list.size(); ++i) list[i].seq = static_cast<int64_t>(i);
+  std::sort(list.begin(), list.end(), [](const Item& x, const Item& y) {
+    return x.cost != y.cost ? x.cost > y.cost : x.seq < y.seq;
+  });
   size_t scratch = 0, a_bytes = 0, c_bytes = 0;
   for (const Item& it : list) {
     if (it.full) scratch = std::max(scratch, gemm::scratch_bytes(it.full));
@@ -362,7 +366,7 @@ void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const vo
                        kGroupChunk);
   }
   // Expert-major: consecutive items share the expert's rows of dy and x (kept in order by the
-  // stable cost sort among equal costs).
+  // cost sort's tie-break on plan order).
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t rows = off[e + 1] - off[e];
     if (rows == 0) continue;  // a zero-row expert leaves its dw untouched

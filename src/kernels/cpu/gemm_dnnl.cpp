@@ -8,18 +8,27 @@
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/buffer.h"
+#include "core/phase_timer.h"
 
 namespace moe::cpu {
 namespace gemm {
+
+// Memory objects of one primitive for one thread, made once: executing only repoints their data
+// handles (a dnnl::memory made per call costs a heap allocation).
+struct Mems {
+  dnnl::memory a, b, c, scratch;
+};
 
 struct Primitive {
   dnnl::matmul prim;
   dnnl::memory::desc a, b, c, scratch;
   size_t scratch_bytes = 0;
   std::string impl;
+  std::vector<Mems> mems;  // one per prepared thread
 };
 
 namespace {
@@ -134,12 +143,30 @@ std::vector<std::unique_ptr<ThreadState>>& thread_states() {
   return s;
 }
 
+// Gives p memory objects for every prepared thread (null data handles until executed). The
+// scratchpad's handle is fixed here: it changes only when prepare_threads regrows the buffer,
+// which re-points it.
+void make_mems(Primitive& p) {
+  dnnl::engine& eng = engine();
+  const auto& states = thread_states();
+  while (p.mems.size() < states.size()) {
+    const ThreadState& t = *states[p.mems.size()];
+    Mems m{dnnl::memory(p.a, eng, DNNL_MEMORY_NONE), dnnl::memory(p.b, eng, DNNL_MEMORY_NONE),
+           dnnl::memory(p.c, eng, DNNL_MEMORY_NONE), dnnl::memory()};
+    if (p.scratch_bytes > 0) m.scratch = dnnl::memory(p.scratch, eng, t.scratch.data());
+    p.mems.push_back(std::move(m));
+  }
+}
+
 }  // namespace
 
 const Primitive* primitive(const Desc& d) {
   auto& c = cache();
   auto it = c.find(d);
-  if (it == c.end()) it = c.emplace(d, create(d)).first;
+  if (it == c.end()) {
+    it = c.emplace(d, create(d)).first;
+    make_mems(*it->second);
+  }
   return it->second.get();
 }
 
@@ -171,27 +198,47 @@ std::vector<std::pair<Desc, std::string>> cached_primitives() {
 
 void prepare_threads(int threads, size_t scratch) {
   auto& s = thread_states();
+  const size_t had = s.size();
   while (static_cast<int>(s.size()) < threads) {
     auto t = std::make_unique<ThreadState>();
     t->stream = dnnl::stream(engine());
     s.push_back(std::move(t));
   }
+  bool regrown = false;
   for (int i = 0; i < threads; ++i) {
     ThreadState& t = *s[static_cast<size_t>(i)];
-    if (t.scratch.bytes() < scratch) t.scratch = Buffer(scratch);
+    if (t.scratch.bytes() < scratch) {
+      t.scratch = Buffer(scratch);
+      regrown = true;
+    }
+  }
+  if (s.size() == had && !regrown) return;  // the common case: nothing to (re)make
+  for (auto& [d, p] : cache()) {
+    make_mems(*p);
+    if (!regrown || p->scratch_bytes == 0) continue;
+    for (size_t i = 0; i < p->mems.size(); ++i)
+      p->mems[i].scratch.set_data_handle(s[i]->scratch.data());
   }
 }
 
 void execute(const Primitive* p, const void* a, const void* b, float* c, int thread) {
   ThreadState& t = *thread_states()[static_cast<size_t>(thread)];
-  dnnl::engine& eng = engine();
-  std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, dnnl::memory(p->a, eng, const_cast<void*>(a))},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(p->b, eng, const_cast<void*>(b))},
-      {DNNL_ARG_DST, dnnl::memory(p->c, eng, c)}};
-  if (p->scratch_bytes > 0)
-    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(p->scratch, eng, t.scratch.data()));
-  p->prim.execute(t.stream, args);
+  // The memory objects are this thread's own: repointing them races with no other thread.
+  const Mems& m = p->mems[static_cast<size_t>(thread)];
+  m.a.set_data_handle(const_cast<void*>(a));
+  m.b.set_data_handle(const_cast<void*>(b));
+  m.c.set_data_handle(c);
+  // The C API on a stack array: the C++ execute() copies the argument map into a std::vector.
+  const dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m.a.get()},
+                                   {DNNL_ARG_WEIGHTS, m.b.get()},
+                                   {DNNL_ARG_DST, m.c.get()},
+                                   {DNNL_ARG_SCRATCHPAD, m.scratch ? m.scratch.get() : nullptr}};
+  // dnnl_primitive_execute itself allocates (oneDNN 2.6 copies the arguments into a
+  // std::unordered_map per call: 6 operator new per call); bench reports those separately.
+  ForeignAllocScope foreign;
+  dnnl::error::wrap_c_api(
+      dnnl_primitive_execute(p->prim.get(), t.stream.get(), p->scratch_bytes > 0 ? 4 : 3, args),
+      "cpu GEMM: oneDNN matmul execution failed");
 }
 
 }  // namespace gemm

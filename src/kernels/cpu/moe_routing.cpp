@@ -18,20 +18,31 @@ namespace {
 
 constexpr int64_t kChunk = 256;  // tokens per reduction chunk (fixed: independent of threads)
 
+// n T's of the calling thread's scratch number kSlot, kept across calls: grown in the first step,
+// so later steps allocate nothing. Contents are unspecified (callers initialize what they read).
+// OpenMP's pool threads persist, and with them their buffers.
+template <class T, int kSlot> T* scratch(int64_t n) {
+  thread_local std::vector<T> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
+  return buf.data();
+}
 
 template <class T> void topk_row(const T* sel, int64_t E, int64_t K, int32_t* out) {
   // K is small: repeated selection of the maximum, ties to the lower index, O(K*E).
   uint64_t taken_small = 0;
-  std::vector<char> taken_big;
-  if (E > 64) taken_big.assign(static_cast<size_t>(E), 0);
+  char* taken_big = nullptr;
+  if (E > 64) {
+    taken_big = scratch<char, 0>(E);
+    std::fill(taken_big, taken_big + E, char{0});
+  }
   for (int64_t j = 0; j < K; ++j) {
     int64_t best = -1;
     for (int64_t e = 0; e < E; ++e) {
-      bool used = E > 64 ? taken_big[static_cast<size_t>(e)] != 0 : ((taken_small >> e) & 1u) != 0;
+      bool used = E > 64 ? taken_big[e] != 0 : ((taken_small >> e) & 1u) != 0;
       if (!used && (best < 0 || sel[e] > sel[best])) best = e;
     }
     out[j] = static_cast<int32_t>(best);
-    if (E > 64) taken_big[static_cast<size_t>(best)] = 1;
+    if (E > 64) taken_big[best] = 1;
     else taken_small |= 1ull << best;
   }
 }
@@ -100,13 +111,13 @@ void router_topk(const Tensor& scores, const Tensor& bias, const Tensor& expert_
     int32_t* idx = expert_idx.as<int32_t>();
 #pragma omp parallel
     {
-      std::vector<T> sel(static_cast<size_t>(E));
+      T* sel = scratch<T, 1>(E);
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < N; ++t) {
         const T* row = s + t * E;
         if (b) {
-          for (int64_t e = 0; e < E; ++e) sel[static_cast<size_t>(e)] = row[e] + b[e];
-          row = sel.data();
+          for (int64_t e = 0; e < E; ++e) sel[e] = row[e] + b[e];
+          row = sel;
         }
         topk_row(row, E, K, idx + t * K);
       }
@@ -121,7 +132,7 @@ void router_assign(int kind, uint64_t seed, uint64_t stream, int64_t token_base,
   int32_t* idx = expert_idx.as<int32_t>();
 #pragma omp parallel
   {
-    std::vector<double> draw(static_cast<size_t>(E));
+    double* draw = scratch<double, 2>(E);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < N; ++t) {
       const uint64_t g = static_cast<uint64_t>(token_base + t);
@@ -131,8 +142,8 @@ void router_assign(int kind, uint64_t seed, uint64_t stream, int64_t token_base,
         continue;
       }
       for (int64_t e = 0; e < E; ++e)
-        draw[static_cast<size_t>(e)] = random_uniform(seed, stream, g * static_cast<uint64_t>(E) + static_cast<uint64_t>(e));
-      topk_row(draw.data(), E, K, idx + t * K);
+        draw[e] = random_uniform(seed, stream, g * static_cast<uint64_t>(E) + static_cast<uint64_t>(e));
+      topk_row(draw, E, K, idx + t * K);
     }
   }
 }
@@ -196,11 +207,13 @@ void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offs
   // Parallel stable counting sort: per-chunk histograms, an exclusive scan in (expert, chunk)
   // order, then each chunk scatters its slots in order. The result is the unique stable order.
   const int64_t chunk = 4096, num_chunks = (R + chunk - 1) / chunk;
-  std::vector<int32_t> hist(static_cast<size_t>(std::max<int64_t>(num_chunks, 1) * E), 0);
+  const int64_t hist_len = std::max<int64_t>(num_chunks, 1) * E;
+  int32_t* hist = scratch<int32_t, 3>(hist_len);
+  std::fill(hist, hist + hist_len, 0);
   bool bad = false;
 #pragma omp parallel for schedule(static) reduction(|| : bad)
   for (int64_t c = 0; c < num_chunks; ++c) {
-    int32_t* h = hist.data() + c * E;
+    int32_t* h = hist + c * E;
     for (int64_t r = c * chunk; r < std::min(R, (c + 1) * chunk); ++r) {
       if (idx[r] < 0 || idx[r] >= E) { bad = true; continue; }
       ++h[idx[r]];
@@ -213,8 +226,8 @@ void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offs
   for (int64_t e = 0; e < E; ++e) {
     off[e] = running;
     for (int64_t c = 0; c < num_chunks; ++c) {
-      int32_t n = hist[static_cast<size_t>(c * E + e)];
-      hist[static_cast<size_t>(c * E + e)] = running;
+      int32_t n = hist[c * E + e];
+      hist[c * E + e] = running;
       running += n;
     }
     cnt[e] = running - off[e];
@@ -224,7 +237,7 @@ void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offs
   int32_t* pos = slot_pos.as<int32_t>();
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < num_chunks; ++c) {
-    int32_t* next = hist.data() + c * E;
+    int32_t* next = hist + c * E;
     for (int64_t r = c * chunk; r < std::min(R, (c + 1) * chunk); ++r) {
       int32_t p = next[idx[r]]++;
       sorted[p] = static_cast<int32_t>(r);
@@ -339,13 +352,14 @@ void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int
     const int32_t* c = counts.as<int32_t>();
     F* ds = dscores.empty() ? nullptr : dscores.as<F>();
     F* P = mean_prob.as<F>();
-    std::vector<F> f(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) f[static_cast<size_t>(e)] = static_cast<F>(c[e]) / static_cast<F>(top_k * T);
+    F* f = scratch<F, 4>(E);
+    for (int64_t e = 0; e < E; ++e) f[e] = static_cast<F>(c[e]) / static_cast<F>(top_k * T);
     const int64_t num_chunks = (T + kChunk - 1) / kChunk;
-    std::vector<F> partial(static_cast<size_t>(num_chunks * E), F(0));
+    F* partial = scratch<F, 5>(num_chunks * E);
+    std::fill(partial, partial + num_chunks * E, F(0));
 #pragma omp parallel for schedule(static)
     for (int64_t ch = 0; ch < num_chunks; ++ch) {
-      F* acc = partial.data() + ch * E;
+      F* acc = partial + ch * E;
       for (int64_t t = ch * kChunk; t < std::min(T, (ch + 1) * kChunk); ++t) {
         F norm = 1;
         if (kind == 1) {
@@ -358,9 +372,9 @@ void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int
     F loss = 0;
     for (int64_t e = 0; e < E; ++e) {
       F sum = 0;
-      for (int64_t ch = 0; ch < num_chunks; ++ch) sum += partial[static_cast<size_t>(ch * E + e)];
+      for (int64_t ch = 0; ch < num_chunks; ++ch) sum += partial[ch * E + e];
       P[e] = sum / static_cast<F>(T);
-      loss += f[static_cast<size_t>(e)] * P[e];
+      loss += f[e] * P[e];
     }
     out.as<double>()[0] += value_scale * static_cast<double>(static_cast<F>(E) * loss);
     if (!ds) return;
@@ -368,13 +382,13 @@ void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
       if (kind == 0) {
-        for (int64_t e = 0; e < E; ++e) ds[t * E + e] += gscale * f[static_cast<size_t>(e)];
+        for (int64_t e = 0; e < E; ++e) ds[t * E + e] += gscale * f[e];
         continue;
       }
       F norm = 0, dot = 0;
       for (int64_t e = 0; e < E; ++e) norm += s[t * E + e];
-      for (int64_t e = 0; e < E; ++e) dot += f[static_cast<size_t>(e)] * s[t * E + e] / norm;
-      for (int64_t e = 0; e < E; ++e) ds[t * E + e] += gscale * (f[static_cast<size_t>(e)] - dot) / norm;
+      for (int64_t e = 0; e < E; ++e) dot += f[e] * s[t * E + e] / norm;
+      for (int64_t e = 0; e < E; ++e) ds[t * E + e] += gscale * (f[e] - dot) / norm;
     }
   });
 }
@@ -387,7 +401,7 @@ void router_z_loss(const Tensor& logits, double value_scale, double grad_scale, 
     const F* z = logits.as<F>();
     F* dz = dlogits.empty() ? nullptr : dlogits.as<F>();
     const int64_t num_chunks = (T + kChunk - 1) / kChunk;
-    std::vector<double> partial(static_cast<size_t>(num_chunks), 0.0);
+    double* partial = scratch<double, 6>(num_chunks);
 #pragma omp parallel for schedule(static)
     for (int64_t ch = 0; ch < num_chunks; ++ch) {
       double acc = 0;
@@ -402,10 +416,10 @@ void router_z_loss(const Tensor& logits, double value_scale, double grad_scale, 
         const F g = static_cast<F>(grad_scale) * F(2) * lse / static_cast<F>(T);
         for (int64_t e = 0; e < E; ++e) dz[t * E + e] += g * std::exp(z[t * E + e] - lse);
       }
-      partial[static_cast<size_t>(ch)] = acc;
+      partial[ch] = acc;
     }
     double total = 0;
-    for (double p : partial) total += p;
+    for (int64_t ch = 0; ch < num_chunks; ++ch) total += partial[ch];
     out.as<double>()[0] += value_scale * total / static_cast<double>(T);
   });
 }

@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Side-by-side training throughput: moecore vs PyTorch + transformers' OlmoeForCausalLM.
+
+Same model and batch as the moecore bench config (default configs/bench/olmoe_compat.toml, read
+with tomllib), 2 threads on both sides, full optimizer steps (forward, backward, clipping,
+AdamW) after a warm-up. PyTorch variants: eager fp32, eager with bf16 autocast, and
+torch.compile of both (a variant that fails is reported with its error and skipped). Runs
+alternate A/B/A/B: each round runs every PyTorch variant (in this process) and moecore
+(`moecore bench`, a subprocess) in fp32 and bf16, so noise on the shared machine hits both.
+
+MFU uses moecore's formula (`moecore config`: 6 x active matmul parameters, router and LM head
+included, embedding excluded, + 12 x L x H x hd x (S+1)/2) against 235 GFLOP/s (fp32) and
+470 GFLOP/s (bf16) on 2 cores; both sides run the same model, so the ratio of MFUs of the same
+precision equals the ratio of throughputs.
+
+Two throughputs per run, both from the run's best step (noise on a shared machine only ever adds
+time): wall (tokens / step seconds) and CPU (2 x tokens / CPU seconds of the whole process, both
+threads): the wall rate a quiet machine would show, and barely moved by other processes taking
+the cores. OMP_WAIT_POLICY=passive on both sides so waiting threads sleep instead of spinning
+(spinning would count as CPU time).
+
+Run with the reference venv:  /work/refenv/bin/python bench/peer_pytorch.py
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+import tomllib
+
+PEAK_GFLOPS = {"fp32": 235.0, "bf16": 470.0}
+
+
+def flops_per_token(m, seq_len):
+    """moecore's ModelConfig::train_flops_per_token for the fields this config uses."""
+    d, L, H = m["d_model"], m["n_layers"], m["n_heads"]
+    kv = m.get("n_kv_heads", H)
+    hd = d // H
+    attn = d * H * hd + 2 * d * kv * hd + H * hd * d
+    moe = d * m["num_experts"] + m["top_k"] * 3 * d * m["expert_hidden"]
+    active = L * (attn + moe) + d * m["vocab_size"]
+    return 6.0 * active + 12.0 * L * H * hd * (seq_len + 1) / 2.0
+
+
+def moecore_flops_per_token(binary, config):
+    out = subprocess.run([binary, "config", "--config", config], check=True, capture_output=True,
+                         text=True).stdout
+    return float(re.search(r"training FLOPs per token \(causal attention\): ([0-9.e+]+)", out).group(1))
+
+
+def run_moecore(binary, config, precision, warmup, steps):
+    cmd = [binary, "bench", "--config", config, "--warmup", str(warmup), "--steps", str(steps),
+           "--set", "train.threads=2", "--set", f"train.precision={precision}"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    tokens = int(re.search(r"^precision \w+, (\d+) tokens/step", out, re.M).group(1))
+    wall = min(float(x) for x in re.search(r"^step times \(s\):(.*)$", out, re.M).group(1).split())
+    cpu = min(float(x) for x in re.search(r"^cpu times \(s\):(.*)$", out, re.M).group(1).split())
+    return (tokens / wall, 2 * tokens / cpu), " ".join(cmd)
+
+
+class TorchVariant:
+    def __init__(self, name, cfg, compile_, bf16, experts_impl, seed):
+        import torch
+        from transformers import OlmoeConfig, OlmoeForCausalLM
+
+        self.name, self.bf16, self.error = name, bf16, None
+        m, t, o = cfg["model"], cfg["train"], cfg["optim"]
+        self.B, self.S, self.V = t["batch_size"], t["seq_len"], m["vocab_size"]
+        torch.manual_seed(seed)
+        hf = OlmoeConfig(vocab_size=m["vocab_size"], hidden_size=m["d_model"],
+                         intermediate_size=m["expert_hidden"], num_hidden_layers=m["n_layers"],
+                         num_attention_heads=m["n_heads"], num_key_value_heads=m.get("n_kv_heads", m["n_heads"]),
+                         num_experts=m["num_experts"], num_experts_per_tok=m["top_k"],
+                         norm_topk_prob=m.get("norm_topk_prob", False), rms_norm_eps=m.get("norm_eps", 1e-5),
+                         rope_theta=m.get("rope_theta", 10000.0), max_position_embeddings=max(4096, self.S),
+                         router_aux_loss_coef=cfg["loss"]["lbl_coef"], output_router_logits=True,
+                         tie_word_embeddings=False, initializer_range=m.get("init_std", 0.02),
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        hf._experts_implementation = experts_impl
+        self.model = OlmoeForCausalLM(hf)
+        self.model.train()
+        try:
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=o["lr"], weight_decay=o["weight_decay"],
+                                         fused=True)
+        except (RuntimeError, TypeError):  # fused AdamW unavailable: the foreach one
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=o["lr"], weight_decay=o["weight_decay"])
+        self.clip = o.get("max_grad_norm", 0.0)
+        self.fwd = torch.compile(self.model) if compile_ else self.model
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def step(self):
+        import torch
+
+        ids = torch.randint(0, self.V, (self.B, self.S), generator=self.gen)
+        self.opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            loss = self.fwd(input_ids=ids, labels=ids).loss  # shifted inside; + lbl_coef * aux loss
+        loss.backward()
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.opt.step()
+
+    def run(self, steps):
+        wall, cpu = [], []
+        for _ in range(steps):
+            t0, c0 = time.perf_counter(), time.process_time()
+            self.step()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        tokens = self.B * self.S
+        return tokens / min(wall), 2 * tokens / min(cpu)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--config", default=os.path.join(here, "..", "configs", "bench", "olmoe_compat.toml"))
+    ap.add_argument("--moecore", default=os.path.join(here, "..", "build", "moecore"))
+    ap.add_argument("--rounds", type=int, default=2, help="A/B rounds")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps before the first round")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per run (median)")
+    ap.add_argument("--variants", default="eager-fp32,eager-bf16,compile-fp32,compile-bf16")
+    ap.add_argument("--experts", default="grouped_mm",
+                    help="transformers experts_implementation (eager, grouped_mm, batched_mm)")
+    args = ap.parse_args()
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch loads its OpenMP runtime
+    import torch
+    import transformers
+
+    torch.set_num_threads(2)
+    with open(args.config, "rb") as f:
+        cfg = tomllib.load(f)
+    S = cfg["train"]["seq_len"]
+    fpt = flops_per_token(cfg["model"], S)
+    ref = moecore_flops_per_token(args.moecore, args.config)
+    assert abs(fpt - ref) <= 1e-5 * ref, f"FLOP formula mismatch: {fpt} vs moecore config {ref}"
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads "
+          f"{torch.get_num_threads()}, config {args.config}")
+    print(f"{cfg['train']['batch_size']} x {S} tokens/step, {fpt / 1e6:.2f} MFLOP/token (moecore formula), "
+          f"experts_implementation={args.experts}, warm-up {args.warmup}, {args.steps} timed steps x "
+          f"{args.rounds} rounds", flush=True)
+
+    variants, failed = [], {}
+    for name in args.variants.split(","):
+        mode, prec = name.split("-")
+        try:
+            v = TorchVariant(name, cfg, mode == "compile", prec == "bf16", args.experts, cfg["train"]["seed"])
+            t0 = time.perf_counter()
+            for _ in range(args.warmup):
+                v.step()
+            print(f"  {name}: warm-up {time.perf_counter() - t0:.1f} s", flush=True)
+            variants.append(v)
+        except Exception as e:  # report and go on with the others
+            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+            print(f"  {name}: FAILED ({failed[name]})", flush=True)
+
+    results = {}
+    cmds = {}
+    for r in range(args.rounds):
+        for v in list(variants):
+            try:
+                results.setdefault(v.name, []).append(v.run(args.steps))
+            except Exception as e:  # e.g. a recompilation failing later: report, drop the variant
+                failed[v.name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                print(f"  {v.name}: FAILED in round {r + 1} ({failed[v.name]})", flush=True)
+                variants.remove(v)
+                results.pop(v.name, None)
+                continue
+            print(f"  round {r + 1} torch {v.name}: {results[v.name][-1][0]:.0f} tokens/s wall, "
+                  f"{results[v.name][-1][1]:.0f} by CPU time", flush=True)
+        for prec in ("fp32", "bf16"):
+            tps, cmds[prec] = run_moecore(args.moecore, args.config, prec, args.warmup, args.steps)
+            results.setdefault(f"moecore-{prec}", []).append(tps)
+            print(f"  round {r + 1} moecore {prec}: {tps[0]:.0f} tokens/s wall, {tps[1]:.0f} by CPU time",
+                  flush=True)
+
+    def mfu(tps, prec):
+        return 100.0 * tps * fpt / 1e9 / PEAK_GFLOPS[prec]
+
+    print("\nBest step per run; per round: wall / CPU-time tokens/s. Columns: best over the rounds.")
+    print("| side | variant | rounds (wall / cpu tok/s) | tokens/s (wall) | MFU (wall) | tokens/s (cpu) | MFU (cpu) |")
+    print("|---|---|---|---|---|---|---|")
+    best = {k: (max(x[0] for x in v), max(x[1] for x in v)) for k, v in results.items()}
+    for k, v in results.items():
+        prec = k.split("-")[1]
+        side = "moecore" if k.startswith("moecore") else "PyTorch"
+        w, c = best[k]
+        print(f"| {side} | {k} | {', '.join(f'{x[0]:.0f} / {x[1]:.0f}' for x in v)} | {w:.0f} | "
+              f"{mfu(w, prec):.1f}% of {PEAK_GFLOPS[prec]:.0f} | {c:.0f} | {mfu(c, prec):.1f}% |")
+    for name, err in failed.items():
+        print(f"| PyTorch | {name} | failed: {err} | | | | |")
+    for col, label in ((0, "wall"), (1, "cpu")):
+        torch_fp32 = {k: x[col] for k, x in best.items() if not k.startswith("moecore") and k.endswith("fp32")}
+        torch_all = {k: x[col] for k, x in best.items() if not k.startswith("moecore")}
+        if not torch_fp32:
+            continue
+        b32 = max(torch_fp32, key=torch_fp32.get)
+        ball = max(torch_all, key=torch_all.get)
+        print(f"\n[{label}] best PyTorch fp32: {b32} {torch_fp32[b32]:.0f} tokens/s; best PyTorch overall: "
+              f"{ball} {torch_all[ball]:.0f} tokens/s")
+        for prec, target in (("fp32", 3.0), ("bf16", 5.0)):
+            m = best[f"moecore-{prec}"][col]
+            print(f"[{label}] moecore {prec} / best PyTorch fp32 = {m / torch_fp32[b32]:.2f}x (target >= "
+                  f"{target:.0f}x); / best PyTorch overall = {m / torch_all[ball]:.2f}x")
+    print("\nmoecore commands:\n  " + "\n  ".join(cmds.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
