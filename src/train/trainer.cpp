@@ -128,7 +128,7 @@ StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, c
     MicroBatch& mb = micro[static_cast<size_t>(m)];
     mb.ids = ids.slice(m * mbs, (m + 1) * mbs);
     mb.labels = labels.slice(m * mbs, (m + 1) * mbs);
-    if (doc_start.data) mb.doc_start = doc_start.slice(m * mbs, (m + 1) * mbs);
+    mb.doc_start = doc_start.data ? doc_start.slice(m * mbs, (m + 1) * mbs) : Tensor();
     mb.scales.ce_scale = 1.0 / static_cast<double>(r.loss_tokens);
     mb.scales.aux_weight = 1.0 / static_cast<double>(global_micro);  // equal-size micro-batches: T_m / T_step
     mb.scales.token_base = (r.step - 1) * r.tokens + g * mbs * tc.seq_len;
