@@ -172,7 +172,7 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume, 
                static_cast<int32_t>(config.data.eos_id));
     maybe_inject_fault(trainer, step, groups ? groups->world->rank() : 0);
     const double t_step = now_s();
-    StepResult r = trainer.step(ids, labels, doc_mask ? doc.t : Tensor());
+    const StepResult& r = trainer.step(ids, labels, doc_mask ? doc.t : Tensor());
     tokens_window += r.tokens;
     summary.steps = step;
     if (!r.skipped) summary.final_train_loss = r.ce;

@@ -60,8 +60,8 @@ double total_loss(const LossConfig& loss, const StepResult& r) {
   return total;
 }
 
-StepResult Trainer::step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
-  StepResult r = compute_gradients(ids, labels, doc_start);
+const StepResult& Trainer::step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
+  StepResult& r = compute_gradients(ids, labels, doc_start);
   finish_step(r);
   return r;
 }
@@ -101,13 +101,31 @@ bool Trainer::finish_step(StepResult& r) {
   return false;
 }
 
-StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
+namespace {
+// A fresh record that keeps the vectors' memory (no allocation per step once sizes are known).
+void reset_keeping_capacity(StepResult& r) {
+  StepResult fresh;
+  fresh.lbl.swap(r.lbl);
+  fresh.router_z.swap(r.router_z);
+  fresh.counts.swap(r.counts);
+  fresh.mean_prob.swap(r.mean_prob);
+  fresh.ep_drop_fraction.swap(r.ep_drop_fraction);
+  fresh.ep_rows_received.swap(r.ep_rows_received);
+  fresh.lbl.clear();
+  fresh.router_z.clear();
+  fresh.ep_drop_fraction.clear();
+  r = std::move(fresh);  // counts, mean_prob, ep_rows_received: resized and refilled in place
+}
+}  // namespace
+
+StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
   const TrainConfig& tc = config_.train;
   const int64_t local = local_batch();
   check_shape(ids, {local, tc.seq_len}, "step ids");
   check_shape(labels, {local, tc.seq_len}, "step labels");
   if (doc_start.data) check_shape(doc_start, {local, tc.seq_len}, "step doc_start");
-  StepResult r;
+  StepResult& r = result_;
+  reset_keeping_capacity(r);
   r.step = optim_->steps_taken() + 1;
   r.tokens = tc.batch_size * tc.seq_len;
   // The loss is normalized by the loss tokens of the whole global step (not a mean of
@@ -143,16 +161,17 @@ StepResult Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, c
   const double* v = stats_.values.as<double>();
   r.ce = v[0];
   r.lm_z = v[1];
-  const int64_t nm = stats_.num_moe_layers;
+  const int64_t nm = stats_.num_moe_layers, E = config_.model.num_experts;
+  r.counts.resize(static_cast<size_t>(nm));
+  r.mean_prob.resize(static_cast<size_t>(nm));
   for (int64_t i = 0; i < nm; ++i) {
     r.lbl.push_back(v[2 + i]);
     r.router_z.push_back(v[2 + nm + i]);
     const int32_t* c = stats_.counts[static_cast<size_t>(i)].as<int32_t>();
-    r.counts.emplace_back(c, c + config_.model.num_experts);
-    const Tensor& p = stats_.mean_prob[static_cast<size_t>(i)].t;
-    std::vector<double> probs(static_cast<size_t>(config_.model.num_experts));
-    for (int64_t e = 0; e < config_.model.num_experts; ++e) probs[static_cast<size_t>(e)] = read_real(p, e);
-    r.mean_prob.push_back(std::move(probs));
+    r.counts[static_cast<size_t>(i)].assign(c, c + E);
+    std::vector<double>& probs = r.mean_prob[static_cast<size_t>(i)];
+    probs.resize(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) probs[static_cast<size_t>(e)] = read_real(stats_.mean_prob[static_cast<size_t>(i)].t, e);
   }
   r.total = total_loss(config_.loss, r);
   if (model_->ep_size() > 1) expert_parallel_stats(r);
@@ -169,7 +188,8 @@ void Trainer::expert_parallel_stats(StepResult& r) {
   // sum over the edp group gives the whole stage's rows (same on every rank).
   const auto& counts = model_->exchange_counts();
   const size_t ep = static_cast<size_t>(model_->ep_size());
-  std::vector<double> v;
+  std::vector<double>& v = ep_stats_;  // reused: no allocation per step
+  v.clear();
   for (const ExpertExchangeCounts& c : counts) {
     v.push_back(static_cast<double>(c.rows_routed));
     v.push_back(static_cast<double>(c.rows_dropped));
@@ -179,11 +199,12 @@ void Trainer::expert_parallel_stats(StepResult& r) {
     PhaseScope phase(Phase::kCommunication);
     groups_->edp->all_reduce_sum(v.data(), v.size(), DType::kF64);
   }
+  r.ep_rows_received.resize(counts.size());
   for (size_t m = 0; m < counts.size(); ++m) {
     const double* x = v.data() + m * (2 + ep);
     r.ep_drop_fraction.push_back(x[0] > 0 ? x[1] / x[0] : 0.0);
-    r.ep_rows_received.emplace_back();
-    for (size_t i = 0; i < ep; ++i) r.ep_rows_received.back().push_back(static_cast<int64_t>(x[2 + i]));
+    r.ep_rows_received[m].resize(ep);
+    for (size_t i = 0; i < ep; ++i) r.ep_rows_received[m][i] = static_cast<int64_t>(x[2 + i]);
   }
 }
 

@@ -53,10 +53,12 @@ class Trainer {
   // carry no loss. The step's results (losses, grad norm, counts) are global.
   // step() = compute_gradients() + finish_step(); tests look at the gradients in between.
   // doc_start: (batch_size, seq_len) i32 document starts for intra-document masking, or empty.
-  StepResult step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
+  // Both return the trainer's own record (refilled each step, so a step allocates nothing for
+  // it); copy it to keep it past the next step.
+  const StepResult& step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
   // Forward + backward over all micro-batches: losses, gradients (unclipped) and grad norm.
   // A non-finite loss or grad norm sets r.finite = false and r.nonfinite_tensor (no throw).
-  StepResult compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
+  StepResult& compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
   // Finite: apply_update(r). Non-finite: train.on_nonfinite = "stop" throws naming the step and
   // the first offending tensor; "skip" leaves parameters and optimizer state untouched, sets
   // r.skipped and counts it. Returns whether an update was applied.
@@ -85,6 +87,8 @@ class Trainer {
   ProcessGroups* groups_;
   std::unique_ptr<GradSync> sync_;
   std::vector<MicroBatch> micro_;  // the step's micro-batch views
+  StepResult result_;              // the last step's record
+  std::vector<double> ep_stats_;   // expert-parallel counters on their way to the edp sum
   std::unique_ptr<Pipeline> pipeline_;  // one stage without pipeline parallelism
   StepStats stats_;
   int64_t skipped_steps_ = 0;

@@ -68,12 +68,11 @@ std::pair<double, double> binary_bench_allocs(const std::string& sets) {
   return {std::stod(total[1].str()), std::stod(dnnl[1].str())};
 }
 
-// Inside a step the only allocations left outside oneDNN's primitive execution (which copies its
-// arguments into a std::unordered_map on every call, unavoidable through its API) are the
-// StepResult metric vectors built in trainer.cpp (per MoE layer: load counts, mean router
-// probabilities, loss terms). Their number depends on the layer count only, never on the
-// work: kernels, GEMM tiles and routing scratch are all reused.
-TEST(Bench, NoAllocationsOutsideOneDnnBeyondTheStepRecord) {
+// Inside a step the only allocations left are oneDNN's own in its primitive execution (it copies
+// its arguments into a std::unordered_map on every call, unavoidable through oneDNN 2.6's API):
+// kernels, GEMM tiles, routing scratch, the pipeline schedule, the micro-batch views and the
+// trainer's StepResult record are all reused.
+TEST(Bench, NoAllocationsOutsideOneDnnPrimitiveExecution) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "sanitizer builds keep their own allocator (no counting operator new)";
 #elif defined(__has_feature)
@@ -81,15 +80,14 @@ TEST(Bench, NoAllocationsOutsideOneDnnBeyondTheStepRecord) {
   GTEST_SKIP() << "sanitizer builds keep their own allocator (no counting operator new)";
 #endif
 #endif
-  constexpr double kStepRecord = 12;  // 2 MoE layers: trainer.cpp's StepResult vectors
   for (const char* precision : {"fp32", "bf16"}) {
     SCOPED_TRACE(precision);
     const std::string p = std::string(" --set train.precision=") + precision;
     const auto small = binary_bench_allocs(p + " --set train.seq_len=32 --set train.batch_size=4");
     const auto big = binary_bench_allocs(p + " --set train.seq_len=128 --set train.batch_size=8");
     EXPECT_GT(small.second, 0);  // the GEMMs ran through oneDNN and were attributed to it
-    EXPECT_EQ(small.first - small.second, kStepRecord);
-    EXPECT_EQ(big.first - big.second, kStepRecord);  // 8x the tokens, 4x the micro-batches
+    EXPECT_EQ(small.first - small.second, 0);
+    EXPECT_EQ(big.first - big.second, 0);  // 8x the tokens, 4x the micro-batches
   }
 }
 
