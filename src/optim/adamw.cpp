@@ -23,7 +23,6 @@ int64_t state_numel(const std::vector<StateSlice>& s) { return s.empty() ? 1 : s
 AdamW::AdamW(const ParamLayout& layout, const OptimConfig& config, DType dtype,
              std::vector<std::pair<int64_t, int64_t>> owned)
     : config_(config),
-      dtype_(dtype),
       slices_(owned_slices(layout, std::move(owned))),
       m_(dtype, {state_numel(slices_)}),
       v_(dtype, {state_numel(slices_)}) {}

@@ -42,7 +42,6 @@ class AdamW {
 
  private:
   OptimConfig config_;
-  DType dtype_;
   std::vector<StateSlice> slices_;
   OwnedTensor m_, v_;
   int64_t step_ = 0;
