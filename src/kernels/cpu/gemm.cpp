@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "kernels/gemm_shapes.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/gemm_dnnl.h"
 
@@ -404,22 +405,6 @@ void check_operands(const Tensor& a, const Tensor& b, const Tensor& out, const c
   check_dtype(out, DType::kF32, op);
 }
 
-// Offsets (E+1) i32, read where they live (host memory on this backend): offsets[0] = 0,
-// non-decreasing, offsets[E] <= rows.
-const int32_t* read_offsets(const Tensor& offsets, int64_t experts, int64_t rows, const char* op) {
-  check_dtype(offsets, DType::kI32, op);
-  check_shape(offsets, {experts + 1}, op);
-  MOE_CHECK(offsets.device == Device::kCpu, op, ": offsets must be a host tensor");
-  const int32_t* o = offsets.as<int32_t>();
-  MOE_CHECK(o[0] == 0, op, ": offsets[0] must be 0, got ", o[0]);
-  for (int64_t e = 1; e <= experts; ++e)
-    MOE_CHECK(o[e] >= o[e - 1], op, ": offsets must be non-decreasing, offsets[", e, "] = ", o[e],
-              " < offsets[", e - 1, "] = ", o[e - 1]);
-  MOE_CHECK(o[experts] <= rows, op, ": offsets[E] = ", o[experts], " exceeds the ", rows,
-            " rows of the operands");
-  return o;
-}
-
 void zero_rows(float* c, int64_t rows, int64_t cols) {
   std::memset(c, 0, static_cast<size_t>(rows * cols) * sizeof(float));
 }
@@ -447,11 +432,8 @@ std::string gemm_impl_info(GemmOp op, DType dtype, int64_t m, int64_t n, int64_t
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate) {
   check_operands(x, w, y, "linear_fwd");
-  MOE_CHECK(w.ndim == 2, "linear_fwd: w must be (N,K), got ", w.shape_str());
-  const int64_t m = x.rows(), n = w.dim(0), k = w.dim(1);
-  MOE_CHECK(x.cols() == k, "linear_fwd: x ", x.shape_str(), " does not match w ", w.shape_str());
-  MOE_CHECK(y.rows() == m && y.cols() == n, "linear_fwd: y ", y.shape_str(), " must be (", m, ",",
-            n, ")");
+  const GemmDims dims = linear_fwd_dims(x, w, y);
+  const int64_t m = dims.m, n = dims.n, k = dims.k;
   if (m == 0 || n == 0) return;
   float* out = static_cast<float*>(y.data);
   if (k == 0) {
@@ -466,12 +448,8 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool accumula
 
 void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) {
   check_operands(dy, w, dx, "linear_bwd_data");
-  MOE_CHECK(w.ndim == 2, "linear_bwd_data: w must be (N,K), got ", w.shape_str());
-  const int64_t m = dy.rows(), n = w.dim(0), k = w.dim(1);
-  MOE_CHECK(dy.cols() == n, "linear_bwd_data: dy ", dy.shape_str(), " does not match w ",
-            w.shape_str());
-  MOE_CHECK(dx.rows() == m && dx.cols() == k, "linear_bwd_data: dx ", dx.shape_str(), " must be (",
-            m, ",", k, ")");
+  const GemmDims dims = linear_bwd_data_dims(dy, w, dx);
+  const int64_t m = dims.m, n = dims.n, k = dims.k;
   if (m == 0 || k == 0) return;
   float* out = static_cast<float*>(dx.data);
   if (n == 0) {
@@ -486,10 +464,8 @@ void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool a
 
 void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
   check_operands(dy, x, dw, "linear_bwd_weight");
-  MOE_CHECK(dw.ndim == 2, "linear_bwd_weight: dw must be (N,K), got ", dw.shape_str());
-  const int64_t m = dy.rows(), n = dw.dim(0), k = dw.dim(1);
-  MOE_CHECK(dy.cols() == n && x.rows() == m && x.cols() == k, "linear_bwd_weight: dy ",
-            dy.shape_str(), ", x ", x.shape_str(), " and dw ", dw.shape_str(), " do not match");
+  const GemmDims dims = linear_bwd_weight_dims(dy, x, dw);
+  const int64_t m = dims.m, n = dims.n, k = dims.k;
   if (m == 0 || n == 0 || k == 0) return;  // dw += 0
   std::lock_guard<std::mutex> lock(op_mutex());
   items().clear();
@@ -499,11 +475,9 @@ void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
 
 void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y) {
   check_operands(x, w, y, "grouped_linear_fwd");
-  MOE_CHECK(w.ndim == 3, "grouped_linear_fwd: w must be (E,N,K), got ", w.shape_str());
-  const int64_t experts = w.dim(0), n = w.dim(1), k = w.dim(2), r = x.rows();
-  MOE_CHECK(x.cols() == k && y.rows() == r && y.cols() == n, "grouped_linear_fwd: x ",
-            x.shape_str(), ", w ", w.shape_str(), " and y ", y.shape_str(), " do not match");
-  const int32_t* off = read_offsets(offsets, experts, r, "grouped_linear_fwd");
+  const GroupedDims dims = grouped_fwd_dims(x, w, y);
+  const int64_t experts = dims.experts, n = dims.n, k = dims.k, r = dims.rows;
+  const int32_t* off = checked_offsets(offsets, experts, r, "grouped_linear_fwd");
   if (off[experts] == 0 || n == 0) return;
   float* out = static_cast<float*>(y.data);
   if (k == 0) {
@@ -520,11 +494,9 @@ void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets,
 void grouped_linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& offsets,
                              const Tensor& dx) {
   check_operands(dy, w, dx, "grouped_linear_bwd_data");
-  MOE_CHECK(w.ndim == 3, "grouped_linear_bwd_data: w must be (E,N,K), got ", w.shape_str());
-  const int64_t experts = w.dim(0), n = w.dim(1), k = w.dim(2), r = dy.rows();
-  MOE_CHECK(dy.cols() == n && dx.rows() == r && dx.cols() == k, "grouped_linear_bwd_data: dy ",
-            dy.shape_str(), ", w ", w.shape_str(), " and dx ", dx.shape_str(), " do not match");
-  const int32_t* off = read_offsets(offsets, experts, r, "grouped_linear_bwd_data");
+  const GroupedDims dims = grouped_bwd_data_dims(dy, w, dx);
+  const int64_t experts = dims.experts, n = dims.n, k = dims.k, r = dims.rows;
+  const int32_t* off = checked_offsets(offsets, experts, r, "grouped_linear_bwd_data");
   if (off[experts] == 0 || k == 0) return;
   float* out = static_cast<float*>(dx.data);
   if (n == 0) {
@@ -541,11 +513,9 @@ void grouped_linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& of
 void grouped_linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                const Tensor& dw) {
   check_operands(dy, x, dw, "grouped_linear_bwd_weight");
-  MOE_CHECK(dw.ndim == 3, "grouped_linear_bwd_weight: dw must be (E,N,K), got ", dw.shape_str());
-  const int64_t experts = dw.dim(0), n = dw.dim(1), k = dw.dim(2), r = dy.rows();
-  MOE_CHECK(dy.cols() == n && x.rows() == r && x.cols() == k, "grouped_linear_bwd_weight: dy ",
-            dy.shape_str(), ", x ", x.shape_str(), " and dw ", dw.shape_str(), " do not match");
-  const int32_t* off = read_offsets(offsets, experts, r, "grouped_linear_bwd_weight");
+  const GroupedDims dims = grouped_bwd_weight_dims(dy, x, dw);
+  const int64_t experts = dims.experts, n = dims.n, k = dims.k, r = dims.rows;
+  const int32_t* off = checked_offsets(offsets, experts, r, "grouped_linear_bwd_weight");
   if (off[experts] == 0 || n == 0 || k == 0) return;
   std::lock_guard<std::mutex> lock(op_mutex());
   items().clear();

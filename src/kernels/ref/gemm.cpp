@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/gemm_shapes.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe::ref {
@@ -20,25 +21,6 @@ void check_operands(const Tensor& a, const Tensor& b, const Tensor& out, const c
   MOE_CHECK(b.dtype == a.dtype, op, ": operands must share a dtype, got ", dtype_name(a.dtype),
             " and ", dtype_name(b.dtype));
   check_dtype(out, out_dtype(a.dtype), op);
-}
-
-// Offsets (E+1) i32 on the host: offsets[0] = 0, non-decreasing, offsets[E] <= rows.
-std::vector<int64_t> read_offsets(const Tensor& offsets, int64_t experts, int64_t rows,
-                                  const char* op) {
-  check_dtype(offsets, DType::kI32, op);
-  check_shape(offsets, {experts + 1}, op);
-  const int32_t* o = offsets.as<int32_t>();
-  std::vector<int64_t> out(static_cast<size_t>(experts + 1));
-  MOE_CHECK(o[0] == 0, op, ": offsets[0] must be 0, got ", o[0]);
-  for (int64_t e = 0; e <= experts; ++e) {
-    out[static_cast<size_t>(e)] = o[e];
-    if (e > 0)
-      MOE_CHECK(o[e] >= o[e - 1], op, ": offsets must be non-decreasing, offsets[", e, "] = ", o[e],
-                " < offsets[", e - 1, "] = ", o[e - 1]);
-  }
-  MOE_CHECK(out.back() <= rows, op, ": offsets[E] = ", out.back(), " exceeds the ", rows,
-            " rows of the operands");
-  return out;
 }
 
 // y(m,n) (+)= x(m,k) * w(n,k)^T
@@ -105,23 +87,16 @@ P* ptr(const Tensor& t, P*) {
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate) {
   check_operands(x, w, y, "linear_fwd");
-  MOE_CHECK(w.ndim == 2, "linear_fwd: w must be (N,K), got ", w.shape_str());
-  const int64_t m = x.rows(), n = w.dim(0), k = w.dim(1);
-  MOE_CHECK(x.cols() == k, "linear_fwd: x ", x.shape_str(), " does not match w ", w.shape_str());
-  MOE_CHECK(y.rows() == m && y.cols() == n, "linear_fwd: y ", y.shape_str(), " must be (", m, ",",
-            n, ")");
+  const GemmDims dims = linear_fwd_dims(x, w, y);
+  const int64_t m = dims.m, n = dims.n, k = dims.k;
   dispatch(x.dtype,
            [&](auto t, auto a) { fwd(ptr(x, t), ptr(w, t), ptr(y, a), m, n, k, accumulate); });
 }
 
 void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) {
   check_operands(dy, w, dx, "linear_bwd_data");
-  MOE_CHECK(w.ndim == 2, "linear_bwd_data: w must be (N,K), got ", w.shape_str());
-  const int64_t m = dy.rows(), n = w.dim(0), k = w.dim(1);
-  MOE_CHECK(dy.cols() == n, "linear_bwd_data: dy ", dy.shape_str(), " does not match w ",
-            w.shape_str());
-  MOE_CHECK(dx.rows() == m && dx.cols() == k, "linear_bwd_data: dx ", dx.shape_str(), " must be (",
-            m, ",", k, ")");
+  const GemmDims dims = linear_bwd_data_dims(dy, w, dx);
+  const int64_t m = dims.m, n = dims.n, k = dims.k;
   dispatch(dy.dtype, [&](auto t, auto a) {
     bwd_data(ptr(dy, t), ptr(w, t), ptr(dx, a), m, n, k, accumulate);
   });
@@ -129,21 +104,17 @@ void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool a
 
 void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
   check_operands(dy, x, dw, "linear_bwd_weight");
-  MOE_CHECK(dw.ndim == 2, "linear_bwd_weight: dw must be (N,K), got ", dw.shape_str());
-  const int64_t m = dy.rows(), n = dw.dim(0), k = dw.dim(1);
-  MOE_CHECK(dy.cols() == n && x.rows() == m && x.cols() == k, "linear_bwd_weight: dy ",
-            dy.shape_str(), ", x ", x.shape_str(), " and dw ", dw.shape_str(), " do not match");
+  const GemmDims dims = linear_bwd_weight_dims(dy, x, dw);
+  const int64_t m = dims.m, n = dims.n, k = dims.k;
   dispatch(dy.dtype,
            [&](auto t, auto a) { bwd_weight(ptr(dy, t), ptr(x, t), ptr(dw, a), m, n, k); });
 }
 
 void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y) {
   check_operands(x, w, y, "grouped_linear_fwd");
-  MOE_CHECK(w.ndim == 3, "grouped_linear_fwd: w must be (E,N,K), got ", w.shape_str());
-  const int64_t e_count = w.dim(0), n = w.dim(1), k = w.dim(2), r = x.rows();
-  MOE_CHECK(x.cols() == k && y.rows() == r && y.cols() == n, "grouped_linear_fwd: x ",
-            x.shape_str(), ", w ", w.shape_str(), " and y ", y.shape_str(), " do not match");
-  auto off = read_offsets(offsets, e_count, r, "grouped_linear_fwd");
+  const GroupedDims dims = grouped_fwd_dims(x, w, y);
+  const int64_t e_count = dims.experts, n = dims.n, k = dims.k, r = dims.rows;
+  auto off = checked_offsets(offsets, e_count, r, "grouped_linear_fwd");
   dispatch(x.dtype, [&](auto t, auto a) {
     for (int64_t e = 0; e < e_count; ++e) {
       const int64_t r0 = off[static_cast<size_t>(e)], rows = off[static_cast<size_t>(e) + 1] - r0;
@@ -155,11 +126,9 @@ void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets,
 void grouped_linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& offsets,
                              const Tensor& dx) {
   check_operands(dy, w, dx, "grouped_linear_bwd_data");
-  MOE_CHECK(w.ndim == 3, "grouped_linear_bwd_data: w must be (E,N,K), got ", w.shape_str());
-  const int64_t e_count = w.dim(0), n = w.dim(1), k = w.dim(2), r = dy.rows();
-  MOE_CHECK(dy.cols() == n && dx.rows() == r && dx.cols() == k, "grouped_linear_bwd_data: dy ",
-            dy.shape_str(), ", w ", w.shape_str(), " and dx ", dx.shape_str(), " do not match");
-  auto off = read_offsets(offsets, e_count, r, "grouped_linear_bwd_data");
+  const GroupedDims dims = grouped_bwd_data_dims(dy, w, dx);
+  const int64_t e_count = dims.experts, n = dims.n, k = dims.k, r = dims.rows;
+  auto off = checked_offsets(offsets, e_count, r, "grouped_linear_bwd_data");
   dispatch(dy.dtype, [&](auto t, auto a) {
     for (int64_t e = 0; e < e_count; ++e) {
       const int64_t r0 = off[static_cast<size_t>(e)], rows = off[static_cast<size_t>(e) + 1] - r0;
@@ -171,11 +140,9 @@ void grouped_linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& of
 void grouped_linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                const Tensor& dw) {
   check_operands(dy, x, dw, "grouped_linear_bwd_weight");
-  MOE_CHECK(dw.ndim == 3, "grouped_linear_bwd_weight: dw must be (E,N,K), got ", dw.shape_str());
-  const int64_t e_count = dw.dim(0), n = dw.dim(1), k = dw.dim(2), r = dy.rows();
-  MOE_CHECK(dy.cols() == n && x.rows() == r && x.cols() == k, "grouped_linear_bwd_weight: dy ",
-            dy.shape_str(), ", x ", x.shape_str(), " and dw ", dw.shape_str(), " do not match");
-  auto off = read_offsets(offsets, e_count, r, "grouped_linear_bwd_weight");
+  const GroupedDims dims = grouped_bwd_weight_dims(dy, x, dw);
+  const int64_t e_count = dims.experts, n = dims.n, k = dims.k, r = dims.rows;
+  auto off = checked_offsets(offsets, e_count, r, "grouped_linear_bwd_weight");
   dispatch(dy.dtype, [&](auto t, auto a) {
     for (int64_t e = 0; e < e_count; ++e) {
       const int64_t r0 = off[static_cast<size_t>(e)], rows = off[static_cast<size_t>(e) + 1] - r0;
