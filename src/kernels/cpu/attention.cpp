@@ -32,6 +32,7 @@
 #include <limits>
 
 #include "core/buffer.h"
+#include "kernels/attention_checks.h"
 #include "kernels/cpu/cpu_ops.h"
 
 #if defined(__AVX512F__)
@@ -410,20 +411,6 @@ Dims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ch
   check_dtype(v, DType::kF32, "attention v");
   return d;
 }
-
-// Intra-document masking: checks doc_start (empty, or (B,S) i32 with 0 <= doc_start[b,s] <= s).
-const int32_t* check_doc_start(const Tensor& doc_start, const Dims& d, const char* op) {
-  if (doc_start.data == nullptr) return nullptr;
-  check_shape(doc_start, {d.B, d.S}, op);
-  check_dtype(doc_start, DType::kI32, op);
-  const int32_t* ds = doc_start.as<int32_t>();
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t s = 0; s < d.S; ++s)
-      MOE_CHECK(ds[b * d.S + s] >= 0 && ds[b * d.S + s] <= s, op, ": doc_start[", b, ",", s, "] = ",
-                ds[b * d.S + s], " outside [0, ", s, "]");
-  return ds;
-}
-
 // With document starts: the first key tile any query of tile [q0, q0+nq) reads (key tiles wholly
 // before every query's document are skipped), and each query lane's start as float (0 for
 // padding lanes) in lanes_out. Without: 0.
@@ -653,7 +640,7 @@ float* caller_buffer(size_t floats) {
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                    const Tensor& lse, const Tensor& doc_start) {
   Dims d = check_attention(q, k, v, "attention_fwd");
-  d.doc = check_doc_start(doc_start, d, "attention_fwd doc_start");
+  d.doc = checked_doc_start(doc_start, d.B, d.S, "attention_fwd doc_start");
   check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_fwd o");
   check_shape(lse, {d.B, d.H, d.S}, "attention_fwd lse");
   check_dtype(o, DType::kF32, "attention_fwd o");
@@ -678,7 +665,7 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
                    const Tensor& o, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                    const Tensor& dv, const Tensor& doc_start) {
   Dims d = check_attention(q, k, v, "attention_bwd");
-  d.doc = check_doc_start(doc_start, d, "attention_bwd doc_start");
+  d.doc = checked_doc_start(doc_start, d.B, d.S, "attention_bwd doc_start");
   check_shape(dout, {d.B, d.S, d.H, d.hd}, "attention_bwd dout");
   check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_bwd o");
   check_shape(lse, {d.B, d.H, d.S}, "attention_bwd lse");

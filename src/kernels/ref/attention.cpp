@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/attention_checks.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe::ref {
@@ -54,20 +55,6 @@ T row_scores(const T* qi, const T* kbase, int64_t kstride, int64_t j0, int64_t i
 int64_t first_key(const int32_t* ds, const Dims& d, int64_t b, int64_t i) {
   return ds ? ds[b * d.S + i] : 0;
 }
-
-// Checks doc_start: empty, or (B,S) i32 with 0 <= doc_start[b,s] <= s. Returns its data or null.
-const int32_t* check_doc_start(const Tensor& doc_start, const Dims& d, const char* op) {
-  if (doc_start.data == nullptr) return nullptr;
-  check_shape(doc_start, {d.B, d.S}, op);
-  check_dtype(doc_start, DType::kI32, op);
-  const int32_t* ds = doc_start.as<int32_t>();
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t s = 0; s < d.S; ++s)
-      MOE_CHECK(ds[b * d.S + s] >= 0 && ds[b * d.S + s] <= s, op, ": doc_start[", b, ",", s, "] = ",
-                ds[b * d.S + s], " outside [0, ", s, "]");
-  return ds;
-}
-
 template <class T>
 void fwd(const Dims& d, const T* q, const T* k, const T* v, T* o, T* lse, const int32_t* doc) {
   const T scale = T(1) / std::sqrt(T(d.hd));
@@ -140,7 +127,7 @@ void bwd(const Dims& d, const T* dout, const T* q, const T* k, const T* v, T* dq
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                    const Tensor& lse, const Tensor& doc_start) {
   Dims d = check_attention(q, k, v, "attention_fwd");
-  const int32_t* ds = check_doc_start(doc_start, d, "attention_fwd doc_start");
+  const int32_t* ds = checked_doc_start(doc_start, d.B, d.S, "attention_fwd doc_start");
   check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_fwd o");
   check_shape(lse, {d.B, d.H, d.S}, "attention_fwd lse");
   check_dtype(o, q.dtype, "attention_fwd o");
@@ -155,7 +142,7 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
                    const Tensor& o, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                    const Tensor& dv, const Tensor& doc_start) {
   Dims d = check_attention(q, k, v, "attention_bwd");
-  const int32_t* ds = check_doc_start(doc_start, d, "attention_bwd doc_start");
+  const int32_t* ds = checked_doc_start(doc_start, d.B, d.S, "attention_bwd doc_start");
   check_shape(dout, {d.B, d.S, d.H, d.hd}, "attention_bwd dout");
   check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_bwd o");
   check_shape(lse, {d.B, d.H, d.S}, "attention_bwd lse");
