@@ -80,11 +80,23 @@ void BM_GemmLinear(benchmark::State& st) {
   set_counters(st, 2.0 * m * n * k, dt, threads);
 }
 
-// Rows per expert: balanced, or skewed with max/mean = 4 at the same total (one expert in 8
-// takes 4x the mean; the rest share the remaining half as evenly as integers allow).
-std::vector<int32_t> expert_rows(int64_t experts, int64_t mean, bool skewed) {
+// Rows per expert: balanced (0); skewed (1) with max/mean = 4 at the same total (one expert in 8
+// takes 4x the mean; the rest share the remaining half as evenly as integers allow); or uneven
+// (2) as learned routing leaves them: mean +- 50%, spread by a fixed generator, pairs summing to
+// 2 x mean (so the total is the same), i.e. every expert has its own remainder of rows.
+std::vector<int32_t> expert_rows(int64_t experts, int64_t mean, int skew) {
   std::vector<int32_t> rows(static_cast<size_t>(experts), static_cast<int32_t>(mean));
-  if (!skewed) return rows;
+  if (skew == 0) return rows;
+  if (skew == 2) {
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    for (int64_t e = 0; e + 1 < experts; e += 2) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      const auto d = static_cast<int64_t>((s >> 33) % static_cast<uint64_t>(mean + 1)) - mean / 2;
+      rows[static_cast<size_t>(e)] = static_cast<int32_t>(mean + d);
+      rows[static_cast<size_t>(e + 1)] = static_cast<int32_t>(mean - d);
+    }
+    return rows;
+  }
   const int64_t hot = experts / 8, cold = experts - hot;
   const int64_t rest = experts * mean - hot * 4 * mean;
   int64_t c = 0;
@@ -103,11 +115,11 @@ std::vector<int32_t> expert_rows(int64_t experts, int64_t mean, bool skewed) {
 void BM_GemmGrouped(benchmark::State& st) {
   const int op = static_cast<int>(st.range(0)), dt = static_cast<int>(st.range(1));
   const int64_t experts = st.range(2), mean = st.range(3), n = st.range(4), k = st.range(5);
-  const bool skewed = st.range(6) != 0;
+  const int skew = static_cast<int>(st.range(6));
   const int threads = static_cast<int>(st.range(7));
   const DType t = dt ? DType::kBF16 : DType::kF32;
   ThreadScope scope(threads);
-  const auto rows = expert_rows(experts, mean, skewed);
+  const auto rows = expert_rows(experts, mean, skew);
   OwnedTensor off(DType::kI32, {experts + 1});
   int32_t* o = off.as<int32_t>();
   o[0] = 0;
@@ -122,15 +134,17 @@ void BM_GemmGrouped(benchmark::State& st) {
   };
   run();
   for (auto _ : st) run();
-  st.SetLabel(std::string(kOpNames[op]) + (dt ? " bf16" : " f32") +
-              (skewed ? " skewed" : " balanced"));
+  static const char* const kSkewNames[] = {" balanced", " skewed", " uneven"};
+  st.SetLabel(std::string(kOpNames[op]) + (dt ? " bf16" : " f32") + kSkewNames[skew]);
   set_counters(st, 2.0 * static_cast<double>(r) * n * k, dt, threads);
 }
 
 void linear_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"op", "bf16", "m", "n", "k", "thr"});
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
-      {4096, 1536, 512}, {64, 1536, 512}, {64, 512, 1536}};
+      {4096, 1536, 512}, {64, 1536, 512}, {64, 512, 1536},
+      // the fine-grained bench config's LM head: a micro-batch of 1,024 rows, vocabulary 50,304
+      {1024, 50304, 256}};
   for (int threads : {1, 2})
     for (int dt : {0, 1})
       for (const auto& [m, n, k] : shapes)
@@ -143,6 +157,11 @@ void grouped_args(benchmark::internal::Benchmark* b) {
     for (int dt : {0, 1})
       for (int op : {kFwd, kBwdData, kBwdWeight})
         for (int skew : {0, 1}) b->Args({op, dt, 64, 64, 1024, 512, skew, threads});
+  // The expert-scaling bench's MoE layer at 128 experts (bench/expert_scaling.sh): 512 rows per
+  // expert on average, expert_hidden = d_model = 256; balanced vs learned-routing-like loads.
+  for (int dt : {0, 1})
+    for (int op : {kFwd, kBwdData, kBwdWeight})
+      for (int skew : {0, 2}) b->Args({op, dt, 128, 512, 256, 256, skew, 2});
 }
 
 BENCHMARK(BM_GemmLinear)->Apply(linear_args)->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -110,4 +110,10 @@ void check_dtype(const Tensor& t, DType dtype, const char* what) {
             dtype_name(dtype));
 }
 
+void check_output_dtype(const Tensor& t, DType compute, const char* what) {
+  const bool ok = t.dtype == compute || (compute == DType::kF32 && t.dtype == DType::kBF16);
+  MOE_CHECK(ok, what, " has dtype ", dtype_name(t.dtype), ", expected ", dtype_name(compute),
+            compute == DType::kF32 ? " or bf16" : "");
+}
+
 }  // namespace moe

@@ -68,6 +68,10 @@ struct Tensor {
 void check_shape(const Tensor& t, std::initializer_list<int64_t> dims, const char* what);
 void check_same_shape(const Tensor& a, const Tensor& b, const char* what);
 void check_dtype(const Tensor& t, DType dtype, const char* what);
+// An op's output that may be stored rounded: dtype `compute`, or bf16 when `compute` is f32 (a
+// kernel that writes its fp32 result straight into a bf16 GEMM operand, bitwise equal to
+// computing in fp32 and converting afterwards).
+void check_output_dtype(const Tensor& t, DType compute, const char* what);
 bool is_float(DType t);
 
 }  // namespace moe

@@ -81,6 +81,11 @@ void plan_layer(Allocator& A, const ModelConfig& c, const Dims& d, int64_t layer
   }
 }
 
+int64_t lm_head_chunk_rows(int64_t vocab_size, int64_t tokens) {
+  constexpr int64_t kLogitsPerChunk = int64_t{1} << 26;
+  return std::clamp<int64_t>(kLogitsPerChunk / std::max<int64_t>(vocab_size, 1), 1, std::max<int64_t>(tokens, 1));
+}
+
 void plan_scratch(Allocator& A, const ModelConfig& c, const Dims& d, int64_t head_chunk, Scratch& s) {
   const int64_t T = d.T, D = c.d_model, H = c.n_heads, G = c.n_kv_heads, hd = c.hd();
   const int64_t E = c.num_experts, K = c.top_k, R = d.R;
@@ -108,7 +113,6 @@ void plan_scratch(Allocator& A, const ModelConfig& c, const Dims& d, int64_t hea
   s.dg = A(d.cdt, {swiglu});
   s.du = A(d.cdt, {swiglu});
   s.da = A(d.cdt, {swiglu});
-  s.ftmp = A(d.cdt, {swiglu});
   if (d.adt != d.cdt) {
     s.fg = A(d.cdt, {swiglu});
     s.fu = A(d.cdt, {swiglu});
@@ -130,7 +134,6 @@ void plan_scratch(Allocator& A, const ModelConfig& c, const Dims& d, int64_t hea
   int64_t dy = std::max({T * D, T * H * hd, head_chunk * c.vocab_size, swiglu});
   if (any_moe) dy = std::max(dy, std::max(R, Rx) * D);
   s.dy_act = A(d.adt, {dy});
-  s.h_tmp = A(d.cdt, {T, D});
   s.logits = A(d.cdt, {head_chunk, c.vocab_size});
   s.row_ce = A(d.cdt, {head_chunk});
   s.row_z = A(d.cdt, {head_chunk});

@@ -79,7 +79,6 @@ struct Scratch {
   Tensor dx;               // (T,D) gradient of the residual stream
   Tensor dtmp, dtmp2, dtmp3;  // (T,D)
   Tensor dh;               // (T,D) gradient of a normed FFN input
-  Tensor ftmp;             // (max(R,T), Fmax) forward temp (SwiGLU output before bf16 conversion)
   Tensor fg, fu;           // (max(R,T), Fmax) bf16 mode: SwiGLU inputs in fp32 before they are saved
   Tensor fys;              // (Rx,D) bf16 mode or EP: expert outputs in the compute dtype
   Tensor fwd_dtmp;         // (T,D) forward temp (shared-expert output)
@@ -93,7 +92,6 @@ struct Scratch {
   Tensor dweights;         // (T,K)
   Tensor dscores, dlogits; // (T,E)
   Tensor dy_act;           // (max rows, max cols) operand-dtype copy of an upstream gradient
-  Tensor h_tmp;            // (T,D) compute-dtype normed input (bf16 mode forward)
   Tensor logits;           // (Tc,V) one chunk of LM-head logits / their gradient
   Tensor row_ce, row_z;    // (Tc)
   Tensor mean_prob;        // (E) one micro-batch's mean router probabilities
@@ -101,5 +99,13 @@ struct Scratch {
 
 void plan_layer(Allocator& alloc, const ModelConfig& c, const Dims& d, int64_t layer, LayerActs& a);
 void plan_scratch(Allocator& alloc, const ModelConfig& c, const Dims& d, int64_t head_chunk, Scratch& s);
+
+// Rows of the LM head + cross-entropy processed at once (of a micro-batch's `tokens`): as many as
+// fit 64 Mi logits (256 MiB in fp32; 1,334 rows at a 50,304 vocabulary), so the full fp32 logits
+// of a micro-batch are held at most once. Each chunk re-reads the LM-head weight and reads and
+// writes its whole fp32 gradient: at the earlier 8 MiB bound (41 rows at 50,304) that traffic
+// took the fine-grained bench config's LM head from 0.49 to 0.78 s per step
+// (docs/PERFORMANCE.md, "LM head chunk").
+int64_t lm_head_chunk_rows(int64_t vocab_size, int64_t tokens);
 
 }  // namespace moe

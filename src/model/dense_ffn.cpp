@@ -12,20 +12,16 @@ Tensor rows_view(const Tensor& flat, int64_t rows, int64_t cols) {
 
 void Transformer::swiglu_mlp_forward(const Tensor& h_act, const Tensor& gate, const Tensor& up,
                                      const Tensor& down, FfnActs& a, const Tensor& y, bool accumulate) {
-  // fp32: everything goes straight into the saved tensors; bf16: computed in fp32 scratch, then
-  // saved as bf16 (g, u for the SwiGLU backward; the product as the down GEMM's operand).
+  // fp32: everything goes straight into the saved tensors; bf16: the GEMMs write fp32 scratch,
+  // and one SwiGLU pass saves g and u (for its backward) and the product (the down GEMM's
+  // operand) rounded to bf16.
   const bool bf16 = dims_.adt != dims_.cdt;
   const int64_t T = a.g.dim(0), F = a.g.dim(1);
   Tensor g = bf16 ? rows_view(scratch_.fg, T, F) : a.g, u = bf16 ? rows_view(scratch_.fu, T, F) : a.u;
   ops_.linear_fwd(h_act, gate, g, false);
   ops_.linear_fwd(h_act, up, u, false);
-  Tensor act = bf16 ? rows_view(scratch_.ftmp, T, F) : a.a_act;
-  ops_.swiglu_fwd(g, u, act);
-  if (bf16) {
-    ops_.convert(g, a.g);
-    ops_.convert(u, a.u);
-  }
-  ops_.linear_fwd(operand(act, a.a_act), down, y, accumulate);
+  ops_.swiglu_fwd(g, u, a.a_act, bf16 ? a.g : Tensor(), bf16 ? a.u : Tensor());
+  ops_.linear_fwd(a.a_act, down, y, accumulate);
 }
 
 // dh (T,D) = d/dh of sum(dy * y), overwritten; parameter gradients accumulate.
@@ -38,13 +34,14 @@ void Transformer::swiglu_mlp_backward(const Tensor& dy, const Tensor& gate, cons
   Tensor g = operand_grad(dy);
   ops_.linear_bwd_data(g, down, da, false);
   ops_.linear_bwd_weight(g, a.a_act, ddown);
+  // dg and du go straight into GEMM operands (bf16 over their own fp32 scratch in bf16 mode).
+  dg = grad_operand_store(s.dg, T, F, dg);
+  du = grad_operand_store(s.du, T, F, du);
   ops_.swiglu_bwd(da, a.g, a.u, dg, du);
-  g = operand_grad(dg);
-  ops_.linear_bwd_data(g, gate, dh, false);
-  ops_.linear_bwd_weight(g, a.h_act, dgate);
-  g = operand_grad(du);
-  ops_.linear_bwd_data(g, up, dh, true);
-  ops_.linear_bwd_weight(g, a.h_act, dup);
+  ops_.linear_bwd_data(dg, gate, dh, false);
+  ops_.linear_bwd_weight(dg, a.h_act, dgate);
+  ops_.linear_bwd_data(du, up, dh, true);
+  ops_.linear_bwd_weight(du, a.h_act, dup);
 }
 
 void Transformer::dense_forward(int64_t l, const Tensor& x_in, FfnActs& a, const Tensor& x_out) {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "model/activations.h"
 #include "model/params.h"
 #include "moe/expert_exchange.h"
 #include "parallel/layout.h"
@@ -111,14 +112,14 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
     for (int64_t l = layer_begin; l < layer_end; ++l) layers += P * layer_bytes(c, T, a, bf16, c.is_moe_layer(l), epd, Rx);
   }
   double kept = cb * T * D * static_cast<double>(layer_end - layer_begin + 1) * P;
-  if (layer_end == c.n_layers) kept += cb * T + cb * T * D + (bf16 ? a * T * D : 0);
+  if (layer_end == c.n_layers) kept += cb * T + a * T * D;  // final norm: rstd, output (operand dtype)
 
-  const double Tc = static_cast<double>(std::clamp<int64_t>((int64_t{1} << 21) / std::max<int64_t>(c.vocab_size, 1), 1, Ti));
+  const double Tc = static_cast<double>(lm_head_chunk_rows(c.vocab_size, Ti));
   double W = 0;
   if (any_moe) W = std::max({W, Rx * static_cast<double>(c.expert_hidden), T * static_cast<double>(c.shared_hidden)});
   if (any_dense) W = std::max(W, T * static_cast<double>(c.dense_width()));
   W = std::max(W, 1.0);
-  double scratch = cb * T * D * 6 + cb * T * (2 * Ha + 2 * Ga) + cb * T * (Ha + Ga) + cb * W * (bf16 ? 6 : 4);
+  double scratch = cb * T * D * 6 + cb * T * (2 * Ha + 2 * Ga) + cb * T * (Ha + Ga) + cb * W * (bf16 ? 5 : 3);
   if (any_moe) {
     scratch += cb * R * D + cb * Rx * D + cb * T * K + 2 * cb * T * E + cb * E;  // dys, dxs, ...
     if (bf16 || ep > 1) scratch += cb * Rx * D;                                // fys
@@ -126,7 +127,7 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   }
   double dy = std::max({T * D, T * Ha, Tc * V, W});
   if (any_moe) dy = std::max(dy, std::max(R, Rx) * D);
-  scratch += a * dy + cb * T * D + cb * Tc * (V + 2);
+  scratch += a * dy + cb * Tc * (V + 2);
 
   m.activations = layers + kept + scratch;
   m.act_per_layer_token = layer_bytes(c, T, a, bf16, any_moe, epd, Rx) / T;

@@ -55,8 +55,7 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
   }
   for (int64_t m = 0; m < cfg_.num_moe_layers(); ++m) router_bias_.emplace_back(dims_.cdt, std::initializer_list<int64_t>{cfg_.num_experts});
 
-  // LM-head chunk: rows whose fp32 logits fit in about 8 MiB.
-  head_chunk_ = std::clamp<int64_t>((int64_t{1} << 21) / std::max<int64_t>(cfg_.vocab_size, 1), 1, dims_.T);
+  head_chunk_ = lm_head_chunk_rows(cfg_.vocab_size, dims_.T);
 
   // Plan all activations twice: measure, then carve them out of one arena.
   const int64_t n_local = layer_end_ - layer_begin_;
@@ -83,8 +82,7 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
     plan_scratch(alloc, cfg_, dims_, head_chunk_, scratch_);
     if (last_stage()) {
       rstd_final_ = alloc(dims_.cdt, {dims_.T});
-      xf_ = alloc(dims_.cdt, {dims_.T, cfg_.d_model});
-      xf_act_ = dims_.adt != dims_.cdt ? alloc(dims_.adt, {dims_.T, cfg_.d_model}) : xf_;
+      xf_act_ = alloc(dims_.adt, {dims_.T, cfg_.d_model});
     }
     if (pass == 0) arena_ = Arena(alloc.bytes);
   }
@@ -181,13 +179,23 @@ Tensor Transformer::operand_grad(const Tensor& dy) {
   return operand(dy, scratch_.dy_act);
 }
 
+Tensor Transformer::grad_operand_store(const Tensor& store, int64_t rows, int64_t cols, const Tensor& fp32) const {
+  if (dims_.adt == dims_.cdt) return fp32;
+  MOE_CHECK(rows * cols * static_cast<int64_t>(dtype_size(dims_.adt)) <= static_cast<int64_t>(store.nbytes()),
+            "operand gradient store too small");
+  return Tensor(store.data, dims_.adt, {rows, cols}, store.device);
+}
+
 Tensor Transformer::norm_input(const Tensor& x_in, const Tensor& w, const Tensor& rstd, const Tensor& h,
                                const Tensor& h_act) {
   // Without a separate compute-dtype store, the norm writes straight into the saved operand
-  // (fp32) or into scratch that is converted into it (bf16).
-  Tensor target = !h.empty() ? h : (dims_.adt == dims_.cdt ? h_act : scratch_.h_tmp);
-  ops_.rmsnorm_fwd(x_in, w, cfg_.norm_eps, target, rstd);
-  return operand(target, h_act);
+  // (rounded to bf16 as it is stored in bf16 mode).
+  if (h.empty()) {
+    ops_.rmsnorm_fwd(x_in, w, cfg_.norm_eps, h_act, rstd);
+    return h_act;
+  }
+  ops_.rmsnorm_fwd(x_in, w, cfg_.norm_eps, h, rstd);
+  return operand(h, h_act);
 }
 
 void Transformer::finish_sublayer(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out,
@@ -236,7 +244,7 @@ void Transformer::stage_forward(int64_t slot, const Tensor& ids, int64_t token_b
 }
 
 void Transformer::final_norm(int64_t slot) {
-  ops_.rmsnorm_fwd(stage_output(slot), params_.final_norm, cfg_.norm_eps, xf_, rstd_final_);
+  ops_.rmsnorm_fwd(stage_output(slot), params_.final_norm, cfg_.norm_eps, xf_act_, rstd_final_);
 }
 
 void Transformer::stage_backward(int64_t slot, const Tensor& ids, const Tensor& labels, const MicroBatchScales& sc,
@@ -247,7 +255,7 @@ void Transformer::stage_backward(int64_t slot, const Tensor& ids, const Tensor& 
     // The final norm runs here, not in stage_forward: one set of its buffers serves every slot.
     check_shape(labels, {dims_.B, dims_.S}, "labels");
     final_norm(slot);
-    Tensor xf_act = operand(xf_, xf_act_);
+    const Tensor& xf_act = xf_act_;
     Tensor lab = labels.view({T});
     std::optional<PhaseScope> phase(std::in_place, Phase::kLmHeadLoss);
     // LM head + cross-entropy, forward and backward per row chunk: full logits never exist.
@@ -257,10 +265,11 @@ void Transformer::stage_backward(int64_t slot, const Tensor& ids, const Tensor& 
       Tensor x_rows = xf_act.slice(r0, r1);
       ops_.linear_fwd(x_rows, operands_.lm_head, logits, false);
       Tensor row_ce = s.row_ce.slice(0, n), row_z = s.row_z.slice(0, n);
-      ops_.cross_entropy(logits, lab.slice(r0, r1), sc.ce_scale, loss_.lm_z_coef, logits, row_ce, row_z);
+      // The logits' gradient is written in place, or rounded straight into the bf16 operand.
+      const Tensor g = grad_operand_store(s.dy_act, n, cfg_.vocab_size, logits);
+      ops_.cross_entropy(logits, lab.slice(r0, r1), sc.ce_scale, loss_.lm_z_coef, g, row_ce, row_z);
       ops_.sum_to(row_ce, sc.ce_scale, stats.ce());
       ops_.sum_to(row_z, sc.ce_scale, stats.lm_z());
-      Tensor g = operand_grad(logits);
       ops_.linear_bwd_data(g, operands_.lm_head, s.dtmp.slice(r0, r1), false);
       ops_.linear_bwd_weight(g, x_rows, grads_.lm_head);
     }
@@ -292,7 +301,7 @@ void Transformer::forward_logits(const Tensor& ids, const Tensor& logits) {
   check_shape(logits, {dims_.T, cfg_.vocab_size}, "logits");
   stage_forward(0, ids, 0);
   final_norm(0);
-  ops_.linear_fwd(operand(xf_, xf_act_), operands_.lm_head, logits, false);
+  ops_.linear_fwd(xf_act_, operands_.lm_head, logits, false);
 }
 
 void Transformer::stage_loss(int64_t slot, const Tensor& labels, const Tensor& out) {
@@ -300,7 +309,7 @@ void Transformer::stage_loss(int64_t slot, const Tensor& labels, const Tensor& o
   final_norm(slot);
   Scratch& s = scratch_;
   const int64_t T = dims_.T;
-  Tensor xf_act = operand(xf_, xf_act_);
+  const Tensor& xf_act = xf_act_;
   Tensor lab = labels.view({T});
   for (int64_t r0 = 0; r0 < T; r0 += head_chunk_) {
     const int64_t r1 = std::min(T, r0 + head_chunk_), n = r1 - r0;

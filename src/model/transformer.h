@@ -166,6 +166,10 @@ class Transformer {
   Tensor operand(const Tensor& x, const Tensor& store);
   // The operand-dtype scratch for an upstream gradient of x's shape.
   Tensor operand_grad(const Tensor& dy);
+  // Where a kernel writes a (rows, cols) gradient that only feeds GEMMs: the fp32 tensor itself,
+  // or (bf16 mode) an operand-dtype view over the start of `store`, which the kernel fills with
+  // rounded values (op_list.inc: "may be bf16 (rounded)") instead of a later convert pass.
+  Tensor grad_operand_store(const Tensor& store, int64_t rows, int64_t cols, const Tensor& fp32) const;
 
   // SwiGLU MLP (dense FFN and shared expert): y (+)= down(silu(h gate^T) * (h up^T)), and its
   // backward into dh (overwritten) and the three weight gradients (accumulated).
@@ -210,7 +214,7 @@ class Transformer {
   std::vector<std::vector<LayerActs>> acts_;
   LayerActs recompute_dense_;  // recompute in a stage with dense and MoE layers: dense FFN buffers
   Scratch scratch_;
-  Tensor rstd_final_, xf_, xf_act_;  // (T), (T,D), (T,D) final norm (last stage only)
+  Tensor rstd_final_, xf_act_;  // (T), (T,D) final norm's statistics and output, operand dtype (last stage only)
   Tensor doc_start_;                  // (B,S) i32 document starts, or empty (plain causal)
   std::function<void(int64_t)> layer_grads_hook_;
 

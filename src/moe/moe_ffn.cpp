@@ -67,23 +67,19 @@ void Transformer::moe_forward(int64_t slot, int64_t l, const Tensor& x_in, FfnAc
   }
   phase.reset();
   phase.emplace(Phase::kExpertGemm);
-  // bf16 mode computes in fp32 scratch and saves bf16 copies (as in swiglu_mlp_forward).
+  // bf16 mode: the GEMMs write fp32 scratch, one SwiGLU pass saves bf16 g, u and the product
+  // (as in swiglu_mlp_forward).
   const int64_t F = a.eg.dim(1);
   const Tensor xr = a.xr_act.slice(0, rows);
   Tensor eg = bf16 ? rows_view(scratch_.fg, rows, F) : a.eg.slice(0, rows);
   Tensor eu = bf16 ? rows_view(scratch_.fu, rows, F) : a.eu.slice(0, rows);
   ops_.grouped_linear_fwd(xr, Wc.exp_gate, a.recv_offsets, eg);
   ops_.grouped_linear_fwd(xr, Wc.exp_up, a.recv_offsets, eu);
-  Tensor act = bf16 ? rows_view(scratch_.ftmp, rows, F) : a.ea_act.slice(0, rows);
-  ops_.swiglu_fwd(eg, eu, act);
-  Tensor ea_act = operand(act, a.ea_act);
+  const Tensor ea_act = a.ea_act.slice(0, rows);
+  ops_.swiglu_fwd(eg, eu, ea_act, bf16 ? a.eg.slice(0, rows) : Tensor(), bf16 ? a.eu.slice(0, rows) : Tensor());
   // With EP the outputs go back in the compute dtype: the combine reads that dtype.
   Tensor ys = bf16 || exchange_ ? scratch_.fys.slice(0, rows) : a.ys;
   ops_.grouped_linear_fwd(ea_act, Wc.exp_down, a.recv_offsets, ys);
-  if (bf16) {
-    ops_.convert(eg, a.eg.slice(0, rows));
-    ops_.convert(eu, a.eu.slice(0, rows));
-  }
   if (exchange_) {  // back to the tokens' rank, into their local expert-major rows
     Tensor returned = bf16 ? scratch_.dys : a.ys;  // dys is free during the forward
     exchange_->return_to_sources(plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)], ys, returned);
@@ -160,22 +156,23 @@ void Transformer::moe_backward(int64_t slot, int64_t l, const Tensor& x_in, FfnA
     g = s.dyr.slice(0, rows);
   }
   const int64_t F = a.eg.dim(1);
-  Tensor da = rows_view(s.da, rows, F), dg = rows_view(s.dg, rows, F), du = rows_view(s.du, rows, F);
+  Tensor da = rows_view(s.da, rows, F);
+  // dg and du go straight into GEMM operands (bf16 over their own fp32 scratch in bf16 mode).
+  const Tensor dg = grad_operand_store(s.dg, rows, F, rows_view(s.dg, rows, F));
+  const Tensor du = grad_operand_store(s.du, rows, F, rows_view(s.du, rows, F));
   const Tensor xr = a.xr_act.slice(0, rows), dxs = s.dxs.slice(0, rows);
   ops_.grouped_linear_bwd_data(g, Wc.exp_down, a.recv_offsets, da);
   ops_.grouped_linear_bwd_weight(g, a.ea_act.slice(0, rows), a.recv_offsets, dW.exp_down);
   ops_.swiglu_bwd(da, a.eg.slice(0, rows), a.eu.slice(0, rows), dg, du);
-  g = operand_grad(dg);
-  ops_.grouped_linear_bwd_data(g, Wc.exp_gate, a.recv_offsets, dxs);
-  ops_.grouped_linear_bwd_weight(g, xr, a.recv_offsets, dW.exp_gate);
+  ops_.grouped_linear_bwd_data(dg, Wc.exp_gate, a.recv_offsets, dxs);
+  ops_.grouped_linear_bwd_weight(dg, xr, a.recv_offsets, dW.exp_gate);
   if (!exchange_) {
     PhaseScope permute(Phase::kPermute);
     ops_.moe_gather_bwd(dxs, a.slot_pos, s.dh);
   }
-  g = operand_grad(du);
   const Tensor dxs_up = exchange_ ? s.dxs2.slice(0, rows) : dxs;
-  ops_.grouped_linear_bwd_data(g, Wc.exp_up, a.recv_offsets, dxs_up);
-  ops_.grouped_linear_bwd_weight(g, xr, a.recv_offsets, dW.exp_up);
+  ops_.grouped_linear_bwd_data(du, Wc.exp_up, a.recv_offsets, dxs_up);
+  ops_.grouped_linear_bwd_weight(du, xr, a.recv_offsets, dW.exp_up);
   Tensor dxs_local = dxs;
   if (exchange_) {
     ops_.axpy(1.0, dxs_up, dxs);

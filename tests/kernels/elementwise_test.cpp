@@ -202,9 +202,9 @@ TEST(SwiGlu, CpuMatchesRef) {
     OwnedTensor h(DType::kF32, {n, f}), dg(DType::kF32, {n, f}), du(DType::kF32, {n, f});
     OwnedTensor h64(DType::kF64, {n, f}), dg64(DType::kF64, {n, f}), du64(DType::kF64, {n, f});
     poison(h), poison(dg), poison(du);
-    cpu::swiglu_fwd(g, u, h);
+    cpu::swiglu_fwd(g, u, h, Tensor(), Tensor());
     cpu::swiglu_bwd(dh, g, u, dg, du);
-    ref::swiglu_fwd(g64, u64, h64);
+    ref::swiglu_fwd(g64, u64, h64, Tensor(), Tensor());
     ref::swiglu_bwd(dh64, g64, u64, dg64, du64);
     // fast_exp (~2 ulp) then a divide and 1-3 products in f32: a few 2^-24 relative per
     // element (measured <= 2.2e-7 over 40 seeds). 1e-6.
@@ -212,7 +212,7 @@ TEST(SwiGlu, CpuMatchesRef) {
     EXPECT_LT(rel_error(du, du64), 1e-6);
     EXPECT_LT(rel_error(dg, dg64), 1e-6);
     OwnedTensor hc(DType::kF64, {n, f}), dgc(DType::kF64, {n, f}), duc(DType::kF64, {n, f});
-    cpu::swiglu_fwd(g64, u64, hc);
+    cpu::swiglu_fwd(g64, u64, hc, Tensor(), Tensor());
     cpu::swiglu_bwd(dh64, g64, u64, dgc, duc);
     // f64 in the cpu path: libm exp as the ref; dg's 1 - sig is formed differently (e sig).
     EXPECT_LT(rel_error(hc, h64), 1e-15);
@@ -251,7 +251,7 @@ TEST(SwiGlu, RefGradientsMatchFiniteDifferences) {
   OwnedTensor rw = random_tensor(DType::kF64, {3, 5}, 252);
   OwnedTensor h(DType::kF64, {3, 5}), dg(DType::kF64, {3, 5}), du(DType::kF64, {3, 5});
   auto loss = [&] {
-    ref::swiglu_fwd(g, u, h);
+    ref::swiglu_fwd(g, u, h, Tensor(), Tensor());
     return dot(h, rw);
   };
   ref::swiglu_bwd(rw, g, u, dg, du);

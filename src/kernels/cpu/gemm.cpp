@@ -59,15 +59,24 @@ constexpr double kMinTileFlops = 4e6;
 constexpr int64_t kMinWeightBand = 16;
 constexpr int64_t kWeightBand = 256;
 constexpr int64_t kWeightChunk = 512;
-// Grouped GEMMs: each expert's rows are cut into chunks of kGroupChunk rows, then at most one
-// chunk of a multiple of kGroupRows rows and one of fewer than kGroupRows (full-width row chunks
-// for the forward and data gradient; reduction chunks for the weight gradient, whose tiles are
-// (expert, band of dw rows)). The primitives for all these lengths (1..64, 128, 192, 256) are
-// created together, one family per configuration, so a new expert load creates none. Big
+// Grouped weight gradients: each expert's rows are cut into reduction chunks of kGroupChunk
+// rows, then at most one of a multiple of kGroupRows rows and one of fewer than kGroupRows (tiles
+// are (expert, band of dw rows)); the forward and data gradient cut rows as kPadRows says. Each
+// family's primitives (every length it may use) are created together, one family per
+// configuration, so a new expert load creates none. Big
 // chunks matter for hot experts: each call re-packs the expert's weights (64-row chunks cost a
 // skewed load ~10 % more than 256-row ones).
 constexpr int64_t kGroupRows = 64;
 constexpr int64_t kGroupChunk = 256;
+// Forward and data gradient: an expert's rows past its kGroupChunk-row chunks go in ONE call,
+// its length rounded up to kPadRows and the extra rows (the next expert's, or unused buffer
+// rows: every output row depends on its own input row only) computed into a per-thread buffer
+// and dropped. Only where the padded rows would pass the end of A does the remainder take two
+// exact calls (a multiple of kPadRows, then fewer). Measured at 128 experts x ~512 rows, uneven
+// (learned routing): 256 + 192 + a 1..63-row tail was ~60% more calls, each re-packing the
+// expert's weights, than even loads (docs/PERFORMANCE.md, expert scaling). The family holds
+// lengths 1..kPadRows-1 and the multiples of kPadRows up to kGroupChunk: 31 primitives.
+constexpr int64_t kPadRows = 16;
 
 struct RowChunks {
   int64_t nfull, mid, tail;  // nfull chunks of kGroupChunk rows, then mid rows, then tail rows
@@ -130,6 +139,9 @@ struct Item {
   // in a dense per-thread buffer, copied in first when accumulating (c_in), then copied out.
   int64_t c_rows = 0, c_cols = 0, c_ld = 0;
   bool c_in = false;
+  // Padded rows (grouped forward / data gradient): the primitive computes c_pad_rows >= c_rows
+  // rows into the staging buffer; only the first c_rows are copied out.
+  int64_t c_pad_rows = 0;
   double cost = 0;  // for ordering: proportional to the flops
   int64_t seq = 0;  // position in the plan: breaks cost ties
 };
@@ -207,7 +219,7 @@ void run_items(std::vector<Item>& list) {
     if (it.tail) scratch = std::max(scratch, gemm::scratch_bytes(it.tail));
     const int64_t a_rows = std::max({it.nfull > 0 ? it.chunk : 0, it.mid_rows, it.tail_rows});
     a_bytes = std::max(a_bytes, static_cast<size_t>(a_rows * it.a_cols) * it.es);
-    c_bytes = std::max(c_bytes, static_cast<size_t>(it.c_rows * it.c_cols) * sizeof(float));
+    c_bytes = std::max(c_bytes, static_cast<size_t>(std::max(it.c_rows, it.c_pad_rows) * it.c_cols) * sizeof(float));
   }
   const int threads = omp_get_max_threads();
   gemm::prepare_threads(threads, scratch);
@@ -287,30 +299,43 @@ void plan_bands(const Desc& d, bool stage_columns, const void* a, const void* b,
 }
 
 // Grouped forward / data gradient: C rows [off[e], off[e+1]) = A rows * B_e, where B_e starts
-// b_expert bytes after B_{e-1}. `d` describes one expert (m ignored, ta = kN); every item is a
-// full-width chunk of rows (split_rows), dense in A, B and C.
+// b_expert bytes after B_{e-1}. `d` describes one expert (m ignored, ta = kN); A has a_rows
+// rows. Every item is a full-width chunk of rows, dense in A, B and C: kGroupChunk-row chunks,
+// then the remainder padded to kPadRows (see kPadRows).
 void plan_grouped_rows(const Desc& d, const void* a, const void* b, int64_t b_expert, float* c,
-                       const int32_t* off, int64_t experts) {
+                       const int32_t* off, int64_t experts, int64_t a_rows) {
   const size_t es = dtype_size(d.dtype);
-  const Primitive* const* fam = gemm::family(d, /*vary_k=*/false, kGroupRows, kGroupChunk);
+  const Primitive* const* fam = gemm::family(d, /*vary_k=*/false, kPadRows, kGroupChunk);
   for (int64_t e = 0; e < experts; ++e) {
     const char* be = static_cast<const char*>(b) + static_cast<size_t>(e * b_expert);
-    const RowChunks ch = split_rows(off[e + 1] - off[e]);
     int64_t i0 = off[e];
-    auto add = [&](int64_t rows) {
+    auto add = [&](int64_t rows, int64_t padded) {
       Item it;
       it.a = static_cast<const char*>(a) + static_cast<size_t>(i0 * d.lda) * es;
       it.b = be;
       it.c = c + i0 * d.ldc;
-      it.full = fam[rows];
+      it.full = fam[padded];
       it.es = es;
-      it.cost = static_cast<double>(rows) * static_cast<double>(d.n);
+      if (padded > rows) {  // staged: dense at leading dimension n (d.ldc == d.n here)
+        it.c_rows = rows;
+        it.c_cols = d.n;
+        it.c_ld = d.ldc;
+        it.c_pad_rows = padded;
+      }
+      it.cost = static_cast<double>(padded) * static_cast<double>(d.n);
       items().push_back(it);
       i0 += rows;
     };
-    for (int64_t j = 0; j < ch.nfull; ++j) add(kGroupChunk);
-    if (ch.mid) add(ch.mid);
-    if (ch.tail) add(ch.tail);
+    const int64_t rows = off[e + 1] - off[e], rest = rows % kGroupChunk;
+    for (int64_t j = 0; j < rows / kGroupChunk; ++j) add(kGroupChunk, kGroupChunk);
+    const int64_t padded = round_up(rest, kPadRows);
+    if (rest == 0) continue;
+    if (i0 + padded <= a_rows) {
+      add(rest, padded);
+    } else {
+      if (rest / kPadRows) add(rest / kPadRows * kPadRows, rest / kPadRows * kPadRows);
+      if (rest % kPadRows) add(rest % kPadRows, rest % kPadRows);
+    }
   }
 }
 
@@ -487,7 +512,7 @@ void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets,
   std::lock_guard<std::mutex> lock(op_mutex());
   items().clear();
   plan_grouped_rows(fwd_desc(x.dtype, 0, n, k, false), x.data, w.data,
-                    n * k * static_cast<int64_t>(dtype_size(w.dtype)), out, off, experts);
+                    n * k * static_cast<int64_t>(dtype_size(w.dtype)), out, off, experts, r);
   run_items(items());
 }
 
@@ -506,7 +531,7 @@ void grouped_linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& of
   std::lock_guard<std::mutex> lock(op_mutex());
   items().clear();
   plan_grouped_rows(bwd_data_desc(dy.dtype, 0, n, k, false), dy.data, w.data,
-                    n * k * static_cast<int64_t>(dtype_size(w.dtype)), out, off, experts);
+                    n * k * static_cast<int64_t>(dtype_size(w.dtype)), out, off, experts, r);
   run_items(items());
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/elem_common.h"
@@ -29,7 +30,8 @@ constexpr int64_t kRowChunk = 16;
 // ---------------------------------------------------------------- RMSNorm
 void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
                  const Tensor& rstd) {
-  check_args({&x, &w, &y, &rstd}, x.dtype, "rmsnorm_fwd");
+  check_args({&x, &w, &rstd}, x.dtype, "rmsnorm_fwd");
+  check_output_dtype(y, x.dtype, "rmsnorm_fwd y");
   check_norm_shapes(x, w, rstd);
   check_same_shape(x, y, "rmsnorm_fwd x/y");
   dispatch_real(x.dtype, "rmsnorm_fwd", [&](auto tag) {
@@ -37,19 +39,24 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
     const int64_t n = x.rows(), c = x.cols();
     const T* px = x.as<T>();
     const T* pw = w.as<T>();
-    T* py = y.as<T>();
     T* pr = rstd.as<T>();
     const T e = static_cast<T>(eps);
+    auto run = [&](auto* py) {
 #pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
-    for (int64_t r = 0; r < n; ++r) {
-      const T* xr = px + r * c;
-      T* yr = py + r * c;
-      const T ss = lane_sum<T>(c, [&](int64_t j) { return xr[j] * xr[j]; });
-      const T rs = T(1) / std::sqrt(ss / static_cast<T>(c) + e);
-      pr[r] = rs;
+      for (int64_t r = 0; r < n; ++r) {
+        const T* xr = px + r * c;
+        auto* yr = py + r * c;
+        const T ss = lane_sum<T>(c, [&](int64_t j) { return xr[j] * xr[j]; });
+        const T rs = T(1) / std::sqrt(ss / static_cast<T>(c) + e);
+        pr[r] = rs;
 #pragma omp simd
-      for (int64_t j = 0; j < c; ++j) yr[j] = xr[j] * rs * pw[j];
+        for (int64_t j = 0; j < c; ++j) store(yr + j, xr[j] * rs * pw[j]);
+      }
+    };
+    if constexpr (std::is_same_v<T, float>) {
+      if (y.dtype == DType::kBF16) return run(y.as<bf16>());
     }
+    run(y.as<T>());
   });
 }
 
@@ -109,25 +116,59 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
 }
 
 // ---------------------------------------------------------------- SwiGLU
-void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h) {
-  check_args({&g, &u, &h}, g.dtype, "swiglu_fwd");
+namespace {
+// h = silu(g) u, stored as H (f32 / f64, or bf16 rounded); with copies, g and u rounded to bf16.
+template <class T, class H, bool kCopies>
+void swiglu_fwd_loop(const T* pg, const T* pu, H* ph, bf16* pgc, bf16* puc, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const T gi = pg[i], ui = pu[i];
+    store(ph + i, gi / (T(1) + fast_exp(-gi)) * ui);
+    if constexpr (kCopies) {
+      store(pgc + i, gi);
+      store(puc + i, ui);
+    }
+  }
+}
+}  // namespace
+
+void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h, const Tensor& g_copy,
+                const Tensor& u_copy) {
+  check_args({&g, &u}, g.dtype, "swiglu_fwd");
+  check_output_dtype(h, g.dtype, "swiglu_fwd h");
   check_same_shape(g, u, "swiglu_fwd g/u");
   check_same_shape(g, h, "swiglu_fwd g/h");
+  const bool copies = !g_copy.empty();
+  MOE_CHECK(copies == !u_copy.empty(), "swiglu_fwd: g_copy and u_copy are given together");
+  if (copies) {
+    check_args({&g}, DType::kF32, "swiglu_fwd with copies");
+    check_args({&g_copy, &u_copy}, DType::kBF16, "swiglu_fwd copies");
+    check_same_shape(g, g_copy, "swiglu_fwd g/g_copy");
+    check_same_shape(g, u_copy, "swiglu_fwd g/u_copy");
+  }
+  const int64_t n = g.numel();
+  if (h.dtype == DType::kBF16 && g.dtype == DType::kF32) {
+    if (copies) swiglu_fwd_loop<float, bf16, true>(g.as<float>(), u.as<float>(), h.as<bf16>(), g_copy.as<bf16>(), u_copy.as<bf16>(), n);
+    else swiglu_fwd_loop<float, bf16, false>(g.as<float>(), u.as<float>(), h.as<bf16>(), nullptr, nullptr, n);
+    return;
+  }
   dispatch_real(g.dtype, "swiglu_fwd", [&](auto tag) {
     using T = decltype(tag);
-    const T* pg = g.as<T>();
-    const T* pu = u.as<T>();
-    T* ph = h.as<T>();
-    const int64_t n = g.numel();
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) ph[i] = pg[i] / (T(1) + fast_exp(-pg[i])) * pu[i];
+    if constexpr (std::is_same_v<T, float>) {
+      if (copies) {
+        swiglu_fwd_loop<T, T, true>(g.as<T>(), u.as<T>(), h.as<T>(), g_copy.as<bf16>(), u_copy.as<bf16>(), n);
+        return;
+      }
+    }
+    swiglu_fwd_loop<T, T, false>(g.as<T>(), u.as<T>(), h.as<T>(), nullptr, nullptr, n);
   });
 }
 
 namespace {
-// One element of the SwiGLU backward; G is the stored type of g and u (bf16 in bf16 mode).
-template <class T, class G>
-void swiglu_bwd_loop(const T* pdh, const G* pg, const G* pu, T* pdg, T* pdu, int64_t n) {
+// One element of the SwiGLU backward; G is the stored type of g and u (bf16 in bf16 mode), O
+// that of dg and du (bf16 rounded when they are the next GEMMs' operands).
+template <class T, class G, class O>
+void swiglu_bwd_loop(const T* pdh, const G* pg, const G* pu, O* pdg, O* pdu, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T gi = static_cast<T>(to_float(pg[i])), ui = static_cast<T>(to_float(pu[i])), dhi = pdh[i];
@@ -136,26 +177,34 @@ void swiglu_bwd_loop(const T* pdh, const G* pg, const G* pu, T* pdg, T* pdu, int
     // 1 - sig = e sig, exact for g > 0 where 1 - sig would cancel (e < 1 there, no overflow).
     const T one_minus_sig = gi > T(0) ? e * sig : T(1) - sig;
     const T dsilu = sig * (T(1) + gi * one_minus_sig);
-    pdg[i] = dhi * ui * dsilu;
-    pdu[i] = dhi * (gi * sig);
+    store(pdg + i, dhi * ui * dsilu);
+    store(pdu + i, dhi * (gi * sig));
   }
+}
+
+template <class G>
+void swiglu_bwd_f32(const Tensor& dh, const G* pg, const G* pu, const Tensor& dg, const Tensor& du) {
+  if (dg.dtype == DType::kBF16) swiglu_bwd_loop(dh.as<float>(), pg, pu, dg.as<bf16>(), du.as<bf16>(), dh.numel());
+  else swiglu_bwd_loop(dh.as<float>(), pg, pu, dg.as<float>(), du.as<float>(), dh.numel());
 }
 }  // namespace
 
 void swiglu_bwd(const Tensor& dh, const Tensor& g, const Tensor& u, const Tensor& dg,
                 const Tensor& du) {
   for (const Tensor* t : {&dh, &u, &dg, &du}) check_same_shape(*t, g, "swiglu_bwd tensors");
-  if (g.dtype == DType::kBF16) {  // saved activations in bf16, gradients in f32
-    check_args({&g, &u}, DType::kBF16, "swiglu_bwd");
-    check_args({&dh, &dg, &du}, DType::kF32, "swiglu_bwd");
-    swiglu_bwd_loop(dh.as<float>(), g.as<bf16>(), u.as<bf16>(), dg.as<float>(), du.as<float>(), g.numel());
-    return;
+  const DType compute = g.dtype == DType::kBF16 ? DType::kF32 : g.dtype;
+  check_args({&u}, g.dtype, "swiglu_bwd u");
+  check_args({&dh}, compute, "swiglu_bwd dh");
+  check_output_dtype(dg, compute, "swiglu_bwd dg");
+  check_args({&du}, dg.dtype, "swiglu_bwd du");
+  if (g.dtype == DType::kBF16) {  // saved activations in bf16
+    swiglu_bwd_f32(dh, g.as<bf16>(), u.as<bf16>(), dg, du);
+  } else if (compute == DType::kF32) {
+    swiglu_bwd_f32(dh, g.as<float>(), u.as<float>(), dg, du);
+  } else {
+    check_args({&g}, DType::kF64, "swiglu_bwd g");
+    swiglu_bwd_loop(dh.as<double>(), g.as<double>(), u.as<double>(), dg.as<double>(), du.as<double>(), g.numel());
   }
-  check_args({&dh, &g, &u, &dg, &du}, g.dtype, "swiglu_bwd");
-  dispatch_real(g.dtype, "swiglu_bwd", [&](auto tag) {
-    using T = decltype(tag);
-    swiglu_bwd_loop(dh.as<T>(), g.as<T>(), u.as<T>(), dg.as<T>(), du.as<T>(), g.numel());
-  });
 }
 
 // ---------------------------------------------------------------- cross-entropy + z-loss
@@ -191,7 +240,8 @@ template <class T> T exp_store_sum(const T* x, T* d, int64_t n, T mx) {
 // alias logits.
 void cross_entropy(const Tensor& logits, const Tensor& labels, double loss_scale, double z_coef,
                    const Tensor& dlogits, const Tensor& row_ce, const Tensor& row_z) {
-  check_args({&logits, &dlogits, &row_ce, &row_z}, logits.dtype, "cross_entropy");
+  check_args({&logits, &row_ce, &row_z}, logits.dtype, "cross_entropy");
+  check_output_dtype(dlogits, logits.dtype, "cross_entropy dlogits");
   check_args({&labels}, DType::kI32, "cross_entropy labels");
   check_shape(logits, {-1, -1}, "cross_entropy logits");
   const int64_t n = logits.dim(0), vocab = logits.dim(1);
@@ -203,39 +253,50 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, double loss_scale
   for (int64_t r = 0; r < n; ++r)
     MOE_CHECK(lab[r] < vocab, "cross_entropy: label ", lab[r], " at row ", r,
               " is out of range for vocab size ", vocab);
+  const bool rounded = dlogits.dtype != logits.dtype;  // bf16 dlogits
   dispatch_real(logits.dtype, "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
-    const T* px = logits.as<T>();
-    T* pd = dlogits.as<T>();
+    T* px = logits.as<T>();
     T* pce = row_ce.as<T>();
     T* pz = row_z.as<T>();
     const T scale = static_cast<T>(loss_scale), zc2 = static_cast<T>(2 * z_coef);
+    auto run = [&](auto* pd) {
 #pragma omp parallel for schedule(static) if (n * vocab >= kParallelMin)
-    for (int64_t r = 0; r < n; ++r) {
-      const T* xr = px + r * vocab;
-      T* dr = pd + r * vocab;
-      const int32_t label = lab[r];
-      if (label < 0) {
-        std::fill(dr, dr + vocab, T(0));
-        pce[r] = 0;
-        pz[r] = 0;
-        continue;
-      }
-      const T mx = lane_max(xr, vocab);
-      const T x_label = xr[label];
-      const T sum = exp_store_sum(xr, dr, vocab, mx);
-      const T log_sum = std::log(sum);
-      const T lse = mx + log_sum;
-      pce[r] = log_sum + (mx - x_label);
-      pz[r] = lse * lse;
-      const T p_label = dr[label] / sum;
-      const T coef = scale * (T(1) + zc2 * lse) / sum;
+      for (int64_t r = 0; r < n; ++r) {
+        T* xr = px + r * vocab;
+        auto* dr = pd + r * vocab;
+        // The exponentials go to the output row, or to the logits row when the output is rounded
+        // (they must stay fp32 until scaled).
+        T* er = xr;
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(*dr)>, T>) er = dr;
+        const int32_t label = lab[r];
+        if (label < 0) {
 #pragma omp simd
-      for (int64_t j = 0; j < vocab; ++j) dr[j] *= coef;
-      // The label's element as scale ((p - 1) + 2 z lse p): p - 1 is exact when p is near 1
-      // (V = 1 gives exactly scale 2 z lse), where p (1 + 2 z lse) - 1 would cancel.
-      dr[label] = scale * ((p_label - T(1)) + zc2 * lse * p_label);
+          for (int64_t j = 0; j < vocab; ++j) store(dr + j, T(0));
+          pce[r] = 0;
+          pz[r] = 0;
+          continue;
+        }
+        const T mx = lane_max(xr, vocab);
+        const T x_label = xr[label];
+        const T sum = exp_store_sum(xr, er, vocab, mx);
+        const T log_sum = std::log(sum);
+        const T lse = mx + log_sum;
+        pce[r] = log_sum + (mx - x_label);
+        pz[r] = lse * lse;
+        const T p_label = er[label] / sum;
+        const T coef = scale * (T(1) + zc2 * lse) / sum;
+#pragma omp simd
+        for (int64_t j = 0; j < vocab; ++j) store(dr + j, er[j] * coef);
+        // The label's element as scale ((p - 1) + 2 z lse p): p - 1 is exact when p is near 1
+        // (V = 1 gives exactly scale 2 z lse), where p (1 + 2 z lse) - 1 would cancel.
+        store(dr + label, scale * ((p_label - T(1)) + zc2 * lse * p_label));
+      }
+    };
+    if constexpr (std::is_same_v<T, float>) {
+      if (rounded) return run(dlogits.as<bf16>());
     }
+    run(dlogits.as<T>());
   });
 }
 

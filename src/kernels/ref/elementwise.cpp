@@ -7,6 +7,7 @@
 
 #include "kernels/dtype_dispatch.h"
 #include "kernels/ref/ref_ops.h"
+#include "kernels/ref/rounded_output.h"
 
 namespace moe::ref {
 namespace {
@@ -127,22 +128,34 @@ void rope_fwd(const Tensor& x, double theta) { rope_common(x, theta, false, "rop
 void rope_bwd(const Tensor& dx, double theta) { rope_common(dx, theta, true, "rope_bwd"); }
 
 // ---------------------------------------------------------------- SwiGLU
-void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h) {
+void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h, const Tensor& g_copy,
+                const Tensor& u_copy) {
   for (const Tensor* t : {&g, &u, &h}) check_host(*t, "swiglu_fwd tensor");
   check_same_shape(g, u, "swiglu_fwd g/u");
   check_same_shape(g, h, "swiglu_fwd g/h");
   check_dtype(u, g.dtype, "swiglu_fwd u");
-  check_dtype(h, g.dtype, "swiglu_fwd h");
+  MOE_CHECK(g_copy.empty() == u_copy.empty(), "swiglu_fwd: g_copy and u_copy are given together");
+  if (!g_copy.empty()) {
+    check_dtype(g, DType::kF32, "swiglu_fwd g (with copies)");
+    for (const Tensor* t : {&g_copy, &u_copy}) {
+      check_dtype(*t, DType::kBF16, "swiglu_fwd copy");
+      check_same_shape(g, *t, "swiglu_fwd g/copy");
+    }
+    convert(g, g_copy);
+    convert(u, u_copy);
+  }
+  const RoundedOutput out(h, g.dtype, "swiglu_fwd h");
   dispatch_real(g.dtype, "swiglu_fwd", [&](auto tag) {
     using T = decltype(tag);
     const T* pg = g.as<T>();
     const T* pu = u.as<T>();
-    T* ph = h.as<T>();
+    T* ph = out.work().as<T>();
     for (int64_t i = 0; i < g.numel(); ++i) {
       const T silu = pg[i] / (T(1) + std::exp(-pg[i]));
       ph[i] = silu * pu[i];
     }
   });
+  out.finish();
 }
 
 namespace {
@@ -159,24 +172,29 @@ void swiglu_bwd_loop(const T* pdh, const G* pg, const G* pu, T* pdg, T* pdu, int
 }
 }  // namespace
 
-// g and u may be bf16 (saved activations of bf16 mode); dh, dg, du are then f32.
+// g and u may be bf16 (saved activations of bf16 mode; dh is then f32); dg and du may be bf16
+// (rounded).
 void swiglu_bwd(const Tensor& dh, const Tensor& g, const Tensor& u, const Tensor& dg,
                 const Tensor& du) {
   for (const Tensor* t : {&dh, &g, &u, &dg, &du}) {
     check_host(*t, "swiglu_bwd tensor");
     check_same_shape(*t, g, "swiglu_bwd tensors");
   }
+  const DType compute = g.dtype == DType::kBF16 ? DType::kF32 : g.dtype;
+  check_dtype(u, g.dtype, "swiglu_bwd u");
+  check_dtype(dh, compute, "swiglu_bwd dh");
+  check_dtype(du, dg.dtype, "swiglu_bwd du");
+  const RoundedOutput odg(dg, compute, "swiglu_bwd dg"), odu(du, compute, "swiglu_bwd du");
   if (g.dtype == DType::kBF16) {
-    check_dtype(u, DType::kBF16, "swiglu_bwd u");
-    for (const Tensor* t : {&dh, &dg, &du}) check_dtype(*t, DType::kF32, "swiglu_bwd gradient");
-    swiglu_bwd_loop(dh.as<float>(), g.as<bf16>(), u.as<bf16>(), dg.as<float>(), du.as<float>(), g.numel());
-    return;
+    swiglu_bwd_loop(dh.as<float>(), g.as<bf16>(), u.as<bf16>(), odg.work().as<float>(), odu.work().as<float>(), g.numel());
+  } else {
+    dispatch_real(g.dtype, "swiglu_bwd", [&](auto tag) {
+      using T = decltype(tag);
+      swiglu_bwd_loop(dh.as<T>(), g.as<T>(), u.as<T>(), odg.work().as<T>(), odu.work().as<T>(), g.numel());
+    });
   }
-  for (const Tensor* t : {&dh, &u, &dg, &du}) check_dtype(*t, g.dtype, "swiglu_bwd tensor");
-  dispatch_real(g.dtype, "swiglu_bwd", [&](auto tag) {
-    using T = decltype(tag);
-    swiglu_bwd_loop(dh.as<T>(), g.as<T>(), u.as<T>(), dg.as<T>(), du.as<T>(), g.numel());
-  });
+  odg.finish();
+  odu.finish();
 }
 
 // ---------------------------------------------------------------- reductions to a scalar

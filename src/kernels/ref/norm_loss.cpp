@@ -5,6 +5,7 @@
 
 #include "kernels/dtype_dispatch.h"
 #include "kernels/ref/ref_ops.h"
+#include "kernels/ref/rounded_output.h"
 
 namespace moe::ref {
 namespace {
@@ -31,15 +32,16 @@ void check_norm_shapes(const Tensor& x, const Tensor& w, const Tensor& rstd, con
 // ---------------------------------------------------------------- RMSNorm
 void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
                  const Tensor& rstd) {
-  check_float_args({&x, &w, &y, &rstd}, x.dtype, "rmsnorm_fwd");
+  check_float_args({&x, &w, &rstd}, x.dtype, "rmsnorm_fwd");
   check_norm_shapes(x, w, rstd, "rmsnorm_fwd");
   check_same_shape(x, y, "rmsnorm_fwd x/y");
+  const RoundedOutput out(y, x.dtype, "rmsnorm_fwd y");
   dispatch_real(x.dtype, "rmsnorm_fwd", [&](auto tag) {
     using T = decltype(tag);
     const int64_t n = x.rows(), c = x.cols();
     const T* px = x.as<T>();
     const T* pw = w.as<T>();
-    T* py = y.as<T>();
+    T* py = out.work().as<T>();
     T* pr = rstd.as<T>();
     for (int64_t r = 0; r < n; ++r) {
       const T* xr = px + r * c;
@@ -50,6 +52,7 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
       for (int64_t j = 0; j < c; ++j) py[r * c + j] = xr[j] * rs * pw[j];
     }
   });
+  out.finish();
 }
 
 void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
@@ -87,7 +90,7 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
 // ---------------------------------------------------------------- cross-entropy + z-loss
 void cross_entropy(const Tensor& logits, const Tensor& labels, double loss_scale, double z_coef,
                    const Tensor& dlogits, const Tensor& row_ce, const Tensor& row_z) {
-  check_float_args({&logits, &dlogits, &row_ce, &row_z}, logits.dtype, "cross_entropy");
+  check_float_args({&logits, &row_ce, &row_z}, logits.dtype, "cross_entropy");
   MOE_CHECK(labels.device == Device::kCpu, "cross_entropy: labels are not on the host");
   check_shape(logits, {-1, -1}, "cross_entropy logits");
   const int64_t n = logits.dim(0), vocab = logits.dim(1);
@@ -100,10 +103,11 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, double loss_scale
   for (int64_t r = 0; r < n; ++r)
     MOE_CHECK(lab[r] < vocab, "cross_entropy: label ", lab[r], " at row ", r,
               " is out of range for vocab size ", vocab);
+  const RoundedOutput dout(dlogits, logits.dtype, "cross_entropy dlogits");
   dispatch_real(logits.dtype, "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     const T* px = logits.as<T>();  // may alias pd: each element is read before it is written
-    T* pd = dlogits.as<T>();
+    T* pd = dout.work().as<T>();
     T* pce = row_ce.as<T>();
     T* pz = row_z.as<T>();
     const T scale = static_cast<T>(loss_scale), zc2 = static_cast<T>(2 * z_coef);
@@ -131,6 +135,7 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, double loss_scale
       }
     }
   });
+  dout.finish();
 }
 
 }  // namespace moe::ref
