@@ -58,18 +58,22 @@ void Transformer::attention_backward(int64_t l, const Tensor& x_in, AttnActs& a)
   ops_.rope_bwd(s.dk, cfg_.rope_theta);
 
   Tensor dq = s.dq.view({T, H * hd}), dk = s.dk.view({T, G * hd});
-  if (cfg_.qk_norm == "full") {
-    ops_.rmsnorm_bwd(dq, a.q_lin, W.q_norm, a.rstd_q, s.dq_lin, dW.q_norm);
-    ops_.rmsnorm_bwd(dk, a.k_lin, W.k_norm, a.rstd_k, s.dk_lin, dW.k_norm);
-    dq = s.dq_lin;
-    dk = s.dk_lin;
-  } else if (cfg_.qk_norm == "per_head") {
-    ops_.rmsnorm_bwd(dq.view({T * H, hd}), a.q_lin.view({T * H, hd}), W.q_norm, a.rstd_q,
-                     s.dq_lin.view({T * H, hd}), dW.q_norm);
-    ops_.rmsnorm_bwd(dk.view({T * G, hd}), a.k_lin.view({T * G, hd}), W.k_norm, a.rstd_k,
-                     s.dk_lin.view({T * G, hd}), dW.k_norm);
-    dq = s.dq_lin;
-    dk = s.dk_lin;
+  if (cfg_.qk_norm != "none") {
+    // The norms' input gradients only feed the q/k projections' GEMMs: written as their operands
+    // (bf16 over the fp32 scratch, rounded, in bf16 mode).
+    const Tensor dq_op = grad_operand_store(s.dq_lin, T, H * hd, s.dq_lin);
+    const Tensor dk_op = grad_operand_store(s.dk_lin, T, G * hd, s.dk_lin);
+    if (cfg_.qk_norm == "full") {
+      ops_.rmsnorm_bwd(dq, a.q_lin, W.q_norm, a.rstd_q, dq_op, dW.q_norm, false);
+      ops_.rmsnorm_bwd(dk, a.k_lin, W.k_norm, a.rstd_k, dk_op, dW.k_norm, false);
+    } else {  // per head
+      ops_.rmsnorm_bwd(dq.view({T * H, hd}), a.q_lin.view({T * H, hd}), W.q_norm, a.rstd_q,
+                       dq_op.view({T * H, hd}), dW.q_norm, false);
+      ops_.rmsnorm_bwd(dk.view({T * G, hd}), a.k_lin.view({T * G, hd}), W.k_norm, a.rstd_k,
+                       dk_op.view({T * G, hd}), dW.k_norm, false);
+    }
+    dq = dq_op;
+    dk = dk_op;
   }
   // dh = dq wq + dk wk + dv wv, each operand converted once and used for data and weight grads.
   Tensor g = operand_grad(dq);

@@ -207,14 +207,13 @@ void Transformer::finish_sublayer(const Tensor& y, const Tensor& out_norm, const
 Tensor Transformer::sublayer_output_grad(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out,
                                          const Tensor& dout_norm_w) {
   if (cfg_.norm_placement != "peri") return scratch_.dx;
-  ops_.rmsnorm_bwd(scratch_.dx, y, out_norm, rstd_out, scratch_.dtmp, dout_norm_w);
+  ops_.rmsnorm_bwd(scratch_.dx, y, out_norm, rstd_out, scratch_.dtmp, dout_norm_w, false);
   return scratch_.dtmp;
 }
 
 void Transformer::norm_input_backward(const Tensor& dh, const Tensor& x_in, const Tensor& w,
                                       const Tensor& rstd, const Tensor& dw) {
-  ops_.rmsnorm_bwd(dh, x_in, w, rstd, scratch_.dtmp, dw);
-  ops_.axpy(1.0, scratch_.dtmp, scratch_.dx);
+  ops_.rmsnorm_bwd(dh, x_in, w, rstd, scratch_.dx, dw, /*accumulate=*/true);  // residual + norm path
 }
 
 void Transformer::layer_forward(int64_t slot, int64_t l, int64_t token_base) {
@@ -274,7 +273,7 @@ void Transformer::stage_backward(int64_t slot, const Tensor& ids, const Tensor& 
       ops_.linear_bwd_weight(g, x_rows, grads_.lm_head);
     }
     phase.reset();
-    ops_.rmsnorm_bwd(s.dtmp, stage_output(slot), params_.final_norm, rstd_final_, s.dx, grads_.final_norm);
+    ops_.rmsnorm_bwd(s.dtmp, stage_output(slot), params_.final_norm, rstd_final_, s.dx, grads_.final_norm, false);
   }
   // Otherwise s.dx already holds the gradient of the stage output (received).
   for (int64_t l = layer_end_ - 1; l >= layer_begin_; --l) {

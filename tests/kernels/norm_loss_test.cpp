@@ -95,8 +95,8 @@ TEST(RmsNorm, BackwardCpuMatchesRef) {
     OwnedTensor r = clone(r64, DType::kF32);  // the same rstd for both paths
     OwnedTensor dx(DType::kF32, {s.n, s.c}), dx64(DType::kF64, {s.n, s.c});
     poison(dx);
-    cpu::rmsnorm_bwd(dy, x, w, r, dx, dw);
-    ref::rmsnorm_bwd(dy64, x64, w64, r64, dx64, dw64);
+    cpu::rmsnorm_bwd(dy, x, w, r, dx, dw, false);
+    ref::rmsnorm_bwd(dy64, x64, w64, r64, dx64, dw64, false);
     // dx = rs w dy - (rs^3 dot / C) x. The two terms cancel (completely as C -> 1: a 1-wide
     // RMSNorm is sign(x) w), so the error is measured against the size of the first term:
     // max|dx - dx64| / max|rs w dy|. Errors: rstd rounded to f32 (2^-24, cubed in the second
@@ -121,8 +121,8 @@ TEST(RmsNorm, BackwardCpuMatchesRef) {
     OwnedTensor dwc = clone(dw, DType::kF64);
     OwnedTensor dwr = clone(dw, DType::kF64);
     poison(dxc);
-    cpu::rmsnorm_bwd(dy64, x64, w64, r64, dxc, dwc);
-    ref::rmsnorm_bwd(dy64, x64, w64, r64, dx64, dwr);
+    cpu::rmsnorm_bwd(dy64, x64, w64, r64, dxc, dwc, false);
+    ref::rmsnorm_bwd(dy64, x64, w64, r64, dx64, dwr, false);
     EXPECT_LT(rel_error(dxc, dx64), 1e-13);
     EXPECT_LT(rel_error(dwc, dwr), 1e-13);
   }
@@ -142,7 +142,7 @@ TEST(RmsNorm, RefGradientsMatchFiniteDifferences) {
   loss();
   OwnedTensor dx(DType::kF64, {n, c}), dw(DType::kF64, {c});
   ref::fill(dw, 0);
-  ref::rmsnorm_bwd(rw, x, w, r, dx, dw);
+  ref::rmsnorm_bwd(rw, x, w, r, dx, dw, false);
   const double ex = rel_error(dx, numeric_grad(x, loss));
   const double ew = rel_error(dw, numeric_grad(w, loss));
   EXPECT_LT(ex, 1e-7);
@@ -161,7 +161,7 @@ TEST(RmsNorm, CpuBitwiseIndependentOfThreadCount) {
       OwnedTensor y(DType::kF32, {n, c}), r(DType::kF32, {n}), dx(DType::kF32, {n, c});
       OwnedTensor dw = random_tensor(DType::kF32, {c}, 304);
       cpu::rmsnorm_fwd(x, w, 1e-5, y, r);
-      cpu::rmsnorm_bwd(dy, x, w, r, dx, dw);
+      cpu::rmsnorm_bwd(dy, x, w, r, dx, dw, false);
       ys.push_back(std::move(y)), rs.push_back(std::move(r));
       dxs.push_back(std::move(dx)), dws.push_back(std::move(dw));
     });
@@ -348,7 +348,7 @@ TEST(ElemThroughput, PrintRmsNormAndCrossEntropy) {
     fill_fast(x, 4), fill_fast(w, 1), fill_fast(dy, 1), cpu::fill(dw, 0);
     const double bytes = 4.0 * n * c;
     const double tf = time_it(20, [&] { cpu::rmsnorm_fwd(x, w, 1e-5, y, r); });
-    const double tb = time_it(20, [&] { cpu::rmsnorm_bwd(dy, x, w, r, dx, dw); });
+    const double tb = time_it(20, [&] { cpu::rmsnorm_bwd(dy, x, w, r, dx, dw, false); });
     std::printf("[ throughput ] rmsnorm %ldx%ld, %d threads: fwd %.3f ms = %.1f GB/s, "
                 "bwd %.3f ms = %.1f GB/s\n", static_cast<long>(n), static_cast<long>(c),
                 cpu::num_threads(), tf * 1e3, 2 * bytes / tf / 1e9, tb * 1e3,

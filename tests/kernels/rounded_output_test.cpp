@@ -1,5 +1,6 @@
-// Outputs stored rounded to bf16 (op_list.inc: "may be bf16 (rounded)"): RMSNorm, SwiGLU forward
-// (with the bf16 copies of g and u) and backward, and the cross-entropy gradient. Each kernel,
+// Outputs stored rounded to bf16 (op_list.inc: "may be bf16 (rounded)"): RMSNorm forward and
+// backward (and its backward accumulated into the residual gradient), SwiGLU forward (with the
+// bf16 copies of g and u) and backward, and the cross-entropy gradient. Each kernel,
 // cpu and ref, must give bitwise the bf16 rounding of its own fp32 output: the fusion removes a
 // convert pass and changes no bit of bf16 training. Inputs span the ranges where rounding,
 // exp overflow/underflow and ties matter (values up to +-40).
@@ -24,6 +25,8 @@ using test::random_tensor;
 struct Backend {
   const char* name;
   void (*rmsnorm_fwd)(const Tensor&, const Tensor&, double, const Tensor&, const Tensor&);
+  void (*rmsnorm_bwd)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                      const Tensor&, bool);
   void (*swiglu_fwd)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&);
   void (*swiglu_bwd)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&);
   void (*cross_entropy)(const Tensor&, const Tensor&, double, double, const Tensor&, const Tensor&,
@@ -31,8 +34,8 @@ struct Backend {
 };
 
 const Backend kBackends[] = {
-    {"cpu", cpu::rmsnorm_fwd, cpu::swiglu_fwd, cpu::swiglu_bwd, cpu::cross_entropy},
-    {"ref", ref::rmsnorm_fwd, ref::swiglu_fwd, ref::swiglu_bwd, ref::cross_entropy},
+    {"cpu", cpu::rmsnorm_fwd, cpu::rmsnorm_bwd, cpu::swiglu_fwd, cpu::swiglu_bwd, cpu::cross_entropy},
+    {"ref", ref::rmsnorm_fwd, ref::rmsnorm_bwd, ref::swiglu_fwd, ref::swiglu_bwd, ref::cross_entropy},
 };
 
 OwnedTensor poisoned(DType dtype, std::initializer_list<int64_t> dims) {
@@ -54,6 +57,35 @@ TEST(RoundedOutput, RmsNormBf16OutputIsTheRoundedFp32Output) {
       b.rmsnorm_fwd(x, w, 1e-5, ybf, rbf);
       EXPECT_TRUE(bitwise_equal(ybf, clone(y32, DType::kBF16))) << n << "x" << c;
       EXPECT_TRUE(bitwise_equal(rbf, r32));
+    }
+  }
+}
+
+// The input gradient rounded into a bf16 operand, and accumulated into the residual stream's
+// gradient: bitwise what a separate convert / add pass gives (dw accumulates the same either way).
+TEST(RoundedOutput, RmsNormBackwardBf16AndAccumulatedInputGradient) {
+  for (const Backend& b : kBackends) {
+    SCOPED_TRACE(b.name);
+    for (auto [n, c] : {std::pair<int64_t, int64_t>{3, 7}, {70, 300}, {200, 256}}) {
+      OwnedTensor x = random_tensor(DType::kF32, {n, c}, 12, -4, 4);
+      OwnedTensor w = random_tensor(DType::kF32, {c}, 13, -3, 3);
+      OwnedTensor dy = random_tensor(DType::kF32, {n, c}, 14, -2, 2);
+      OwnedTensor y(DType::kF32, {n, c}), r(DType::kF32, {n});
+      b.rmsnorm_fwd(x, w, 1e-5, y, r);
+      OwnedTensor dx32 = poisoned(DType::kF32, {n, c}), dxbf = poisoned(DType::kBF16, {n, c});
+      OwnedTensor dw32 = random_tensor(DType::kF32, {c}, 15), dwbf = clone(dw32), dwacc = clone(dw32);
+      b.rmsnorm_bwd(dy, x, w, r, dx32, dw32, false);
+      b.rmsnorm_bwd(dy, x, w, r, dxbf, dwbf, false);
+      EXPECT_TRUE(bitwise_equal(dxbf, clone(dx32, DType::kBF16))) << n << "x" << c;
+      EXPECT_TRUE(bitwise_equal(dwbf, dw32));
+      // Accumulate into a residual gradient: resid + dx, element by element.
+      OwnedTensor resid = random_tensor(DType::kF32, {n, c}, 16, -1, 1), expect = clone(resid);
+      for (int64_t i = 0; i < n * c; ++i) expect.as<float>()[i] += dx32.as<float>()[i];
+      b.rmsnorm_bwd(dy, x, w, r, resid, dwacc, true);
+      EXPECT_TRUE(bitwise_equal(resid, expect)) << n << "x" << c;
+      EXPECT_TRUE(bitwise_equal(dwacc, dw32));
+      OwnedTensor bad(DType::kBF16, {n, c});
+      EXPECT_THROW(b.rmsnorm_bwd(dy, x, w, r, bad, dwacc, true), Error);  // += needs f32
     }
   }
 }

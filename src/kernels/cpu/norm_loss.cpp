@@ -61,8 +61,10 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
 }
 
 void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                 const Tensor& dx, const Tensor& dw) {
-  check_args({&dy, &x, &w, &rstd, &dx, &dw}, x.dtype, "rmsnorm_bwd");
+                 const Tensor& dx, const Tensor& dw, bool accumulate) {
+  check_args({&dy, &x, &w, &rstd, &dw}, x.dtype, "rmsnorm_bwd");
+  if (accumulate) check_args({&dx}, x.dtype, "rmsnorm_bwd dx (accumulated)");
+  else check_output_dtype(dx, x.dtype, "rmsnorm_bwd dx");
   check_norm_shapes(x, w, rstd);
   check_same_shape(x, dy, "rmsnorm_bwd x/dy");
   check_same_shape(x, dx, "rmsnorm_bwd x/dx");
@@ -74,28 +76,40 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
     const T* px = x.as<T>();
     const T* pw = w.as<T>();
     const T* pr = rstd.as<T>();
-    T* pdx = dx.as<T>();
     T* pdw = dw.as<T>();
     T* part = scratch<T>(static_cast<size_t>(nchunks * c));
     const bool par = n * c >= kParallelMin;
+    // Rows of dx: written (D = T or bf16, rounded) or added to (kAdd).
+    auto rows = [&](auto* pdx, auto add_tag, int64_t ch) {
+      constexpr bool kAdd = decltype(add_tag)::value;
+      T* pc = part + ch * c;
+      std::fill(pc, pc + c, T(0));
+      for (int64_t r = ch * kRowChunk; r < std::min(n, (ch + 1) * kRowChunk); ++r) {
+        const T* xr = px + r * c;
+        const T* gr = pdy + r * c;
+        auto* dr = pdx + r * c;
+        const T rs = pr[r];
+        const T dot = lane_sum<T>(c, [&](int64_t j) { return gr[j] * pw[j] * xr[j]; });
+        const T k = rs * rs * rs * dot / static_cast<T>(c);
+#pragma omp simd
+        for (int64_t j = 0; j < c; ++j) {
+          const T g = rs * pw[j] * gr[j] - k * xr[j];
+          if constexpr (kAdd) dr[j] += g;
+          else store(dr + j, g);
+          pc[j] += gr[j] * xr[j] * rs;
+        }
+      }
+    };
 #pragma omp parallel if (par)
     {
 #pragma omp for schedule(static)
       for (int64_t ch = 0; ch < nchunks; ++ch) {
-        T* pc = part + ch * c;
-        std::fill(pc, pc + c, T(0));
-        for (int64_t r = ch * kRowChunk; r < std::min(n, (ch + 1) * kRowChunk); ++r) {
-          const T* xr = px + r * c;
-          const T* gr = pdy + r * c;
-          T* dr = pdx + r * c;
-          const T rs = pr[r];
-          const T dot = lane_sum<T>(c, [&](int64_t j) { return gr[j] * pw[j] * xr[j]; });
-          const T k = rs * rs * rs * dot / static_cast<T>(c);
-#pragma omp simd
-          for (int64_t j = 0; j < c; ++j) {
-            dr[j] = rs * pw[j] * gr[j] - k * xr[j];
-            pc[j] += gr[j] * xr[j] * rs;
-          }
+        if (accumulate) rows(dx.as<T>(), std::true_type{}, ch);
+        else if constexpr (std::is_same_v<T, float>) {
+          if (dx.dtype == DType::kBF16) rows(dx.as<bf16>(), std::false_type{}, ch);
+          else rows(dx.as<T>(), std::false_type{}, ch);
+        } else {
+          rows(dx.as<T>(), std::false_type{}, ch);
         }
       }
       // Column blocks of dw; the partials of each column are added in chunk order, in double.

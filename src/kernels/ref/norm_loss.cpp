@@ -56,8 +56,10 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
 }
 
 void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                 const Tensor& dx, const Tensor& dw) {
-  check_float_args({&dy, &x, &w, &rstd, &dx, &dw}, x.dtype, "rmsnorm_bwd");
+                 const Tensor& dx, const Tensor& dw, bool accumulate) {
+  check_float_args({&dy, &x, &w, &rstd, &dw}, x.dtype, "rmsnorm_bwd");
+  if (accumulate) check_float_args({&dx}, x.dtype, "rmsnorm_bwd dx (accumulated)");
+  const RoundedOutput out(dx, x.dtype, "rmsnorm_bwd dx");
   check_norm_shapes(x, w, rstd, "rmsnorm_bwd");
   check_same_shape(x, dy, "rmsnorm_bwd x/dy");
   check_same_shape(x, dx, "rmsnorm_bwd x/dx");
@@ -69,7 +71,7 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
     const T* px = x.as<T>();
     const T* pw = w.as<T>();
     const T* pr = rstd.as<T>();
-    T* pdx = dx.as<T>();
+    T* pdx = out.work().as<T>();
     T* pdw = dw.as<T>();
     for (int64_t r = 0; r < n; ++r) {
       const T* xr = px + r * c;
@@ -80,11 +82,13 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
       for (int64_t j = 0; j < c; ++j) dot += gr[j] * pw[j] * xr[j];
       const T k = rs * rs * rs * dot / static_cast<T>(c);
       for (int64_t j = 0; j < c; ++j) {
-        pdx[r * c + j] = rs * pw[j] * gr[j] - k * xr[j];
+        const T g = rs * pw[j] * gr[j] - k * xr[j];
+        pdx[r * c + j] = accumulate ? pdx[r * c + j] + g : g;
         pdw[j] += gr[j] * xr[j] * rs;  // rows in order
       }
     }
   });
+  out.finish();
 }
 
 // ---------------------------------------------------------------- cross-entropy + z-loss
