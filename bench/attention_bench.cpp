@@ -1,5 +1,6 @@
-// Causal GQA attention, fp32 cpu kernel: forward and backward throughput on a training-like shape
-// (B=8, S=512, H=8, G=2) for hd 32, 64 and 128, on 1 and 2 threads.
+// Causal GQA attention, cpu kernel with fp32 or bf16 tile products: forward and backward
+// throughput on a training-like shape (B=8, S=512, H=8, G=2) for hd 32, 64 and 128, on 1 and 2
+// threads. MFU-style fractions: against the fp32 peak for fp32 products, bf16 for bf16.
 // GFLOP/s counts the useful causal FLOPs only: forward 2 matmuls of 2*B*H*hd*S*(S+1)/2 each;
 // backward 2.5x forward (the FlashAttention-2 convention: 5 matmuls; the dq pass's recomputation
 // of the scores and dp is not counted).
@@ -43,9 +44,10 @@ double forward_flops(int64_t hd) { return 2.0 * 2.0 * kB * kH * hd * kS * (kS + 
 void BM_AttentionFwd(benchmark::State& state) {
   const int64_t hd = state.range(0);
   omp_set_num_threads(static_cast<int>(state.range(1)));
+  const bool bf16 = state.range(2) != 0;
   Tensors t(hd);
   for (auto _ : state) {
-    cpu::attention_fwd(t.q, t.k, t.v, t.o, t.lse, Tensor());
+    cpu::attention_fwd(t.q, t.k, t.v, t.o, t.lse, Tensor(), bf16);
     benchmark::DoNotOptimize(t.o.t.data);
   }
   state.counters["GFLOP/s"] = benchmark::Counter(
@@ -55,10 +57,11 @@ void BM_AttentionFwd(benchmark::State& state) {
 void BM_AttentionBwd(benchmark::State& state) {
   const int64_t hd = state.range(0);
   omp_set_num_threads(static_cast<int>(state.range(1)));
+  const bool bf16 = state.range(2) != 0;
   Tensors t(hd);
-  cpu::attention_fwd(t.q, t.k, t.v, t.o, t.lse, Tensor());
+  cpu::attention_fwd(t.q, t.k, t.v, t.o, t.lse, Tensor(), bf16);
   for (auto _ : state) {
-    cpu::attention_bwd(t.dout, t.q, t.k, t.v, t.o, t.lse, t.dq, t.dk, t.dv, Tensor());
+    cpu::attention_bwd(t.dout, t.q, t.k, t.v, t.o, t.lse, t.dq, t.dk, t.dv, Tensor(), bf16);
     benchmark::DoNotOptimize(t.dq.t.data);
   }
   state.counters["GFLOP/s"] = benchmark::Counter(
@@ -66,13 +69,13 @@ void BM_AttentionBwd(benchmark::State& state) {
 }
 
 BENCHMARK(BM_AttentionFwd)
-    ->ArgNames({"hd", "threads"})
-    ->ArgsProduct({{32, 64, 128}, {1, 2}})
+    ->ArgNames({"hd", "threads", "bf16"})
+    ->ArgsProduct({{32, 64, 128}, {1, 2}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionBwd)
-    ->ArgNames({"hd", "threads"})
-    ->ArgsProduct({{32, 64, 128}, {1, 2}})
+    ->ArgNames({"hd", "threads", "bf16"})
+    ->ArgsProduct({{32, 64, 128}, {1, 2}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -30,7 +30,7 @@ void Transformer::attention_forward(int64_t l, const Tensor& x_in, AttnActs& a, 
   ops_.linear_fwd(h_act, Wc.wv, a.v.view({T, G * hd}), false);
   ops_.rope_fwd(a.q, cfg_.rope_theta);
   ops_.rope_fwd(a.k, cfg_.rope_theta);
-  ops_.attention_fwd(a.q, a.k, a.v, a.o, a.lse, doc_start_);
+  ops_.attention_fwd(a.q, a.k, a.v, a.o, a.lse, doc_start_, bf16_attention());
   Tensor o_act = operand(a.o.view({T, H * hd}), a.o_act);
   const bool peri = cfg_.norm_placement == "peri";
   Tensor y = peri ? a.out : x_out;
@@ -53,7 +53,7 @@ void Transformer::attention_backward(int64_t l, const Tensor& x_in, AttnActs& a)
   Tensor o_act = dims_.adt == dims_.cdt ? a.o.view({T, H * hd}) : a.o_act;
   ops_.linear_bwd_data(dy_act, Wc.wo, s.dO.view({T, H * hd}), false);
   ops_.linear_bwd_weight(dy_act, o_act, dW.wo);
-  ops_.attention_bwd(s.dO, a.q, a.k, a.v, a.o, a.lse, s.dq, s.dk, s.dv, doc_start_);
+  ops_.attention_bwd(s.dO, a.q, a.k, a.v, a.o, a.lse, s.dq, s.dk, s.dv, doc_start_, bf16_attention());
   ops_.rope_bwd(s.dq, cfg_.rope_theta);
   ops_.rope_bwd(s.dk, cfg_.rope_theta);
 

@@ -166,6 +166,8 @@ class Transformer {
   Tensor operand(const Tensor& x, const Tensor& store);
   // The operand-dtype scratch for an upstream gradient of x's shape.
   Tensor operand_grad(const Tensor& dy);
+  // bf16 mode runs attention's matrix products on bf16 operands too (fp32 softmax and sums).
+  bool bf16_attention() const { return dims_.adt == DType::kBF16; }
   // Where a kernel writes a (rows, cols) gradient that only feeds GEMMs: the fp32 tensor itself,
   // or (bf16 mode) an operand-dtype view over the start of `store`, which the kernel fills with
   // rounded values (op_list.inc: "may be bf16 (rounded)") instead of a later convert pass.

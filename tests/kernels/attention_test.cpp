@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "common/test_util.h"
+#include "core/bf16.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ref/ref_ops.h"
 
@@ -67,24 +68,24 @@ template <class Ns> void run(Problem& p, const Tensor& doc = Tensor()) {
 }
 struct Ref {
   static void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                            const Tensor& lse, const Tensor& doc = Tensor()) {
-    ref::attention_fwd(q, k, v, o, lse, doc);
+                            const Tensor& lse, const Tensor& doc = Tensor(), bool bf16 = false) {
+    ref::attention_fwd(q, k, v, o, lse, doc, bf16);
   }
   static void attention_bwd(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
                             const Tensor& e, const Tensor& f, const Tensor& g, const Tensor& h,
-                            const Tensor& i, const Tensor& doc = Tensor()) {
-    ref::attention_bwd(a, b, c, d, e, f, g, h, i, doc);
+                            const Tensor& i, const Tensor& doc = Tensor(), bool bf16 = false) {
+    ref::attention_bwd(a, b, c, d, e, f, g, h, i, doc, bf16);
   }
 };
 struct Cpu {
   static void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                            const Tensor& lse, const Tensor& doc = Tensor()) {
-    cpu::attention_fwd(q, k, v, o, lse, doc);
+                            const Tensor& lse, const Tensor& doc = Tensor(), bool bf16 = false) {
+    cpu::attention_fwd(q, k, v, o, lse, doc, bf16);
   }
   static void attention_bwd(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
                             const Tensor& e, const Tensor& f, const Tensor& g, const Tensor& h,
-                            const Tensor& i, const Tensor& doc = Tensor()) {
-    cpu::attention_bwd(a, b, c, d, e, f, g, h, i, doc);
+                            const Tensor& i, const Tensor& doc = Tensor(), bool bf16 = false) {
+    cpu::attention_bwd(a, b, c, d, e, f, g, h, i, doc, bf16);
   }
 };
 
@@ -135,6 +136,69 @@ TEST_P(AttentionShapes, CpuMatchesF64Reference) {
     printf("%-40s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", name(s).c_str(), eo, el, eq, ek, ev);
 }
 
+// bf16 products (bf16 training mode). Oracle: the f64 reference on q, k, v and dO rounded to
+// bf16, i.e. exact arithmetic on the operands the kernel rounds; what is left is the kernel's own
+// rounding of the tile probabilities p and score gradients ds to bf16 (relative u = 2^-9 each)
+// plus fp32 accumulation. Bounds, with u = 2^-9 = 1.95e-3 (observed maxima over 30 seeds of
+// these shapes, amp <= 3, with MOE_ATTN_PRINT_ERRORS: o 1.7e-3, lse 1.7e-7, dq/dk/dv 5.7e-3; amp 12: 1.4e-3,
+// 1.9e-2 against 16x the bounds):
+// - o: a convex combination of v rows with weights rounded at relative u; the errors of
+//   independent weights partly average out: bound 4u = 7.8e-3.
+// - lse: from fp32 sums of unrounded probabilities: as the fp32 kernel, 5e-6.
+// - dq, dk, dv: a rounded factor (p or ds) in every product, plus the forward's error in o
+//   entering D = dO . o, which the cancellation in ds = p (dp - D) amplifies relative to |ds|:
+//   bound 8u = 1.6e-2.
+// Scaled like the fp32 bounds for huge scores. An odd head dim has no bf16 pairs: the kernel
+// then computes exactly its fp32 products (checked bitwise).
+constexpr double kTolOBf16 = 7.8e-3, kTolGradBf16 = 1.6e-2;
+
+Problem rounded_to_bf16(const Problem& p, const Shape& s) {
+  Problem r = p.converted(s, DType::kF64);
+  for (OwnedTensor* t : {&r.q, &r.k, &r.v, &r.dout})
+    for (int64_t i = 0; i < t->t.numel(); ++i)
+      t->as<double>()[i] = static_cast<double>(static_cast<float>(bf16(static_cast<float>(t->as<double>()[i]))));
+  return r;
+}
+
+TEST_P(AttentionShapes, CpuBf16ProductsMatchReferenceOnRoundedOperands) {
+  const Shape s = GetParam();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " " + name(s));
+  Problem cpu32(s, DType::kF32);
+  cpu32.fill(s, seed);
+  cpu32.poison_outputs();
+  if (s.hd % 2) {
+    Problem f32 = cpu32.converted(s, DType::kF32);
+    run<Cpu>(f32);
+    Cpu::attention_fwd(cpu32.q, cpu32.k, cpu32.v, cpu32.o, cpu32.lse, Tensor(), true);
+    Cpu::attention_bwd(cpu32.dout, cpu32.q, cpu32.k, cpu32.v, cpu32.o, cpu32.lse, cpu32.dq,
+                       cpu32.dk, cpu32.dv, Tensor(), true);
+    for (auto [a, b] : {std::pair{&cpu32.o, &f32.o}, {&cpu32.dq, &f32.dq}, {&cpu32.dk, &f32.dk}})
+      EXPECT_TRUE(test::bitwise_equal(*a, *b));
+    return;
+  }
+  Problem ref64 = rounded_to_bf16(cpu32, s);
+  run<Ref>(ref64);
+  Cpu::attention_fwd(cpu32.q, cpu32.k, cpu32.v, cpu32.o, cpu32.lse, Tensor(), true);
+  Cpu::attention_bwd(cpu32.dout, cpu32.q, cpu32.k, cpu32.v, cpu32.o, cpu32.lse, cpu32.dq, cpu32.dk,
+                     cpu32.dv, Tensor(), true);
+  const double eo = rel_error(cpu32.o, ref64.o), el = rel_error(cpu32.lse, ref64.lse),
+               eq = rel_error(cpu32.dq, ref64.dq), ek = rel_error(cpu32.dk, ref64.dk),
+               ev = rel_error(cpu32.dv, ref64.dv);
+  const double grow = std::max(1.0, s.amp * s.amp / 9.0);
+  EXPECT_LE(eo, kTolOBf16 * grow);
+  EXPECT_LE(el, kTolLse * grow);
+  EXPECT_LE(eq, kTolGradBf16 * grow);
+  EXPECT_LE(ek, kTolGradBf16 * grow);
+  EXPECT_LE(ev, kTolGradBf16 * grow);
+  if (std::getenv("MOE_ATTN_PRINT_ERRORS"))
+    printf("bf16 %-35s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", name(s).c_str(), eo, el, eq, ek, ev);
+  // The reference's own bf16_products (f32 tensors) is the same oracle, to fp32 rounding.
+  Problem ref32 = cpu32.converted(s, DType::kF32);
+  Ref::attention_fwd(ref32.q, ref32.k, ref32.v, ref32.o, ref32.lse, Tensor(), true);
+  EXPECT_LE(rel_error(ref32.o, ref64.o), kTolO * grow);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionShapes,
     ::testing::Values(Shape{2, 150, 4, 2, 8},         // GQA, 3 tiles, last one partial, B=2
@@ -157,7 +221,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // loss = sum(o * r); its gradient is attention_bwd with dout = r.
 double loss(Problem& p, const Tensor& r, const Tensor& doc = Tensor()) {
-  ref::attention_fwd(p.q, p.k, p.v, p.o, p.lse, doc);
+  ref::attention_fwd(p.q, p.k, p.v, p.o, p.lse, doc, false);
   double sum = 0;
   for (int64_t i = 0; i < p.o.t.numel(); ++i) sum += test::get(p.o, i) * test::get(r, i);
   return sum;
@@ -264,38 +328,38 @@ TEST(Attention, RejectsBadArguments) {
   const Shape s{1, 8, 4, 2, 8};
   Problem p64(s, DType::kF64);
   try {
-    cpu::attention_fwd(p64.q, p64.k, p64.v, p64.o, p64.lse, Tensor());
+    cpu::attention_fwd(p64.q, p64.k, p64.v, p64.o, p64.lse, Tensor(), false);
     ADD_FAILURE() << "cpu attention accepted f64";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cpu backend does not support f64"), std::string::npos)
         << e.what();
   }
   EXPECT_THROW(cpu::attention_bwd(p64.dout, p64.q, p64.k, p64.v, p64.o, p64.lse, p64.dq, p64.dk,
-                                  p64.dv, Tensor()),
+                                  p64.dv, Tensor(), false),
                Error);
   Problem p(s, DType::kF32);
   Problem g3({1, 8, 4, 3, 8}, DType::kF32);  // H not a multiple of G
-  EXPECT_THROW(cpu::attention_fwd(p.q, g3.k, g3.v, p.o, p.lse, Tensor()), Error);
-  EXPECT_THROW(ref::attention_fwd(p.q, g3.k, g3.v, p.o, p.lse, Tensor()), Error);
+  EXPECT_THROW(cpu::attention_fwd(p.q, g3.k, g3.v, p.o, p.lse, Tensor(), false), Error);
+  EXPECT_THROW(ref::attention_fwd(p.q, g3.k, g3.v, p.o, p.lse, Tensor(), false), Error);
   OwnedTensor short_lse(DType::kF32, {1, 4, 7});
-  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p.o, short_lse, Tensor()), Error);
-  EXPECT_THROW(ref::attention_fwd(p.q, p.k, p.v, p.o, short_lse, Tensor()), Error);
-  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p64.o, p.lse, Tensor()), Error);  // dtype mismatch
-  EXPECT_THROW(cpu::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dq, p.dv, Tensor()), Error);
+  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p.o, short_lse, Tensor(), false), Error);
+  EXPECT_THROW(ref::attention_fwd(p.q, p.k, p.v, p.o, short_lse, Tensor(), false), Error);
+  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p64.o, p.lse, Tensor(), false), Error);  // dtype mismatch
+  EXPECT_THROW(cpu::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dq, p.dv, Tensor(), false), Error);
   // doc_start: (B,S) i32 with 0 <= doc_start[b,s] <= s.
   OwnedTensor bad_doc(DType::kI32, {1, 8});
   for (int s = 0; s < 8; ++s) bad_doc.as<int32_t>()[s] = s == 5 ? 6 : 0;
   for (auto f : {&cpu::attention_fwd, &ref::attention_fwd}) {
     try {
-      f(p.q, p.k, p.v, p.o, p.lse, bad_doc);
+      f(p.q, p.k, p.v, p.o, p.lse, bad_doc, false);
       ADD_FAILURE() << "doc_start after its position accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("doc_start[0,5] = 6"), std::string::npos) << e.what();
     }
   }
   OwnedTensor short_doc(DType::kI32, {1, 7});
-  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p.o, p.lse, short_doc), Error);
-  EXPECT_THROW(ref::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dk, p.dv, short_doc), Error);
+  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p.o, p.lse, short_doc, false), Error);
+  EXPECT_THROW(ref::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dk, p.dv, short_doc, false), Error);
 }
 
 // ------------------------------------------------------------------ intra-document masking

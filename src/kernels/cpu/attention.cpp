@@ -33,136 +33,14 @@
 
 #include "core/buffer.h"
 #include "kernels/attention_checks.h"
+#include "kernels/cpu/attention_bf16.h"
+#include "kernels/cpu/attention_simd.h"
 #include "kernels/cpu/cpu_ops.h"
-
-#if defined(__AVX512F__)
-// GCC 12 raises -Wmaybe-uninitialized inside avx512fintrin.h for intrinsics whose pass-through
-// operand is _mm512_undefined_ps() (max, unpack, shuffle, ...): a known false positive. The state
-// must be set before the header is read, since the warning is located in the header.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#else
-#include <immintrin.h>
-#endif
-#endif
 
 namespace moe::cpu {
 namespace {
 
-constexpr int kTile = 64;                // queries and keys per tile (measured: 32 is slower)
-constexpr int kLanes = 16;               // fp32 lanes per vector
-constexpr int kNV = kTile / kLanes;      // vectors per tile row
-constexpr int kMR = 4;                   // rows per micro-kernel block (4 x kNV accumulators)
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-static_assert(kTile % kLanes == 0, "tile must be a whole number of vectors");
-
-// ------------------------------------------------------------------ 16-lane fp32 vectors
-#if defined(__AVX512F__)
-using vf = __m512;
-inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, vf x) { _mm512_storeu_ps(p, x); }
-inline vf vset1(float x) { return _mm512_set1_ps(x); }
-inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
-inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
-inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
-// Forces a loaded vector into a register: otherwise GCC folds the load into every FMA that uses
-// it (one memory operand per FMA), and the micro-kernels become load-bound (the scores kernel
-// alone, in L1: 62 -> 114 GFLOP/s).
-inline void in_register(vf& x) { asm("" : "+v"(x)); }
-// Lanes with index < t (t may be <= 0 or >= 16) become -inf.
-inline vf vmask_lt(vf x, int t) {
-  const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  __mmask16 m = _mm512_cmplt_epi32_mask(iota, _mm512_set1_epi32(t));
-  return _mm512_mask_blend_ps(m, x, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
-}
-// Lanes with index >= t become -inf.
-inline vf vmask_ge(vf x, int t) {
-  const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  __mmask16 m = _mm512_cmpge_epi32_mask(iota, _mm512_set1_epi32(t));
-  return _mm512_mask_blend_ps(m, x, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
-}
-// Lanes whose document start ds (as float) is after key position `key` become -inf.
-inline vf vmask_doc(vf x, vf ds, float key) {
-  __mmask16 m = _mm512_cmp_ps_mask(_mm512_set1_ps(key), ds, _CMP_LT_OQ);
-  return _mm512_mask_blend_ps(m, x, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
-}
-// 2^x: Cephes exp2f polynomial on the fraction (max rel. error ~2e-7), vscalefps for 2^n.
-// x <= -200 (including -inf from the causal mask) gives exactly 0; NaN stays NaN.
-inline vf vexp2(vf x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);  // NaN (the 2nd operand) is kept
-  x = _mm512_min_ps(_mm512_set1_ps(127.0f), x);
-  vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  vf f = _mm512_sub_ps(x, n);
-  vf p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-#else
-// Portable fallback (builds without AVX-512): the same algorithm, lane by lane.
-struct vf {
-  float x[kLanes];
-};
-inline vf vload(const float* p) {
-  vf r;
-  for (int i = 0; i < kLanes; ++i) r.x[i] = p[i];
-  return r;
-}
-inline void vstore(float* p, vf a) {
-  for (int i = 0; i < kLanes; ++i) p[i] = a.x[i];
-}
-inline vf vset1(float s) {
-  vf r;
-  for (int i = 0; i < kLanes; ++i) r.x[i] = s;
-  return r;
-}
-#define MOE_ATTN_LANEWISE(name, expr)            \
-  inline vf name(vf a, vf b) {                   \
-    vf r;                                        \
-    for (int i = 0; i < kLanes; ++i) r.x[i] = expr; \
-    return r;                                    \
-  }
-MOE_ATTN_LANEWISE(vmul, a.x[i] * b.x[i])
-MOE_ATTN_LANEWISE(vadd, a.x[i] + b.x[i])
-MOE_ATTN_LANEWISE(vsub, a.x[i] - b.x[i])
-MOE_ATTN_LANEWISE(vmax, std::max(a.x[i], b.x[i]))
-#undef MOE_ATTN_LANEWISE
-inline vf vfma(vf a, vf b, vf c) {
-  vf r;
-  for (int i = 0; i < kLanes; ++i) r.x[i] = std::fma(a.x[i], b.x[i], c.x[i]);
-  return r;
-}
-inline vf vmask_lt(vf a, int t) {
-  for (int i = 0; i < kLanes; ++i)
-    if (i < t) a.x[i] = -std::numeric_limits<float>::infinity();
-  return a;
-}
-inline vf vmask_ge(vf a, int t) {
-  for (int i = 0; i < kLanes; ++i)
-    if (i >= t) a.x[i] = -std::numeric_limits<float>::infinity();
-  return a;
-}
-inline vf vmask_doc(vf a, vf ds, float key) {
-  for (int i = 0; i < kLanes; ++i)
-    if (key < ds.x[i]) a.x[i] = -std::numeric_limits<float>::infinity();
-  return a;
-}
-inline void in_register(vf&) {}
-inline vf vexp2(vf a) {
-  for (int i = 0; i < kLanes; ++i) a.x[i] = std::exp2(std::max(a.x[i], -200.0f));
-  return a;
-}
-#endif
+using namespace attn;  // NOLINT: the kernels' own vocabulary
 
 // ------------------------------------------------------------------ micro-kernels
 // On the diagonal tile (first key == first query) a quarter of the products is fully masked at
@@ -170,7 +48,6 @@ inline vf vexp2(vf a) {
 //   kUpper: rows are keys, lanes are queries: row group w needs lane vectors w..kNV-1;
 //   kLower: rows are queries, lanes are keys: row group w needs lane vectors 0..w.
 // Skipped lanes are neither written by the scores kernel nor read by the accumulate kernel.
-enum Tri { kFull, kUpper, kLower };
 static_assert(kNV == 4 && kLanes % kMR == 0, "triangular dispatch below assumes 4 vectors/row");
 
 // Scores: C[r*kTile + x] = sum_{d<hd} A[r*astride + d] * Bt[d*kTile + x], r < MR, for lane
@@ -217,8 +94,8 @@ void scores_rows(const float* a, int64_t astride, const float* bt, int hd, float
 }
 
 // C (rows x kTile) = A (rows x hd, strided) * Bt (hd x kTile).
-void scores(const float* a, int64_t astride, int rows, const float* bt, int hd, float* c,
-            Tri tri) {
+void scores_f32(const float* a, int64_t astride, int rows, const float* bt, int hd, float* c,
+                Tri tri) {
   int r = 0;
   for (; r + kMR <= rows; r += kMR)
     scores_rows<kMR>(a + r * astride, astride, bt, hd, c + r * kTile, tri, r / kLanes);
@@ -280,8 +157,8 @@ inline void accum_block(const float* a, int64_t astride, int rows, const float* 
 }
 
 // C (hd x kTile) = C (* alpha) + A^T (rows x hd, strided) * P (rows x kTile).
-void accum(const float* a, int64_t astride, int rows, const float* p, int hd, float* c,
-           const vf* alpha, Tri tri) {
+void accum_f32(const float* a, int64_t astride, int rows, const float* p, int hd, float* c,
+               const vf* alpha, Tri tri) {
   int d = 0;
   for (; d + kMR <= hd; d += kMR)
     accum_block<kMR>(a + d, astride, rows, p, c + d * kTile, alpha, tri);
@@ -293,87 +170,49 @@ void accum(const float* a, int64_t astride, int rows, const float* p, int hd, fl
   }
 }
 
-// Packs rows [0, n) of a strided (n x hd) block transposed into dst (hd x kTile), times mul;
-// columns n..kTile-1 are zero.
-// Writes dst row i (strided, i < n) = mul[i] * src[d*kTile + i] for d < hd.
-// Both move 16 x 16 blocks through registers (a scalar loop here cost ~18% of the forward).
-#if defined(__AVX512F__)
-// In place: r[c] lane i <- r[i] lane c.
-inline void transpose16(vf r[16]) {
-  vf t[16];
-  for (int i = 0; i < 8; ++i) {  // lane L of each 128-bit quarter: rows 2i, 2i+1 interleaved
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // r[4i+k], quarter Q: rows 4i..4i+3 of column 4Q+k
-    r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int k = 0; k < 4; ++k) t[k] = r[k], t[4 + k] = r[4 + k], t[8 + k] = r[8 + k], t[12 + k] = r[12 + k];
-  for (int k = 0; k < 4; ++k) {  // column 4Q+k gathers quarter Q of r[k], r[4+k], r[8+k], r[12+k]
-    vf x0 = _mm512_shuffle_f32x4(t[k], t[4 + k], 0x88), x1 = _mm512_shuffle_f32x4(t[k], t[4 + k], 0xDD);
-    vf y0 = _mm512_shuffle_f32x4(t[8 + k], t[12 + k], 0x88),
-       y1 = _mm512_shuffle_f32x4(t[8 + k], t[12 + k], 0xDD);
-    r[k] = _mm512_shuffle_f32x4(x0, y0, 0x88);
-    r[k + 8] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
-    r[k + 4] = _mm512_shuffle_f32x4(x1, y1, 0x88);
-    r[k + 12] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
-  }
-}
 
-inline __mmask16 first_lanes(int n) {
-  return n >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << std::max(n, 0)) - 1u);
-}
 
-void pack_transposed(const float* src, int64_t stride, int n, int hd, float mul, float* dst) {
-  const vf m = vset1(mul);
-  for (int d0 = 0; d0 < hd; d0 += kLanes) {
-    const int nd = std::min(kLanes, hd - d0);
-    const __mmask16 cols = first_lanes(nd);
-    for (int i0 = 0; i0 < kTile; i0 += kLanes) {
-      vf r[16];
-      for (int i = 0; i < kLanes; ++i)
-        r[i] = i0 + i < n ? _mm512_maskz_loadu_ps(cols, src + (i0 + i) * stride + d0)
-                          : _mm512_setzero_ps();
-      transpose16(r);
-      for (int c = 0; c < nd; ++c) vstore(dst + (d0 + c) * kTile + i0, vmul(r[c], m));
-    }
+// ------------------------------------------------------------------ tile products
+// The three tile operations every pass is made of, in fp32 or bf16 (attention_bf16.h). `panel`
+// packs rows of a tensor as the B operand of `scores` (lanes = those rows), times mul in fp32;
+// bf16 cannot pre-scale before rounding, so `scores` applies the same mul to its output there:
+// a scores call passes the mul of the panel it reads. `extra`: the policy's packing area.
+struct F32Products {
+  static void panel(const float* src, int64_t stride, int n, int hd, float mul, float* dst, float*) {
+    pack_transposed(src, stride, n, hd, mul, dst);
   }
-}
+  static void scores(const float* a, int64_t astride, int rows, const float* panel, int hd,
+                     float /*mul, in the panel*/, float* c, Tri tri, float*) {
+    scores_f32(a, astride, rows, panel, hd, c, tri);
+  }
+  static void accum(const float* a, int64_t astride, int rows, const float* p, int hd, float* c,
+                    const vf* alpha, Tri tri, float*) {
+    accum_f32(a, astride, rows, p, hd, c, alpha, tri);
+  }
+};
 
-void unpack_transposed(const float* src, int n, int hd, const float* mul, float* dst,
-                       int64_t stride) {
-  for (int d0 = 0; d0 < hd; d0 += kLanes) {
-    const int nd = std::min(kLanes, hd - d0);
-    const __mmask16 cols = first_lanes(nd);
-    for (int i0 = 0; i0 < n; i0 += kLanes) {
-      vf r[16];
-      for (int c = 0; c < kLanes; ++c)
-        r[c] = c < nd ? vload(src + (d0 + c) * kTile + i0) : _mm512_setzero_ps();
-      transpose16(r);
-      for (int i = 0; i < std::min(kLanes, n - i0); ++i)
-        _mm512_mask_storeu_ps(dst + (i0 + i) * stride + d0, cols, vmul(r[i], vset1(mul[i0 + i])));
-    }
+#if defined(MOE_ATTENTION_BF16)
+struct Bf16Products {
+  static uint32_t* words(float* x) { return reinterpret_cast<uint32_t*>(x); }
+  static const uint32_t* words(const float* x) { return reinterpret_cast<const uint32_t*>(x); }
+  static void panel(const float* src, int64_t stride, int n, int hd, float /*mul: in scores*/,
+                    float* dst, float* extra) {
+    pack_pair_panel(src, stride, n, hd, words(extra), words(dst));
   }
-}
-#else
-void pack_transposed(const float* src, int64_t stride, int n, int hd, float mul, float* dst) {
-  for (int d = 0; d < hd; ++d) {
-    float* row = dst + d * kTile;
-    for (int i = 0; i < n; ++i) row[i] = src[i * stride + d] * mul;
-    for (int i = n; i < kTile; ++i) row[i] = 0.0f;
+  static void scores(const float* a, int64_t astride, int rows, const float* panel, int hd,
+                     float mul, float* c, Tri tri, float* extra) {
+    pack_row_pairs(a, astride, rows, hd, words(extra));
+    scores_bf16(words(extra), rows, words(panel), hd / 2, mul, c, tri);
   }
-}
-
-void unpack_transposed(const float* src, int n, int hd, const float* mul, float* dst,
-                       int64_t stride) {
-  for (int i = 0; i < n; ++i) {
-    float* row = dst + i * stride;
-    for (int d = 0; d < hd; ++d) row[d] = src[d * kTile + i] * mul[i];
+  static void accum(const float* a, int64_t astride, int rows, const float* p, int hd, float* c,
+                    const vf* alpha, Tri tri, float* extra) {
+    uint32_t* a2 = words(extra);
+    uint32_t* p2 = a2 + kTile * hd / 2;
+    pack_pair_rows(a, astride, rows, hd, a2);
+    pack_pair_rows(p, kTile, rows, kTile, p2);
+    accum_bf16(a2, rows, p2, hd, c, alpha, tri);
   }
-}
+};
 #endif
 
 // Per-thread scratch, grown (never per tile) to the largest size an op has asked for.
@@ -427,12 +266,15 @@ int64_t first_key_tile(const Dims& d, int64_t b, int64_t q0, int nq, float* lane
 
 // Scratch layout for every pass, in floats: four hd x kTile panels, two kTile x kTile tiles and
 // four kTile vectors. O(tile^2 + tile*hd) per thread.
-size_t scratch_floats(int hd) { return (4 * size_t(hd) + 2 * kTile + 4) * kTile; }
+size_t tile_floats(int hd) { return (4 * size_t(hd) + 2 * kTile + 4) * kTile; }
+// Plus, after them, the bf16 products' packing area (Bf16Products): kTile x hd/2 words for a
+// tile's row pairs or pair rows, and kTile/2 x kTile for a probability tile's pair rows.
+size_t scratch_floats(int hd) { return tile_floats(hd) + (size_t(hd) / 2 + 1 + kTile / 2) * kTile; }
 
 // ------------------------------------------------------------------ forward
 // kDoc: intra-document masking (d.doc set); a template parameter so the plain causal path
 // compiles exactly as without it.
-template <bool kDoc>
+template <class P, bool kDoc>
 void forward_tile(const Dims& d, const float* q, const float* k, const float* v, float* o,
                   float* lse, int64_t b, int64_t h, int64_t qt, float* ws) {
   const int hd = d.hd;
@@ -442,10 +284,11 @@ void forward_tile(const Dims& d, const float* q, const float* k, const float* v,
   float* o_panel = ws + hd * kTile;         // hd x kTile: unnormalized o^T
   float* s_tile = ws + 4 * hd * kTile;      // keys x queries: scores, then probabilities
   float* lanes = s_tile + 2 * kTile * kTile;  // kTile floats of per-query scalars
+  float* extra = ws + tile_floats(hd);        // the product policy's packing area
   const float c = kLog2e / std::sqrt(static_cast<float>(hd));
 
   const float* qb = q + ((b * d.S + q0) * d.H + h) * hd;
-  pack_transposed(qb, d.qstride(), nq, hd, c, qt_panel);
+  P::panel(qb, d.qstride(), nq, hd, c, qt_panel, extra);
   std::fill(o_panel, o_panel + hd * kTile, 0.0f);
   float ds_lanes[kTile];
   const int64_t kfirst = kDoc ? first_key_tile(d, b, q0, nq, ds_lanes) : 0;
@@ -466,7 +309,7 @@ void forward_tile(const Dims& d, const float* q, const float* k, const float* v,
     // skip the lane vectors of row j below j/16 (all masked) everywhere.
     const bool diag = k0 == q0;
     const Tri tri = diag ? kUpper : kFull;
-    scores(kb, d.kstride(), nk, qt_panel, hd, s_tile, tri);  // s_tile[j][i]
+    P::scores(kb, d.kstride(), nk, qt_panel, hd, c, s_tile, tri, extra);  // s_tile[j][i]
     vf mt[kNV];
     for (int x = 0; x < kNV; ++x) mt[x] = vset1(-std::numeric_limits<float>::infinity());
     for (int j = 0; j < nk; ++j)
@@ -494,7 +337,7 @@ void forward_tile(const Dims& d, const float* q, const float* k, const float* v,
         sum[x] = vadd(sum[x], e);
       }
     for (int x = 0; x < kNV; ++x) l[x] = vfma(l[x], alpha[x], sum[x]);
-    accum(vb, d.kstride(), nk, s_tile, hd, o_panel, alpha, tri);  // o^T = alpha o^T + v^T p
+    P::accum(vb, d.kstride(), nk, s_tile, hd, o_panel, alpha, tri, extra);  // o^T = alpha o^T + v^T p
   }
   // lse = ln2 * (m + log2 l); o = o^T / l.
   float mv[kTile];
@@ -512,7 +355,7 @@ void forward_tile(const Dims& d, const float* q, const float* k, const float* v,
 
 // ------------------------------------------------------------------ backward
 // Pass 1: dk and dv of key tile kt of kv head g, summed over the group's query heads in order.
-template <bool kDoc>
+template <class P, bool kDoc>
 void backward_kv_tile(const Dims& d, const float* dout, const float* q, const float* k,
                       const float* v, const float* lse, const float* D, float* dk, float* dv,
                       int64_t b, int64_t g, int64_t kt, float* ws) {
@@ -525,11 +368,12 @@ void backward_kv_tile(const Dims& d, const float* dout, const float* q, const fl
   float* dv_panel = ws + 3 * hd * kTile;   // hd x kTile: dv^T
   float* p_tile = ws + 4 * hd * kTile;     // queries x keys: scores, then probabilities
   float* ds_tile = p_tile + kTile * kTile; // queries x keys: dp, then ds
+  float* extra = ws + tile_floats(hd);     // the product policy's packing area
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd)), c = kLog2e * scale;
 
   const int64_t kvoff = ((b * d.S + k0) * d.G + g) * hd;
-  pack_transposed(k + kvoff, d.kstride(), nk, hd, c, kt_panel);
-  pack_transposed(v + kvoff, d.kstride(), nk, hd, 1.0f, vt_panel);
+  P::panel(k + kvoff, d.kstride(), nk, hd, c, kt_panel, extra);
+  P::panel(v + kvoff, d.kstride(), nk, hd, 1.0f, vt_panel, extra);
   std::fill(dk_panel, dk_panel + 2 * hd * kTile, 0.0f);  // dk and dv panels
   for (int64_t h = g * d.rep(); h < (g + 1) * d.rep(); ++h)
     for (int64_t q0 = k0; q0 < d.S; q0 += kTile) {  // query tiles before the keys: skipped
@@ -543,8 +387,8 @@ void backward_kv_tile(const Dims& d, const float* dout, const float* q, const fl
       // mask there, and skip the lane vectors of row i above i/16 (all masked) everywhere.
       const bool diag = q0 == k0;
       const Tri tri = diag ? kLower : kFull;
-      scores(q + qoff, d.qstride(), nq, kt_panel, hd, p_tile, tri);    // s[i][j]
-      scores(dout + qoff, d.qstride(), nq, vt_panel, hd, ds_tile, tri);  // dp[i][j]
+      P::scores(q + qoff, d.qstride(), nq, kt_panel, hd, c, p_tile, tri, extra);         // s[i][j]
+      P::scores(dout + qoff, d.qstride(), nq, vt_panel, hd, 1.0f, ds_tile, tri, extra);  // dp[i][j]
       for (int i = 0; i < nq; ++i) {
         const vf l2 = vset1(lse_row[i] * kLog2e), Di = vset1(D_row[i]);
         for (int x = 0; x < (diag ? i / kLanes + 1 : kNV); ++x) {
@@ -560,8 +404,8 @@ void backward_kv_tile(const Dims& d, const float* dout, const float* q, const fl
           vstore(dps, vmul(p, vsub(vload(dps), Di)));
         }
       }
-      accum(dout + qoff, d.qstride(), nq, p_tile, hd, dv_panel, nullptr, tri);  // dv^T += dO^T p
-      accum(q + qoff, d.qstride(), nq, ds_tile, hd, dk_panel, nullptr, tri);    // dk^T += q^T ds
+      P::accum(dout + qoff, d.qstride(), nq, p_tile, hd, dv_panel, nullptr, tri, extra);  // dv^T += dO^T p
+      P::accum(q + qoff, d.qstride(), nq, ds_tile, hd, dk_panel, nullptr, tri, extra);    // dk^T += q^T ds
     }
   float mul[kTile];
   std::fill(mul, mul + kTile, scale);
@@ -571,7 +415,7 @@ void backward_kv_tile(const Dims& d, const float* dout, const float* q, const fl
 }
 
 // Pass 2: dq of query tile qt of head h, summed over key tiles in order.
-template <bool kDoc>
+template <class P, bool kDoc>
 void backward_q_tile(const Dims& d, const float* dout, const float* q, const float* k,
                      const float* v, const float* lse, const float* D, float* dq, int64_t b,
                      int64_t h, int64_t qt, float* ws) {
@@ -584,11 +428,12 @@ void backward_q_tile(const Dims& d, const float* dout, const float* q, const flo
   float* p_tile = ws + 4 * hd * kTile;     // keys x queries: scores, then probabilities
   float* ds_tile = p_tile + kTile * kTile; // keys x queries: dp, then ds
   float* lanes = ds_tile + kTile * kTile;  // lse*log2(e), then D, for each query
+  float* extra = ws + tile_floats(hd);     // the product policy's packing area
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd)), c = kLog2e * scale;
 
   const int64_t qoff = ((b * d.S + q0) * d.H + h) * hd;
-  pack_transposed(q + qoff, d.qstride(), nq, hd, c, qt_panel);
-  pack_transposed(dout + qoff, d.qstride(), nq, hd, 1.0f, dot_panel);
+  P::panel(q + qoff, d.qstride(), nq, hd, c, qt_panel, extra);
+  P::panel(dout + qoff, d.qstride(), nq, hd, 1.0f, dot_panel, extra);
   std::fill(dq_panel, dq_panel + hd * kTile, 0.0f);
   const float* lse_row = lse + (b * d.H + h) * d.S + q0;
   const float* D_row = D + (b * d.H + h) * d.S + q0;
@@ -610,8 +455,8 @@ void backward_q_tile(const Dims& d, const float* dout, const float* q, const flo
     const float* vb = v + ((b * d.S + k0) * d.G + g) * hd;
     const bool diag = k0 == q0;  // as in the forward
     const Tri tri = diag ? kUpper : kFull;
-    scores(kb, d.kstride(), nk, qt_panel, hd, p_tile, tri);    // s[j][i]
-    scores(vb, d.kstride(), nk, dot_panel, hd, ds_tile, tri);  // dp[j][i]
+    P::scores(kb, d.kstride(), nk, qt_panel, hd, c, p_tile, tri, extra);       // s[j][i]
+    P::scores(vb, d.kstride(), nk, dot_panel, hd, 1.0f, ds_tile, tri, extra);  // dp[j][i]
     for (int j = 0; j < nk; ++j)
       for (int x = diag ? j / kLanes : 0; x < kNV; ++x) {
         vf s = vload(p_tile + j * kTile + x * kLanes);
@@ -621,7 +466,7 @@ void backward_q_tile(const Dims& d, const float* dout, const float* q, const flo
         float* dps = ds_tile + j * kTile + x * kLanes;
         vstore(dps, vmul(p, vsub(vload(dps), Dv[x])));
       }
-    accum(kb, d.kstride(), nk, ds_tile, hd, dq_panel, nullptr, tri);  // dq^T += k^T ds
+    P::accum(kb, d.kstride(), nk, ds_tile, hd, dq_panel, nullptr, tri, extra);  // dq^T += k^T ds
   }
   float mul[kTile];
   std::fill(mul, mul + kTile, scale);
@@ -635,10 +480,22 @@ float* caller_buffer(size_t floats) {
   return static_cast<float*>(buf.data());
 }
 
+// Calls f(policy{}) with the tile products the call asks for: bf16 where this build has
+// AVX512-BF16 and the head dim is even (pairs), fp32 otherwise.
+template <class F> void with_products(bool bf16, int hd, F&& f) {
+#if defined(MOE_ATTENTION_BF16)
+  if (bf16 && hd % 2 == 0) return f(Bf16Products{});
+#else
+  (void)hd;
+  (void)bf16;
+#endif
+  f(F32Products{});
+}
+
 }  // namespace
 
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                   const Tensor& lse, const Tensor& doc_start) {
+                   const Tensor& lse, const Tensor& doc_start, bool bf16_products) {
   Dims d = check_attention(q, k, v, "attention_fwd");
   d.doc = checked_doc_start(doc_start, d.B, d.S, "attention_fwd doc_start");
   check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_fwd o");
@@ -655,15 +512,18 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < nt * bh; ++item) {
       const int64_t qt = nt - 1 - item / bh, r = item % bh;
-      if (d.doc) forward_tile<true>(d, qp, kp, vp, op, lp, r / d.H, r % d.H, qt, ws);
-      else forward_tile<false>(d, qp, kp, vp, op, lp, r / d.H, r % d.H, qt, ws);
+      with_products(bf16_products, d.hd, [&](auto products) {
+        using P = decltype(products);
+        if (d.doc) forward_tile<P, true>(d, qp, kp, vp, op, lp, r / d.H, r % d.H, qt, ws);
+        else forward_tile<P, false>(d, qp, kp, vp, op, lp, r / d.H, r % d.H, qt, ws);
+      });
     }
   }
 }
 
 void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& o, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                   const Tensor& dv, const Tensor& doc_start) {
+                   const Tensor& dv, const Tensor& doc_start, bool bf16_products) {
   Dims d = check_attention(q, k, v, "attention_bwd");
   d.doc = checked_doc_start(doc_start, d.B, d.S, "attention_bwd doc_start");
   check_shape(dout, {d.B, d.S, d.H, d.hd}, "attention_bwd dout");
@@ -699,16 +559,22 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < nt * bg; ++item) {
       const int64_t kt = item / bg, r = item % bg;
-      if (d.doc) backward_kv_tile<true>(d, dop, qp, kp, vp, lp, D, dkp, dvp, r / d.G, r % d.G, kt, ws);
-      else backward_kv_tile<false>(d, dop, qp, kp, vp, lp, D, dkp, dvp, r / d.G, r % d.G, kt, ws);
+      with_products(bf16_products, d.hd, [&](auto products) {
+        using P = decltype(products);
+        if (d.doc) backward_kv_tile<P, true>(d, dop, qp, kp, vp, lp, D, dkp, dvp, r / d.G, r % d.G, kt, ws);
+        else backward_kv_tile<P, false>(d, dop, qp, kp, vp, lp, D, dkp, dvp, r / d.G, r % d.G, kt, ws);
+      });
     }
     // Pass 2: dq. Item (qt, b, h); the last query tiles see the most key tiles: first.
     const int64_t bh = d.B * d.H;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < nt * bh; ++item) {
       const int64_t qt = nt - 1 - item / bh, r = item % bh;
-      if (d.doc) backward_q_tile<true>(d, dop, qp, kp, vp, lp, D, dqp, r / d.H, r % d.H, qt, ws);
-      else backward_q_tile<false>(d, dop, qp, kp, vp, lp, D, dqp, r / d.H, r % d.H, qt, ws);
+      with_products(bf16_products, d.hd, [&](auto products) {
+        using P = decltype(products);
+        if (d.doc) backward_q_tile<P, true>(d, dop, qp, kp, vp, lp, D, dqp, r / d.H, r % d.H, qt, ws);
+        else backward_q_tile<P, false>(d, dop, qp, kp, vp, lp, D, dqp, r / d.H, r % d.H, qt, ws);
+      });
     }
   }
 }

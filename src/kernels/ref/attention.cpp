@@ -7,6 +7,8 @@
 #include <limits>
 #include <vector>
 
+#include "core/bf16.h"
+#include "core/buffer.h"
 #include "kernels/attention_checks.h"
 #include "kernels/ref/ref_ops.h"
 
@@ -122,11 +124,27 @@ void bwd(const Dims& d, const T* dout, const T* q, const T* k, const T* v, T* dq
     }
 }
 
+// bf16_products: the operand rounded to bf16 and back (f32 tensors only), else a view of it.
+struct Operand {
+  OwnedTensor rounded;
+  Tensor t;
+  Operand(const Tensor& x, bool bf16_products, const char* op) : t(x) {
+    if (!bf16_products) return;
+    MOE_CHECK(x.dtype == DType::kF32, op, ": bf16_products needs f32 tensors, got ", dtype_name(x.dtype));
+    rounded = OwnedTensor(DType::kF32, {x.dim(0), x.dim(1), x.dim(2), x.dim(3)});
+    for (int64_t i = 0; i < x.numel(); ++i) rounded.as<float>()[i] = static_cast<float>(bf16(x.as<float>()[i]));
+    t = rounded.t;
+  }
+};
+
 }  // namespace
 
-void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                   const Tensor& lse, const Tensor& doc_start) {
-  Dims d = check_attention(q, k, v, "attention_fwd");
+void attention_fwd(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& o,
+                   const Tensor& lse, const Tensor& doc_start, bool bf16_products) {
+  Dims d = check_attention(q_in, k_in, v_in, "attention_fwd");
+  const Operand qo(q_in, bf16_products, "attention_fwd"), ko(k_in, bf16_products, "attention_fwd"),
+      vo(v_in, bf16_products, "attention_fwd");
+  const Tensor &q = qo.t, &k = ko.t, &v = vo.t;
   const int32_t* ds = checked_doc_start(doc_start, d.B, d.S, "attention_fwd doc_start");
   check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_fwd o");
   check_shape(lse, {d.B, d.H, d.S}, "attention_fwd lse");
@@ -138,10 +156,14 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     fwd(d, q.as<float>(), k.as<float>(), v.as<float>(), o.as<float>(), lse.as<float>(), ds);
 }
 
-void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+void attention_bwd(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                    const Tensor& o, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                   const Tensor& dv, const Tensor& doc_start) {
-  Dims d = check_attention(q, k, v, "attention_bwd");
+                   const Tensor& dv, const Tensor& doc_start, bool bf16_products) {
+  Dims d = check_attention(q_in, k_in, v_in, "attention_bwd");
+  check_shape(dout_in, {d.B, d.S, d.H, d.hd}, "attention_bwd dout");
+  const Operand qo(q_in, bf16_products, "attention_bwd"), ko(k_in, bf16_products, "attention_bwd"),
+      vo(v_in, bf16_products, "attention_bwd"), doo(dout_in, bf16_products, "attention_bwd");
+  const Tensor &q = qo.t, &k = ko.t, &v = vo.t, &dout = doo.t;
   const int32_t* ds = checked_doc_start(doc_start, d.B, d.S, "attention_bwd doc_start");
   check_shape(dout, {d.B, d.S, d.H, d.hd}, "attention_bwd dout");
   check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_bwd o");

@@ -1,0 +1,222 @@
+// bf16 tile products of the CPU attention (attention ops with bf16_products): every operand of a
+// tile product (q, k, v, dO, and the probabilities p and score gradients ds) is rounded to bf16
+// (nearest even) and multiplied with vdpbf16ps, which adds a pair of products into each fp32
+// accumulator lane: half the instructions of fp32 FMAs for the same products. The online softmax,
+// lse, D, every accumulator and every output stay fp32.
+//
+// A dpbf16 needs its pairs side by side in both operands, along the reduction dimension:
+//  - scores, C[r][x] = sum_d A[r][d] B[x][d] (reduction over the head dim): "row pairs", the
+//    (d, d+1) values of one row in one 32-bit word; B is packed once per tile as a panel
+//    (hd/2 x kTile words, lanes = its rows), A's rows are packed per call and broadcast;
+//  - accumulate, C[m][x] += sum_r A[r][m] P[r][x] (reduction over tile rows): "pair rows", the
+//    values of rows (2p, 2p+1) in one word, for A (broadcast) and P (lanes).
+// A missing odd row is a zero. Internal to kernels/cpu; built only with AVX512-BF16 (else the
+// ops fall back to fp32 products, see attention.cpp).
+#pragma once
+
+#include "kernels/cpu/attention_simd.h"
+#include "kernels/cpu/elem_common.h"
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define MOE_ATTENTION_BF16 1
+
+namespace moe::cpu::attn {
+
+using vi = __m512i;
+inline void in_register(vi& x) { asm("" : "+v"(x)); }
+inline __m512bh as_bh(vi x) { return reinterpret_cast<__m512bh&>(x); }
+
+// fp32 -> bf16 bits in the high half of each 32-bit lane: round to nearest even, NaN stays a
+// quiet NaN (elem::bf16_bits lane by lane).
+inline vi round_hi(vf x) {
+  const vi u = _mm512_castps_si512(x);
+  const vi lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const vi r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(u, _mm512_set1_epi32(0x00400000)));
+}
+// Lane i: bf16(a[i]) in the low half, bf16(b[i]) in the high half.
+inline vi pair_lanes(vf a, vf b) {
+  return _mm512_or_si512(_mm512_srli_epi32(round_hi(a), 16),
+                         _mm512_and_si512(round_hi(b), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+inline uint32_t pair_scalar(float a, float b) {
+  return static_cast<uint32_t>(elem::bf16_bits(a)) | (static_cast<uint32_t>(elem::bf16_bits(b)) << 16);
+}
+
+// Row pairs of rows [0, n) of a strided (n x hd) fp32 block: dst[r * hp + j] = (A[r][2j],
+// A[r][2j+1]), hp = hd / 2 (hd even).
+inline void pack_row_pairs(const float* src, int64_t stride, int n, int hd, uint32_t* dst) {
+  const int hp = hd / 2;
+  for (int r = 0; r < n; ++r) {
+    const float* s = src + r * stride;
+    uint32_t* o = dst + r * hp;
+    int d = 0;
+    for (; d + 2 * kLanes <= hd; d += 2 * kLanes) {  // 32 values -> 16 words, in order
+      const __m256i lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_hi(vload(s + d)), 16));
+      const __m256i hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_hi(vload(s + d + kLanes)), 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d / 2), lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d / 2 + kLanes / 2), hi);
+    }
+    for (; d < hd; d += 2) o[d / 2] = pair_scalar(s[d], s[d + 1]);
+  }
+}
+
+// The B panel of the scores: rows [0, n) of a strided (n x hd) block as row pairs, transposed to
+// hp x kTile words (lanes = rows; lanes n..kTile-1 zero). tmp: kTile x hp words.
+inline void pack_pair_panel(const float* src, int64_t stride, int n, int hd, uint32_t* tmp,
+                            uint32_t* dst) {
+  const int hp = hd / 2;
+  pack_row_pairs(src, stride, n, hd, tmp);
+  for (int p0 = 0; p0 < hp; p0 += kLanes) {
+    const int np = std::min(kLanes, hp - p0);
+    const __mmask16 cols = first_lanes(np);
+    for (int i0 = 0; i0 < kTile; i0 += kLanes) {
+      vf r[16];  // words moved as float bit patterns: the shuffles do no arithmetic
+      for (int i = 0; i < kLanes; ++i)
+        r[i] = i0 + i < n ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(cols, tmp + (i0 + i) * hp + p0))
+                          : _mm512_setzero_ps();
+      transpose16(r);
+      for (int c = 0; c < np; ++c)
+        _mm512_storeu_si512(dst + (p0 + c) * kTile + i0, _mm512_castps_si512(r[c]));
+    }
+  }
+}
+
+// Pair rows of rows [0, n) of a strided (n x w) fp32 block: dst[p * w + m] = (A[2p][m],
+// A[2p+1][m]) for p < (n + 1) / 2 (a missing row 2p+1 is zero). w: hd for tensor rows, kTile for
+// probability tiles (whose lanes the accumulate never reads are paired too, harmlessly).
+inline void pack_pair_rows(const float* src, int64_t stride, int n, int w, uint32_t* dst) {
+  for (int p = 0; 2 * p < n; ++p) {
+    const float* a = src + (2 * p) * stride;
+    const float* b = 2 * p + 1 < n ? a + stride : nullptr;
+    uint32_t* o = dst + p * w;
+    int m = 0;
+    for (; m + kLanes <= w; m += kLanes)
+      _mm512_storeu_si512(o + m, pair_lanes(vload(a + m), b ? vload(b + m) : _mm512_setzero_ps()));
+    for (; m < w; ++m) o[m] = pair_scalar(a[m], b ? b[m] : 0.0f);
+  }
+}
+
+// Scores, rows r < MR, lane vectors V0..V1: C[r*kTile + x] = mul * sum_j dot2(A[r][j], Bt[j][x]).
+template <int MR, int V0, int V1>
+inline void scores_block_bf16(const uint32_t* a, int hp, const uint32_t* bt, float mul, float* c) {
+  vf acc[MR][kNV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = V0; v <= V1; ++v) acc[r][v] = vset1(0.0f);
+  for (int j = 0; j < hp; ++j) {
+    vi b[kNV];
+    for (int v = V0; v <= V1; ++v) {
+      b[v] = _mm512_loadu_si512(bt + j * kTile + v * kLanes);
+      in_register(b[v]);
+    }
+    for (int r = 0; r < MR; ++r) {
+      const vi ar = _mm512_set1_epi32(static_cast<int>(a[r * hp + j]));
+      for (int v = V0; v <= V1; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], as_bh(ar), as_bh(b[v]));
+    }
+  }
+  const vf s = vset1(mul);
+  for (int r = 0; r < MR; ++r)
+    for (int v = V0; v <= V1; ++v) vstore(c + r * kTile + v * kLanes, vmul(acc[r][v], s));
+}
+
+template <int MR>
+void scores_rows_bf16(const uint32_t* a, int hp, const uint32_t* bt, float mul, float* c, Tri tri, int w) {
+  if (tri == kUpper) {
+    switch (w) {
+      case 0: return scores_block_bf16<MR, 0, 3>(a, hp, bt, mul, c);
+      case 1: return scores_block_bf16<MR, 1, 3>(a, hp, bt, mul, c);
+      case 2: return scores_block_bf16<MR, 2, 3>(a, hp, bt, mul, c);
+      default: return scores_block_bf16<MR, 3, 3>(a, hp, bt, mul, c);
+    }
+  } else if (tri == kLower) {
+    switch (w) {
+      case 0: return scores_block_bf16<MR, 0, 0>(a, hp, bt, mul, c);
+      case 1: return scores_block_bf16<MR, 0, 1>(a, hp, bt, mul, c);
+      case 2: return scores_block_bf16<MR, 0, 2>(a, hp, bt, mul, c);
+      default: return scores_block_bf16<MR, 0, 3>(a, hp, bt, mul, c);
+    }
+  }
+  scores_block_bf16<MR, 0, 3>(a, hp, bt, mul, c);
+}
+
+// C (rows x kTile) = mul * A (row pairs, rows x hp) * Bt (hp x kTile panel).
+inline void scores_bf16(const uint32_t* a, int rows, const uint32_t* bt, int hp, float mul, float* c, Tri tri) {
+  int r = 0;
+  for (; r + kMR <= rows; r += kMR)
+    scores_rows_bf16<kMR>(a + r * hp, hp, bt, mul, c + r * kTile, tri, r / kLanes);
+  const uint32_t* ar = a + r * hp;
+  float* cr = c + r * kTile;
+  switch (rows - r) {
+    case 3: scores_rows_bf16<3>(ar, hp, bt, mul, cr, tri, r / kLanes); break;
+    case 2: scores_rows_bf16<2>(ar, hp, bt, mul, cr, tri, r / kLanes); break;
+    case 1: scores_rows_bf16<1>(ar, hp, bt, mul, cr, tri, r / kLanes); break;
+    default: break;
+  }
+}
+
+// acc[m][v] += sum over pairs p in [p0, p1) of dot2(A2[p][m], P2[p][v lanes]), v in V0..V1.
+template <int MR, int V0, int V1>
+[[gnu::always_inline]] inline void accum_pairs_bf16(vf (&acc)[MR][kNV], const uint32_t* a2, int w,
+                                                    int p0, int p1, const uint32_t* p2) {
+  for (int p = p0; p < p1; ++p) {
+    vi pv[kNV];
+    for (int v = V0; v <= V1; ++v) {
+      pv[v] = _mm512_loadu_si512(p2 + p * kTile + v * kLanes);
+      in_register(pv[v]);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const vi am = _mm512_set1_epi32(static_cast<int>(a2[p * w + m]));
+      for (int v = V0; v <= V1; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], as_bh(am), as_bh(pv[v]));
+    }
+  }
+}
+
+// Accumulate, m < MR: C[m*kTile + x] = C (* alpha[x]) + sum_{r<rows} A[r][m] P[r][x], with A and
+// P as pair rows (A2 at column m0 already, row length w; P2 rows of kTile words).
+template <int MR>
+inline void accum_block_bf16(const uint32_t* a2, int w, int rows, const uint32_t* p2, float* c,
+                             const vf* alpha, Tri tri) {
+  vf acc[MR][kNV];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < kNV; ++v) {
+      acc[m][v] = vload(c + m * kTile + v * kLanes);
+      if (alpha) acc[m][v] = vmul(acc[m][v], alpha[v]);
+    }
+  // Row group g (rows 16g..16g+15) is pairs 8g..8g+7: a pair never straddles two groups.
+  auto end = [rows](int g) { return (std::min(rows, g * kLanes) + 1) / 2; };
+  const int last = (rows + 1) / 2;
+  if (tri == kUpper) {
+    accum_pairs_bf16<MR, 0, 3>(acc, a2, w, 0, end(1), p2);
+    accum_pairs_bf16<MR, 1, 3>(acc, a2, w, end(1), end(2), p2);
+    accum_pairs_bf16<MR, 2, 3>(acc, a2, w, end(2), end(3), p2);
+    accum_pairs_bf16<MR, 3, 3>(acc, a2, w, end(3), last, p2);
+  } else if (tri == kLower) {
+    accum_pairs_bf16<MR, 0, 0>(acc, a2, w, 0, end(1), p2);
+    accum_pairs_bf16<MR, 0, 1>(acc, a2, w, end(1), end(2), p2);
+    accum_pairs_bf16<MR, 0, 2>(acc, a2, w, end(2), end(3), p2);
+    accum_pairs_bf16<MR, 0, 3>(acc, a2, w, end(3), last, p2);
+  } else {
+    accum_pairs_bf16<MR, 0, 3>(acc, a2, w, 0, last, p2);
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < kNV; ++v) vstore(c + m * kTile + v * kLanes, acc[m][v]);
+}
+
+// C (hd x kTile) = C (* alpha) + A^T P, A2: pair rows (rows/2 x hd), P2: pair rows (rows/2 x kTile).
+inline void accum_bf16(const uint32_t* a2, int rows, const uint32_t* p2, int hd, float* c,
+                       const vf* alpha, Tri tri) {
+  int d = 0;
+  for (; d + kMR <= hd; d += kMR) accum_block_bf16<kMR>(a2 + d, hd, rows, p2, c + d * kTile, alpha, tri);
+  switch (hd - d) {
+    case 3: accum_block_bf16<3>(a2 + d, hd, rows, p2, c + d * kTile, alpha, tri); break;
+    case 2: accum_block_bf16<2>(a2 + d, hd, rows, p2, c + d * kTile, alpha, tri); break;
+    case 1: accum_block_bf16<1>(a2 + d, hd, rows, p2, c + d * kTile, alpha, tri); break;
+    default: break;
+  }
+}
+
+}  // namespace moe::cpu::attn
+
+#endif

@@ -1,0 +1,226 @@
+// SIMD helpers of the CPU attention kernels (attention.cpp, attention_bf16.h): tile constants,
+// 16-lane fp32 vectors (AVX-512, or a portable lane-by-lane fallback), masks, exp2, and the
+// 16 x 16 transposes that pack tiles into panels. Internal to kernels/cpu.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#if defined(__AVX512F__)
+// GCC 12 raises -W(maybe-)uninitialized inside avx512fintrin.h for intrinsics whose pass-through
+// operand is _mm512_undefined_ps() (max, unpack, shuffle, ...): a known false positive. The state
+// must be set before the header is read, since the warning is located in the header.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
+#endif
+
+namespace moe::cpu::attn {
+
+constexpr int kTile = 64;                // queries and keys per tile (measured: 32 is slower)
+constexpr int kLanes = 16;               // fp32 lanes per vector
+constexpr int kNV = kTile / kLanes;      // vectors per tile row
+constexpr int kMR = 4;                   // rows per micro-kernel block (4 x kNV accumulators)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+static_assert(kTile % kLanes == 0, "tile must be a whole number of vectors");
+
+// Which 16-lane vectors of a tile row a diagonal tile needs (see attention.cpp, micro-kernels).
+enum Tri { kFull, kUpper, kLower };
+
+// ------------------------------------------------------------------ 16-lane fp32 vectors
+#if defined(__AVX512F__)
+using vf = __m512;
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vf x) { _mm512_storeu_ps(p, x); }
+inline vf vset1(float x) { return _mm512_set1_ps(x); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+// Forces a loaded vector into a register: otherwise GCC folds the load into every FMA that uses
+// it (one memory operand per FMA), and the micro-kernels become load-bound (the scores kernel
+// alone, in L1: 62 -> 114 GFLOP/s).
+inline void in_register(vf& x) { asm("" : "+v"(x)); }
+// Lanes with index < t (t may be <= 0 or >= 16) become -inf.
+inline vf vmask_lt(vf x, int t) {
+  const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  __mmask16 m = _mm512_cmplt_epi32_mask(iota, _mm512_set1_epi32(t));
+  return _mm512_mask_blend_ps(m, x, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+}
+// Lanes with index >= t become -inf.
+inline vf vmask_ge(vf x, int t) {
+  const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  __mmask16 m = _mm512_cmpge_epi32_mask(iota, _mm512_set1_epi32(t));
+  return _mm512_mask_blend_ps(m, x, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+}
+// Lanes whose document start ds (as float) is after key position `key` become -inf.
+inline vf vmask_doc(vf x, vf ds, float key) {
+  __mmask16 m = _mm512_cmp_ps_mask(_mm512_set1_ps(key), ds, _CMP_LT_OQ);
+  return _mm512_mask_blend_ps(m, x, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+}
+// 2^x: Cephes exp2f polynomial on the fraction (max rel. error ~2e-7), vscalefps for 2^n.
+// x <= -200 (including -inf from the causal mask) gives exactly 0; NaN stays NaN.
+inline vf vexp2(vf x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);  // NaN (the 2nd operand) is kept
+  x = _mm512_min_ps(_mm512_set1_ps(127.0f), x);
+  vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf f = _mm512_sub_ps(x, n);
+  vf p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+#else
+// Portable fallback (builds without AVX-512): the same algorithm, lane by lane.
+struct vf {
+  float x[kLanes];
+};
+inline vf vload(const float* p) {
+  vf r;
+  for (int i = 0; i < kLanes; ++i) r.x[i] = p[i];
+  return r;
+}
+inline void vstore(float* p, vf a) {
+  for (int i = 0; i < kLanes; ++i) p[i] = a.x[i];
+}
+inline vf vset1(float s) {
+  vf r;
+  for (int i = 0; i < kLanes; ++i) r.x[i] = s;
+  return r;
+}
+#define MOE_ATTN_LANEWISE(name, expr)            \
+  inline vf name(vf a, vf b) {                   \
+    vf r;                                        \
+    for (int i = 0; i < kLanes; ++i) r.x[i] = expr; \
+    return r;                                    \
+  }
+MOE_ATTN_LANEWISE(vmul, a.x[i] * b.x[i])
+MOE_ATTN_LANEWISE(vadd, a.x[i] + b.x[i])
+MOE_ATTN_LANEWISE(vsub, a.x[i] - b.x[i])
+MOE_ATTN_LANEWISE(vmax, std::max(a.x[i], b.x[i]))
+#undef MOE_ATTN_LANEWISE
+inline vf vfma(vf a, vf b, vf c) {
+  vf r;
+  for (int i = 0; i < kLanes; ++i) r.x[i] = std::fma(a.x[i], b.x[i], c.x[i]);
+  return r;
+}
+inline vf vmask_lt(vf a, int t) {
+  for (int i = 0; i < kLanes; ++i)
+    if (i < t) a.x[i] = -std::numeric_limits<float>::infinity();
+  return a;
+}
+inline vf vmask_ge(vf a, int t) {
+  for (int i = 0; i < kLanes; ++i)
+    if (i >= t) a.x[i] = -std::numeric_limits<float>::infinity();
+  return a;
+}
+inline vf vmask_doc(vf a, vf ds, float key) {
+  for (int i = 0; i < kLanes; ++i)
+    if (key < ds.x[i]) a.x[i] = -std::numeric_limits<float>::infinity();
+  return a;
+}
+inline void in_register(vf&) {}
+inline vf vexp2(vf a) {
+  for (int i = 0; i < kLanes; ++i) a.x[i] = std::exp2(std::max(a.x[i], -200.0f));
+  return a;
+}
+#endif
+
+// Packs rows [0, n) of a strided (n x hd) block transposed into dst (hd x kTile), times mul;
+// columns n..kTile-1 are zero.
+// Writes dst row i (strided, i < n) = mul[i] * src[d*kTile + i] for d < hd.
+// Both move 16 x 16 blocks through registers (a scalar loop here cost ~18% of the forward).
+#if defined(__AVX512F__)
+// In place: r[c] lane i <- r[i] lane c.
+inline void transpose16(vf r[16]) {
+  vf t[16];
+  for (int i = 0; i < 8; ++i) {  // lane L of each 128-bit quarter: rows 2i, 2i+1 interleaved
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // r[4i+k], quarter Q: rows 4i..4i+3 of column 4Q+k
+    r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int k = 0; k < 4; ++k) t[k] = r[k], t[4 + k] = r[4 + k], t[8 + k] = r[8 + k], t[12 + k] = r[12 + k];
+  for (int k = 0; k < 4; ++k) {  // column 4Q+k gathers quarter Q of r[k], r[4+k], r[8+k], r[12+k]
+    vf x0 = _mm512_shuffle_f32x4(t[k], t[4 + k], 0x88), x1 = _mm512_shuffle_f32x4(t[k], t[4 + k], 0xDD);
+    vf y0 = _mm512_shuffle_f32x4(t[8 + k], t[12 + k], 0x88),
+       y1 = _mm512_shuffle_f32x4(t[8 + k], t[12 + k], 0xDD);
+    r[k] = _mm512_shuffle_f32x4(x0, y0, 0x88);
+    r[k + 8] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
+    r[k + 4] = _mm512_shuffle_f32x4(x1, y1, 0x88);
+    r[k + 12] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
+  }
+}
+
+inline __mmask16 first_lanes(int n) {
+  return n >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << std::max(n, 0)) - 1u);
+}
+
+void pack_transposed(const float* src, int64_t stride, int n, int hd, float mul, float* dst) {
+  const vf m = vset1(mul);
+  for (int d0 = 0; d0 < hd; d0 += kLanes) {
+    const int nd = std::min(kLanes, hd - d0);
+    const __mmask16 cols = first_lanes(nd);
+    for (int i0 = 0; i0 < kTile; i0 += kLanes) {
+      vf r[16];
+      for (int i = 0; i < kLanes; ++i)
+        r[i] = i0 + i < n ? _mm512_maskz_loadu_ps(cols, src + (i0 + i) * stride + d0)
+                          : _mm512_setzero_ps();
+      transpose16(r);
+      for (int c = 0; c < nd; ++c) vstore(dst + (d0 + c) * kTile + i0, vmul(r[c], m));
+    }
+  }
+}
+
+void unpack_transposed(const float* src, int n, int hd, const float* mul, float* dst,
+                       int64_t stride) {
+  for (int d0 = 0; d0 < hd; d0 += kLanes) {
+    const int nd = std::min(kLanes, hd - d0);
+    const __mmask16 cols = first_lanes(nd);
+    for (int i0 = 0; i0 < n; i0 += kLanes) {
+      vf r[16];
+      for (int c = 0; c < kLanes; ++c)
+        r[c] = c < nd ? vload(src + (d0 + c) * kTile + i0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int i = 0; i < std::min(kLanes, n - i0); ++i)
+        _mm512_mask_storeu_ps(dst + (i0 + i) * stride + d0, cols, vmul(r[i], vset1(mul[i0 + i])));
+    }
+  }
+}
+#else
+void pack_transposed(const float* src, int64_t stride, int n, int hd, float mul, float* dst) {
+  for (int d = 0; d < hd; ++d) {
+    float* row = dst + d * kTile;
+    for (int i = 0; i < n; ++i) row[i] = src[i * stride + d] * mul;
+    for (int i = n; i < kTile; ++i) row[i] = 0.0f;
+  }
+}
+
+void unpack_transposed(const float* src, int n, int hd, const float* mul, float* dst,
+                       int64_t stride) {
+  for (int i = 0; i < n; ++i) {
+    float* row = dst + i * stride;
+    for (int d = 0; d < hd; ++d) row[d] = src[d * kTile + i] * mul[i];
+  }
+}
+#endif
+
+}  // namespace moe::cpu::attn
