@@ -123,7 +123,10 @@ TEST(RmsNorm, BackwardCpuMatchesRef) {
     poison(dxc);
     cpu::rmsnorm_bwd(dy64, x64, w64, r64, dxc, dwc, false);
     ref::rmsnorm_bwd(dy64, x64, w64, r64, dx64, dwr, false);
-    EXPECT_LT(rel_error(dxc, dx64), 1e-13);
+    // dx cancels (a 1x1 case to ~eps / (x^2 + eps) of its terms): measured against the terms,
+    // as above, since the two paths may contract a*b - c differently (cpu kernels build with
+    // -ffp-contract=off, see CMakeLists.txt).
+    EXPECT_LT(max_abs_diff(dxc, dx64) / max_term, 1e-13);
     EXPECT_LT(rel_error(dwc, dwr), 1e-13);
   }
 }

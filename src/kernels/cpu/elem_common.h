@@ -81,18 +81,20 @@ inline float fast_exp(float x) {
   float xc = x > kHi ? kHi : x;
   xc = xc < kLo ? kLo : xc;
   const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float t = xc * 1.44269504088896341f + shifter;
+  // Explicit FMAs: the kernels build without contraction (CMakeLists.txt), so these are the
+  // only fused operations, the same in the vector and scalar versions of every loop.
+  const float t = std::fma(xc, 1.44269504088896341f, shifter);
   const int32_t n = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(shifter);
   const float fn = t - shifter;
-  float r = xc - fn * 0.693359375f;
-  r = r - fn * -2.12194440e-4f;
+  float r = std::fma(fn, -0.693359375f, xc);
+  r = std::fma(fn, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p * r, r, r) + 1.0f;
   // 2^n as 2^(n-1) * 2 so that n = 128 (x near the top) does not overflow the exponent field.
   const float scale = std::bit_cast<float>(static_cast<uint32_t>(n + 126) << 23);
   float y = p * scale * 2.0f;
