@@ -178,6 +178,7 @@ void accum_f32(const float* a, int64_t astride, int rows, const float* p, int hd
 // bf16 cannot pre-scale before rounding, so `scores` applies the same mul to its output there:
 // a scores call passes the mul of the panel it reads. `extra`: the policy's packing area.
 struct F32Products {
+  using Operand = const float*;  // rows of the fp32 tensor
   static void panel(const float* src, int64_t stride, int n, int hd, float mul, float* dst, float*) {
     pack_transposed(src, stride, n, hd, mul, dst);
   }
@@ -193,24 +194,22 @@ struct F32Products {
 
 #if defined(MOE_ATTENTION_BF16)
 struct Bf16Products {
+  using Operand = Bf16Operand;  // the tensor packed once per op (Bf16Tensor)
   static uint32_t* words(float* x) { return reinterpret_cast<uint32_t*>(x); }
   static const uint32_t* words(const float* x) { return reinterpret_cast<const uint32_t*>(x); }
-  static void panel(const float* src, int64_t stride, int n, int hd, float /*mul: in scores*/,
-                    float* dst, float* extra) {
-    pack_pair_panel(src, stride, n, hd, words(extra), words(dst));
+  static void panel(Operand src, int64_t stride, int n, int hd, float /*mul: in scores*/, float* dst,
+                    float*) {
+    pack_word_panel(src.row_words(), stride / 2, n, hd / 2, words(dst));
   }
-  static void scores(const float* a, int64_t astride, int rows, const float* panel, int hd,
-                     float mul, float* c, Tri tri, float* extra) {
-    pack_row_pairs(a, astride, rows, hd, words(extra));
-    scores_bf16(words(extra), rows, words(panel), hd / 2, mul, c, tri);
+  static void scores(Operand a, int64_t astride, int rows, const float* panel, int hd, float mul,
+                     float* c, Tri tri, float*) {
+    scores_bf16(a.row_words(), astride / 2, rows, words(panel), hd / 2, mul, c, tri);
   }
-  static void accum(const float* a, int64_t astride, int rows, const float* p, int hd, float* c,
-                    const vf* alpha, Tri tri, float* extra) {
-    uint32_t* a2 = words(extra);
-    uint32_t* p2 = a2 + kTile * hd / 2;
-    pack_pair_rows(a, astride, rows, hd, a2);
+  static void accum(Operand a, int64_t /*astride: a.t->row*/, int rows, const float* p, int hd,
+                    float* c, const vf* alpha, Tri tri, float* extra) {
+    uint32_t* p2 = words(extra);
     pack_pair_rows(p, kTile, rows, kTile, p2);
-    accum_bf16(a2, rows, p2, hd, c, alpha, tri);
+    accum_bf16(a.pair_words(), a.t->row, rows, p2, hd, c, alpha, tri);
   }
 };
 #endif
@@ -275,7 +274,7 @@ size_t scratch_floats(int hd) { return tile_floats(hd) + (size_t(hd) / 2 + 1 + k
 // kDoc: intra-document masking (d.doc set); a template parameter so the plain causal path
 // compiles exactly as without it.
 template <class P, bool kDoc>
-void forward_tile(const Dims& d, const float* q, const float* k, const float* v, float* o,
+void forward_tile(const Dims& d, typename P::Operand q, typename P::Operand k, typename P::Operand v, float* o,
                   float* lse, int64_t b, int64_t h, int64_t qt, float* ws) {
   const int hd = d.hd;
   const int64_t g = h / d.rep(), q0 = qt * kTile;
@@ -287,7 +286,7 @@ void forward_tile(const Dims& d, const float* q, const float* k, const float* v,
   float* extra = ws + tile_floats(hd);        // the product policy's packing area
   const float c = kLog2e / std::sqrt(static_cast<float>(hd));
 
-  const float* qb = q + ((b * d.S + q0) * d.H + h) * hd;
+  const auto qb = q + ((b * d.S + q0) * d.H + h) * hd;
   P::panel(qb, d.qstride(), nq, hd, c, qt_panel, extra);
   std::fill(o_panel, o_panel + hd * kTile, 0.0f);
   float ds_lanes[kTile];
@@ -303,8 +302,8 @@ void forward_tile(const Dims& d, const float* q, const float* k, const float* v,
   }
   for (int64_t k0 = kfirst; k0 < q0 + nq; k0 += kTile) {  // key tiles past the last query: skipped
     const int nk = static_cast<int>(std::min<int64_t>(kTile, d.S - k0));
-    const float* kb = k + ((b * d.S + k0) * d.G + g) * hd;
-    const float* vb = v + ((b * d.S + k0) * d.G + g) * hd;
+    const auto kb = k + ((b * d.S + k0) * d.G + g) * hd;
+    const auto vb = v + ((b * d.S + k0) * d.G + g) * hd;
     // Only the diagonal tile (k0 == q0) has keys after queries: mask key > query there, and
     // skip the lane vectors of row j below j/16 (all masked) everywhere.
     const bool diag = k0 == q0;
@@ -356,8 +355,8 @@ void forward_tile(const Dims& d, const float* q, const float* k, const float* v,
 // ------------------------------------------------------------------ backward
 // Pass 1: dk and dv of key tile kt of kv head g, summed over the group's query heads in order.
 template <class P, bool kDoc>
-void backward_kv_tile(const Dims& d, const float* dout, const float* q, const float* k,
-                      const float* v, const float* lse, const float* D, float* dk, float* dv,
+void backward_kv_tile(const Dims& d, typename P::Operand dout, typename P::Operand q, typename P::Operand k,
+                      typename P::Operand v, const float* lse, const float* D, float* dk, float* dv,
                       int64_t b, int64_t g, int64_t kt, float* ws) {
   const int hd = d.hd;
   const int64_t k0 = kt * kTile;
@@ -416,8 +415,8 @@ void backward_kv_tile(const Dims& d, const float* dout, const float* q, const fl
 
 // Pass 2: dq of query tile qt of head h, summed over key tiles in order.
 template <class P, bool kDoc>
-void backward_q_tile(const Dims& d, const float* dout, const float* q, const float* k,
-                     const float* v, const float* lse, const float* D, float* dq, int64_t b,
+void backward_q_tile(const Dims& d, typename P::Operand dout, typename P::Operand q, typename P::Operand k,
+                     typename P::Operand v, const float* lse, const float* D, float* dq, int64_t b,
                      int64_t h, int64_t qt, float* ws) {
   const int hd = d.hd;
   const int64_t g = h / d.rep(), q0 = qt * kTile;
@@ -451,8 +450,8 @@ void backward_q_tile(const Dims& d, const float* dout, const float* q, const flo
   }
   for (int64_t k0 = kfirst; k0 < q0 + nq; k0 += kTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kTile, d.S - k0));
-    const float* kb = k + ((b * d.S + k0) * d.G + g) * hd;
-    const float* vb = v + ((b * d.S + k0) * d.G + g) * hd;
+    const auto kb = k + ((b * d.S + k0) * d.G + g) * hd;
+    const auto vb = v + ((b * d.S + k0) * d.G + g) * hd;
     const bool diag = k0 == q0;  // as in the forward
     const Tri tri = diag ? kUpper : kFull;
     P::scores(kb, d.kstride(), nk, qt_panel, hd, c, p_tile, tri, extra);       // s[j][i]
@@ -480,16 +479,68 @@ float* caller_buffer(size_t floats) {
   return static_cast<float*>(buf.data());
 }
 
-// Calls f(policy{}) with the tile products the call asks for: bf16 where this build has
-// AVX512-BF16 and the head dim is even (pairs), fp32 otherwise.
-template <class F> void with_products(bool bf16, int hd, F&& f) {
 #if defined(MOE_ATTENTION_BF16)
-  if (bf16 && hd % 2 == 0) return f(Bf16Products{});
-#else
-  (void)hd;
-  (void)bf16;
+// Grow-only buffers on the calling thread for the tensors packed once per op (q, k, v, dO).
+Bf16Tensor pack_for_bf16(int slot, const float* x, int64_t B, int64_t S, int64_t row) {
+  thread_local Buffer bufs[4];
+  const size_t n = static_cast<size_t>(B * S * row), np = static_cast<size_t>(B * ((S + 1) / 2) * row);
+  const size_t bytes = n * sizeof(uint16_t) + 64 + np * sizeof(uint32_t);
+  Buffer& buf = bufs[slot];
+  if (buf.bytes() < bytes) buf = Buffer(bytes);
+  auto* rows = static_cast<uint16_t*>(buf.data());
+  auto* pairs = reinterpret_cast<uint32_t*>(static_cast<char*>(buf.data()) + (n * sizeof(uint16_t) + 63) / 64 * 64);
+  pack_bf16_tensor(x, B, S, row, rows, pairs);
+  return {rows, pairs, S, row};
+}
 #endif
-  f(F32Products{});
+
+// Whether this call runs bf16 products: asked for, built with AVX512-BF16 (MOE_ATTENTION_BF16),
+// and an even head dim (pairs); otherwise fp32 products.
+bool use_bf16(bool asked, int hd) { return asked && hd % 2 == 0; }
+
+template <class P>
+void run_forward(const Dims& d, typename P::Operand q, typename P::Operand k, typename P::Operand v,
+                 float* o, float* lse) {
+  const int64_t nt = d.tiles(), bh = d.B * d.H;
+#pragma omp parallel
+  {
+    float* ws = thread_scratch(scratch_floats(d.hd));
+    // Longest items (last query tiles) first; each item's result is independent of the schedule.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < nt * bh; ++item) {
+      const int64_t qt = nt - 1 - item / bh, r = item % bh;
+      if (d.doc) forward_tile<P, true>(d, q, k, v, o, lse, r / d.H, r % d.H, qt, ws);
+      else forward_tile<P, false>(d, q, k, v, o, lse, r / d.H, r % d.H, qt, ws);
+    }
+  }
+}
+
+// Passes 1 and 2 of the backward (D from pass 0).
+template <class P>
+void run_backward(const Dims& d, typename P::Operand dout, typename P::Operand q, typename P::Operand k,
+                  typename P::Operand v, const float* lse, const float* D, float* dq, float* dk,
+                  float* dv) {
+  const int64_t nt = d.tiles();
+#pragma omp parallel
+  {
+    float* ws = thread_scratch(scratch_floats(d.hd));
+    // Pass 1: dk, dv. Item (kt, b, g); the first key tiles see the most query tiles: first.
+    const int64_t bg = d.B * d.G;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < nt * bg; ++item) {
+      const int64_t kt = item / bg, r = item % bg;
+      if (d.doc) backward_kv_tile<P, true>(d, dout, q, k, v, lse, D, dk, dv, r / d.G, r % d.G, kt, ws);
+      else backward_kv_tile<P, false>(d, dout, q, k, v, lse, D, dk, dv, r / d.G, r % d.G, kt, ws);
+    }
+    // Pass 2: dq. Item (qt, b, h); the last query tiles see the most key tiles: first.
+    const int64_t bh = d.B * d.H;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < nt * bh; ++item) {
+      const int64_t qt = nt - 1 - item / bh, r = item % bh;
+      if (d.doc) backward_q_tile<P, true>(d, dout, q, k, v, lse, D, dq, r / d.H, r % d.H, qt, ws);
+      else backward_q_tile<P, false>(d, dout, q, k, v, lse, D, dq, r / d.H, r % d.H, qt, ws);
+    }
+  }
 }
 
 }  // namespace
@@ -504,21 +555,19 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   check_dtype(lse, DType::kF32, "attention_fwd lse");
   const float *qp = q.as<float>(), *kp = k.as<float>(), *vp = v.as<float>();
   float *op = o.as<float>(), *lp = lse.as<float>();
-  const int64_t nt = d.tiles(), bh = d.B * d.H;
-#pragma omp parallel
-  {
-    float* ws = thread_scratch(scratch_floats(d.hd));
-    // Longest items (last query tiles) first; each item's result is independent of the schedule.
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < nt * bh; ++item) {
-      const int64_t qt = nt - 1 - item / bh, r = item % bh;
-      with_products(bf16_products, d.hd, [&](auto products) {
-        using P = decltype(products);
-        if (d.doc) forward_tile<P, true>(d, qp, kp, vp, op, lp, r / d.H, r % d.H, qt, ws);
-        else forward_tile<P, false>(d, qp, kp, vp, op, lp, r / d.H, r % d.H, qt, ws);
-      });
-    }
+#if defined(MOE_ATTENTION_BF16)
+  if (use_bf16(bf16_products, d.hd)) {
+    const Bf16Tensor tq = pack_for_bf16(0, qp, d.B, d.S, d.qstride()),
+                     tk = pack_for_bf16(1, kp, d.B, d.S, d.kstride()),
+                     tv = pack_for_bf16(2, vp, d.B, d.S, d.kstride());
+    run_forward<Bf16Products>(d, {&tq, 0}, {&tk, 0}, {&tv, 0}, op, lp);
+    return;
   }
+#else
+  (void)bf16_products;
+  (void)use_bf16;
+#endif
+  run_forward<F32Products>(d, qp, kp, vp, op, lp);
 }
 
 void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -537,7 +586,7 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   const float *dop = dout.as<float>(), *qp = q.as<float>(), *kp = k.as<float>(),
               *vp = v.as<float>(), *op = o.as<float>(), *lp = lse.as<float>();
   float *dqp = dq.as<float>(), *dkp = dk.as<float>(), *dvp = dv.as<float>();
-  const int64_t nt = d.tiles(), hd = d.hd;
+  const int64_t hd = d.hd;
   float* D = caller_buffer(static_cast<size_t>(d.B * d.H * d.S));
 
   // Pass 0: D[b,h,s] = dO . O, each row summed in index order.
@@ -551,32 +600,19 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
       D[((bs / d.S) * d.H + h) * d.S + bs % d.S] = s;
     }
 
-#pragma omp parallel
-  {
-    float* ws = thread_scratch(scratch_floats(d.hd));
-    // Pass 1: dk, dv. Item (kt, b, g); the first key tiles see the most query tiles: first.
-    const int64_t bg = d.B * d.G;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < nt * bg; ++item) {
-      const int64_t kt = item / bg, r = item % bg;
-      with_products(bf16_products, d.hd, [&](auto products) {
-        using P = decltype(products);
-        if (d.doc) backward_kv_tile<P, true>(d, dop, qp, kp, vp, lp, D, dkp, dvp, r / d.G, r % d.G, kt, ws);
-        else backward_kv_tile<P, false>(d, dop, qp, kp, vp, lp, D, dkp, dvp, r / d.G, r % d.G, kt, ws);
-      });
-    }
-    // Pass 2: dq. Item (qt, b, h); the last query tiles see the most key tiles: first.
-    const int64_t bh = d.B * d.H;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < nt * bh; ++item) {
-      const int64_t qt = nt - 1 - item / bh, r = item % bh;
-      with_products(bf16_products, d.hd, [&](auto products) {
-        using P = decltype(products);
-        if (d.doc) backward_q_tile<P, true>(d, dop, qp, kp, vp, lp, D, dqp, r / d.H, r % d.H, qt, ws);
-        else backward_q_tile<P, false>(d, dop, qp, kp, vp, lp, D, dqp, r / d.H, r % d.H, qt, ws);
-      });
-    }
+#if defined(MOE_ATTENTION_BF16)
+  if (use_bf16(bf16_products, d.hd)) {
+    const Bf16Tensor tdo = pack_for_bf16(0, dop, d.B, d.S, d.qstride()),
+                     tq = pack_for_bf16(1, qp, d.B, d.S, d.qstride()),
+                     tk = pack_for_bf16(2, kp, d.B, d.S, d.kstride()),
+                     tv = pack_for_bf16(3, vp, d.B, d.S, d.kstride());
+    run_backward<Bf16Products>(d, {&tdo, 0}, {&tq, 0}, {&tk, 0}, {&tv, 0}, lp, D, dqp, dkp, dvp);
+    return;
   }
+#else
+  (void)bf16_products;
+#endif
+  run_backward<F32Products>(d, dop, qp, kp, vp, lp, D, dqp, dkp, dvp);
 }
 
 }  // namespace moe::cpu

@@ -6,10 +6,12 @@
 //
 // A dpbf16 needs its pairs side by side in both operands, along the reduction dimension:
 //  - scores, C[r][x] = sum_d A[r][d] B[x][d] (reduction over the head dim): "row pairs", the
-//    (d, d+1) values of one row in one 32-bit word; B is packed once per tile as a panel
-//    (hd/2 x kTile words, lanes = its rows), A's rows are packed per call and broadcast;
+//    (d, d+1) values of one row in one 32-bit word, i.e. the bf16 copy of the tensor; B is
+//    transposed once per tile into a panel (hd/2 x kTile words, lanes = its rows), A's words are
+//    broadcast;
 //  - accumulate, C[m][x] += sum_r A[r][m] P[r][x] (reduction over tile rows): "pair rows", the
-//    values of rows (2p, 2p+1) in one word, for A (broadcast) and P (lanes).
+//    values of rows (2p, 2p+1) in one word, for A (broadcast; packed once per op, Bf16Tensor)
+//    and P (lanes; packed per product, it is computed data).
 // A missing odd row is a zero. Internal to kernels/cpu; built only with AVX512-BF16 (else the
 // ops fall back to fp32 products, see attention.cpp).
 #pragma once
@@ -45,48 +47,9 @@ inline uint32_t pair_scalar(float a, float b) {
   return static_cast<uint32_t>(elem::bf16_bits(a)) | (static_cast<uint32_t>(elem::bf16_bits(b)) << 16);
 }
 
-// Row pairs of rows [0, n) of a strided (n x hd) fp32 block: dst[r * hp + j] = (A[r][2j],
-// A[r][2j+1]), hp = hd / 2 (hd even).
-inline void pack_row_pairs(const float* src, int64_t stride, int n, int hd, uint32_t* dst) {
-  const int hp = hd / 2;
-  for (int r = 0; r < n; ++r) {
-    const float* s = src + r * stride;
-    uint32_t* o = dst + r * hp;
-    int d = 0;
-    for (; d + 2 * kLanes <= hd; d += 2 * kLanes) {  // 32 values -> 16 words, in order
-      const __m256i lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_hi(vload(s + d)), 16));
-      const __m256i hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_hi(vload(s + d + kLanes)), 16));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d / 2), lo);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d / 2 + kLanes / 2), hi);
-    }
-    for (; d < hd; d += 2) o[d / 2] = pair_scalar(s[d], s[d + 1]);
-  }
-}
-
-// The B panel of the scores: rows [0, n) of a strided (n x hd) block as row pairs, transposed to
-// hp x kTile words (lanes = rows; lanes n..kTile-1 zero). tmp: kTile x hp words.
-inline void pack_pair_panel(const float* src, int64_t stride, int n, int hd, uint32_t* tmp,
-                            uint32_t* dst) {
-  const int hp = hd / 2;
-  pack_row_pairs(src, stride, n, hd, tmp);
-  for (int p0 = 0; p0 < hp; p0 += kLanes) {
-    const int np = std::min(kLanes, hp - p0);
-    const __mmask16 cols = first_lanes(np);
-    for (int i0 = 0; i0 < kTile; i0 += kLanes) {
-      vf r[16];  // words moved as float bit patterns: the shuffles do no arithmetic
-      for (int i = 0; i < kLanes; ++i)
-        r[i] = i0 + i < n ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(cols, tmp + (i0 + i) * hp + p0))
-                          : _mm512_setzero_ps();
-      transpose16(r);
-      for (int c = 0; c < np; ++c)
-        _mm512_storeu_si512(dst + (p0 + c) * kTile + i0, _mm512_castps_si512(r[c]));
-    }
-  }
-}
-
 // Pair rows of rows [0, n) of a strided (n x w) fp32 block: dst[p * w + m] = (A[2p][m],
-// A[2p+1][m]) for p < (n + 1) / 2 (a missing row 2p+1 is zero). w: hd for tensor rows, kTile for
-// probability tiles (whose lanes the accumulate never reads are paired too, harmlessly).
+// A[2p+1][m]) for p < (n + 1) / 2 (a missing row 2p+1 is zero). Used for probability tiles
+// (w = kTile; lanes the accumulate never reads are paired too, harmlessly).
 inline void pack_pair_rows(const float* src, int64_t stride, int n, int w, uint32_t* dst) {
   for (int p = 0; 2 * p < n; ++p) {
     const float* a = src + (2 * p) * stride;
@@ -101,7 +64,8 @@ inline void pack_pair_rows(const float* src, int64_t stride, int n, int w, uint3
 
 // Scores, rows r < MR, lane vectors V0..V1: C[r*kTile + x] = mul * sum_j dot2(A[r][j], Bt[j][x]).
 template <int MR, int V0, int V1>
-inline void scores_block_bf16(const uint32_t* a, int hp, const uint32_t* bt, float mul, float* c) {
+inline void scores_block_bf16(const uint32_t* a, int64_t as, int hp, const uint32_t* bt, float mul,
+                              float* c) {
   vf acc[MR][kNV];
   for (int r = 0; r < MR; ++r)
     for (int v = V0; v <= V1; ++v) acc[r][v] = vset1(0.0f);
@@ -112,7 +76,7 @@ inline void scores_block_bf16(const uint32_t* a, int hp, const uint32_t* bt, flo
       in_register(b[v]);
     }
     for (int r = 0; r < MR; ++r) {
-      const vi ar = _mm512_set1_epi32(static_cast<int>(a[r * hp + j]));
+      const vi ar = _mm512_set1_epi32(static_cast<int>(a[r * as + j]));
       for (int v = V0; v <= V1; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], as_bh(ar), as_bh(b[v]));
     }
   }
@@ -122,36 +86,38 @@ inline void scores_block_bf16(const uint32_t* a, int hp, const uint32_t* bt, flo
 }
 
 template <int MR>
-void scores_rows_bf16(const uint32_t* a, int hp, const uint32_t* bt, float mul, float* c, Tri tri, int w) {
+void scores_rows_bf16(const uint32_t* a, int64_t as, int hp, const uint32_t* bt, float mul, float* c,
+                      Tri tri, int w) {
   if (tri == kUpper) {
     switch (w) {
-      case 0: return scores_block_bf16<MR, 0, 3>(a, hp, bt, mul, c);
-      case 1: return scores_block_bf16<MR, 1, 3>(a, hp, bt, mul, c);
-      case 2: return scores_block_bf16<MR, 2, 3>(a, hp, bt, mul, c);
-      default: return scores_block_bf16<MR, 3, 3>(a, hp, bt, mul, c);
+      case 0: return scores_block_bf16<MR, 0, 3>(a, as, hp, bt, mul, c);
+      case 1: return scores_block_bf16<MR, 1, 3>(a, as, hp, bt, mul, c);
+      case 2: return scores_block_bf16<MR, 2, 3>(a, as, hp, bt, mul, c);
+      default: return scores_block_bf16<MR, 3, 3>(a, as, hp, bt, mul, c);
     }
   } else if (tri == kLower) {
     switch (w) {
-      case 0: return scores_block_bf16<MR, 0, 0>(a, hp, bt, mul, c);
-      case 1: return scores_block_bf16<MR, 0, 1>(a, hp, bt, mul, c);
-      case 2: return scores_block_bf16<MR, 0, 2>(a, hp, bt, mul, c);
-      default: return scores_block_bf16<MR, 0, 3>(a, hp, bt, mul, c);
+      case 0: return scores_block_bf16<MR, 0, 0>(a, as, hp, bt, mul, c);
+      case 1: return scores_block_bf16<MR, 0, 1>(a, as, hp, bt, mul, c);
+      case 2: return scores_block_bf16<MR, 0, 2>(a, as, hp, bt, mul, c);
+      default: return scores_block_bf16<MR, 0, 3>(a, as, hp, bt, mul, c);
     }
   }
-  scores_block_bf16<MR, 0, 3>(a, hp, bt, mul, c);
+  scores_block_bf16<MR, 0, 3>(a, as, hp, bt, mul, c);
 }
 
-// C (rows x kTile) = mul * A (row pairs, rows x hp) * Bt (hp x kTile panel).
-inline void scores_bf16(const uint32_t* a, int rows, const uint32_t* bt, int hp, float mul, float* c, Tri tri) {
+// C (rows x kTile) = mul * A (row pairs: rows of hp words, `as` words apart) * Bt (hp x kTile).
+inline void scores_bf16(const uint32_t* a, int64_t as, int rows, const uint32_t* bt, int hp, float mul,
+                        float* c, Tri tri) {
   int r = 0;
   for (; r + kMR <= rows; r += kMR)
-    scores_rows_bf16<kMR>(a + r * hp, hp, bt, mul, c + r * kTile, tri, r / kLanes);
-  const uint32_t* ar = a + r * hp;
+    scores_rows_bf16<kMR>(a + r * as, as, hp, bt, mul, c + r * kTile, tri, r / kLanes);
+  const uint32_t* ar = a + r * as;
   float* cr = c + r * kTile;
   switch (rows - r) {
-    case 3: scores_rows_bf16<3>(ar, hp, bt, mul, cr, tri, r / kLanes); break;
-    case 2: scores_rows_bf16<2>(ar, hp, bt, mul, cr, tri, r / kLanes); break;
-    case 1: scores_rows_bf16<1>(ar, hp, bt, mul, cr, tri, r / kLanes); break;
+    case 3: scores_rows_bf16<3>(ar, as, hp, bt, mul, cr, tri, r / kLanes); break;
+    case 2: scores_rows_bf16<2>(ar, as, hp, bt, mul, cr, tri, r / kLanes); break;
+    case 1: scores_rows_bf16<1>(ar, as, hp, bt, mul, cr, tri, r / kLanes); break;
     default: break;
   }
 }
@@ -204,16 +170,82 @@ inline void accum_block_bf16(const uint32_t* a2, int w, int rows, const uint32_t
     for (int v = 0; v < kNV; ++v) vstore(c + m * kTile + v * kLanes, acc[m][v]);
 }
 
-// C (hd x kTile) = C (* alpha) + A^T P, A2: pair rows (rows/2 x hd), P2: pair rows (rows/2 x kTile).
-inline void accum_bf16(const uint32_t* a2, int rows, const uint32_t* p2, int hd, float* c,
+// C (hd x kTile) = C (* alpha) + A^T P; A2: pair rows, `w` words apart (hd used of each);
+// P2: pair rows of kTile words.
+inline void accum_bf16(const uint32_t* a2, int64_t w, int rows, const uint32_t* p2, int hd, float* c,
                        const vf* alpha, Tri tri) {
   int d = 0;
-  for (; d + kMR <= hd; d += kMR) accum_block_bf16<kMR>(a2 + d, hd, rows, p2, c + d * kTile, alpha, tri);
+  for (; d + kMR <= hd; d += kMR) accum_block_bf16<kMR>(a2 + d, w, rows, p2, c + d * kTile, alpha, tri);
   switch (hd - d) {
-    case 3: accum_block_bf16<3>(a2 + d, hd, rows, p2, c + d * kTile, alpha, tri); break;
-    case 2: accum_block_bf16<2>(a2 + d, hd, rows, p2, c + d * kTile, alpha, tri); break;
-    case 1: accum_block_bf16<1>(a2 + d, hd, rows, p2, c + d * kTile, alpha, tri); break;
+    case 3: accum_block_bf16<3>(a2 + d, w, rows, p2, c + d * kTile, alpha, tri); break;
+    case 2: accum_block_bf16<2>(a2 + d, w, rows, p2, c + d * kTile, alpha, tri); break;
+    case 1: accum_block_bf16<1>(a2 + d, w, rows, p2, c + d * kTile, alpha, tri); break;
     default: break;
+  }
+}
+
+// ------------------------------------------------------------------ operands packed once per op
+// A (B, S, heads, hd) tensor for the bf16 products: its bf16 copy, whose words at even offsets
+// are the row pairs the score products broadcast, and its pair rows (positions 2i and 2i+1 of a
+// sequence in one word per head and d; a missing last position is zero), which the
+// accumulations broadcast. Packed once per op instead of once per tile and use (every tile of
+// q, k, v and dO takes part in many tile products).
+struct Bf16Tensor {
+  const uint16_t* rows = nullptr;   // B * S * row
+  const uint32_t* pairs = nullptr;  // B * ceil(S/2) * row
+  int64_t S = 0, row = 0;           // positions per sequence; elements per position (heads x hd)
+};
+
+// A position in a Bf16Tensor: element offset ((b * S + s) * heads + h) * hd (s even: tiles
+// start at multiples of kTile), moved like a pointer.
+struct Bf16Operand {
+  const Bf16Tensor* t = nullptr;
+  int64_t off = 0;
+  Bf16Operand operator+(int64_t o) const { return {t, off + o}; }
+  const uint32_t* row_words() const { return reinterpret_cast<const uint32_t*>(t->rows + off); }
+  const uint32_t* pair_words() const {
+    const int64_t pos = off / t->row, within = off % t->row, b = pos / t->S, s = pos % t->S;
+    return t->pairs + (b * ((t->S + 1) / 2) + s / 2) * t->row + within;
+  }
+};
+
+// Packs x (B, S, row) fp32 into rows (B*S*row bf16) and pairs (B*ceil(S/2)*row words).
+inline void pack_bf16_tensor(const float* x, int64_t B, int64_t S, int64_t row, uint16_t* rows,
+                             uint32_t* pairs) {
+  const int64_t n = B * S * row, sp = (S + 1) / 2;
+#pragma omp parallel
+  {
+#pragma omp for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) rows[i] = elem::bf16_bits(x[i]);
+#pragma omp for schedule(static)
+    for (int64_t bp = 0; bp < B * sp; ++bp) {
+      const int64_t b = bp / sp, s = 2 * (bp % sp);
+      const float* a = x + (b * S + s) * row;
+      const float* c = s + 1 < S ? a + row : nullptr;
+      uint32_t* o = pairs + bp * row;
+      int64_t j = 0;
+      for (; j + kLanes <= row; j += kLanes)
+        _mm512_storeu_si512(o + j, pair_lanes(vload(a + j), c ? vload(c + j) : _mm512_setzero_ps()));
+      for (; j < row; ++j) o[j] = pair_scalar(a[j], c ? c[j] : 0.0f);
+    }
+  }
+}
+
+// The scores' B panel from row pairs: rows [0, n) of hp words each, `as` words apart, transposed
+// to hp x kTile words (lanes n..kTile-1 zero).
+inline void pack_word_panel(const uint32_t* src, int64_t as, int n, int hp, uint32_t* dst) {
+  for (int p0 = 0; p0 < hp; p0 += kLanes) {
+    const int np = std::min(kLanes, hp - p0);
+    const __mmask16 cols = first_lanes(np);
+    for (int i0 = 0; i0 < kTile; i0 += kLanes) {
+      vf r[16];  // words moved as float bit patterns: the shuffles do no arithmetic
+      for (int i = 0; i < kLanes; ++i)
+        r[i] = i0 + i < n ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(cols, src + (i0 + i) * as + p0))
+                          : _mm512_setzero_ps();
+      transpose16(r);
+      for (int c = 0; c < np; ++c)
+        _mm512_storeu_si512(dst + (p0 + c) * kTile + i0, _mm512_castps_si512(r[c]));
+    }
   }
 }
 
