@@ -130,6 +130,14 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   scratch += a * dy + cb * Tc * (V + 2);
 
   m.activations = layers + kept + scratch;
+  // bf16 mode: the attention kernel packs q, k, v and dO once per op (kernels/cpu/attention_bf16.h:
+  // a bf16 copy, 64 bytes of alignment, and pair rows of ceil(S/2) positions; grow-only per slot,
+  // so two slots of q's size and two of k's).
+  if (bf16 && c.hd() % 2 == 0 && layer_end > layer_begin) {
+    const double Bm = static_cast<double>(micro_batch), Sp = static_cast<double>((seq_len + 1) / 2);
+    auto pack = [&](double row) { return 2 * T * row + 64 + 4 * Bm * Sp * row; };
+    m.kernel_scratch = 2 * pack(Ha) + 2 * pack(Ga);
+  }
   m.act_per_layer_token = layer_bytes(c, T, a, bf16, any_moe, epd, Rx) / T;
   m.act_shared = kept + scratch;
   return m;
@@ -167,6 +175,7 @@ std::string format_memory(const MemoryEstimate& m) {
   line("activations (arena, one micro-batch)", m.activations);
   line("  of which per layer per token (MoE layer)", m.act_per_layer_token);
   line("  of which shared scratch + residual", m.act_shared);
+  if (m.kernel_scratch > 0) line("kernel scratch (bf16 attention operands)", m.kernel_scratch);
   line("total", m.total());
   return o.str();
 }

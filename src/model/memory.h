@@ -16,9 +16,12 @@ struct MemoryEstimate {
   double optimizer = 0;        // AdamW first and second moments: 2 x 4 N
   double router_bias = 0;      // loss-free biases: 4 E per MoE layer
   double activations = 0;      // the activation arena: saved activations + shared scratch
+  double kernel_scratch = 0;   // kernel buffers outside the arena that scale with the batch (bf16 attention operands)
   double act_per_layer_token = 0;  // saved bytes per layer per token (MoE layer; dense if no MoE)
   double act_shared = 0;           // backward scratch + final norm + residual stream, all layers
-  double total() const { return params + operand_copies + grads + optimizer + router_bias + activations; }
+  double total() const {
+    return params + operand_copies + grads + optimizer + router_bias + activations + kernel_scratch;
+  }
 };
 
 // micro_batch sequences of seq_len tokens per forward/backward; bf16 = GEMM operands in bf16;
