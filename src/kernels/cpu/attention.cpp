@@ -266,9 +266,9 @@ int64_t first_key_tile(const Dims& d, int64_t b, int64_t q0, int nq, float* lane
 // Scratch layout for every pass, in floats: four hd x kTile panels, two kTile x kTile tiles and
 // four kTile vectors. O(tile^2 + tile*hd) per thread.
 size_t tile_floats(int hd) { return (4 * size_t(hd) + 2 * kTile + 4) * kTile; }
-// Plus, after them, the bf16 products' packing area (Bf16Products): kTile x hd/2 words for a
-// tile's row pairs or pair rows, and kTile/2 x kTile for a probability tile's pair rows.
-size_t scratch_floats(int hd) { return tile_floats(hd) + (size_t(hd) / 2 + 1 + kTile / 2) * kTile; }
+// Plus, after them, the bf16 products' packing area (Bf16Products): a probability or
+// score-gradient tile's pair rows, kTile/2 x kTile words (q, k, v, dO are packed once per op).
+size_t scratch_floats(int hd) { return tile_floats(hd) + size_t(kTile / 2) * kTile; }
 
 // ------------------------------------------------------------------ forward
 // kDoc: intra-document masking (d.doc set); a template parameter so the plain causal path
