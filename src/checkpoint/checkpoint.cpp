@@ -17,6 +17,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/check.h"
+#include "core/user_path.h"
 #include "parallel/communicator.h"
 #include "train/trainer.h"
 
@@ -64,6 +65,7 @@ void fsync_path(const std::string& path, bool directory) {
 }
 
 std::vector<unsigned char> read_file(const std::string& path) {
+  check_input_file(path, "checkpoint file", /*allow_empty=*/true);  // sizes are checked against the manifest
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in.good(), "cannot open '", path, "'");
   std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -142,8 +144,8 @@ template <class T> T field(const json& j, const char* key, const std::string& wh
 
 json read_manifest(const std::string& dir) {
   const std::string path = (fs::path(dir) / "manifest.json").string();
-  MOE_CHECK(fs::is_directory(dir), "checkpoint '", dir, "' does not exist or is not a directory");
-  MOE_CHECK(fs::exists(path), "checkpoint '", dir, "' has no manifest.json (incomplete or not a checkpoint)");
+  check_input_dir(dir, "checkpoint");
+  MOE_CHECK(path_entry_exists(path), "checkpoint '", dir, "' has no manifest.json (incomplete or not a checkpoint)");
   const std::vector<unsigned char> bytes = read_file(path);
   json j;
   try {
@@ -202,6 +204,23 @@ std::vector<std::string> compare_configs(const Config& saved, const Config& now)
   return warnings;
 }
 
+// The data position must be where the anchor and batch size put it (CheckpointInfo, DataAnchor).
+void check_data_position(const CheckpointInfo& i, const std::string& mpath, bool has_anchor) {
+  MOE_CHECK(i.step >= 0, "manifest '", mpath, "': step = ", i.step, " is negative");
+  MOE_CHECK(i.next_instance >= 0, "manifest '", mpath, "': data.next_instance = ", i.next_instance, " is negative");
+  MOE_CHECK(i.batch_size >= 1, "manifest '", mpath, "': data.batch_size = ", i.batch_size, " (must be at least 1)");
+  MOE_CHECK(i.anchor.step >= 0 && i.anchor.step <= i.step, "manifest '", mpath, "': data.anchor_step = ",
+            i.anchor.step, " is not in [0, step = ", i.step, "]");
+  MOE_CHECK(i.anchor.next_instance >= 0, "manifest '", mpath, "': data.anchor_instance = ", i.anchor.next_instance,
+            " is negative");
+  const int64_t want = i.anchor.next_instance + (i.step - i.anchor.step) * i.batch_size;
+  MOE_CHECK(i.next_instance == want, "manifest '", mpath, "': data.next_instance = ", i.next_instance,
+            " disagrees with the run: ", has_anchor ? "data.anchor_instance " : "(no anchor recorded: 0 at step 0) ",
+            has_anchor ? std::to_string(i.anchor.next_instance) + " at data.anchor_step " + std::to_string(i.anchor.step) : "",
+            " + (step ", i.step, " - ", i.anchor.step, ") x data.batch_size ", i.batch_size, " = ", want,
+            " (edited, or written by a bug; resuming would train on other data)");
+}
+
 struct Verified {
   CheckpointInfo info;
   json manifest;
@@ -215,7 +234,14 @@ Verified verify(const std::string& dir) {
   const std::string mpath = (fs::path(dir) / "manifest.json").string();
   v.info.path = dir;
   v.info.step = field<int64_t>(v.manifest, "step", mpath);
-  v.info.next_instance = field<int64_t>(field<json>(v.manifest, "data", mpath), "next_instance", mpath);
+  const json data = field<json>(v.manifest, "data", mpath);
+  v.info.next_instance = field<int64_t>(data, "next_instance", mpath);
+  v.info.batch_size = field<int64_t>(data, "batch_size", mpath);
+  // Manifests before the anchor was recorded: a run never resumed with another batch size.
+  v.info.anchor.step = data.contains("anchor_step") ? field<int64_t>(data, "anchor_step", mpath) : 0;
+  v.info.anchor.next_instance = data.contains("anchor_instance") ? field<int64_t>(data, "anchor_instance", mpath) : 0;
+  v.info.elapsed_s = v.manifest.contains("elapsed_s") ? field<double>(v.manifest, "elapsed_s", mpath) : 0.0;
+  check_data_position(v.info, mpath, data.contains("anchor_step"));
   v.info.config_toml = field<std::string>(v.manifest, "config_toml", mpath);
   const json shards = field<json>(v.manifest, "shards", mpath);
   MOE_CHECK(shards.is_array() && !shards.empty() &&
@@ -226,7 +252,8 @@ Verified verify(const std::string& dir) {
     MOE_CHECK(file.find('/') == std::string::npos && !file.empty() && file[0] != '.', "malformed manifest '",
               mpath, "': bad file name '", file, "'");
     const std::string path = (fs::path(dir) / file).string();
-    MOE_CHECK(fs::exists(path), "checkpoint '", dir, "': missing file '", file, "' listed in the manifest");
+    MOE_CHECK(path_entry_exists(path), "checkpoint '", dir, "': missing file '", file, "' listed in the manifest");
+    check_input_file(path, "checkpoint file", /*allow_empty=*/true);
     const uint64_t want = field<uint64_t>(shard, "bytes", mpath);
     const uint64_t have = fs::file_size(path);
     MOE_CHECK(have == want, "checkpoint file '", path, "' is ", have, " bytes, the manifest says ", want,
@@ -297,24 +324,6 @@ void prune_checkpoints(const fs::path& parent, const fs::path& keep_path, size_t
     if (n.rfind(".tmp.step_", 0) == 0 || n.rfind(".trash.step_", 0) == 0) fs::remove_all(e.path());
   }
   fsync_path(parent.string(), true);
-}
-
-// Every rank's string, in rank order (all-gather of the lengths, then of the padded bytes).
-std::vector<std::string> gather_strings(Communicator& comm, const std::string& mine) {
-  const int n = comm.size();
-  int32_t len = static_cast<int32_t>(mine.size());
-  std::vector<int32_t> lens(static_cast<size_t>(n));
-  comm.all_gather(&len, lens.data(), 1, DType::kI32);
-  const int32_t max_len = *std::max_element(lens.begin(), lens.end());
-  const size_t words = static_cast<size_t>(max_len + 3) / 4;
-  std::vector<int32_t> send(words, 0), recv(words * static_cast<size_t>(n));
-  std::memcpy(send.data(), mine.data(), mine.size());
-  comm.all_gather(send.data(), recv.data(), words, DType::kI32);
-  std::vector<std::string> out;
-  for (int r = 0; r < n; ++r)
-    out.emplace_back(reinterpret_cast<const char*>(recv.data() + static_cast<size_t>(r) * words),
-                     static_cast<size_t>(lens[static_cast<size_t>(r)]));
-  return out;
 }
 
 // What this rank writes, each piece named "<kind>:<parameter>" with its range in the whole
@@ -405,7 +414,7 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, int64_t ne
     std::snprintf(file, sizeof file, "rank_%05lld.safetensors", static_cast<long long>(world ? rank : f));
     entries.push_back(write_shard((tmp / file).string(), files[static_cast<size_t>(f)]).dump());
   }
-  if (world) entries = gather_strings(*world, entries[0]);  // rank 0 gets every rank's entry
+  if (world) entries = all_gather_strings(*world, entries[0]);  // rank 0 gets every rank's entry
 
   if (rank == 0) {
     json shards = json::array();
@@ -420,7 +429,9 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, int64_t ne
               {"version", kFormatVersion},
               {"step", step},
               {"optimizer", {{"type", "adamw"}, {"steps_taken", step}, {"dtype", st_dtype(dt)}}},
-              {"data", {{"next_instance", next_instance}, {"batch_size", c.train.batch_size}, {"seed", c.train.seed}}},
+              {"data", {{"next_instance", next_instance}, {"batch_size", c.train.batch_size}, {"seed", c.train.seed},
+                        {"anchor_step", options.anchor.step}, {"anchor_instance", options.anchor.next_instance}}},
+              {"elapsed_s", options.elapsed_s},
               {"rng", "stateless: every random draw is a pure function of (train.seed, stream, index); nothing to save"},
               {"schedule", "learning rate is a pure function of (optim.*, train.steps, step)"},
               {"config_toml", config_to_toml(c)},

@@ -36,10 +36,21 @@ class Trainer;
 // CRC-32C (Castagnoli), the checksum of every tensor, file and manifest.
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 
+// The data position is a pure function of the step between resumes and batch-size changes:
+// next_instance = anchor.next_instance + (step - anchor.step) * batch_size. The manifest records
+// the anchor (the step and position of the last resume; (0, 0) for a run never resumed), and
+// verification refuses a position that disagrees with it, naming the file and field.
+struct DataAnchor {
+  int64_t step = 0, next_instance = 0;
+};
+
 struct CheckpointInfo {
   std::string path;
   int64_t step = 0;           // optimizer steps taken
   int64_t next_instance = 0;  // data position: the next global training instance
+  int64_t batch_size = 0;     // train.batch_size of the run that wrote it
+  DataAnchor anchor;
+  double elapsed_s = 0;       // training seconds up to this checkpoint, stitched across resumes
   std::string config_toml;    // the resolved config of the run that wrote it
   // Differences between the checkpoint's config and the loading one that keep shapes but change
   // the continuation (learning rate, batch size, seed...): resuming is allowed, not bit-exact.
@@ -49,6 +60,8 @@ struct CheckpointInfo {
 struct SaveOptions {
   int64_t keep_last = 3;   // complete checkpoints kept after this save (>= 1)
   int64_t num_shards = 1;  // rank files to write (the distributed runtime writes one per rank)
+  DataAnchor anchor;       // the run's last resume (or (0, 0)); next_instance must agree with it
+  double elapsed_s = 0;    // training seconds so far (recorded; a resume continues from it)
 };
 
 std::string checkpoint_name(int64_t step);  // "step_00000120"
@@ -75,13 +88,19 @@ uint64_t training_state_hash(Trainer& trainer);
 
 // Train-loop glue (train_loop.cpp keeps only calls to these).
 std::string checkpoint_dir(const Config& config);
+struct SavedCheckpoint {
+  std::string path;
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
 // resume: loads the latest good checkpoint (returns its step and data position, logs warnings).
 // Otherwise a checkpoint dir holding an earlier run's checkpoints is moved to "<dir>.previous"
 // (replacing an older one; pruning must never mix two runs), and it returns step 0, position 0.
 CheckpointInfo begin_checkpointing(const Config& config, Trainer& trainer, bool resume, std::ostream& log);
-// Saves when checkpoint.every divides step, or at the last step (checkpoint.at_end).
-// next_instance: the data position after this step.
-void maybe_save_checkpoint(const Config& config, Trainer& trainer, int64_t step, int64_t next_instance, bool last,
-                           std::ostream& log);
+// Saves when checkpoint.every divides step, or at the last step (checkpoint.at_end), and says
+// what it saved (path empty: nothing). next_instance: the data position after this step;
+// anchor and elapsed_s as in SaveOptions.
+SavedCheckpoint maybe_save_checkpoint(const Config& config, Trainer& trainer, int64_t step, int64_t next_instance,
+                                      bool last, const DataAnchor& anchor, double elapsed_s, std::ostream& log);
 
 }  // namespace moe

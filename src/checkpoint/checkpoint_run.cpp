@@ -78,21 +78,24 @@ std::string checkpoint_dir(const Config& config) {
   return config.checkpoint.dir.empty() ? (fs::path(config.train.out_dir) / "checkpoints").string() : config.checkpoint.dir;
 }
 
-void maybe_save_checkpoint(const Config& config, Trainer& trainer, int64_t step, int64_t next_instance, bool last,
-                           std::ostream& log) {
+SavedCheckpoint maybe_save_checkpoint(const Config& config, Trainer& trainer, int64_t step, int64_t next_instance,
+                                      bool last, const DataAnchor& anchor, double elapsed_s, std::ostream& log) {
   const CheckpointConfig& cc = config.checkpoint;
   const bool periodic = cc.every > 0 && step % cc.every == 0;
-  if (!periodic && !(last && cc.at_end)) return;
+  if (!periodic && !(last && cc.at_end)) return {};
   SaveOptions o;
   o.keep_last = cc.keep_last;
+  o.anchor = anchor;
+  o.elapsed_s = elapsed_s;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string path = save_checkpoint(checkpoint_dir(config), trainer, next_instance, o);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (last || step % config.train.log_every == 0) {
-    uintmax_t bytes = 0;
-    for (const auto& e : fs::directory_iterator(path)) bytes += e.file_size();
-    log << "checkpoint " << path << " (" << static_cast<double>(bytes) / 1e6 << " MB in " << seconds << " s)\n" << std::flush;
-  }
+  SavedCheckpoint saved;
+  saved.path = save_checkpoint(checkpoint_dir(config), trainer, next_instance, o);
+  saved.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const auto& e : fs::directory_iterator(saved.path)) saved.bytes += e.file_size();
+  if (last || step % config.train.log_every == 0)
+    log << "checkpoint " << saved.path << " (" << static_cast<double>(saved.bytes) / 1e6 << " MB in " << saved.seconds
+        << " s)\n" << std::flush;
+  return saved;
 }
 
 CheckpointInfo begin_checkpointing(const Config& config, Trainer& trainer, bool resume, std::ostream& log) {

@@ -11,6 +11,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/bf16.h"
 #include "core/check.h"
+#include "core/user_path.h"
 #include "model/params.h"
 #include "model/transformer.h"
 
@@ -25,13 +26,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return out + (s.size() == 1 ? ",)" : ")");
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MOE_CHECK(in.good(), "cannot open '", path, "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -164,10 +158,15 @@ std::string olmoe_unsupported_reason(const ModelConfig& c) {
   return out;
 }
 
-std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
+namespace {
+nlohmann::json id_or_null(int64_t id) { return id >= 0 ? nlohmann::json(id) : nlohmann::json(nullptr); }
+}  // namespace
+
+std::string hf_config_json(const Config& full, const std::string& dtype) {
+  const ModelConfig& c = full.model;
   MOE_CHECK(dtype == "f32" || dtype == "bf16", "export dtype '", dtype, "' (allowed: f32, bf16)");
   const std::string why = olmoe_unsupported_reason(c);
-  MOE_CHECK(why.empty(), "cannot export to OlmoeForCausalLM: ", why);
+  MOE_CHECK(why.empty(), "cannot export to OlmoeForCausalLM: ", whole(why));
   const char* torch_dtype = dtype == "bf16" ? "bfloat16" : "float32";
   nlohmann::ordered_json j;
   j["architectures"] = {"OlmoeForCausalLM"};
@@ -185,7 +184,7 @@ std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
   j["rms_norm_eps"] = c.norm_eps;
   j["rope_theta"] = c.rope_theta;  // transformers 4.x
   j["rope_parameters"] = {{"rope_theta", c.rope_theta}, {"rope_type", "default"}};  // 5.x
-  j["max_position_embeddings"] = 4096;
+  j["max_position_embeddings"] = c.max_position_embeddings > 0 ? c.max_position_embeddings : full.train.seq_len;
   j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
   j["clip_qkv"] = nullptr;
@@ -194,16 +193,26 @@ std::string hf_config_json(const ModelConfig& c, const std::string& dtype) {
   j["output_router_logits"] = false;
   j["router_aux_loss_coef"] = 0.01;
   j["use_cache"] = true;
-  j["pad_token_id"] = nullptr;
-  j["bos_token_id"] = nullptr;
-  j["eos_token_id"] = nullptr;
+  j["pad_token_id"] = id_or_null(c.pad_id);
+  j["bos_token_id"] = id_or_null(full.data.bos_id);
+  j["eos_token_id"] = id_or_null(full.data.eos_id);
   j["torch_dtype"] = torch_dtype;  // transformers 4.x
   j["dtype"] = torch_dtype;        // 5.x
   return j.dump(2) + "\n";
 }
 
-void export_hf(const ModelConfig& c, const float* params, const std::string& out_dir, const std::string& dtype) {
-  const std::string config_text = hf_config_json(c, dtype);  // checks dtype and the architecture
+std::string hf_generation_config_json(const Config& full) {
+  nlohmann::ordered_json j;
+  j["_from_model_config"] = true;
+  j["bos_token_id"] = id_or_null(full.data.bos_id);
+  j["eos_token_id"] = id_or_null(full.data.eos_id);
+  j["pad_token_id"] = id_or_null(full.model.pad_id);
+  return j.dump(2) + "\n";
+}
+
+void export_hf(const Config& full, const float* params, const std::string& out_dir, const std::string& dtype) {
+  const ModelConfig& c = full.model;
+  const std::string config_text = hf_config_json(full, dtype);  // checks dtype and the architecture
   const bool bf = dtype == "bf16";
   const ParamLayout layout(c);
   std::vector<SafetensorsTensorOut> tensors;
@@ -218,17 +227,20 @@ void export_hf(const ModelConfig& c, const float* params, const std::string& out
   fs::create_directories(out_dir, ec);
   MOE_CHECK(fs::is_directory(out_dir), "cannot create directory '", out_dir, "'");
   write_text(out_dir + "/config.json", config_text);
+  write_text(out_dir + "/generation_config.json", hf_generation_config_json(full));
   write_safetensors(out_dir + "/model.safetensors", std::move(tensors), {{"format", "pt"}});
 }
 
-void export_hf(const Transformer& model, const std::string& out_dir, const std::string& dtype) {
+void export_hf(const Transformer& model, const Config& config, const std::string& out_dir, const std::string& dtype) {
   Transformer& m = const_cast<Transformer&>(model);  // params() has no const overload; we only read
+  Config full = config;
+  full.model = model.config();
   const Tensor flat = m.params().flat;
-  if (flat.dtype == DType::kF32) return export_hf(model.config(), static_cast<const float*>(flat.data), out_dir, dtype);
+  if (flat.dtype == DType::kF32) return export_hf(full, static_cast<const float*>(flat.data), out_dir, dtype);
   MOE_CHECK(flat.dtype == DType::kF64, "export_hf: master parameters must be f32 or f64");
   std::vector<float> f32(static_cast<size_t>(flat.numel()));
   for (size_t i = 0; i < f32.size(); ++i) f32[i] = static_cast<float>(static_cast<const double*>(flat.data)[i]);
-  export_hf(model.config(), f32.data(), out_dir, dtype);
+  export_hf(full, f32.data(), out_dir, dtype);
 }
 
 void load_into(const std::vector<float>& params, Transformer& model) {
@@ -244,7 +256,7 @@ void load_into(const std::vector<float>& params, Transformer& model) {
   model.refresh_operand_weights();
 }
 
-ModelConfig model_config_from_hf_json(const std::string& text) {
+Config config_from_hf_json(const std::string& text) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -255,8 +267,7 @@ ModelConfig model_config_from_hf_json(const std::string& text) {
   MOE_CHECK(j.contains("model_type") && j["model_type"] == "olmoe", "config.json: model_type ",
             j.contains("model_type") ? j["model_type"].dump() : std::string("missing"),
             " (only \"olmoe\", OlmoeForCausalLM, is supported)");
-  static const char* kIgnored[] = {"architectures", "model_type", "pad_token_id", "bos_token_id", "eos_token_id",
-                                   "use_cache", "max_position_embeddings", "output_router_logits",
+  static const char* kIgnored[] = {"architectures", "model_type", "use_cache", "output_router_logits",
                                    "router_aux_loss_coef", "transformers_version", "dtype", "torch_dtype",
                                    "_name_or_path", "initializer_range", "return_dict", "output_hidden_states",
                                    "output_attentions", "tokenizer_class"};
@@ -264,7 +275,8 @@ ModelConfig model_config_from_hf_json(const std::string& text) {
                                 "num_attention_heads", "num_key_value_heads", "num_experts", "num_local_experts",
                                 "num_experts_per_tok", "norm_topk_prob", "rms_norm_eps", "rope_theta",
                                 "rope_parameters", "rope_scaling", "tie_word_embeddings", "hidden_act",
-                                "attention_bias", "attention_dropout", "clip_qkv", "head_dim"};
+                                "attention_bias", "attention_dropout", "clip_qkv", "head_dim", "pad_token_id",
+                                "bos_token_id", "eos_token_id", "max_position_embeddings"};
   for (auto& [key, v] : j.items()) {
     bool known = false;
     for (const char* k : kIgnored) known |= key == k;
@@ -274,7 +286,8 @@ ModelConfig model_config_from_hf_json(const std::string& text) {
   if (j.contains("architectures") && !j["architectures"].is_null())
     MOE_CHECK(j["architectures"] == nlohmann::json::array({"OlmoeForCausalLM"}), "config.json: architectures ",
               j["architectures"].dump(), " (only [\"OlmoeForCausalLM\"] is supported)");
-  ModelConfig c;
+  Config full;
+  ModelConfig& c = full.model;
   c.vocab_size = need_int(j, "vocab_size");
   c.d_model = need_int(j, "hidden_size");
   c.expert_hidden = need_int(j, "intermediate_size");
@@ -338,14 +351,51 @@ ModelConfig model_config_from_hf_json(const std::string& text) {
   if (j.contains("head_dim") && !j["head_dim"].is_null())
     MOE_CHECK(j["head_dim"] == c.d_model / c.n_heads, "config.json: head_dim ", j["head_dim"].dump(),
               " != hidden_size / num_attention_heads = ", c.d_model / c.n_heads);
-  c.validate();
-  return c;
+  // Token ids: an integer in [0, vocab_size) or null (-1). moecore keeps one id of each kind.
+  auto token_id = [&](const char* key) -> int64_t {
+    if (!j.contains(key) || j[key].is_null()) return -1;
+    const auto& v = j[key];
+    MOE_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < c.vocab_size, "config.json: '",
+              key, "' = ", v.dump(), " (need null or one token id in [0, vocab_size = ", c.vocab_size,
+              "); a list of several ids is not supported)");
+    return v.get<int64_t>();
+  };
+  c.pad_id = token_id("pad_token_id");
+  full.data.eos_id = token_id("eos_token_id");
+  full.data.bos_id = token_id("bos_token_id");
+  if (j.contains("max_position_embeddings") && !j["max_position_embeddings"].is_null())
+    c.max_position_embeddings = need_int(j, "max_position_embeddings");
+  // pad == eos (common for models without a pad token) would unlabel every document end and
+  // freeze the end-of-text embedding: refused by Config::validate, so the caller decides.
+  try {
+    c.validate();
+  } catch (const std::exception& e) {
+    MOE_FAIL("config.json: ", e.what());
+  }
+  MOE_CHECK(c.pad_id < 0 || c.pad_id != full.data.eos_id, "config.json: pad_token_id = eos_token_id = ", c.pad_id,
+            " (moecore's pad id would unlabel every document end)");
+  return full;
 }
 
 HfModel import_hf(const std::string& dir) {
   HfModel m;
-  m.config = model_config_from_hf_json(read_text(dir + "/config.json"));
-  const ModelConfig& c = m.config;
+  check_input_dir(dir, "Hugging Face checkpoint folder");
+  const std::string config_text = read_input_file(dir + "/config.json", "Hugging Face config");
+  {
+    // pad_token_id == eos_token_id: keep the end-of-text id, drop the pad id (and say so).
+    nlohmann::json j = nlohmann::json::parse(config_text, nullptr, false);
+    if (j.is_object() && j.contains("pad_token_id") && j.contains("eos_token_id") && !j["pad_token_id"].is_null() &&
+        j["pad_token_id"] == j["eos_token_id"]) {
+      m.notes.push_back("pad_token_id = eos_token_id = " + j["pad_token_id"].dump() +
+                        ": kept as data.eos_id only (a pad id equal to the end-of-text id would unlabel every "
+                        "document end); model.pad_id = -1");
+      j["pad_token_id"] = nullptr;
+      m.config = config_from_hf_json(j.dump());
+    } else {
+      m.config = config_from_hf_json(config_text);
+    }
+  }
+  const ModelConfig& c = m.config.model;
   const ParamLayout layout(c);
   m.params.assign(static_cast<size_t>(layout.total()), 0.0f);
 
@@ -353,10 +403,10 @@ HfModel import_hf(const std::string& dir) {
   std::vector<std::string> files;
   std::map<std::string, std::string> index_of;  // key -> shard file named by the index
   const std::string index_path = dir + "/model.safetensors.index.json";
-  if (fs::exists(index_path)) {
+  if (path_entry_exists(index_path)) {
     nlohmann::json idx;
     try {
-      idx = nlohmann::json::parse(read_text(index_path));
+      idx = nlohmann::json::parse(read_input_file(index_path, "Hugging Face shard index"));
     } catch (const std::exception& e) {
       MOE_FAIL("'", index_path, "' is not valid JSON: ", e.what());
     }
@@ -372,7 +422,7 @@ HfModel import_hf(const std::string& dir) {
     }
     std::sort(files.begin(), files.end());
   } else {
-    MOE_CHECK(fs::exists(dir + "/model.safetensors"), "'", dir,
+    MOE_CHECK(path_entry_exists(dir + "/model.safetensors"), "'", dir,
               "' has neither model.safetensors nor model.safetensors.index.json");
     files.push_back("model.safetensors");
   }
@@ -382,7 +432,7 @@ HfModel import_hf(const std::string& dir) {
   std::map<std::string, std::string> seen;  // HF key -> file
   std::vector<float> tied_head;
   for (const std::string& f : files) {
-    SafetensorsFile st(dir + "/" + f);
+    SafetensorsFile st(dir + "/" + f, "Hugging Face weights file");
     for (const auto& [key, e] : st.entries()) {
       auto prev = seen.find(key);
       MOE_CHECK(prev == seen.end(), "tensor '", key, "' appears in both '", prev->second, "' and '", f, "'");
@@ -440,8 +490,8 @@ HfModel import_hf(const std::string& dir) {
   return m;
 }
 
-std::vector<float> load_our_params(const std::string& path, const ModelConfig& c) {
-  SafetensorsFile st(path);
+std::vector<float> load_our_params(const std::string& path, const ModelConfig& c, std::string_view what) {
+  SafetensorsFile st(path, what);
   const ParamLayout layout(c);
   std::vector<float> out(static_cast<size_t>(layout.total()), 0.0f);
   for (const ParamInfo& p : layout.entries()) {
@@ -456,14 +506,17 @@ std::vector<float> load_our_params(const std::string& path, const ModelConfig& c
   return out;
 }
 
-void save_our_params(const std::string& path, const ModelConfig& c, const float* params) {
+void save_our_params(const std::string& path, const Config& config, const float* params) {
+  const ModelConfig& c = config.model;
   const ParamLayout layout(c);
   std::vector<SafetensorsTensorOut> tensors;
   for (const ParamInfo& p : layout.entries())
     tensors.push_back(make_tensor(p.name, p.shape, params + p.offset, p.numel, false));
-  Config full;
-  full.model = c;
-  write_safetensors(path, std::move(tensors), {{"config", config_to_json(full)}, {"format", "moecore-params-v1"}});
+  Config stored;  // the settings that belong to the weights; the rest stays at the defaults
+  stored.model = c;
+  stored.data.eos_id = config.data.eos_id;
+  stored.data.bos_id = config.data.bos_id;
+  write_safetensors(path, std::move(tensors), {{"config", config_to_json(stored)}, {"format", "moecore-params-v1"}});
 }
 
 }  // namespace moe

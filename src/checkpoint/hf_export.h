@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config/config.h"
@@ -20,26 +21,37 @@ std::string olmoe_unsupported_reason(const ModelConfig& config);
 
 // config.json text for the model (fixed key order, 2-space indent, trailing newline).
 // dtype: "f32" or "bf16". Throws with olmoe_unsupported_reason if the model is not OLMoE.
-std::string hf_config_json(const ModelConfig& config, const std::string& dtype);
+// Beyond the architecture: bos/eos/pad_token_id from data.bos_id, data.eos_id, model.pad_id
+// (null when -1) and max_position_embeddings from model.max_position_embeddings (0: train.seq_len,
+// the longest sequence the model was trained on).
+std::string hf_config_json(const Config& config, const std::string& dtype);
+// generation_config.json: the same token ids, so transformers' generate() stops at the end token.
+std::string hf_generation_config_json(const Config& config);
 
-// Writes DIR/config.json and DIR/model.safetensors (creating DIR). params: the f32 flat buffer
-// in ParamLayout(config) layout. Deterministic bytes for the same inputs.
-void export_hf(const ModelConfig& config, const float* params, const std::string& out_dir,
+// Writes DIR/config.json, DIR/generation_config.json and DIR/model.safetensors (creating DIR).
+// params: the f32 flat buffer in ParamLayout(config.model) layout. Deterministic bytes for the
+// same inputs.
+void export_hf(const Config& config, const float* params, const std::string& out_dir,
                const std::string& dtype = "f32");
 
 class Transformer;
-// The same from a live model's master parameters (f32 or f64 compute dtype).
-void export_hf(const Transformer& model, const std::string& out_dir, const std::string& dtype = "f32");
+// The same from a live model's master parameters (f32 or f64 compute dtype); config: the run's
+// (model.* must be the model's; token ids and lengths as above).
+void export_hf(const Transformer& model, const Config& config, const std::string& out_dir,
+               const std::string& dtype = "f32");
 // Copies imported parameters into a model of the same config (then refreshes its bf16 copies).
 void load_into(const std::vector<float>& params, Transformer& model);
 
-// Our ModelConfig from an OLMoE config.json text; refuses fields and values we cannot express,
-// naming the field.
-ModelConfig model_config_from_hf_json(const std::string& json_text);
+// Our config from an OLMoE config.json text: [model], plus data.eos_id and data.bos_id (the
+// token ids; model.pad_id and model.max_position_embeddings are in [model]). Refuses fields and
+// values we cannot express, naming the field. Other sections keep their defaults.
+Config config_from_hf_json(const std::string& json_text);
+inline ModelConfig model_config_from_hf_json(const std::string& json_text) { return config_from_hf_json(json_text).model; }
 
 struct HfModel {
-  ModelConfig config;
-  std::vector<float> params;  // flat, ParamLayout(config) layout
+  Config config;              // config_from_hf_json
+  std::vector<float> params;  // flat, ParamLayout(config.model) layout
+  std::vector<std::string> notes;  // what the import changed (e.g. a pad id equal to the eos id dropped)
 };
 
 // Reads DIR (config.json + model.safetensors or model.safetensors.index.json and its shards).
@@ -49,8 +61,12 @@ HfModel import_hf(const std::string& dir);
 
 // The parameters of a safetensors file with our names ("NAME" or, in golden fixtures,
 // "param.NAME"), into the flat f32 buffer of ParamLayout(config); shapes are checked.
-std::vector<float> load_our_params(const std::string& path, const ModelConfig& config);
-// Writes our parameters (f32, our names) with the config JSON as metadata "config".
-void save_our_params(const std::string& path, const ModelConfig& config, const float* params);
+// what: the key or option that named the file ("train.init_from", "export-hf --from").
+std::vector<float> load_our_params(const std::string& path, const ModelConfig& config,
+                                   std::string_view what = "parameter file");
+// Writes our parameters (f32, our names) with the settings they belong to as metadata "config"
+// (config JSON: [model] and data.eos_id / data.bos_id; train.init_from checks them, export-hf
+// --from writes them).
+void save_our_params(const std::string& path, const Config& config, const float* params);
 
 }  // namespace moe

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/user_path.h"
+
 namespace moe {
 namespace {
 
@@ -38,7 +40,8 @@ double load_float(const unsigned char* p, const std::string& dtype) {
 
 }  // namespace
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+SafetensorsFile::SafetensorsFile(const std::string& path, std::string_view what) : path_(path) {
+  check_input_file(path, what);
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in.good(), "cannot open '", path, "'");
   in.seekg(0, std::ios::end);

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/buffer.h"
@@ -32,7 +33,8 @@ void write_safetensors(const std::string& path, std::vector<SafetensorsTensorOut
 
 class SafetensorsFile {
  public:
-  explicit SafetensorsFile(const std::string& path);
+  // what: the key or option that named the file, for errors ("train.init_from", ...).
+  explicit SafetensorsFile(const std::string& path, std::string_view what = "safetensors file");
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
   bool contains(const std::string& name) const { return entries_.count(name) != 0; }

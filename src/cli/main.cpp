@@ -1,6 +1,5 @@
-// moecore command line: train, config, prepare, eval, generate, export-hf, import-hf. Every error
-// reaches the user as one line
-// naming what was wrong; the exit status is non-zero.
+// moecore command line: train, config, prepare, eval, generate, export-hf, import-hf, bench.
+// Every error reaches the user as one line naming what was wrong; the exit status is non-zero.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -9,13 +8,19 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <iomanip>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "cli/default_config.h"
 #include "config/config.h"
+#include "core/build_info.h"
 #include "core/check.h"
+#include "core/user_path.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/safetensors.h"
@@ -27,71 +32,9 @@
 #include "train/eval_commands.h"
 #include "train/train_loop.h"
 
-// Heap allocation counter for `moecore bench`: every operator new in this binary (scalar, array,
-// aligned, nothrow: all funnel through these two) counts one. Direct malloc calls (e.g. inside
-// oneDNN) are not counted. A relaxed atomic increment per allocation, in this binary only.
-// Sanitizer builds keep their own allocator (replacing it there mismatches new/free pairs).
-#if defined(__SANITIZE_ADDRESS__)
-#define MOE_COUNT_ALLOCS 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MOE_COUNT_ALLOCS 0
-#endif
-#endif
-#ifndef MOE_COUNT_ALLOCS
-#define MOE_COUNT_ALLOCS 1
-#endif
+#include "cli/alloc_counter.h"
 
 namespace {
-std::atomic<uint64_t> g_allocs{0};
-// The same count per thread (initial-exec TLS of the executable: a plain increment), read by
-// bench to tell oneDNN's internal allocations from ours.
-thread_local uint64_t t_allocs = 0;
-uint64_t thread_allocs() { return t_allocs; }
-}  // namespace
-
-#if MOE_COUNT_ALLOCS
-void* operator new(std::size_t n) {
-  g_allocs.fetch_add(1, std::memory_order_relaxed);
-  ++t_allocs;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new(std::size_t n, std::align_val_t al) {
-  g_allocs.fetch_add(1, std::memory_order_relaxed);
-  ++t_allocs;
-  const std::size_t a = static_cast<std::size_t>(al);
-  if (void* p = std::aligned_alloc(a, (std::max<std::size_t>(n, 1) + a - 1) / a * a)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-#endif
-
-namespace {
-
-const char* kUsage =
-    "usage: moecore <command> [options]\n"
-    "commands:\n"
-    "  train    [--config FILE] [--set section.key=value ...] [--resume]\n"
-    "           train (embedded default config); --resume continues from the latest good checkpoint\n"
-    "  config   [--config FILE] [--set section.key=value ...]   print the resolved config and sizes\n"
-    "  prepare  --input TEXT --out DIR                           byte-level token files + bigram entropy\n"
-    "  eval     --checkpoint PATH [--batches N] [--set k=v ...]  validation loss and perplexity\n"
-    "  generate --checkpoint PATH --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]\n"
-    "           [--seed S]                                       sample text (byte-level models)\n"
-    "  export-hf (--from PARAMS | --checkpoint PATH) --out DIR [--config FILE] [--set k=v ...]\n"
-    "           [--dtype f32|bf16]   OlmoeForCausalLM config.json + model.safetensors from a\n"
-    "           training checkpoint, or from our parameters (a golden fixture or an import-hf file;\n"
-    "           config from --config or the file's metadata)\n"
-    "  (PATH: a checkpoint step_N directory, or a checkpoint directory: its latest good one)\n"
-    "  import-hf --from DIR --out PARAMS   a Hugging Face OLMoE checkpoint to our parameters\n"
-    "  bench    [--config FILE] [--set k=v ...] [--warmup N] [--steps N]\n"
-    "           full training steps on random ids: tokens/s, model TFLOP/s, MFU, per-phase\n"
-    "           breakdown, heap allocations per step (steps 3-10), peak RSS\n"
-    "  help\n";
 
 struct Args {
   std::string command, config_path, input, out, from, dtype = "f32", checkpoint, prompt;
@@ -103,37 +46,116 @@ struct Args {
   uint64_t seed = 0;
 };
 
-Args parse_args(int argc, char** argv) {
+// The command line (CLI11): one subcommand per command, each with its own --help/-h (usage and
+// options, exit 0); an unknown option, a missing value or a bad number is an error naming it.
+struct CommandLine {
+  CLI::App app{"moecore: train mixture-of-experts language models (CPU; MPI for several processes)", "moecore"};
   Args a;
-  MOE_CHECK(argc >= 2, "missing command\n", kUsage);
-  a.command = argv[1];
-  for (int i = 2; i < argc; ++i) {
-    std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      MOE_CHECK(i + 1 < argc, "option ", flag, " needs a value");
-      return argv[++i];
+
+  CommandLine() {
+    app.set_version_flag("--version", moe::build_description(), "print the version and git commit, then exit");
+    app.require_subcommand(0, 1);
+    app.fallthrough(false);
+    app.footer("Run 'moecore <command> --help' for a command's options. PATH (--checkpoint): a checkpoint step_N\n"
+               "directory, or a checkpoint directory (its newest checkpoint that verifies).");
+    auto config = [&](CLI::App* c) {
+      c->add_option("--config", a.config_path, "TOML config file (default: the embedded configs/default.toml)")
+          ->type_name("FILE");
     };
-    if (flag == "--config") a.config_path = value();
-    else if (flag == "--set") a.overrides.push_back(value());
-    else if (flag == "--input") a.input = value();
-    else if (flag == "--out") a.out = value();
-    else if (flag == "--from") a.from = value();
-    else if (flag == "--dtype") a.dtype = value();
-    else if (flag == "--resume") a.resume = true;
-    else if (flag == "--checkpoint") a.checkpoint = value();
-    else if (flag == "--prompt") a.prompt = value();
-    else if (flag == "--batches") a.batches = std::stoll(value());
-    else if (flag == "--max-tokens") a.max_tokens = std::stoll(value());
-    else if (flag == "--top-k") a.top_k = std::stoll(value());
-    else if (flag == "--temperature") a.temperature = std::stod(value());
-    else if (flag == "--seed") a.seed = std::stoull(value());
-    else if (flag == "--warmup") a.warmup = std::stoll(value());
-    else if (flag == "--steps") a.bench_steps = std::stoll(value());
-    else MOE_FAIL("unknown option '", flag, "' (allowed: --config, --set, --input, --out, --from, --dtype, --resume, "
-                  "--checkpoint, --prompt, --batches, --max-tokens, --temperature, --top-k, --seed, --warmup, --steps)\n", kUsage);
+    auto sets = [&](CLI::App* c) {
+      c->add_option("--set", a.overrides, "override one config key; repeat for more")
+          ->type_name("SECTION.KEY=VALUE")
+          ->expected(1)
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    };
+    CLI::App* train = app.add_subcommand("train", "train a model; writes metrics.jsonl, events.jsonl and checkpoints");
+    config(train);
+    sets(train);
+    train->add_flag("--resume", a.resume, "continue from the latest checkpoint that verifies");
+
+    CLI::App* cfg = app.add_subcommand("config", "print the resolved config, parameter count, FLOPs and memory estimate");
+    config(cfg);
+    sets(cfg);
+
+    CLI::App* prep = app.add_subcommand("prepare", "byte-level token files (train.bin, valid.bin) and the bigram entropy");
+    prep->add_option("--input", a.input, "plain text file")->type_name("TEXT")->required();
+    prep->add_option("--out", a.out, "output directory")->type_name("DIR")->required();
+
+    CLI::App* eval = app.add_subcommand("eval", "validation loss and perplexity of a checkpoint");
+    eval->add_option("--checkpoint", a.checkpoint, "checkpoint to evaluate")->type_name("PATH")->required();
+    eval->add_option("--batches", a.batches, "validation micro-batches (0 = the whole validation set)")
+        ->check(CLI::NonNegativeNumber);
+    sets(eval);
+
+    CLI::App* gen = app.add_subcommand("generate", "sample text from a checkpoint (byte-level models)");
+    gen->add_option("--checkpoint", a.checkpoint, "checkpoint to sample from")->type_name("PATH")->required();
+    gen->add_option("--prompt", a.prompt, "text to continue")->type_name("TEXT")->required();
+    gen->add_option("--max-tokens", a.max_tokens, "tokens to generate")->check(CLI::PositiveNumber)->capture_default_str();
+    gen->add_option("--temperature", a.temperature, "sampling temperature (0 = greedy)")
+        ->check(CLI::NonNegativeNumber)->capture_default_str();
+    gen->add_option("--top-k", a.top_k, "sample among the k most likely tokens (0 = all)")
+        ->check(CLI::NonNegativeNumber)->capture_default_str();
+    gen->add_option("--seed", a.seed, "sampling seed")->capture_default_str();
+    sets(gen);
+
+    CLI::App* exp = app.add_subcommand("export-hf", "write an OlmoeForCausalLM folder (config.json, generation_config.json, "
+                                                     "model.safetensors)");
+    CLI::Option* from = exp->add_option("--from", a.from, "our parameters (an import-hf file or a golden fixture)")
+                            ->type_name("PARAMS");
+    CLI::Option* ckpt = exp->add_option("--checkpoint", a.checkpoint, "a training checkpoint")->type_name("PATH");
+    from->excludes(ckpt);
+    exp->add_option("--out", a.out, "output directory")->type_name("DIR")->required();
+    exp->add_option("--dtype", a.dtype, "weight dtype")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+    config(exp);
+    sets(exp);
+
+    CLI::App* imp = app.add_subcommand("import-hf", "read a Hugging Face OLMoE folder into our parameter file");
+    imp->add_option("--from", a.from, "folder with config.json and model.safetensors (or a sharded index)")
+        ->type_name("DIR")->required();
+    imp->add_option("--out", a.out, "parameter file to write (use with train.init_from)")->type_name("PARAMS")->required();
+
+    CLI::App* bench = app.add_subcommand("bench", "timed training steps on random ids: tokens/s, TFLOP/s, MFU, phases, "
+                                                  "allocations, peak RSS");
+    config(bench);
+    sets(bench);
+    bench->add_option("--warmup", a.warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+    bench->add_option("--steps", a.bench_steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+
+    app.add_subcommand("help", "print this help");
   }
-  return a;
-}
+
+  // Parses argv; returns an exit code when the command line is fully handled (--help,
+  // --version: 0), or -1 to run a.command. Errors throw moe::Error naming the option.
+  int parse(int argc, char** argv) {
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::CallForHelp&) {
+      std::cout << app.help();  // the selected command's help
+      return 0;
+    } catch (const CLI::CallForAllHelp&) {
+      std::cout << app.help("", CLI::AppFormatMode::All);
+      return 0;
+    } catch (const CLI::CallForVersion&) {
+      std::cout << moe::build_description() << "\n";
+      return 0;
+    } catch (const CLI::ParseError& e) {
+      const std::vector<CLI::App*> chosen = app.get_subcommands();
+      const std::string cmd = chosen.empty() ? std::string() : chosen.front()->get_name();
+      // An unknown first word is an unknown command, not an extra argument.
+      if (chosen.empty() && argc >= 2 && argv[1][0] != '-')
+        MOE_FAIL("unknown command '", std::string(argv[1]), "' (commands: train, config, prepare, eval, generate, "
+                 "export-hf, import-hf, bench, help; run 'moecore --help')");
+      MOE_FAIL(std::string(e.what()), " (run 'moecore ", cmd.empty() ? std::string() : cmd + " ", "--help')");
+    }
+    const std::vector<CLI::App*> chosen = app.get_subcommands();
+    if (chosen.empty() || chosen.front()->get_name() == "help") {
+      std::cout << app.get_formatter()->make_help(&app, "moecore", CLI::AppFormatMode::Normal);
+      return chosen.empty() ? 1 : 0;  // no command at all is a usage error
+    }
+    a.command = chosen.front()->get_name();
+    return -1;
+  }
+};
 
 moe::Config resolve(const Args& a) {
   if (a.config_path.empty()) return moe::parse_config(moe::kDefaultConfigToml, a.overrides, "embedded default config");
@@ -149,10 +171,11 @@ struct Restored {
 
 Restored restore(const Args& a, std::vector<std::string> extra_overrides = {}) {
   MOE_CHECK(!a.checkpoint.empty(), a.command, " needs --checkpoint PATH");
+  moe::check_input_dir(a.checkpoint, "--checkpoint");
   std::string path = a.checkpoint;
-  if (!std::filesystem::exists(path + "/manifest.json")) {
+  if (!moe::path_entry_exists(path + "/manifest.json")) {
     path = moe::latest_checkpoint(a.checkpoint);
-    MOE_CHECK(!path.empty(), "no checkpoint in '", a.checkpoint, "'");
+    MOE_CHECK(!path.empty(), "no checkpoint in '", a.checkpoint, "' (--checkpoint: a step_N directory or a folder of them)");
   }
   std::vector<std::string> overrides = a.overrides;
   overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
@@ -166,11 +189,9 @@ Restored restore(const Args& a, std::vector<std::string> extra_overrides = {}) {
 }
 
 int run(int argc, char** argv) {
-  Args a = parse_args(argc, argv);
-  if (a.command == "help" || a.command == "--help") {
-    std::cout << kUsage;
-    return 0;
-  }
+  CommandLine cli;
+  if (const int code = cli.parse(argc, argv); code >= 0) return code;
+  const Args& a = cli.a;
   if (a.command == "config") {
     moe::Config c = resolve(a);
     const auto& m = c.model;
@@ -186,10 +207,11 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (a.command == "prepare") {
-    MOE_CHECK(!a.input.empty() && !a.out.empty(), "prepare needs --input TEXT and --out DIR");
     moe::PrepareResult r = moe::prepare_text(a.input, a.out);
     std::cout << "prepared " << a.out << ": " << r.train_tokens << " training and " << r.valid_tokens
-              << " validation byte tokens\nunigram entropy " << r.unigram_entropy_nats
+              << " validation byte tokens (every 20th block of " << r.block << " bytes held out)\n";
+    for (const std::string& w : r.warnings) std::cout << "warning: " << w << "\n";
+    std::cout << "unigram entropy " << r.unigram_entropy_nats
               << " nats/token\nbigram conditional entropy " << r.bigram_entropy_nats
               << " nats/token (the bar a trained model must beat on validation)\n";
     return 0;
@@ -197,8 +219,11 @@ int run(int argc, char** argv) {
   if (a.command == "train") {
     moe::TrainSummary s = moe::run_training(resolve(a), std::cout, a.resume);
     if (moe::launch_rank() != 0) return 0;  // rank 0 reports for the run
-    std::cout << "done: " << s.steps << " steps in " << s.seconds << " s, " << s.tokens_per_s
-              << " tok/s, final train ce " << s.final_train_loss;
+    // Losses with every digit (they round-trip): runs are compared on them.
+    std::cout << std::fixed << std::setprecision(1) << "done: " << s.steps << " steps in " << s.seconds << " s, "
+              << s.tokens_per_s << " tok/s" << std::defaultfloat
+              << std::setprecision(std::numeric_limits<double>::max_digits10) << ", final train ce "
+              << s.final_train_loss;
     if (s.final_valid_loss >= 0) std::cout << ", validation ce " << s.final_valid_loss;
     std::cout << "\n";
     return 0;
@@ -208,8 +233,8 @@ int run(int argc, char** argv) {
     moe::BenchOptions o;
     o.warmup = a.warmup;
     o.steps = a.bench_steps;
-    o.alloc_counter = MOE_COUNT_ALLOCS ? &g_allocs : nullptr;
-    o.thread_alloc_reader = MOE_COUNT_ALLOCS ? &thread_allocs : nullptr;
+    o.alloc_counter = moe::cli::alloc_counter();
+    o.thread_alloc_reader = moe::cli::thread_alloc_reader();
     const moe::BenchResult result = moe::run_bench(c, o);
     if (moe::launch_rank() == 0) moe::print_bench(c, result, std::cout);
     return 0;
@@ -232,33 +257,33 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (a.command == "export-hf" && !a.checkpoint.empty()) {
-    MOE_CHECK(!a.out.empty(), "export-hf needs --out DIR");
     Restored r = restore(a);
-    moe::export_hf(r.trainer->model(), a.out, a.dtype);
-    std::cout << "exported " << a.out << "/config.json and " << a.out << "/model.safetensors (" << a.dtype << ")\n";
+    moe::export_hf(r.trainer->model(), r.trainer->config(), a.out, a.dtype);
+    std::cout << "exported " << a.out << "/{config.json, generation_config.json, model.safetensors} (" << a.dtype << ")\n";
     return 0;
   }
   if (a.command == "export-hf") {
-    MOE_CHECK(!a.from.empty() && !a.out.empty(), "export-hf needs --from PARAMS (or --checkpoint PATH) and --out DIR");
-    // The config: --config FILE, else the one embedded in PARAMS; --set overrides apply to either.
-    const moe::ModelConfig model =
+    MOE_CHECK(!a.from.empty(), "export-hf needs --from PARAMS or --checkpoint PATH");
+    // The config: --config FILE, else the one stored in PARAMS; --set overrides apply to either.
+    const moe::Config config =
         a.config_path.empty()
-            ? moe::parse_config(moe::config_to_toml(moe::config_from_json(moe::SafetensorsFile(a.from).meta("config"))),
-                                a.overrides, a.from + " (embedded config)").model
-            : resolve(a).model;
-    const std::vector<float> params = moe::load_our_params(a.from, model);
-    moe::export_hf(model, params.data(), a.out, a.dtype);
-    std::cout << "exported " << a.out << "/config.json and " << a.out << "/model.safetensors (" << a.dtype << ")\n";
+            ? moe::parse_config(moe::config_to_toml(moe::config_from_json(
+                                    moe::SafetensorsFile(a.from, "export-hf --from").meta("config"))),
+                                a.overrides, a.from + " (stored config)")
+            : resolve(a);
+    const std::vector<float> params = moe::load_our_params(a.from, config.model, "export-hf --from");
+    moe::export_hf(config, params.data(), a.out, a.dtype);
+    std::cout << "exported " << a.out << "/{config.json, generation_config.json, model.safetensors} (" << a.dtype << ")\n";
     return 0;
   }
   if (a.command == "import-hf") {
-    MOE_CHECK(!a.from.empty() && !a.out.empty(), "import-hf needs --from DIR and --out PARAMS");
     const moe::HfModel m = moe::import_hf(a.from);
+    for (const std::string& n : m.notes) std::cout << "note: " << n << "\n";
     moe::save_our_params(a.out, m.config, m.params.data());
     std::cout << "imported " << a.from << " into " << a.out << " (" << m.params.size() << " floats)\n";
     return 0;
   }
-  MOE_FAIL("unknown command '", a.command, "'\n", kUsage);
+  MOE_FAIL("unknown command '", a.command, "'");
 }
 
 }  // namespace

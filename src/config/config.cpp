@@ -1,7 +1,9 @@
 #include "config/config.h"
 #include "parallel/layout.h"
 
+#include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -12,6 +14,7 @@
 #include <variant>
 
 #include "core/check.h"
+#include "core/user_path.h"
 
 namespace moe {
 namespace {
@@ -62,6 +65,10 @@ const std::vector<Field>& fields() {
     add("model", "routing", M(routing), 0, 0, {"learned", "uniform", "random"}, "expert choice");
     add("model", "router_bias_gamma", M(router_bias_gamma), 0, kInf, {}, "loss-free balancing rate (0 = off)");
     add("model", "init_std", M(init_std), 0, kInf, {}, "truncated-normal init std");
+    add("model", "pad_id", M(pad_id), -1, 2147483647, {},
+        "padding token id (-1 = none): no label where it is the next token, no gradient for its embedding row");
+    add("model", "max_position_embeddings", M(max_position_embeddings), 0, 1 << 24, {},
+        "longest sequence the model is meant for (0 = train.seq_len; Hugging Face max_position_embeddings)");
 #undef M
 #define L(name) [](Config& c) -> Ref { return &c.loss.name; }
     add("loss", "lm_z_coef", L(lm_z_coef), 0, kInf, {}, "LM z-loss weight");
@@ -98,12 +105,15 @@ const std::vector<Field>& fields() {
     add("train", "out_dir", T(out_dir), 0, 0, {}, "metrics and outputs");
     add("train", "init_from", T(init_from), 0, 0, {}, "start from these parameters (an import-hf file; \"\" = random init)");
     add("train", "on_nonfinite", T(on_nonfinite), 0, 0, {"stop", "skip"}, "NaN/Inf loss or gradients: stop, or skip the update");
+    add("train", "progress", T(progress), 0, 0, {"auto", "on", "off"},
+        "live progress line (auto = stdout is a terminal and no mpirun/srun)");
 #undef T
 #define D(name) [](Config& c) -> Ref { return &c.data.name; }
     add("data", "train_path", D(train_path), 0, 0, {}, "training token file(s), comma-separated, concatenated in order");
     add("data", "valid_path", D(valid_path), 0, 0, {}, "validation token file(s), comma-separated");
     add("data", "token_dtype", D(token_dtype), 0, 0, {"uint8", "uint16", "uint32"}, "token file element type (.npy descr must match)");
     add("data", "eos_id", D(eos_id), -1, 2147483647, {}, "end-of-document token id (-1 = none)");
+    add("data", "bos_id", D(bos_id), -1, 2147483647, {}, "beginning-of-sequence id for the Hugging Face export (-1 = none; never inserted)");
     add("data", "intra_doc_mask", D(intra_doc_mask), 0, 0, {}, "mask attention across documents (needs data.eos_id)");
 #undef D
 #define X(name) [](Config& c) -> Ref { return &c.metrics.name; }
@@ -158,7 +168,7 @@ const Field& find_field(const std::string& section, const std::string& key) {
   if (!section_known)
     MOE_FAIL("unknown config section '", section, "' (allowed: ", join(sections()), ")");
   MOE_FAIL("unknown config key '", section, ".", key, "' (allowed in [", section, "]: ",
-           keys_of(section), ")");
+           whole(keys_of(section)), ")");
 }
 
 // A value as parsed from TOML or from an override string.
@@ -176,12 +186,34 @@ std::string describe(const Value& v) {
       v);
 }
 
+// "[0, 1]", "[1, inf)": a range whose upper end is infinite means any finite value.
+std::string range_text(const Field& f) {
+  std::ostringstream s;
+  s << "[" << f.min << ", ";
+  if (f.max == kInf) s << "inf)";
+  else s << f.max << "]";
+  return s.str();
+}
+
+// Every number of a config is finite: NaN and +-inf are refused by name (no key means anything
+// by them; where a key has no limit, 0 means off).
+void check_number(const Field& f, double x, const std::string& shown) {
+  const std::string name = f.section + "." + f.key;
+  MOE_CHECK(!std::isnan(x), name, " = ", shown, " is not a number (", f.help, ")");
+  MOE_CHECK(std::isfinite(x), name, " = ", shown, " must be finite (", f.help, ")");
+  MOE_CHECK(x >= f.min && x <= f.max, name, " = ", shown, " is out of range ", range_text(f), " (", f.help, ")");
+}
+
+void check_choice(const Field& f, const std::string& s) {
+  if (f.choices.empty()) return;
+  bool ok = false;
+  for (const auto& c : f.choices) ok = ok || c == s;
+  MOE_CHECK(ok, f.section, ".", f.key, " = \"", s, "\" is not allowed (allowed: ", join(f.choices), ")");
+}
+
 void assign(Config& config, const Field& f, const Value& v) {
   std::string name = f.section + "." + f.key;
-  auto range_check = [&](double x) {
-    MOE_CHECK(x >= f.min && x <= f.max, name, " = ", describe(v), " is out of range [", f.min,
-              ", ", f.max, "] (", f.help, ")");
-  };
+  auto range_check = [&](double x) { check_number(f, x, describe(v)); };
   Ref ref = f.ref(config);
   if (auto p = std::get_if<int64_t*>(&ref)) {
     const int64_t* i = std::get_if<int64_t>(&v);
@@ -197,7 +229,6 @@ void assign(Config& config, const Field& f, const Value& v) {
     if (auto i = std::get_if<int64_t>(&v)) x = static_cast<double>(*i);
     else if (auto d = std::get_if<double>(&v)) x = *d;
     else MOE_FAIL(name, " = ", describe(v), ": expected a number (", f.help, ")");
-    MOE_CHECK(std::isfinite(x) || f.max == kInf, name, " must be finite");
     range_check(x);
     **p = x;
   } else if (auto p = std::get_if<bool*>(&ref)) {
@@ -208,11 +239,7 @@ void assign(Config& config, const Field& f, const Value& v) {
     const std::string* s = std::get_if<std::string>(&v);
     MOE_CHECK(s, name, " = ", describe(v), ": expected a string",
               f.choices.empty() ? "" : " (allowed: " + join(f.choices) + ")");
-    if (!f.choices.empty()) {
-      bool ok = false;
-      for (const auto& c : f.choices) ok = ok || c == *s;
-      MOE_CHECK(ok, name, " = \"", *s, "\" is not allowed (allowed: ", join(f.choices), ")");
-    }
+    check_choice(f, *s);
     **p = *s;
   }
 }
@@ -264,10 +291,8 @@ Config parse_config(const std::string& toml_text, const std::vector<std::string>
   try {
     root = toml::parse(toml_text, source_name);
   } catch (const toml::parse_error& e) {
-    std::ostringstream s;
-    s << e.description() << " at " << source_name << ":" << e.source().begin.line << ":"
-      << e.source().begin.column;
-    MOE_FAIL("config parse error: ", s.str());
+    MOE_FAIL("config parse error: ", e.description(), " at ", source_name, ":", e.source().begin.line, ":",
+             e.source().begin.column);
   }
   for (auto&& [section_key, section_node] : root) {
     std::string section(section_key.str());
@@ -296,11 +321,7 @@ Config parse_config(const std::string& toml_text, const std::vector<std::string>
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  MOE_CHECK(in.good(), "cannot open config file '", path, "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_config(text.str(), overrides, path);
+  return parse_config(read_input_file(path, "config file"), overrides, path);
 }
 
 Config config_from_json(const std::string& json_text) {
@@ -328,36 +349,96 @@ template <class Emit> void for_each_value(const Config& config, Emit emit) {
   Config& c = const_cast<Config&>(config);  // fields() hands out mutable refs; we only read
   for (const Field& f : fields()) emit(f, f.ref(c));
 }
+
+// The field table's ranges and choices, for configs that were not parsed (built in code, from a
+// Hugging Face config.json, ...). section: only that section's keys ("" = all).
+void check_ranges(const Config& config, const std::string& section) {
+  for_each_value(config, [&](const Field& f, Ref ref) {
+    if (!section.empty() && f.section != section) return;
+    std::visit(
+        [&](auto* p) {
+          using T = std::decay_t<decltype(*p)>;
+          if constexpr (std::is_same_v<T, std::string>) check_choice(f, *p);
+          else if constexpr (std::is_same_v<T, bool>) return;
+          else {
+            std::ostringstream shown;
+            shown.precision(17);
+            shown << *p;
+            check_number(f, static_cast<double>(*p), shown.str());
+          }
+        },
+        ref);
+  });
+}
+}  // namespace
+
+namespace {
+// A TOML basic string: double quotes, with ", \ and control characters escaped.
+std::string toml_quote(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+std::string value_text(Ref ref) {
+  std::ostringstream out;
+  out.precision(17);
+  std::visit(
+      [&](auto* p) {
+        using T = std::decay_t<decltype(*p)>;
+        if constexpr (std::is_same_v<T, bool>) out << (*p ? "true" : "false");
+        else if constexpr (std::is_same_v<T, std::string>) out << toml_quote(*p);
+        else if constexpr (std::is_same_v<T, double>) {
+          // The shortest text that reads back as the same double: fixed ("0.003", "500000") for
+          // moderate magnitudes, else scientific ("1e-05").
+          char buf[400];
+          const double a = std::fabs(*p);
+          const auto res = std::to_chars(buf, buf + sizeof buf, *p,
+                                         a == 0 || (a >= 1e-4 && a < 1e15) ? std::chars_format::fixed
+                                                                           : std::chars_format::scientific);
+          std::string s(buf, res.ptr);
+          if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+          out << s;
+        } else out << *p;
+      },
+      ref);
+  return out.str();
+}
 }  // namespace
 
 std::string config_to_toml(const Config& config) {
   std::ostringstream out;
   std::string section;
-  out.precision(17);
   for_each_value(config, [&](const Field& f, Ref ref) {
     if (f.section != section) {
       out << (section.empty() ? "" : "\n") << "[" << f.section << "]\n";
       section = f.section;
     }
-    out << f.key << " = ";
-    std::visit(
-        [&](auto* p) {
-          using T = std::decay_t<decltype(*p)>;
-          if constexpr (std::is_same_v<T, bool>) out << (*p ? "true" : "false");
-          else if constexpr (std::is_same_v<T, std::string>) out << '"' << *p << '"';
-          else if constexpr (std::is_same_v<T, double>) {
-            std::ostringstream num;
-            num.precision(17);
-            num << *p;
-            std::string s = num.str();
-            if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-            out << s;
-          } else out << *p;
-        },
-        ref);
-    out << "\n";
+    out << f.key << " = " << value_text(ref) << "\n";
   });
   return out.str();
+}
+
+std::vector<std::pair<std::string, std::string>> config_entries(const Config& config) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for_each_value(config, [&](const Field& f, Ref ref) { out.emplace_back(f.section + "." + f.key, value_text(ref)); });
+  return out;
 }
 
 std::string config_to_json(const Config& config) {
@@ -369,7 +450,13 @@ std::string config_to_json(const Config& config) {
 }
 
 void Config::validate() const {
+  check_ranges(*this, "");
   model.validate();
+  MOE_CHECK(!train.out_dir.empty(), "train.out_dir is empty: name the folder for metrics and checkpoints");
+  MOE_CHECK(data.bos_id < model.vocab_size, "data.bos_id = ", data.bos_id, " is not below model.vocab_size = ",
+            model.vocab_size);
+  MOE_CHECK(model.pad_id < 0 || model.pad_id != data.eos_id, "model.pad_id = data.eos_id = ", model.pad_id,
+            ": every document end would lose its label and its embedding would never train (use a distinct pad id)");
   MOE_CHECK(metrics.gerrymander_window == 0 || metrics.gerrymander_window >= 8,
             "metrics.gerrymander_window = ", metrics.gerrymander_window,
             " is too short for a trend (0 = off, else at least 8 steps)");
@@ -402,6 +489,10 @@ void Config::validate() const {
 }
 
 void ModelConfig::validate() const {
+  Config whole_config;
+  whole_config.model = *this;
+  check_ranges(whole_config, "model");
+  MOE_CHECK(pad_id < vocab_size, "model.pad_id = ", pad_id, " is not below model.vocab_size = ", vocab_size);
   MOE_CHECK(n_heads % n_kv_heads == 0, "model.n_kv_heads = ", n_kv_heads,
             " does not divide model.n_heads = ", n_heads);
   MOE_CHECK(head_dim > 0 || d_model % n_heads == 0, "model.d_model = ", d_model,

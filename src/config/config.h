@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moe {
@@ -34,6 +35,13 @@ struct ModelConfig {
   std::string routing = "learned";   // learned | uniform | random
   double router_bias_gamma = 0.0;    // > 0 enables loss-free balancing
   double init_std = 0.02;
+  // Padding token (-1 = none), as transformers' padding_idx: positions whose next token is the
+  // pad id carry no label, its embedding row gets no gradient (weight decay still applies) and
+  // starts at zero. Hugging Face pad_token_id.
+  int64_t pad_id = -1;
+  // Longest sequence the model is meant for (0 = train.seq_len): Hugging Face
+  // max_position_embeddings, kept through import and export. Metadata only: RoPE has no limit.
+  int64_t max_position_embeddings = 0;
 
   int64_t hd() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
   int64_t dense_width() const { return dense_hidden > 0 ? dense_hidden : top_k * expert_hidden + shared_hidden; }
@@ -87,6 +95,9 @@ struct TrainConfig {
   std::string out_dir = "runs/default";
   std::string init_from;           // "" = random init; else a parameter file (import-hf output)
   std::string on_nonfinite = "stop";  // stop | skip: NaN/Inf in the loss or gradients
+  // Live progress line: auto = only when stdout is a terminal and no launcher (mpirun/srun)
+  // started the process (Open MPI forwards output through a terminal even when redirected).
+  std::string progress = "auto";  // auto | on | off
 };
 
 struct DataConfig {
@@ -94,7 +105,8 @@ struct DataConfig {
   std::string train_path = "data/kjv/train.bin";
   std::string valid_path = "data/kjv/valid.bin";
   std::string token_dtype = "uint16";  // uint8 | uint16 | uint32 (a .npy header must match)
-  int64_t eos_id = -1;                 // document separator id (-1 = none)
+  int64_t eos_id = -1;                 // document separator id (-1 = none); HF eos_token_id
+  int64_t bos_id = -1;                 // beginning-of-sequence id for the HF export (-1 = none); never inserted
   bool intra_doc_mask = false;         // attention stays within documents (needs eos_id)
 };
 
@@ -148,6 +160,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Loads the config embedded in a fixture or checkpoint (JSON with the same sections/keys).
 Config config_from_json(const std::string& json_text);
 std::string config_to_toml(const Config& config);
+// Every key in table order with its value as config_to_toml writes it: {"model.d_model", "256"}.
+std::vector<std::pair<std::string, std::string>> config_entries(const Config& config);
 std::string config_to_json(const Config& config);
 
 }  // namespace moe

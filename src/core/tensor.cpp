@@ -4,15 +4,6 @@
 
 namespace moe {
 
-namespace detail {
-void fail(const char* file, int line, const std::string& message) {
-  std::string where = file;
-  size_t cut = where.rfind("src/");
-  if (cut != std::string::npos) where = where.substr(cut);
-  throw Error(message + " [" + where + ":" + std::to_string(line) + "]");
-}
-}  // namespace detail
-
 size_t dtype_size(DType t) {
   switch (t) {
     case DType::kF32: return 4;

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "core/rng.h"
+#include "core/user_path.h"
 
 namespace moe {
 namespace {
@@ -108,9 +109,10 @@ std::vector<std::string> split_paths(const std::string& list) {
   return out;
 }
 
-TokenFile::TokenFile(const std::string& path, const std::string& dtype, int64_t vocab_size)
+TokenFile::TokenFile(const std::string& path, const std::string& dtype, int64_t vocab_size, std::string_view what)
     : path_(path), vocab_size_(vocab_size) {
   elem_size_ = elem_size_of(dtype);
+  check_input_file(path, what);  // before open(): a FIFO would block it
   int fd = ::open(path.c_str(), O_RDONLY);
   MOE_CHECK(fd >= 0, "cannot open token file '", path, "': ", std::strerror(errno));
   struct CloseOnExit {  // every error below throws: the descriptor must not leak (found by fuzzing)
@@ -133,6 +135,7 @@ TokenFile::TokenFile(const std::string& path, const std::string& dtype, int64_t 
              bytes_ - (bytes_ - header) % static_cast<size_t>(elem_size_), ")");
   }
   num_tokens_ = static_cast<int64_t>((bytes_ - header) / static_cast<size_t>(elem_size_));
+  MOE_CHECK(num_tokens_ > 0, what, " '", path, "' holds no tokens (a .npy header and no data)");
   if (bytes_ > 0) {
     void* p = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
     MOE_CHECK(p != MAP_FAILED, "cannot map token file '", path, "'");
@@ -163,17 +166,18 @@ int32_t TokenFile::at(int64_t i) const {
 }
 
 TokenDataset::TokenDataset(const std::vector<std::string>& paths, const std::string& dtype,
-                           int64_t vocab_size, int64_t seq_len)
-    : seq_len_(seq_len) {
-  MOE_CHECK(!paths.empty(), "no token files given");
+                           int64_t vocab_size, int64_t seq_len, std::string_view what, int64_t pad_id)
+    : seq_len_(seq_len), pad_id_(pad_id) {
+  MOE_CHECK(!paths.empty(), what, ": no token file given (name one or more files, comma-separated)");
   for (const auto& p : paths) {
-    files_.push_back(std::make_unique<TokenFile>(p, dtype, vocab_size));
+    files_.push_back(std::make_unique<TokenFile>(p, dtype, vocab_size, what));
     file_start_.push_back(total_tokens_);
     total_tokens_ += files_.back()->size();
   }
   num_instances_ = total_tokens_ / seq_len;  // the remainder is dropped, as OLMo-core does
-  MOE_CHECK(num_instances_ > 0, "token files hold ", total_tokens_, " tokens, fewer than one instance of ",
-            seq_len, " (", paths.front(), paths.size() > 1 ? ", ..." : "", ")");
+  MOE_CHECK(num_instances_ > 0, what, ": the token files hold ", total_tokens_,
+            " tokens, fewer than one instance of train.seq_len = ", seq_len, " (", paths.front(),
+            paths.size() > 1 ? ", ..." : "", ")");
 }
 
 int32_t TokenDataset::token(int64_t g) const {
@@ -192,7 +196,7 @@ void TokenDataset::instance(int64_t index, int32_t* ids, int32_t* labels) const 
   MOE_CHECK(index >= 0 && index < num_instances_, "instance ", index, " out of range");
   const int64_t base = index * seq_len_;
   for (int64_t s = 0; s < seq_len_; ++s) ids[s] = token(base + s);
-  for (int64_t s = 0; s + 1 < seq_len_; ++s) labels[s] = ids[s + 1];
+  for (int64_t s = 0; s + 1 < seq_len_; ++s) labels[s] = pad_id_ >= 0 && ids[s + 1] == pad_id_ ? -1 : ids[s + 1];
   labels[seq_len_ - 1] = -1;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -22,7 +23,9 @@ std::vector<std::string> split_paths(const std::string& list);
 class TokenFile {
  public:
   // dtype: uint8 | uint16 | uint32. A .npy header's descr must match it (|u1, <u2, <u4).
-  TokenFile(const std::string& path, const std::string& dtype, int64_t vocab_size);
+  // what: the key that named the file (errors name it); the file must be a non-empty regular file.
+  TokenFile(const std::string& path, const std::string& dtype, int64_t vocab_size,
+            std::string_view what = "token file");
   ~TokenFile();
   TokenFile(const TokenFile&) = delete;
   TokenFile& operator=(const TokenFile&) = delete;
@@ -44,20 +47,23 @@ class TokenFile {
 
 class TokenDataset {
  public:
+  // what: the key that gave the paths ("data.train_path"), named by every error.
+  // pad_id >= 0: positions whose next token is pad_id carry no label (model.pad_id).
   TokenDataset(const std::vector<std::string>& paths, const std::string& dtype, int64_t vocab_size,
-               int64_t seq_len);
+               int64_t seq_len, std::string_view what = "token files", int64_t pad_id = -1);
   int64_t num_instances() const { return num_instances_; }
   int64_t seq_len() const { return seq_len_; }
   int64_t num_tokens() const { return total_tokens_; }
   int64_t num_files() const { return static_cast<int64_t>(files_.size()); }
   // Writes instance `index` (in stream order) into ids (seq_len) and labels (seq_len):
-  // labels[s] = ids[s+1]; the last position has no label (-1). Instances may span files.
+  // labels[s] = ids[s+1] (-1 where ids[s+1] is the pad id); the last position has no label (-1).
+  // Instances may span files.
   void instance(int64_t index, int32_t* ids, int32_t* labels) const;
 
  private:
   std::vector<std::unique_ptr<TokenFile>> files_;
   std::vector<int64_t> file_start_;  // first global token of each file
-  int64_t total_tokens_ = 0, seq_len_ = 0, num_instances_ = 0;
+  int64_t total_tokens_ = 0, seq_len_ = 0, num_instances_ = 0, pad_id_ = -1;
   int32_t token(int64_t global) const;
 };
 

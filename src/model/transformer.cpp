@@ -137,6 +137,12 @@ void Transformer::init_params(uint64_t seed) {
       else t.as<float>()[i] = static_cast<float>(v);
     }
   }
+  // The padding row starts at zero, as transformers' init does for padding_idx.
+  if (cfg_.pad_id >= 0 && layout_.shard().first_stage()) {
+    const ParamInfo& e = layout_.find("embed");
+    Tensor t = param_view(e, param_mem_.data(), dims_.cdt);
+    ops_.fill(t.slice(cfg_.pad_id, cfg_.pad_id + 1), 0.0);
+  }
   for (auto& b : router_bias_) ops_.fill(b.t, 0.0);
   refresh_operand_weights();
 }
@@ -285,7 +291,7 @@ void Transformer::stage_backward(int64_t slot, const Tensor& ids, const Tensor& 
     layer_backward(slot, l, sc, stats);
     if (layer_grads_hook_) layer_grads_hook_(l);
   }
-  if (first_stage()) ops_.embedding_bwd(ids.view({T}), s.dx, grads_.embed);
+  if (first_stage()) ops_.embedding_bwd(ids.view({T}), s.dx, grads_.embed, cfg_.pad_id);
 }
 
 void Transformer::forward_backward(const Tensor& ids, const Tensor& labels, const MicroBatchScales& sc,

@@ -1,5 +1,6 @@
 #include "parallel/communicator.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include <cstring>
@@ -208,6 +209,24 @@ int launch_rank() {
 std::unique_ptr<Communicator> launch_world() {
   if (launched_by_mpi()) return mpi_world();
   return std::make_unique<SelfCommunicator>();
+}
+
+// Every rank's string, in rank order (all-gather of the lengths, then of the padded bytes).
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine) {
+  const int n = comm.size();
+  int32_t len = static_cast<int32_t>(mine.size());
+  std::vector<int32_t> lens(static_cast<size_t>(n));
+  comm.all_gather(&len, lens.data(), 1, DType::kI32);
+  const int32_t max_len = *std::max_element(lens.begin(), lens.end());
+  const size_t words = static_cast<size_t>(max_len + 3) / 4;
+  std::vector<int32_t> send(words, 0), recv(words * static_cast<size_t>(n));
+  std::memcpy(send.data(), mine.data(), mine.size());
+  comm.all_gather(send.data(), recv.data(), words, DType::kI32);
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r)
+    out.emplace_back(reinterpret_cast<const char*>(recv.data() + static_cast<size_t>(r) * words),
+                     static_cast<size_t>(lens[static_cast<size_t>(r)]));
+  return out;
 }
 
 }  // namespace moe

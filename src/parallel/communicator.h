@@ -194,6 +194,8 @@ bool launched_by_mpi();
 int launch_rank();
 // The world of a command: the MPI world under a launcher, else a SelfCommunicator (no MPI init).
 std::unique_ptr<Communicator> launch_world();
+// Every rank's string, in rank order (all-gather of the lengths, then of the padded bytes). Collective.
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine);
 // Ends every rank now with this message and exit code (MPI_Abort); never returns.
 [[noreturn]] void mpi_abort(const std::string& message, int code = 1);
 

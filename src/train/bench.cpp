@@ -10,6 +10,7 @@
 #include "parallel/communicator.h"
 #include "parallel/layout.h"
 #include "train/metrics.h"
+#include "train/run_checks.h"
 #include "train/trainer.h"
 
 namespace moe {
@@ -31,6 +32,7 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   std::unique_ptr<Backend> ops = make_backend(config.train.backend);
   // Under mpirun every rank benches its share of the step; rank 0 prints (main.cpp).
   std::unique_ptr<Communicator> world = launch_world();
+  check_ranks_agree(config_in, *world, /*with_data_files=*/false);  // bench reads no data
   const Layout layout = layout_from_config(config.parallel);
   validate_layout(layout, world->size(), config.model.num_experts, config.model.n_layers);
   std::unique_ptr<ProcessGroups> groups;

@@ -1,6 +1,7 @@
 #include "train/eval_commands.h"
 
 #include <iomanip>
+#include <limits>
 #include <ostream>
 
 #include "core/check.h"
@@ -10,12 +11,15 @@ namespace moe {
 
 EvalResult run_eval_command(Trainer& trainer, int64_t batches, std::ostream& out) {
   const Config& c = trainer.config();
-  MOE_CHECK(!c.data.valid_path.empty(), "eval needs data.valid_path");
-  TokenDataset valid(std::vector<std::string>{c.data.valid_path}, c.data.token_dtype, c.model.vocab_size,
-                     c.train.seq_len);
+  MOE_CHECK(!split_paths(c.data.valid_path).empty(), "eval needs data.valid_path (the checkpoint's config has none; "
+            "pass --set data.valid_path=FILE)");
+  TokenDataset valid(split_paths(c.data.valid_path), c.data.token_dtype, c.model.vocab_size, c.train.seq_len,
+                     "data.valid_path", c.model.pad_id);
   const EvalResult r = evaluate(trainer.model(), valid, c.train.micro_batch_size, batches);
-  out << std::fixed << std::setprecision(4) << "validation loss " << r.loss << " nats/token, perplexity "
-      << r.perplexity << " (" << r.tokens << " tokens of " << c.data.valid_path << ")\n";
+  // Every digit of the doubles (they round-trip): runs are compared on these numbers.
+  out << std::setprecision(std::numeric_limits<double>::max_digits10) << "validation loss " << r.loss
+      << " nats/token, perplexity " << r.perplexity << std::setprecision(6) << " (" << r.tokens << " tokens of "
+      << c.data.valid_path << ")\n";
   return r;
 }
 

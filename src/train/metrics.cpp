@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -185,6 +189,56 @@ std::string format_progress(const Progress& p) {
                 static_cast<long long>(p.step), static_cast<long long>(p.total), p.loss, p.tokens_per_s,
                 p.eta_s < 0 ? "--" : format_duration(p.eta_s).c_str());
   return buf;
+}
+
+}  // namespace moe
+
+namespace moe {
+
+MetricsTrim keep_metrics_through(const std::string& path, int64_t step) {
+  MetricsTrim t;
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) return t;
+  std::string kept, line;
+  bool changed = false;
+  while (std::getline(in, line)) {
+    const bool complete = !in.eof();  // the last line of a killed run may lack its newline
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!complete || j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
+      ++t.bad_lines;
+      changed = true;
+      continue;
+    }
+    if (j["step"].get<int64_t>() > step) {
+      ++t.dropped;
+      changed = true;
+      continue;
+    }
+    ++t.kept;
+    kept += line;
+    kept += '\n';
+  }
+  in.close();
+  if (!changed) return t;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << kept;
+    out.flush();
+    MOE_CHECK(out.good(), "cannot write '", tmp, "'");
+  }
+  const int fd = ::open(tmp.c_str(), O_RDONLY);
+  MOE_CHECK(fd >= 0 && ::fsync(fd) == 0, "fsync of '", tmp, "' failed");
+  ::close(fd);
+  MOE_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot replace '", path, "': ", std::strerror(errno));
+  return t;
+}
+
+bool show_progress(const std::string& setting, bool stdout_is_terminal, bool launched_by_mpi) {
+  if (setting == "on") return true;
+  if (setting == "off") return false;
+  MOE_CHECK(setting == "auto", "train.progress = \"", setting, "\" (allowed: auto, on, off)");
+  return stdout_is_terminal && !launched_by_mpi;
 }
 
 }  // namespace moe

@@ -96,6 +96,21 @@ struct StepTiming {
 nlohmann::json step_record(const StepResult& r, const StepTiming& timing, double flops_per_token,
                            double peak_tflops, bool with_vectors);
 
+// On resume: keeps the records of metrics.jsonl up to and including `step` (the checkpoint's)
+// and drops every later one, and any line that is not a complete record (a killed run's
+// partial last line), so the resumed run continues the file exactly from the checkpoint.
+// Rewrites the file atomically (temp file, fsync, rename). Returns the records dropped; a
+// missing file is not an error.
+struct MetricsTrim {
+  int64_t kept = 0, dropped = 0, bad_lines = 0;
+};
+MetricsTrim keep_metrics_through(const std::string& path, int64_t step);
+
+// Whether to show the live progress line: train.progress "on"/"off", or "auto": stdout is a
+// terminal and no launcher started the process (Open MPI hands every rank a pseudo-terminal
+// even when mpirun's output is redirected, so isatty cannot tell).
+bool show_progress(const std::string& setting, bool stdout_is_terminal, bool launched_by_mpi);
+
 // Terminal progress: "step 12/1100 | loss 2.3456 | 12345 tok/s | ETA 3m05s".
 // eta_s < 0 prints "ETA --".
 struct Progress {

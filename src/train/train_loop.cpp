@@ -10,17 +10,22 @@
 #include <iostream>
 #include <unistd.h>
 #include <iomanip>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <ostream>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
 #include "core/buffer.h"
+#include "core/build_info.h"
+#include "core/user_path.h"
 #include "data/token_file.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "train/evaluate.h"
 #include "train/metrics.h"
+#include "train/events.h"
+#include "train/run_checks.h"
 #include "train/trainer.h"
 
 namespace moe {
@@ -81,49 +86,73 @@ void maybe_inject_fault(Trainer& trainer, int64_t step, int rank) {
                              std::nan(""));
 }
 
-}  // namespace
-
-TrainSummary run_training(const Config& config, std::ostream& log, bool resume) {
-  // Under mpirun/srun every rank runs this loop; rank 0 alone logs and writes metrics.
-  std::unique_ptr<Communicator> world = launch_world();
-  const Layout layout = layout_from_config(config.parallel);
-  validate_layout(layout, world->size(), config.model.num_experts, config.model.n_layers);
-  std::unique_ptr<ProcessGroups> groups;
-  if (world->size() > 1) groups = std::make_unique<ProcessGroups>(make_process_groups(*world, layout));
-  std::ostream quiet(nullptr);
-  return run_training(config, world->rank() == 0 ? log : quiet, resume, groups.get());
-}
-
-TrainSummary run_training(const Config& config, std::ostream& log, bool resume, ProcessGroups* groups) {
+// Data, model, resume, then the steps; step_now follows the loop (for the stop event).
+TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, ProcessGroups* groups,
+                         RunEvents& events, int64_t& step_now) {
   const TrainConfig& tc = config.train;
   const bool rank0 = !groups || groups->world->rank() == 0;
-  if (tc.threads > 0) cpu::set_num_threads(static_cast<int>(tc.threads));
   std::unique_ptr<Backend> ops = make_backend(tc.backend);
   // data.train_path / data.valid_path: one file or several comma-separated, concatenated in order.
   TokenDataset train(split_paths(config.data.train_path), config.data.token_dtype, config.model.vocab_size,
-                     tc.seq_len);
+                     tc.seq_len, "data.train_path", config.model.pad_id);
   std::unique_ptr<TokenDataset> valid;
   const std::vector<std::string> valid_paths = split_paths(config.data.valid_path);
   size_t valid_found = 0;
-  for (const auto& p : valid_paths) valid_found += std::filesystem::exists(p) ? 1 : 0;
+  for (const auto& p : valid_paths) valid_found += path_entry_exists(p) ? 1 : 0;  // a dangling link counts (and fails)
   // No validation file at all means no validation; a partly missing list is an error.
   MOE_CHECK(valid_found == 0 || valid_found == valid_paths.size(), "data.valid_path: ",
             valid_paths.size() - valid_found, " of ", valid_paths.size(), " files missing ('", config.data.valid_path, "')");
   if (valid_found > 0)
-    valid = std::make_unique<TokenDataset>(valid_paths, config.data.token_dtype, config.model.vocab_size, tc.seq_len);
+    valid = std::make_unique<TokenDataset>(valid_paths, config.data.token_dtype, config.model.vocab_size, tc.seq_len,
+                                           "data.valid_path", config.model.pad_id);
   Trainer trainer(config, *ops, DType::kF32, groups);
   const int64_t dp_rank = groups ? groups->coords.dp : 0, dp = config.parallel.dp;
   if (!tc.init_from.empty() && !resume) {
     // Continue training from imported weights (e.g. a Hugging Face OLMoE checkpoint, import-hf).
-    load_into(load_our_params(tc.init_from, config.model), trainer.model());
-    log << "parameters initialized from " << tc.init_from << "\n";
+    const bool settings_checked = check_init_from(config, tc.init_from);
+    load_into(load_our_params(tc.init_from, config.model, "train.init_from"), trainer.model());
+    log << "parameters initialized from " << tc.init_from
+        << (settings_checked ? " (its stored model settings match this run's)"
+                             : " (it stores no model settings: only tensor shapes were checked)") << "\n";
   }
   const CheckpointInfo start = begin_checkpointing(config, trainer, resume, log);  // step, data position
+  step_now = start.step;
+  // The data position is anchored at the last resume (checkpoint.h, DataAnchor).
+  const DataAnchor anchor = resume ? DataAnchor{start.step, start.next_instance} : DataAnchor{};
   std::ofstream metrics;
   if (rank0) {
-    std::filesystem::create_directories(tc.out_dir);
-    metrics.open(tc.out_dir + "/metrics.jsonl", resume ? std::ios::app : std::ios::trunc);
-    std::ofstream(tc.out_dir + "/config.toml", std::ios::trunc) << config_to_toml(config);
+    const std::string metrics_path = tc.out_dir + "/metrics.jsonl";
+    MetricsTrim trim;
+    if (resume) trim = keep_metrics_through(metrics_path, start.step);  // continue exactly from the checkpoint
+    metrics.open(metrics_path, resume ? std::ios::app : std::ios::trunc);
+    // config.toml is the config the run started with; a resume with other settings keeps it
+    // and writes its own beside it.
+    const std::string toml = config_to_toml(config), config_path = tc.out_dir + "/config.toml";
+    std::string resume_config;
+    if (!resume || !std::filesystem::exists(config_path)) {
+      std::ofstream(config_path, std::ios::trunc) << toml;
+    } else {
+      std::ifstream in(config_path);
+      const std::string before((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (before != toml) {
+        resume_config = tc.out_dir + "/config.resume_" + checkpoint_name(start.step) + ".toml";
+        std::ofstream(resume_config, std::ios::trunc) << toml;
+      }
+    }
+    if (resume) {
+      if (trim.dropped + trim.bad_lines > 0)
+        log << "metrics.jsonl: dropped " << trim.dropped << " record(s) after step " << start.step
+            << (trim.bad_lines ? " and " + std::to_string(trim.bad_lines) + " incomplete line(s)" : "")
+            << " (written before the run stopped, past its last checkpoint)\n";
+      events.write("resume", {{"step", start.step},
+                              {"checkpoint", start.path},
+                              {"next_instance", start.next_instance},
+                              {"elapsed_s", start.elapsed_s},
+                              {"metrics_dropped", trim.dropped},
+                              {"metrics_incomplete_lines", trim.bad_lines},
+                              {"config_changes", start.warnings},
+                              {"config", resume_config}});
+    }
   }
 
   const double flops_per_token = config.model.train_flops_per_token(tc.seq_len);
@@ -149,13 +178,15 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume, 
   TrainSummary summary;
   summary.steps = start.step;
   const double t_start = now_s();
+  // elapsed_s continues from the checkpoint: training seconds stitched across resumes.
+  auto elapsed = [&](double t) { return start.elapsed_s + (t - t_start); };
   double t_window = t_start;
   int64_t tokens_window = 0;
   auto write_metrics = [&](const nlohmann::json& j) {
     if (rank0) metrics << j.dump() << "\n" << std::flush;
   };
-  // A live progress line, rewritten in place, when the log is a terminal; plain lines otherwise.
-  const bool live = rank0 && &log == &std::cout && isatty(STDOUT_FILENO);
+  // A live progress line, rewritten in place (train.progress; metrics.h show_progress).
+  const bool live = rank0 && &log == &std::cout && show_progress(tc.progress, isatty(STDOUT_FILENO), launched_by_mpi());
   bool live_shown = false;
   auto clear_live = [&] {
     if (live_shown) log << "\r\033[K";
@@ -165,8 +196,10 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume, 
   GerrymanderOptions gopt;
   gopt.window = config.metrics.gerrymander_window;
   GerrymanderDetector gerrymander(gopt);
+  std::string stop_reason = "completed";
 
   for (int64_t step = start.step + 1; step <= tc.steps; ++step) {
+    step_now = step;
     const int64_t position = start.next_instance + (step - start.step - 1) * tc.batch_size;
     fill_batch(train, order, position, ids, labels, dp_rank, dp, doc_mask ? &doc.t : nullptr,
                static_cast<int32_t>(config.data.eos_id));
@@ -178,15 +211,20 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume, 
     if (!r.skipped) summary.final_train_loss = r.ce;
     const double t = now_s();
     const bool vectors = config.metrics.vectors_every > 0 && step % config.metrics.vectors_every == 0;
-    nlohmann::json j = step_record(r, {t - t_step, t - t_start}, flops_per_token, peak, vectors);
+    nlohmann::json j = step_record(r, {t - t_step, elapsed(t)}, flops_per_token, peak, vectors);
     j["step"] = step;
-    const bool last = step == tc.steps || (tc.time_limit_s > 0 && t - t_start >= tc.time_limit_s);
+    const bool out_of_time = tc.time_limit_s > 0 && t - t_start >= tc.time_limit_s;
+    const bool last = step == tc.steps || out_of_time;
+    if (out_of_time && step < tc.steps) stop_reason = "time_limit";
     if (r.skipped) {
       j["skipped_total"] = trainer.skipped_steps();
       clear_live();
       log << "step " << step << ": non-finite loss or gradients (first in "
           << (r.nonfinite_tensor.empty() ? "the loss terms" : r.nonfinite_tensor) << "); update skipped ("
           << trainer.skipped_steps() << " skipped so far)\n" << std::flush;
+      events.write("skipped", {{"step", step},
+                               {"tensor", r.nonfinite_tensor.empty() ? "the loss terms" : r.nonfinite_tensor},
+                               {"skipped_total", trainer.skipped_steps()}});
     } else if (!r.counts.empty()) {
       double worst = 0;
       for (const auto& c : r.counts) worst = std::max(worst, load_stats(c).max_over_mean);
@@ -203,7 +241,8 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume, 
           << r.total << " | ce " << r.ce << " | grad " << r.grad_norm << std::scientific
           << std::setprecision(2) << " | lr " << r.lr << std::fixed << std::setprecision(0) << " | "
           << tps << " tok/s" << std::setprecision(3) << " | MFU " << tps * flops_per_token / 1e12 / peak
-          << std::setprecision(1) << " | " << t - t_start << " s\n" << std::flush;
+          << std::setprecision(1) << " | " << elapsed(t) << " s\n" << std::defaultfloat << std::setprecision(6)
+          << std::flush;
       t_window = t;
       tokens_window = 0;
     }
@@ -212,7 +251,9 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume, 
       summary.final_valid_loss = vl;
       j["valid_ce"] = vl;
       clear_live();
-      log << "  validation ce " << std::setprecision(4) << vl << " nats/token\n" << std::flush;
+      log << "  validation ce " << std::setprecision(std::numeric_limits<double>::max_digits10) << vl
+          << std::defaultfloat << std::setprecision(6) << " nats/token\n" << std::flush;
+      events.write("eval", {{"step", step}, {"valid_ce", vl}});
     }
     if (live && !last) {
       Progress p;
@@ -226,14 +267,70 @@ TrainSummary run_training(const Config& config, std::ostream& log, bool resume, 
       live_shown = true;
     }
     write_metrics(j);
-    maybe_save_checkpoint(config, trainer, step, position + tc.batch_size, last, log);
+    const SavedCheckpoint saved =
+        maybe_save_checkpoint(config, trainer, step, position + tc.batch_size, last, anchor, elapsed(now_s()), log);
+    if (!saved.path.empty())
+      events.write("checkpoint", {{"step", step}, {"path", saved.path}, {"bytes", saved.bytes}, {"seconds", saved.seconds}});
     if (last) break;
   }
   clear_live();
   if (trainer.skipped_steps() > 0) log << trainer.skipped_steps() << " steps skipped for non-finite values\n";
   summary.seconds = now_s() - t_start;
   summary.tokens_per_s = static_cast<double>((summary.steps - start.step) * tc.batch_size * tc.seq_len) / summary.seconds;
+  events.write("stop", {{"step", summary.steps}, {"reason", stop_reason}, {"elapsed_s", elapsed(now_s())}});
   return summary;
+}
+
+// The training run on given process groups (nullptr: one process); log is written by world
+// rank 0 only. Everything after the start event is recorded in events.jsonl (stop with the
+// error's message when it throws).
+TrainSummary train(const Config& config, std::ostream& log, bool resume, ProcessGroups* groups) {
+  const TrainConfig& tc = config.train;
+  const bool rank0 = !groups || groups->world->rank() == 0;
+  if (rank0) std::filesystem::create_directories(tc.out_dir);
+  RunEvents events(rank0 ? tc.out_dir + "/events.jsonl" : "");
+  if (tc.threads > 0) cpu::set_num_threads(static_cast<int>(tc.threads));
+  const Layout lay = groups ? groups->layout : Layout{};
+  events.write("start", {{"version", moecore_version()},
+                         {"git", moecore_git_hash()},
+                         {"build", build_description()},
+                         {"resume", resume},
+                         {"threads", cpu::num_threads()},
+                         {"ranks", groups ? groups->world->size() : 1},
+                         {"layout", {{"pp", lay.pp}, {"dp", lay.dp}, {"ep", lay.ep}, {"zero1", config.parallel.zero1}}},
+                         {"precision", tc.precision},
+                         {"backend", tc.backend},
+                         {"config_hash", config_hash(config)},
+                         {"steps", tc.steps}});
+  int64_t step_now = 0;
+  try {
+    TrainSummary s = train_steps(config, log, resume, groups, events, step_now);
+    return s;
+  } catch (const std::exception& e) {
+    events.write("stop", {{"step", step_now}, {"reason", "error"}, {"message", echo(e.what(), 4096)}});
+    throw;
+  }
+}
+
+}  // namespace
+
+TrainSummary run_training(const Config& config, std::ostream& log, bool resume) {
+  // Under mpirun/srun every rank runs this loop; rank 0 alone logs and writes metrics.
+  std::unique_ptr<Communicator> world = launch_world();
+  // First, before the layout is read: ranks given different configs must not train (or fail
+  // later as a truncated message).
+  check_ranks_agree(config, *world, /*with_data_files=*/true);
+  const Layout layout = layout_from_config(config.parallel);
+  validate_layout(layout, world->size(), config.model.num_experts, config.model.n_layers);
+  std::unique_ptr<ProcessGroups> groups;
+  if (world->size() > 1) groups = std::make_unique<ProcessGroups>(make_process_groups(*world, layout));
+  std::ostream quiet(nullptr);
+  return train(config, world->rank() == 0 ? log : quiet, resume, groups.get());
+}
+
+TrainSummary run_training(const Config& config, std::ostream& log, bool resume, ProcessGroups* groups) {
+  if (groups) check_ranks_agree(config, *groups->world, /*with_data_files=*/true);
+  return train(config, log, resume, groups);
 }
 
 }  // namespace moe

@@ -65,7 +65,14 @@ std::string error_of(const std::function<void()>& f) {
                                                   << "' in: " << msg_;      \
   } while (0)
 
-ModelConfig fixture_config() { return config_from_json(SafetensorsFile(kFixture).meta("config")).model; }
+Config fixture_full() { return config_from_json(SafetensorsFile(kFixture).meta("config")); }
+ModelConfig fixture_config() { return fixture_full().model; }
+// Exports a model with the fixture's other settings (token ids, sequence length).
+void export_model(const ModelConfig& c, const float* params, const std::string& dir, const std::string& dtype) {
+  Config full = fixture_full();
+  full.model = c;
+  export_hf(full, params, dir, dtype);
+}
 
 nlohmann::json recorded() { return nlohmann::json::parse(read_file(kGolden + "hf_export.json")); }
 
@@ -86,17 +93,19 @@ TEST(HfExport, ReexportsTheRecordedBytes) {
   const auto rec = recorded();
   for (const std::string fixture : {"olmoe_pre", "olmoe_topk"}) {  // olmoe_topk: tied, norm_topk_prob
     const std::string path = kGolden + fixture + ".safetensors";
-    const ModelConfig c = config_from_json(SafetensorsFile(path).meta("config")).model;
+    const Config full = config_from_json(SafetensorsFile(path).meta("config"));
+    const ModelConfig& c = full.model;
     const std::vector<float> params = load_our_params(path, c);
     for (const std::string dtype : {"f32", "bf16"}) {
       SCOPED_TRACE(fixture + " " + dtype);
       const auto& r = rec[fixture][dtype];
       const std::string dir = tmp("export_" + fixture + "_" + dtype);
-      export_hf(c, params.data(), dir, dtype);
+      export_hf(full, params.data(), dir, dtype);
       EXPECT_EQ(sha256_file(dir + "/config.json"), r["config.json"].get<std::string>());
+      EXPECT_EQ(sha256_file(dir + "/generation_config.json"), r["generation_config.json"].get<std::string>());
       EXPECT_EQ(sha256_file(dir + "/model.safetensors"), r["model.safetensors"].get<std::string>());
       // exporting twice gives the same bytes
-      export_hf(c, params.data(), dir + "_again", dtype);
+      export_hf(full, params.data(), dir + "_again", dtype);
       EXPECT_EQ(read_file(dir + "/model.safetensors"), read_file(dir + "_again/model.safetensors"));
       // this export's logits in transformers were checked against the fixture's when recorded
       EXPECT_LT(r["max_rel_logit_diff"].get<double>(), dtype == "f32" ? 1e-5 : 5e-2);
@@ -105,6 +114,7 @@ TEST(HfExport, ReexportsTheRecordedBytes) {
       export_hf(m.config, m.params.data(), dir + "_rt", dtype);
       EXPECT_EQ(read_file(dir + "/model.safetensors"), read_file(dir + "_rt/model.safetensors"));
       EXPECT_EQ(read_file(dir + "/config.json"), read_file(dir + "_rt/config.json"));
+      EXPECT_EQ(read_file(dir + "/generation_config.json"), read_file(dir + "_rt/generation_config.json"));
     }
   }
   EXPECT_FALSE(SafetensorsFile(tmp("export_olmoe_topk_f32") + "/model.safetensors").contains("lm_head.weight"));
@@ -137,7 +147,7 @@ void expect_fixture_config(const ModelConfig& got) {
 
 TEST(HfImport, FusedLayoutGivesTheFixtureParametersExactly) {
   const HfModel m = import_hf(kGolden + "hf/fused");
-  expect_fixture_config(m.config);
+  expect_fixture_config(m.config.model);
   const std::vector<float> want = load_our_params(kFixture, fixture_config());
   ASSERT_EQ(m.params.size(), want.size());
   EXPECT_EQ(std::memcmp(m.params.data(), want.data(), want.size() * sizeof(float)), 0);
@@ -147,7 +157,7 @@ TEST(HfImport, ShardedBf16SavePretrainedWithinBf16Rounding) {
   const std::string dir = kGolden + "hf/save_pretrained";
   ASSERT_TRUE(fs::exists(dir + "/model.safetensors.index.json"));
   const HfModel m = import_hf(dir);
-  expect_fixture_config(m.config);
+  expect_fixture_config(m.config.model);
   const ModelConfig c = fixture_config();
   const ParamLayout layout(c);
   SafetensorsFile fx(kFixture);
@@ -173,8 +183,8 @@ TEST(HfImport, ImportExportRoundTripsExactly) {
   HfModel sp = import_hf(kGolden + "hf/save_pretrained");
   const std::string ours = tmp("ours.safetensors");
   save_our_params(ours, sp.config, sp.params.data());
-  const ModelConfig c2 = config_from_json(SafetensorsFile(ours).meta("config")).model;
-  const std::vector<float> p2 = load_our_params(ours, c2);
+  const Config c2 = config_from_json(SafetensorsFile(ours).meta("config"));
+  const std::vector<float> p2 = load_our_params(ours, c2.model);
   EXPECT_EQ(p2, sp.params);
   export_hf(c2, p2.data(), tmp("rt_sp"), "bf16");
   EXPECT_EQ(import_hf(tmp("rt_sp")).params, sp.params);
@@ -194,7 +204,7 @@ TEST(HfImport, ImportedModelsComputeTheFixtureLogits) {
     ModelOptions opt;
     opt.batch = B;
     opt.seq_len = S;
-    Transformer model(m.config, full.loss, opt, *ops);
+    Transformer model(m.config.model, full.loss, opt, *ops);
     load_into(m.params, model);
     OwnedTensor logits(DType::kF32, {B * S, V});
     test::poison(logits);
@@ -205,7 +215,7 @@ TEST(HfImport, ImportedModelsComputeTheFixtureLogits) {
                 dir.c_str(), err);
     // and the live model exports the recorded bytes (fused: f32 values are the fixture's)
     if (dir == "fused") {
-      export_hf(model, tmp("from_model"), "f32");
+      export_hf(model, m.config, tmp("from_model"), "f32");
       EXPECT_EQ(sha256_file(tmp("from_model") + "/model.safetensors"),
                 recorded()["olmoe_pre"]["f32"]["model.safetensors"].get<std::string>());
     }
@@ -217,8 +227,8 @@ TEST(HfExport, RefusesWhatOlmoeCannotExpress) {
     ModelConfig c = fixture_config();
     edit(c);
     const std::vector<float> params(static_cast<size_t>(ParamLayout(c).total()), 0.0f);
-    EXPECT_ERROR(export_hf(c, params.data(), tmp("refused"), "f32"), "cannot export to OlmoeForCausalLM");
-    EXPECT_ERROR(export_hf(c, params.data(), tmp("refused"), "f32"), reason);
+    EXPECT_ERROR(export_model(c, params.data(), tmp("refused"), "f32"), "cannot export to OlmoeForCausalLM");
+    EXPECT_ERROR(export_model(c, params.data(), tmp("refused"), "f32"), reason);
   };
   refused([](ModelConfig& c) { c.norm_placement = "peri"; }, "peri-norm");
   refused([](ModelConfig& c) { c.qk_norm = "none"; }, "QK-norm off");
@@ -232,7 +242,7 @@ TEST(HfExport, RefusesWhatOlmoeCannotExpress) {
   refused([](ModelConfig& c) { c.head_dim = 16; }, "head_dim != d_model / n_heads");
   const ModelConfig c = fixture_config();
   const std::vector<float> params(static_cast<size_t>(ParamLayout(c).total()), 0.0f);
-  EXPECT_ERROR(export_hf(c, params.data(), tmp("refused"), "f16"), "allowed: f32, bf16");
+  EXPECT_ERROR(export_model(c, params.data(), tmp("refused"), "f16"), "allowed: f32, bf16");
   EXPECT_FALSE(fs::exists(tmp("refused") + "/model.safetensors"));
 }
 
@@ -242,7 +252,7 @@ std::string variant(const std::string& name, const std::function<void(nlohmann::
   const ModelConfig c = fixture_config();
   const std::vector<float> params = load_our_params(kFixture, c);
   const std::string dir = tmp("variant_" + name);
-  export_hf(c, params.data(), dir, "f32");
+  export_model(c, params.data(), dir, "f32");
   nlohmann::json j = nlohmann::json::parse(read_file(dir + "/config.json"));
   edit_config(j);
   write_file(dir + "/config.json", j.dump(2));
@@ -306,7 +316,7 @@ TEST(HfImport, RefusesUnsupportedConfigsAndTensors) {
                  ts.push_back(t);
                })),
                "more than once");
-  EXPECT_ERROR(import_hf(tmp("nowhere")), "cannot open");
+  EXPECT_ERROR(import_hf(tmp("nowhere")), "Hugging Face checkpoint folder '" + tmp("nowhere") + "' does not exist");
 }
 
 TEST(HfImport, ShardIndexMustMatchTheShards) {
@@ -372,6 +382,79 @@ TEST(Safetensors, RefusesMoreMalformedHeaders) {
           8, "overlap");
   refused(R"({"__metadata__":{"k":1}})", 0, "metadata 'k' is not a string");
   refused(R"([1,2])", 0, "not a JSON object");
+}
+
+// Token ids and the maximum length survive import -> our parameter file -> export, and
+// generation_config.json carries them (transformers' generate() stops at eos_token_id:
+// tools/reference/check_hf_export.py checks that in transformers).
+TEST(HfImport, TokenIdsAndLengthSurviveTheRoundTrip) {
+  struct Case {
+    nlohmann::json bos, eos, pad, max_pos;
+  };
+  const std::vector<Case> cases = {
+      {1, 2, 0, 2048},
+      {nullptr, 5, nullptr, 4096},
+      {nullptr, nullptr, nullptr, 150},
+      {7, 7, 9, 64},  // bos may equal eos
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(i);
+    const std::string dir = variant("ids" + std::to_string(i), [&](nlohmann::json& j) {
+      j["bos_token_id"] = c.bos;
+      j["eos_token_id"] = c.eos;
+      j["pad_token_id"] = c.pad;
+      j["max_position_embeddings"] = c.max_pos;
+    });
+    const HfModel m = import_hf(dir);
+    EXPECT_EQ(m.config.data.bos_id, c.bos.is_null() ? -1 : c.bos.get<int64_t>());
+    EXPECT_EQ(m.config.data.eos_id, c.eos.is_null() ? -1 : c.eos.get<int64_t>());
+    EXPECT_EQ(m.config.model.pad_id, c.pad.is_null() ? -1 : c.pad.get<int64_t>());
+    EXPECT_EQ(m.config.model.max_position_embeddings, c.max_pos.get<int64_t>());
+    const std::string ours = tmp("ids_ours" + std::to_string(i) + ".safetensors");
+    save_our_params(ours, m.config, m.params.data());
+    const Config stored = config_from_json(SafetensorsFile(ours).meta("config"));
+    const std::string out = tmp("ids_export" + std::to_string(i));
+    export_hf(stored, load_our_params(ours, stored.model).data(), out, "f32");
+    const nlohmann::json cfg = nlohmann::json::parse(read_file(out + "/config.json"));
+    const nlohmann::json gen = nlohmann::json::parse(read_file(out + "/generation_config.json"));
+    for (const nlohmann::json& j : {cfg, gen}) {
+      EXPECT_EQ(j["bos_token_id"], c.bos);
+      EXPECT_EQ(j["eos_token_id"], c.eos);
+      EXPECT_EQ(j["pad_token_id"], c.pad);
+    }
+    EXPECT_EQ(cfg["max_position_embeddings"], c.max_pos);
+  }
+  // Refused: ids outside the vocabulary, lists of ids; pad == eos keeps eos and says so.
+  EXPECT_ERROR(import_hf(variant("ids_big", [](nlohmann::json& j) { j["eos_token_id"] = 64; })), "'eos_token_id' = 64");
+  EXPECT_ERROR(import_hf(variant("ids_list", [](nlohmann::json& j) { j["eos_token_id"] = {1, 2}; })),
+               "a list of several ids is not supported");
+  const HfModel same = import_hf(variant("ids_same", [](nlohmann::json& j) {
+    j["eos_token_id"] = 4;
+    j["pad_token_id"] = 4;
+  }));
+  EXPECT_EQ(same.config.data.eos_id, 4);
+  EXPECT_EQ(same.config.model.pad_id, -1);
+  ASSERT_EQ(same.notes.size(), 1u);
+  EXPECT_NE(same.notes[0].find("pad_token_id = eos_token_id = 4"), std::string::npos);
+}
+
+// A model trained here exports its own ids: data.eos_id, data.bos_id, model.pad_id and the
+// training length (model.max_position_embeddings = 0).
+TEST(HfExport, TrainedModelsExportTheirTokenIds) {
+  Config full = fixture_full();
+  full.data.eos_id = 10;
+  full.data.bos_id = -1;
+  full.model.pad_id = 11;
+  full.train.seq_len = 96;
+  full.model.max_position_embeddings = 0;
+  const std::vector<float> params = load_our_params(kFixture, full.model);
+  export_hf(full, params.data(), tmp("trained_ids"), "f32");
+  const nlohmann::json cfg = nlohmann::json::parse(read_file(tmp("trained_ids") + "/config.json"));
+  EXPECT_EQ(cfg["eos_token_id"], 10);
+  EXPECT_TRUE(cfg["bos_token_id"].is_null());
+  EXPECT_EQ(cfg["pad_token_id"], 11);
+  EXPECT_EQ(cfg["max_position_embeddings"], 96);
 }
 
 }  // namespace

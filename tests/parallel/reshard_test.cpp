@@ -143,7 +143,7 @@ TEST(Reshard, HfExportOfAReshardedCheckpointIsByteIdentical) {
     for (const std::string& name : {std::string("single"), "dist" + std::to_string(i)}) {
       Trainer back(base, *ops, DType::kF32);
       load_checkpoint(latest_checkpoint(dir.path + "/" + name), back);
-      export_hf(back.model(), dir.path + "/hf_" + name, "bf16");
+      export_hf(back.model(), back.config(), dir.path + "/hf_" + name, "bf16");
     }
     for (const char* f : {"config.json", "model.safetensors"}) {
       const std::string x = file_bytes(dir.path + "/hf_single/" + f),

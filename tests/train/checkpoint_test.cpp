@@ -257,6 +257,58 @@ TEST_F(CheckpointDamage, EditedManifestFailsItsChecksum) {
   EXPECT_NE(e.find("manifest.json"), std::string::npos) << e;
 }
 
+// A manifest edited with care (checksum recomputed), or written by a bug: the data position must
+// agree with the anchor (the last resume) and the batch size, or resuming would read other data.
+TEST_F(CheckpointDamage, DataPositionMustAgreeWithTheAnchor) {
+  const fs::path m = fs::path(path_) / "manifest.json";
+  std::stringstream ss;
+  ss << std::ifstream(m).rdbuf();
+  const nlohmann::json original = nlohmann::json::parse(ss.str());
+  auto reseal = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = original;
+    j.erase("manifest_crc32c");
+    edit(j["data"]);
+    const std::string body = j.dump();
+    char crc[16];
+    std::snprintf(crc, sizeof crc, "%08x", crc32c(body.data(), body.size()));
+    j["manifest_crc32c"] = crc;
+    std::ofstream(m, std::ios::trunc) << j.dump(1);
+  };
+  struct Case {
+    std::string name;
+    std::function<void(nlohmann::json&)> edit;
+    std::string error;  // "" = loads
+  };
+  const std::vector<Case> cases = {
+      {"as written", [](nlohmann::json&) {}, ""},
+      {"off by one", [](nlohmann::json& d) { d["next_instance"] = 9; },
+       "data.next_instance = 9 disagrees with the run: data.anchor_instance 0 at data.anchor_step 0 + (step 2 - 0) x "
+       "data.batch_size 4 = 8"},
+      {"negative", [](nlohmann::json& d) { d["next_instance"] = -8; }, "data.next_instance = -8 is negative"},
+      {"anchor after the step", [](nlohmann::json& d) { d["anchor_step"] = 5; }, "data.anchor_step = 5 is not in [0, step = 2]"},
+      {"negative anchor", [](nlohmann::json& d) { d["anchor_instance"] = -4; }, "data.anchor_instance = -4 is negative"},
+      {"no batch", [](nlohmann::json& d) { d["batch_size"] = 0; }, "data.batch_size = 0"},
+      {"resumed at step 1 with batch 4", [](nlohmann::json& d) { d["anchor_step"] = 1; d["anchor_instance"] = 4; }, ""},
+      {"resumed, position moved", [](nlohmann::json& d) { d["anchor_step"] = 1; d["anchor_instance"] = 5; },
+       "data.next_instance = 8 disagrees with the run"},
+      {"older manifest without an anchor", [](nlohmann::json& d) { d.erase("anchor_step"); d.erase("anchor_instance"); }, ""},
+      {"older manifest, position moved",
+       [](nlohmann::json& d) { d.erase("anchor_step"); d.erase("anchor_instance"); d["next_instance"] = 12; },
+       "(no anchor recorded: 0 at step 0)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    reseal(c.edit);
+    const std::string e = load_error();
+    if (c.error.empty()) {
+      EXPECT_EQ(e, "(no error)");
+    } else {
+      EXPECT_NE(e.find(c.error), std::string::npos) << e;
+      EXPECT_NE(e.find(m.string()), std::string::npos) << e;
+    }
+  }
+}
+
 TEST_F(CheckpointDamage, DifferentModelShapeIsRefusedNamingTheKey) {
   Config c = small_config();
   c.model.expert_hidden = 32;
@@ -431,16 +483,22 @@ int wait_for(pid_t pid) {
   return status;
 }
 
-// step -> "loss grad_norm" as written (the JSON numbers round-trip doubles exactly); the last
-// record of a step wins (a killed run may have logged steps past its last checkpoint).
+// step -> "loss grad_norm" as written (the JSON numbers round-trip doubles exactly). Every line
+// must be a complete record and every step appear once, in order: a resume drops what a killed
+// run logged past its last checkpoint (train/metrics.h keep_metrics_through).
 std::map<int64_t, std::pair<double, double>> read_metrics(const fs::path& file) {
   std::map<int64_t, std::pair<double, double>> out;
   std::ifstream in(file);
   std::string line;
+  int64_t previous = 0;
   while (std::getline(in, line)) {
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << "incomplete metrics line in " << file << ": " << line;
     if (j.is_discarded()) continue;
-    out[j["step"].get<int64_t>()] = {j["loss"].get<double>(), j["grad_norm"].get<double>()};
+    const int64_t step = j["step"].get<int64_t>();
+    EXPECT_EQ(step, previous + 1) << "metrics step " << step << " after step " << previous << " in " << file;
+    previous = step;
+    out[step] = {j["loss"].get<double>(), j["grad_norm"].get<double>()};
   }
   return out;
 }
@@ -580,7 +638,7 @@ TEST(CheckpointCli, EvalGenerateAndExportReadACheckpoint) {
   EXPECT_TRUE(fs::exists(root / "hf/model.safetensors"));
   auto [bad_status, bad_out] = run_cli("eval --checkpoint " + (root / "nothing").string());
   EXPECT_EQ(bad_status, 1);
-  EXPECT_NE(bad_out.find("no checkpoint in"), std::string::npos) << bad_out;
+  EXPECT_NE(bad_out.find("--checkpoint '" + (root / "nothing").string() + "' does not exist"), std::string::npos) << bad_out;
   fs::remove_all(root);
 }
 
@@ -602,7 +660,8 @@ TEST(CheckpointCli, TrainingContinuesFromAnImportedHuggingFaceCheckpoint) {
   // The architecture of tests/golden/olmoe_pre (which the committed HF checkpoint was made from).
   const std::string model = " --set model.vocab_size=64 --set model.d_model=32 --set model.n_layers=2"
                             " --set model.n_heads=4 --set model.n_kv_heads=2 --set model.num_experts=8"
-                            " --set model.top_k=2 --set model.norm_eps=1e-5 --set train.seq_len=24"
+                            " --set model.top_k=2 --set model.norm_eps=1e-5 --set model.max_position_embeddings=150"
+                            " --set train.seq_len=24"
                             " --set train.batch_size=2 --set train.micro_batch_size=2 --set train.steps=3"
                             " --set optim.warmup_steps=1 --set train.eval_every=0 --set data.valid_path="
                             " --set train.threads=1 --set data.train_path=" + (root / "train.bin").string() +
@@ -610,9 +669,16 @@ TEST(CheckpointCli, TrainingContinuesFromAnImportedHuggingFaceCheckpoint) {
   auto [ok_status, ok_out] = run_cli("train" + model + " --set model.expert_hidden=16");
   EXPECT_EQ(ok_status, 0) << ok_out;
   EXPECT_NE(ok_out.find("parameters initialized from"), std::string::npos) << ok_out;
+  EXPECT_NE(ok_out.find("its stored model settings match"), std::string::npos) << ok_out;
+  // A setting the tensor shapes cannot show: refused naming the key, both values and the fix.
+  auto [theta_status, theta_out] = run_cli("train" + model + " --set model.expert_hidden=16 --set model.rope_theta=500000");
+  EXPECT_EQ(theta_status, 1) << theta_out;
+  EXPECT_NE(theta_out.find("model.rope_theta = 500000.0 (this run) differs from 10000.0 (the file)"), std::string::npos)
+      << theta_out;
+  EXPECT_NE(theta_out.find("--set model.rope_theta=10000.0"), std::string::npos) << theta_out;
   auto [bad_status, bad_out] = run_cli("train" + model + " --set model.expert_hidden=24");
   EXPECT_EQ(bad_status, 1) << bad_out;
-  EXPECT_NE(bad_out.find("shape"), std::string::npos) << bad_out;
+  EXPECT_NE(bad_out.find("model.expert_hidden = 24 (this run) differs from 16 (the file)"), std::string::npos) << bad_out;
   fs::remove_all(root);
 }
 

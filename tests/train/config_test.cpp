@@ -1,7 +1,10 @@
 // Config parsing: every mistake is an error naming the key, the value and what is allowed.
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "config/config.h"
 #include "core/check.h"
@@ -12,6 +15,15 @@ namespace {
 std::string error_of(const std::string& toml, const std::vector<std::string>& overrides = {}) {
   try {
     parse_config(toml, overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string error_of_validate(const Config& c) {
+  try {
+    c.validate();
   } catch (const Error& e) {
     return e.what();
   }
@@ -81,6 +93,87 @@ TEST(Config, FlopsFollowTheStatedFormula) {
   const double S = 256;
   EXPECT_DOUBLE_EQ(m.train_flops_per_token(256), 6.0 * active + 12.0 * m.n_layers * m.n_heads * hd * (S + 1) / 2);
   EXPECT_DOUBLE_EQ(m.train_flops_per_token_noncausal(256), 6.0 * active + 12.0 * m.n_layers * m.n_heads * hd * S);
+}
+
+// Every number of a config is finite: inf, -inf and nan are refused for every numeric key, in
+// TOML and in --set, naming the key (where "no limit" makes sense, 0 means off).
+TEST(Config, EveryNumericKeyRefusesInfinityAndNan) {
+  int checked = 0;
+  for (const auto& [key, value] : config_entries(parse_config("", {}))) {
+    const bool number = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) || value[0] == '-');
+    if (!number) continue;
+    const bool is_double = value.find_first_of(".eE") != std::string::npos;
+    const std::string section = key.substr(0, key.find('.')), name = key.substr(key.find('.') + 1);
+    for (const char* bad : {"inf", "-inf", "nan", "+inf"}) {
+      SCOPED_TRACE(key + " = " + bad);
+      const std::string via_set = error_of("", {key + "=" + bad});
+      const std::string via_toml = error_of("[" + section + "]\n" + name + " = " + bad + "\n");
+      for (const std::string& msg : {via_set, via_toml}) {
+        EXPECT_NE(msg.find(key), std::string::npos) << msg;
+        if (is_double) {
+          EXPECT_TRUE(msg.find("must be finite") != std::string::npos || msg.find("is not a number") != std::string::npos)
+              << msg;
+        }
+      }
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 40);
+  // Configs built in code (or from a Hugging Face config.json) get the same checks.
+  Config c = parse_config("", {});
+  c.optim.lr = std::numeric_limits<double>::infinity();
+  expect_mentions(error_of_validate(c), {"optim.lr", "must be finite"});
+  c = parse_config("", {});
+  c.model.init_std = std::nan("");
+  expect_mentions(error_of_validate(c), {"model.init_std", "is not a number"});
+  c = parse_config("", {});
+  c.model.norm_eps = 5;
+  expect_mentions(error_of_validate(c), {"model.norm_eps", "out of range [0, 1]"});
+}
+
+TEST(Config, RangesWithoutUpperLimitShowAsHalfOpen) {
+  expect_mentions(error_of("", {"optim.lr=-1"}), {"optim.lr", "out of range [0, inf)"});
+}
+
+// Error lines echo at most ~200 bytes of what the user wrote, then "... (N bytes)".
+TEST(Config, ErrorLinesBoundEchoedInput) {
+  const std::string huge(10 << 20, 'x');
+  const std::vector<std::string> errors = {
+      error_of("[model]\n" + huge + " = 1\n"),
+      error_of("[" + huge + "]\nx = 1\n"),
+      error_of("[train]\nprecision = \"" + huge + "\"\n"),
+      error_of("", {"model." + huge + "=1"}),
+      error_of("", {"model.d_model=" + huge}),
+      error_of("", {huge}),
+      error_of("[model]\nd_model = \"" + huge + "\"\n"),
+  };
+  for (const std::string& e : errors) {
+    EXPECT_LT(e.size(), 1500u) << e.substr(0, 300);
+    EXPECT_NE(e.find("... (1048576"), std::string::npos) << e.substr(0, 300);  // the 10 MiB (+ quotes)
+  }
+  EXPECT_EQ(echo(std::string(200, 'a')), std::string(200, 'a'));
+  EXPECT_EQ(echo(std::string(201, 'a')), std::string(200, 'a') + "... (201 bytes)");
+  // A UTF-8 sequence is never split: 199 ASCII bytes, then a 2-byte character across the cut.
+  const std::string utf = std::string(199, 'a') + "\xc3\xa9" + "tail";
+  EXPECT_EQ(echo(utf), std::string(199, 'a') + "... (205 bytes)");
+  EXPECT_EQ(echo(utf, 201), std::string(199, 'a') + "\xc3\xa9... (205 bytes)");
+}
+
+TEST(Config, EmptyPathsAreRefusedNamingTheKey) {
+  expect_mentions(error_of("", {"train.out_dir="}), {"train.out_dir is empty"});
+  expect_mentions(error_of("[train]\nout_dir = \"\"\n"), {"train.out_dir is empty"});
+}
+
+TEST(Config, TokenIdsAreBelowTheVocabularyAndPadDiffersFromEos) {
+  expect_mentions(error_of("", {"model.pad_id=256"}), {"model.pad_id = 256", "vocab_size = 256"});
+  expect_mentions(error_of("", {"data.bos_id=300"}), {"data.bos_id = 300", "vocab_size"});
+  expect_mentions(error_of("", {"model.pad_id=3", "data.eos_id=3"}), {"model.pad_id = data.eos_id = 3"});
+  EXPECT_EQ(parse_config("", {"model.pad_id=0", "data.eos_id=1", "data.bos_id=2"}).model.pad_id, 0);
+}
+
+TEST(Config, StringsWithQuotesAndBackslashesRoundTripThroughToml) {
+  const Config c = parse_config("", {"train.out_dir=runs/a \"quoted\" \\ name"});
+  EXPECT_EQ(parse_config(config_to_toml(c), {}).train.out_dir, "runs/a \"quoted\" \\ name");
 }
 
 }  // namespace

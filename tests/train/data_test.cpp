@@ -176,16 +176,20 @@ TEST(TokenData, RealNpyHeadersAreParsedAndChecked) {
 TEST(TokenData, SeveralFilesConcatenateIntoOneStream) {
   std::vector<uint16_t> a = {0, 1, 2, 3, 4}, b = {}, c = {5, 6, 7, 8, 9, 10, 11};
   write_bytes(temp_path("m0.bin"), pack(a));
-  write_bytes(temp_path("m1.bin"), pack(b));  // an empty file contributes nothing
+  write_bytes(temp_path("m1.bin"), pack(b));
   write_bytes(temp_path("m2.npy"), npy_bytes("<u2", "(7,)", pack(c)));  // flat and .npy mix
   const std::string list = temp_path("m0.bin") + ", " + temp_path("m1.bin") + "," + temp_path("m2.npy");
   const std::vector<std::string> paths = split_paths(list);
   ASSERT_EQ(paths.size(), 3u);
   EXPECT_EQ(paths[1], temp_path("m1.bin"));
-  TokenDataset d(paths, "uint16", 100, 4);
+  // An empty file in the list is a mistake (a failed tokenizer shard?): refused by name.
+  const std::string empty_error = error_of([&] { TokenDataset e(paths, "uint16", 100, 4, "data.train_path"); });
+  EXPECT_NE(empty_error.find("data.train_path '" + temp_path("m1.bin") + "' is empty"), std::string::npos) << empty_error;
+  const std::vector<std::string> two = {paths[0], paths[2]};
+  TokenDataset d(two, "uint16", 100, 4);
   EXPECT_EQ(d.num_tokens(), 12);
   EXPECT_EQ(d.num_instances(), 3);
-  EXPECT_EQ(d.num_files(), 3);
+  EXPECT_EQ(d.num_files(), 2);
   int32_t ids[4], labels[4];
   for (int i = 0; i < 3; ++i) {
     d.instance(i, ids, labels);  // instance 1 spans the file boundary
@@ -307,6 +311,68 @@ TEST(Prepare, WritesByteTokensAndTheBigramEntropy) {
   EXPECT_EQ(r.valid_tokens, 8);  // every second 4-byte block
   EXPECT_NEAR(r.bigram_entropy_nats, 0.0, 1e-12);  // 'a' -> 'b' -> 'a' is deterministic
   EXPECT_NEAR(r.unigram_entropy_nats, std::log(2.0), 1e-12);
+}
+
+// A text too short for 20 blocks of 16 KiB still holds out a validation slice (smaller blocks);
+// a slice too short for the default sequence length, or none at all, is said plainly.
+TEST(Prepare, SmallTextsStillHoldOutValidationAndSaySoWhenTheyCannot) {
+  struct Case {
+    size_t bytes;
+    bool valid_written;
+    const char* warning;  // "" = none
+  };
+  const std::vector<Case> cases = {
+      {300 * 1024, true, ""},         // the case: 5% held out
+      {40 * 1024, true, ""},
+      {4000, true, "not enough for one instance"},  // 200 validation tokens
+      {39, false, "no validation slice"},
+      {2, false, "no validation slice"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.bytes);
+    std::string text;
+    for (size_t i = 0; i < c.bytes; ++i) text += static_cast<char>('a' + (i * 7 + i / 5) % 26);
+    write_bytes(temp_path("small.txt"), text);
+    const std::string out = temp_path("small_prep");
+    std::filesystem::create_directories(out);
+    write_bytes(out + "/valid.bin", "stale");  // an earlier prepare's slice must not survive
+    const PrepareResult r = prepare_text(temp_path("small.txt"), out);
+    EXPECT_EQ(r.train_tokens + r.valid_tokens, static_cast<int64_t>(c.bytes));
+    EXPECT_EQ(std::filesystem::exists(out + "/valid.bin"), c.valid_written);
+    if (c.valid_written) {
+      EXPECT_GT(r.valid_tokens, 0);
+      EXPECT_NEAR(static_cast<double>(r.valid_tokens) / static_cast<double>(c.bytes), 0.05, 0.01);
+      EXPECT_EQ(static_cast<int64_t>(std::filesystem::file_size(out + "/valid.bin")), 2 * r.valid_tokens);
+    } else {
+      EXPECT_EQ(r.valid_tokens, 0);
+    }
+    if (*c.warning == 0) {
+      EXPECT_TRUE(r.warnings.empty()) << r.warnings.front();
+    } else {
+      ASSERT_EQ(r.warnings.size(), 1u);
+      EXPECT_NE(r.warnings[0].find(c.warning), std::string::npos) << r.warnings[0];
+    }
+  }
+  // The default 16 KiB blocks are kept for texts of 20 blocks or more.
+  std::string big(20 * 16384 + 10, 'q');
+  write_bytes(temp_path("big.txt"), big);
+  const PrepareResult r = prepare_text(temp_path("big.txt"), temp_path("big_prep"));
+  EXPECT_EQ(r.block, 16384);
+  EXPECT_EQ(r.valid_tokens, 16384);
+}
+
+// model.pad_id: a position whose next token is the pad id carries no label.
+TEST(TokenData, PadPositionsCarryNoLabel) {
+  std::vector<uint16_t> toks = {5, 6, 0, 0, 7, 8, 0, 9};
+  write_bytes(temp_path("pad.bin"), pack(toks));
+  TokenDataset d({temp_path("pad.bin")}, "uint16", 16, 8, "data.train_path", 0);
+  int32_t ids[8], labels[8];
+  d.instance(0, ids, labels);
+  const std::vector<int32_t> want = {6, -1, -1, 7, 8, -1, 9, -1};
+  EXPECT_EQ(std::vector<int32_t>(labels, labels + 8), want);
+  TokenDataset no_pad({temp_path("pad.bin")}, "uint16", 16, 8);
+  no_pad.instance(0, ids, labels);
+  EXPECT_EQ(labels[1], 0);
 }
 
 std::string safetensors_bytes(const std::string& header, const std::string& data) {

@@ -7,6 +7,10 @@
    path and 1e-5 on the f32 path: so this is the exported model vs moecore's logits).
 2. Records the SHA-256 of the exported files and the logit differences in tests/golden/hf_export.json
    (hf_test re-exports in CI and must produce exactly those bytes).
+   Token ids: exports olmoe_pre again with `--set data.eos_id=E --set data.bos_id=B --set model.pad_id=P`,
+   checks that config.json and generation_config.json carry them as transformers reads them, and that
+   generate() stops at the end token: E is the token greedy decoding emits second, so a run of 8 new
+   tokens must end after 2 (the first, then E).
 3. Writes checkpoints for import tests under tests/golden/hf/:
    (both from olmoe_pre's parameters)
    save_pretrained/: transformers' own save_pretrained in bf16, sharded with a tiny max_shard_size;
@@ -52,6 +56,35 @@ def hf_name_map(cfg):
         for ours, hf in [("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")]:
             m[p + "experts." + ours] = [h + f"mlp.experts.{e}.{hf}.weight" for e in range(cfg["num_experts"])]
     return m
+
+
+def check_token_ids(moecore, tmp, model):
+    """Token ids through export: transformers' config, generation config and generate()."""
+    from transformers import GenerationConfig, OlmoeForCausalLM
+    path = os.path.join(ROOT, "tests/golden/olmoe_pre.safetensors")
+    prompt = torch.tensor([[3, 14, 15, 9, 2, 6]])
+    with torch.no_grad():
+        greedy = model.generate(prompt, max_new_tokens=2, do_sample=False, eos_token_id=None, pad_token_id=0)
+    first, second = int(greedy[0, -2]), int(greedy[0, -1])
+    eos, bos = second, 1
+    pad = next(t for t in range(model.config.vocab_size) if t not in (eos, bos, first))
+    out = os.path.join(tmp, "token_ids")
+    subprocess.run([moecore, "export-hf", "--from", path, "--out", out, "--set", f"data.eos_id={eos}",
+                    "--set", f"data.bos_id={bos}", "--set", f"model.pad_id={pad}"], check=True)
+    m = OlmoeForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+    g = GenerationConfig.from_pretrained(out)
+    ok = (m.config.eos_token_id, m.config.bos_token_id, m.config.pad_token_id) == (eos, bos, pad)
+    ok &= (g.eos_token_id, g.bos_token_id, g.pad_token_id) == (eos, bos, pad)
+    ok &= m.model.embed_tokens.padding_idx == pad
+    with torch.no_grad():
+        gen = m.generate(prompt, max_new_tokens=8, do_sample=False)
+    new = gen[0, prompt.shape[1]:].tolist()
+    ok &= new == [first, eos]
+    print(f"token ids: eos {eos} bos {bos} pad {pad}; config {m.config.eos_token_id}/{m.config.bos_token_id}/"
+          f"{m.config.pad_token_id}, generation_config {g.eos_token_id}/{g.bos_token_id}/{g.pad_token_id}, "
+          f"padding_idx {m.model.embed_tokens.padding_idx}; generate(max_new_tokens=8) -> {new} "
+          f"({'stops at eos' if new == [first, eos] else 'DOES NOT STOP'})")
+    return ok
 
 
 def main():
@@ -107,9 +140,11 @@ def main():
             print(f"{fixture} {dtype}: max |logits(transformers, export) - logits(fixture)| = {diff:.3e} "
                   f"(relative {rel:.3e})")
             record[fixture][dtype] = {"config.json": sha256(os.path.join(out, "config.json")),
+                                      "generation_config.json": sha256(os.path.join(out, "generation_config.json")),
                                       "model.safetensors": sha256(os.path.join(out, "model.safetensors")),
                                       "max_abs_logit_diff": diff, "max_rel_logit_diff": rel}
             ok &= rel < (1e-5 if dtype == "f32" else 5e-2)
+    ok &= check_token_ids(args.moecore, tmp, models["f32"])
     print(json.dumps(record, indent=2))
     if not ok:
         sys.exit("check failed")

@@ -51,7 +51,7 @@ void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& y) {
 
 // Threads own disjoint column blocks of dtable and walk all tokens in order, so every element
 // accumulates in token order whatever the thread count (no atomics, no scratch).
-void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable) {
+void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable, int64_t pad_id) {
   check_args({&ids}, DType::kI32, "embedding_bwd ids");
   check_args({&dy, &dtable}, dtable.dtype, "embedding_bwd");
   check_shape(dtable, {-1, -1}, "embedding_bwd dtable");
@@ -73,6 +73,7 @@ void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable) {
     for (int64_t blk = 0; blk < nblocks; ++blk) {
       const int64_t j0 = blk * cb, j1 = std::min(d, j0 + cb);
       for (int64_t t = 0; t < n; ++t) {
+        if (id[t] == pad_id) continue;
         T* dst = dw + id[t] * d;
         const T* src = g + t * d;
 #pragma omp simd

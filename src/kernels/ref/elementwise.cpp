@@ -62,7 +62,7 @@ void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& y) {
   });
 }
 
-void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable) {
+void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable, int64_t pad_id) {
   check_host(ids, "embedding_bwd ids");
   check_host(dy, "embedding_bwd dy");
   check_host(dtable, "embedding_bwd dtable");
@@ -77,8 +77,10 @@ void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable) {
     using T = decltype(tag);
     const T* g = dy.as<T>();
     T* dw = dtable.as<T>();
-    for (int64_t t = 0; t < n; ++t)  // token order
+    for (int64_t t = 0; t < n; ++t) {  // token order
+      if (id[t] == pad_id) continue;
       for (int64_t j = 0; j < d; ++j) dw[id[t] * d + j] += g[t * d + j];
+    }
   });
 }
 
