@@ -189,7 +189,9 @@ std::vector<std::string> compare_configs(const Config& saved, const Config& now)
     for (auto& [key, value] : keys.items()) {
       const json& other = b.at(section).at(key);
       if (value == other) continue;
-      const std::string what = section + "." + key + " = " + other.dump() + " differs from the checkpoint's " + value.dump();
+      // Values echoed at most kEchoBytes each (a 10 MB path must not make a 10 MB warning line).
+      const std::string what =
+          section + "." + key + " = " + echo(other.dump()) + " differs from the checkpoint's " + echo(value.dump());
       if (section == "model") MOE_FAIL("cannot resume: ", what, " (the model shape must not change)");
       if (section == "parallel") {  // resharding is supported; only reduction order changes
         warnings.push_back(what + " (layout changed: the same run up to floating-point reduction order)");

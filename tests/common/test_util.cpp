@@ -10,6 +10,15 @@
 
 namespace moe::test {
 
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 uint64_t test_seed() {
   static uint64_t seed = [] {
     if (const char* s = std::getenv("MOE_TEST_SEED")) return static_cast<uint64_t>(std::strtoull(s, nullptr, 10));

@@ -7,12 +7,16 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "core/buffer.h"
 #include "core/tensor.h"
 
 namespace moe::test {
+
+// The message of what f throws, or "(no error)".
+std::string error_of(const std::function<void()>& f);
 
 // Seed for random test inputs: MOE_TEST_SEED if set, else fresh each run. Printed on failure
 // by the tests through SCOPED_TRACE so a failure can be replayed.

@@ -114,11 +114,13 @@ TEST(ExpertParallel, Bf16RecomputeLossAndNorm) {
   c.train.precision = "bf16";
   c.train.recompute = true;
   // Payloads are the same bf16 operands and fp32 outputs the single process uses; only the
-  // summation order of gradients differs, ~1e-7. After a few AdamW steps such differences flip
-  // bf16 roundings of the weight copies: from step 6 the grad norm moves by up to 1.6e-3
-  // relative, exactly as much with DP=2 and no EP (measured), so the tight bound covers the
-  // first steps and a loose one the rest.
-  expect_loss_and_norm(c, 1e-6, 4, 5e-3);
+  // summation order of gradients differs, ~1e-7. After the first AdamW step such differences
+  // can flip bf16 roundings of the weight copies: the grad norm then moves by up to 1.6e-3
+  // relative, exactly as much with DP=2 and no EP (measured). When the first flip comes depends
+  // on the code the compiler made (release build on an Intel Xeon: step 8; its ASan build:
+  // step 3, 1.3e-5 and 7.7e-5 at steps 3 and 4), so the tight bound covers step 1 only,
+  // the one step whose bf16 weight copies are the same on both sides by construction.
+  expect_loss_and_norm(c, 1e-6, 1, 5e-3);
 }
 
 // A Communicator that forwards to another and logs every send (bytes, tag) and all-gather.

@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "checkpoint/hf_export.h"
+#include "common/test_util.h"
 #include "checkpoint/safetensors.h"
 #include "config/config.h"
 #include "core/check.h"
@@ -19,14 +20,7 @@ namespace moe {
 namespace {
 namespace fs = std::filesystem;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 Config imported_config() {
   // As import-hf writes it for an OLMoE checkpoint.
