@@ -49,14 +49,7 @@ void write_file(const std::string& path, const std::string& text) {
   out << text;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 #define EXPECT_ERROR(stmt, text)                                              \
   do {                                                                        \

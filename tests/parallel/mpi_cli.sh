@@ -41,8 +41,9 @@ mpmd threads_differ 0 "" --set train.threads=1
 mpmd lr_differs 1 "rank 1 runs with optim.lr = 0.002, rank 0 with 0.003" --set optim.lr=0.002
 mpmd seed_differs 1 "rank 1 runs with train.seed = 7, rank 0 with 1234" --set train.seed=7
 mpmd shape_differs 1 "rank 1 runs with model.d_model = 64, rank 0 with 32" --set model.d_model=64
-# Same path, other contents (each rank reads its own working directory's train.bin).
-printf 'x' | dd of="$dir/b/train.bin" bs=1 seek=100 conv=notrunc status=none
+# Same path and size, other contents (each rank reads its own working directory's train.bin):
+# '!' is not in base64's alphabet, so the byte surely changes.
+printf '!' | dd of="$dir/b/train.bin" bs=1 seek=100 conv=notrunc status=none
 mpmd data_differs 1 "rank 1 runs with token file data.train_path[0] 'train.bin' = size" 
 cp "$dir/a/train.bin" "$dir/b/train.bin"
 

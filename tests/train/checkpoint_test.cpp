@@ -92,14 +92,7 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(Checkpoint, Crc32cMatchesTheStandardCheckValue) {
   EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
