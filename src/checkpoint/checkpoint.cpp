@@ -216,11 +216,12 @@ void check_data_position(const CheckpointInfo& i, const std::string& mpath, bool
   MOE_CHECK(i.anchor.next_instance >= 0, "manifest '", mpath, "': data.anchor_instance = ", i.anchor.next_instance,
             " is negative");
   const int64_t want = i.anchor.next_instance + (i.step - i.anchor.step) * i.batch_size;
+  const std::string anchor = has_anchor ? "data.anchor_instance " + std::to_string(i.anchor.next_instance) +
+                                              " at data.anchor_step " + std::to_string(i.anchor.step)
+                                        : std::string("(no anchor recorded: 0 at step 0)");
   MOE_CHECK(i.next_instance == want, "manifest '", mpath, "': data.next_instance = ", i.next_instance,
-            " disagrees with the run: ", has_anchor ? "data.anchor_instance " : "(no anchor recorded: 0 at step 0) ",
-            has_anchor ? std::to_string(i.anchor.next_instance) + " at data.anchor_step " + std::to_string(i.anchor.step) : "",
-            " + (step ", i.step, " - ", i.anchor.step, ") x data.batch_size ", i.batch_size, " = ", want,
-            " (edited, or written by a bug; resuming would train on other data)");
+            " disagrees with the run: ", anchor, " + (step ", i.step, " - ", i.anchor.step, ") x data.batch_size ",
+            i.batch_size, " = ", want, " (edited, or written by a bug; resuming would train on other data)");
 }
 
 struct Verified {

@@ -7,6 +7,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/check.h"
+#include "core/fnv1a.h"
 #include "parallel/communicator.h"
 #include "train/trainer.h"
 
@@ -59,11 +60,8 @@ CheckpointInfo resume_latest(const std::string& dir, Trainer& trainer, std::ostr
 }
 
 uint64_t training_state_hash(Trainer& trainer) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](const void* data, size_t n) {
-    const unsigned char* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  };
+  uint64_t h = kFnv1aOffset;
+  auto mix = [&](const void* data, size_t n) { h = fnv1a(data, n, h); };
   Transformer& m = trainer.model();
   mix(m.params().flat.data, m.params().flat.nbytes());
   mix(trainer.optimizer().exp_avg().data, trainer.optimizer().exp_avg().nbytes());

@@ -256,7 +256,7 @@ void load_into(const std::vector<float>& params, Transformer& model) {
   model.refresh_operand_weights();
 }
 
-Config config_from_hf_json(const std::string& text) {
+Config config_from_hf_json(const std::string& text, std::vector<std::string>* notes) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -365,36 +365,27 @@ Config config_from_hf_json(const std::string& text) {
   full.data.bos_id = token_id("bos_token_id");
   if (j.contains("max_position_embeddings") && !j["max_position_embeddings"].is_null())
     c.max_position_embeddings = need_int(j, "max_position_embeddings");
-  // pad == eos (common for models without a pad token) would unlabel every document end and
-  // freeze the end-of-text embedding: refused by Config::validate, so the caller decides.
+  // pad == eos (common for models without a pad token): a pad id equal to the end-of-text id
+  // would unlabel every document end and freeze its embedding, so only the eos id is kept.
+  if (c.pad_id >= 0 && c.pad_id == full.data.eos_id) {
+    if (notes)
+      notes->push_back("pad_token_id = eos_token_id = " + std::to_string(c.pad_id) +
+                       ": kept as data.eos_id only (a pad id equal to the end-of-text id would unlabel every "
+                       "document end); model.pad_id = -1");
+    c.pad_id = -1;
+  }
   try {
     c.validate();
   } catch (const std::exception& e) {
     MOE_FAIL("config.json: ", e.what());
   }
-  MOE_CHECK(c.pad_id < 0 || c.pad_id != full.data.eos_id, "config.json: pad_token_id = eos_token_id = ", c.pad_id,
-            " (moecore's pad id would unlabel every document end)");
   return full;
 }
 
 HfModel import_hf(const std::string& dir) {
   HfModel m;
   check_input_dir(dir, "Hugging Face checkpoint folder");
-  const std::string config_text = read_input_file(dir + "/config.json", "Hugging Face config");
-  {
-    // pad_token_id == eos_token_id: keep the end-of-text id, drop the pad id (and say so).
-    nlohmann::json j = nlohmann::json::parse(config_text, nullptr, false);
-    if (j.is_object() && j.contains("pad_token_id") && j.contains("eos_token_id") && !j["pad_token_id"].is_null() &&
-        j["pad_token_id"] == j["eos_token_id"]) {
-      m.notes.push_back("pad_token_id = eos_token_id = " + j["pad_token_id"].dump() +
-                        ": kept as data.eos_id only (a pad id equal to the end-of-text id would unlabel every "
-                        "document end); model.pad_id = -1");
-      j["pad_token_id"] = nullptr;
-      m.config = config_from_hf_json(j.dump());
-    } else {
-      m.config = config_from_hf_json(config_text);
-    }
-  }
+  m.config = config_from_hf_json(read_input_file(dir + "/config.json", "Hugging Face config"), &m.notes);
   const ModelConfig& c = m.config.model;
   const ParamLayout layout(c);
   m.params.assign(static_cast<size_t>(layout.total()), 0.0f);
@@ -491,7 +482,11 @@ HfModel import_hf(const std::string& dir) {
 }
 
 std::vector<float> load_our_params(const std::string& path, const ModelConfig& c, std::string_view what) {
-  SafetensorsFile st(path, what);
+  return load_our_params(SafetensorsFile(path, what), c);
+}
+
+std::vector<float> load_our_params(const SafetensorsFile& st, const ModelConfig& c) {
+  const std::string& path = st.path();
   const ParamLayout layout(c);
   std::vector<float> out(static_cast<size_t>(layout.total()), 0.0f);
   for (const ParamInfo& p : layout.entries()) {

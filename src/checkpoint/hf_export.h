@@ -44,9 +44,9 @@ void load_into(const std::vector<float>& params, Transformer& model);
 
 // Our config from an OLMoE config.json text: [model], plus data.eos_id and data.bos_id (the
 // token ids; model.pad_id and model.max_position_embeddings are in [model]). Refuses fields and
-// values we cannot express, naming the field. Other sections keep their defaults.
-Config config_from_hf_json(const std::string& json_text);
-inline ModelConfig model_config_from_hf_json(const std::string& json_text) { return config_from_hf_json(json_text).model; }
+// values we cannot express, naming the field. Other sections keep their defaults. A pad id equal
+// to the eos id is dropped, with a line in notes (when given) saying so.
+Config config_from_hf_json(const std::string& json_text, std::vector<std::string>* notes = nullptr);
 
 struct HfModel {
   Config config;              // config_from_hf_json
@@ -64,6 +64,8 @@ HfModel import_hf(const std::string& dir);
 // what: the key or option that named the file ("train.init_from", "export-hf --from").
 std::vector<float> load_our_params(const std::string& path, const ModelConfig& config,
                                    std::string_view what = "parameter file");
+class SafetensorsFile;
+std::vector<float> load_our_params(const SafetensorsFile& file, const ModelConfig& config);
 // Writes our parameters (f32, our names) with the settings they belong to as metadata "config"
 // (config JSON: [model] and data.eos_id / data.bos_id; train.init_from checks them, export-hf
 // --from writes them).

@@ -5,7 +5,7 @@ namespace moe {
 std::string echo(std::string_view s, size_t max_bytes) {
   if (s.size() <= max_bytes) return std::string(s);
   size_t cut = max_bytes;
-  // Do not split a UTF-8 sequence: back off over continuation bytes (10xxxxxx).
+  // Cut before a UTF-8 continuation byte (top bits 10), never inside a multi-byte character.
   while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
   return std::string(s.substr(0, cut)) + "... (" + std::to_string(s.size()) + " bytes)";
 }

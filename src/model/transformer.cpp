@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 
+#include "core/fnv1a.h"
 #include "core/phase_timer.h"
 #include "core/rng.h"
 
@@ -126,8 +127,7 @@ void Transformer::init_params(uint64_t seed) {
   // Host loop over the flat buffer (a CUDA backend would upload the same numbers).
   for (const ParamInfo& info : layout_.entries()) {
     Tensor t = param_view(info, param_mem_.data(), dims_.cdt);
-    uint64_t stream = 1469598103934665603ull;  // FNV-1a of the name: layout-independent streams
-    for (char ch : info.name) stream = (stream ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+    uint64_t stream = fnv1a(info.name);  // the name's hash: layout-independent streams
     stream = (stream << 8) | static_cast<uint64_t>(RngStream::kInit);
     for (int64_t i = 0; i < info.numel; ++i) {
       // Indexed by the element of the whole parameter: an expert shard draws its own slice.

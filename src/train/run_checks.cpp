@@ -11,17 +11,12 @@
 #include "checkpoint/sha256.h"
 #include "core/build_info.h"
 #include "core/check.h"
+#include "core/fnv1a.h"
 #include "core/user_path.h"
 #include "data/token_file.h"
 
 namespace moe {
 namespace {
-
-uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
 
 // "size 123456 bytes, first+last MiB fnv1a 0123456789abcdef" (or why it cannot be read: every
 // rank then reports the same reason, or the ranks differ in it).
@@ -80,14 +75,15 @@ std::vector<std::pair<std::string, std::string>> rank_agreement_items(const Conf
   items.emplace_back("build", build_description());
   for (auto& [key, value] : config_entries(config))
     if (!may_differ_between_ranks(key)) items.emplace_back(key, value);
-  if (with_data_files)
-    for (const char* key : {"data.train_path", "data.valid_path"}) {
-      const std::vector<std::string> paths = split_paths(key == std::string("data.train_path") ? config.data.train_path
-                                                                                             : config.data.valid_path);
-      for (size_t i = 0; i < paths.size(); ++i)
-        items.emplace_back(std::string("token file ") + key + "[" + std::to_string(i) + "] '" + paths[i] + "'",
-                           file_fingerprint(paths[i]));
-    }
+  if (!with_data_files) return items;
+  const std::pair<const char*, const std::string*> lists[] = {{"data.train_path", &config.data.train_path},
+                                                               {"data.valid_path", &config.data.valid_path}};
+  for (const auto& [key, list] : lists) {
+    const std::vector<std::string> paths = split_paths(*list);
+    for (size_t i = 0; i < paths.size(); ++i)
+      items.emplace_back(std::string("token file ") + key + "[" + std::to_string(i) + "] '" + paths[i] + "'",
+                         file_fingerprint(paths[i]));
+  }
   return items;
 }
 
@@ -103,55 +99,52 @@ void check_ranks_agree(const Config& config, Communicator& world, bool with_data
   if (same) return;
   const std::vector<std::string> lists = all_gather_strings(world, mine);
   const auto ref = deserialize(lists[0]);
+  // "KEY = VALUE" of item i, or "nothing more" past the end of the list.
+  auto item = [](const std::vector<std::pair<std::string, std::string>>& list, size_t i) {
+    return i < list.size() ? list[i].first + " = " + echo(list[i].second) : std::string("nothing more");
+  };
   for (int r = 1; r < world.size(); ++r) {
     const auto other = deserialize(lists[static_cast<size_t>(r)]);
     for (size_t i = 0; i < std::max(ref.size(), other.size()); ++i) {
       if (i < ref.size() && i < other.size() && ref[i] == other[i]) continue;
-      if (i < ref.size() && i < other.size() && ref[i].first == other[i].first)
-        MOE_FAIL("rank ", r, " runs with ", other[i].first, " = ", other[i].second, ", rank 0 with ", ref[i].second,
-                 ": every rank must run the same build, config and data (only train.threads may differ)");
-      MOE_FAIL("rank ", r, " and rank 0 differ: rank ", r, " has ",
-               i < other.size() ? other[i].first + " = " + echo(other[i].second) : std::string("nothing"), " where rank 0 has ",
-               i < ref.size() ? ref[i].first + " = " + echo(ref[i].second) : std::string("nothing"),
-               " (every rank must run the same build, config and data files)");
+      const bool same_key = i < ref.size() && i < other.size() && ref[i].first == other[i].first;
+      MOE_FAIL("rank ", r, " runs with ", item(other, i), ", rank 0 with ",
+               same_key ? echo(ref[i].second) : item(ref, i),
+               ": every rank must run the same build, config and data (only train.threads may differ)");
     }
   }
   MOE_FAIL("ranks disagree on their configuration digest but list the same items (hash collision?)");
 }
 
-std::vector<std::string> init_from_differences(const Config& run, const Config& stored) {
+std::vector<SettingDifference> init_from_differences(const Config& run, const Config& stored) {
   const auto a = config_entries(run), b = config_entries(stored);
-  std::vector<std::string> out;
+  std::vector<SettingDifference> out;
   for (size_t i = 0; i < a.size(); ++i) {
     const std::string& key = a[i].first;
     const bool compared = (key.rfind("model.", 0) == 0 && key != "model.init_std" && key != "model.router_bias_gamma") ||
                           key == "data.eos_id" || key == "data.bos_id";
-    if (compared && a[i].second != b[i].second)
-      out.push_back(key + " = " + echo(a[i].second) + " (this run) differs from " + echo(b[i].second) + " (the file)");
+    if (compared && a[i].second != b[i].second) out.push_back({key, a[i].second, b[i].second});
   }
   return out;
 }
 
-bool check_init_from(const Config& run, const std::string& path) {
-  const SafetensorsFile st(path, "train.init_from");
-  auto it = st.metadata().find("config");
-  if (it == st.metadata().end()) return false;
+bool check_init_from(const Config& run, const SafetensorsFile& file) {
+  auto it = file.metadata().find("config");
+  if (it == file.metadata().end()) return false;
   Config stored;
   try {
     stored = config_from_json(it->second);
   } catch (const std::exception& e) {
-    MOE_FAIL("train.init_from '", path, "': its stored model settings do not parse: ", e.what());
+    MOE_FAIL("train.init_from '", file.path(), "': its stored model settings do not parse: ", e.what());
   }
-  const std::vector<std::string> diffs = init_from_differences(run, stored);
+  const std::vector<SettingDifference> diffs = init_from_differences(run, stored);
   if (diffs.empty()) return true;
   std::string lines, flags;
-  for (const std::string& d : diffs) {
-    lines += "\n  " + d;
-    const std::string key = d.substr(0, d.find(' '));
-    for (const auto& [k, v] : config_entries(stored))
-      if (k == key) flags += " --set " + k + "=" + v;
+  for (const SettingDifference& d : diffs) {
+    lines += "\n  " + d.key + " = " + echo(d.run_value) + " (this run) differs from " + echo(d.file_value) + " (the file)";
+    flags += " --set " + d.key + "=" + echo(d.file_value);
   }
-  MOE_FAIL("train.init_from '", path, "' holds weights of a different model:", whole(lines),
+  MOE_FAIL("train.init_from '", file.path(), "' holds weights of a different model:", whole(lines),
            "\nthe weights were made with the file's settings; train with them:", whole(flags));
 }
 

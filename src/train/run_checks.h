@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
 #include "config/config.h"
 #include "parallel/communicator.h"
 
@@ -30,12 +31,15 @@ void check_ranks_agree(const Config& config, Communicator& world, bool with_data
 // The model settings a parameter file stores with its weights (import-hf, save_our_params: the
 // "config" metadata) against this run's: every model key except init_std (the weights replace
 // the initialization) and router_bias_gamma (loss-free balancing biases start at zero, so the
-// imported model's function is unchanged), plus data.eos_id and data.bos_id. Returns one line
-// per difference, "model.rope_theta = 10000 (this run) differs from 500000 (the file)"; a file
-// without stored settings returns nothing (shapes are still checked when loading).
-std::vector<std::string> init_from_differences(const Config& run, const Config& stored);
-// Throws naming train.init_from, the file and every difference (with the --set flags that adopt
-// the file's values); returns false when the file stores no settings (only shapes are checked).
-bool check_init_from(const Config& run, const std::string& path);
+// imported model's function is unchanged), plus data.eos_id and data.bos_id. Values as
+// config_to_toml writes them.
+struct SettingDifference {
+  std::string key, run_value, file_value;
+};
+std::vector<SettingDifference> init_from_differences(const Config& run, const Config& stored);
+// Throws naming train.init_from, the file and every difference ("model.rope_theta = 10000.0
+// (this run) differs from 500000.0 (the file)", with the --set flags that adopt the file's
+// values); returns false when the file stores no settings (only tensor shapes are checked).
+bool check_init_from(const Config& run, const SafetensorsFile& file);
 
 }  // namespace moe

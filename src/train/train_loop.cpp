@@ -16,6 +16,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
+#include "checkpoint/safetensors.h"
 #include "core/buffer.h"
 #include "core/build_info.h"
 #include "core/user_path.h"
@@ -109,8 +110,9 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
   const int64_t dp_rank = groups ? groups->coords.dp : 0, dp = config.parallel.dp;
   if (!tc.init_from.empty() && !resume) {
     // Continue training from imported weights (e.g. a Hugging Face OLMoE checkpoint, import-hf).
-    const bool settings_checked = check_init_from(config, tc.init_from);
-    load_into(load_our_params(tc.init_from, config.model, "train.init_from"), trainer.model());
+    const SafetensorsFile file(tc.init_from, "train.init_from");  // read once: settings, then weights
+    const bool settings_checked = check_init_from(config, file);
+    load_into(load_our_params(file, config.model), trainer.model());
     log << "parameters initialized from " << tc.init_from
         << (settings_checked ? " (its stored model settings match this run's)"
                              : " (it stores no model settings: only tensor shapes were checked)") << "\n";
@@ -304,8 +306,7 @@ TrainSummary train(const Config& config, std::ostream& log, bool resume, Process
                          {"steps", tc.steps}});
   int64_t step_now = 0;
   try {
-    TrainSummary s = train_steps(config, log, resume, groups, events, step_now);
-    return s;
+    return train_steps(config, log, resume, groups, events, step_now);
   } catch (const std::exception& e) {
     events.write("stop", {{"step", step_now}, {"reason", "error"}, {"message", echo(e.what(), 4096)}});
     throw;

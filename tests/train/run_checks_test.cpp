@@ -55,7 +55,7 @@ TEST(InitFrom, EveryModelSettingMustMatchTheFile) {
   const Config file = imported_config();
   const std::string path = params_file("a.safetensors", file);
   Config run = file;  // the same settings: accepted
-  EXPECT_TRUE(check_init_from(run, path));
+  EXPECT_TRUE(check_init_from(run, SafetensorsFile(path)));
   // Settings that keep every tensor shape, so the shape check cannot see them.
   struct Case {
     std::string key;
@@ -78,7 +78,7 @@ TEST(InitFrom, EveryModelSettingMustMatchTheFile) {
     SCOPED_TRACE(c.key);
     Config r = file;
     c.edit(r);
-    const std::string msg = error_of([&] { check_init_from(r, path); });
+    const std::string msg = error_of([&] { check_init_from(r, SafetensorsFile(path)); });
     EXPECT_NE(msg.find("train.init_from '" + path + "'"), std::string::npos) << msg;
     EXPECT_NE(msg.find(c.key + " = " + c.run_value + " (this run) differs from " + c.file_value + " (the file)"),
               std::string::npos) << msg;
@@ -88,7 +88,7 @@ TEST(InitFrom, EveryModelSettingMustMatchTheFile) {
   Config two = file;
   two.model.rope_theta = 10000;
   two.data.eos_id = -1;
-  const std::string msg = error_of([&] { check_init_from(two, path); });
+  const std::string msg = error_of([&] { check_init_from(two, SafetensorsFile(path)); });
   EXPECT_NE(msg.find("model.rope_theta"), std::string::npos) << msg;
   EXPECT_NE(msg.find("data.eos_id"), std::string::npos) << msg;
   // Not compared: the init scale (the weights replace the init) and loss-free balancing (its
@@ -99,7 +99,7 @@ TEST(InitFrom, EveryModelSettingMustMatchTheFile) {
   free.optim.lr = 0.1;
   free.train.seq_len = 1024;
   free.data.intra_doc_mask = true;
-  EXPECT_TRUE(check_init_from(free, path));
+  EXPECT_TRUE(check_init_from(free, SafetensorsFile(path)));
   fs::remove(path);
 }
 
@@ -109,7 +109,7 @@ TEST(InitFrom, AFileWithoutStoredSettingsIsCheckedByShapesOnly) {
   std::vector<SafetensorsTensorOut> none;
   none.push_back({"embed", "F32", {1}, std::vector<unsigned char>(4, 0)});
   write_safetensors(path, none);
-  EXPECT_FALSE(check_init_from(c, path));
+  EXPECT_FALSE(check_init_from(c, SafetensorsFile(path)));
   fs::remove(path);
 }
 
