@@ -2,24 +2,61 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace moe {
+namespace {
 
-Buffer::Buffer(size_t bytes) : bytes_(bytes) {
-  if (bytes == 0) return;
-  size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
-  MOE_CHECK(p != nullptr, "out of memory allocating ", bytes, " bytes");
-  std::memset(p, 0, rounded);
-  mem_.reset(p);
+class HostMemory final : public Allocator {
+ public:
+  Device device() const override { return Device::kCpu; }
+  void* allocate(size_t bytes) override {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    MOE_CHECK(p != nullptr, "out of memory allocating ", bytes, " bytes");
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  void deallocate(void* p, size_t) noexcept override { std::free(p); }
+};
+
+}  // namespace
+
+Allocator& host_memory() {
+  static HostMemory host;
+  return host;
 }
 
-void Buffer::Free::operator()(void* p) const { std::free(p); }
+Buffer::Buffer(Allocator& from, size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  data_ = from.allocate(bytes);
+  from_ = &from;
+}
 
-OwnedTensor::OwnedTensor(DType dtype, std::initializer_list<int64_t> dims)
+Buffer::~Buffer() {
+  if (from_) from_->deallocate(data_, bytes_);
+}
+
+void Buffer::swap(Buffer& o) noexcept {
+  std::swap(from_, o.from_);
+  std::swap(data_, o.data_);
+  std::swap(bytes_, o.bytes_);
+}
+
+Tensor Buffer::view(DType dtype, std::initializer_list<int64_t> dims) const {
+  Tensor t(data_, dtype, dims, device());
+  MOE_CHECK(t.nbytes() <= bytes_, "view ", t.shape_str(), " ", dtype_name(dtype), " needs ", t.nbytes(),
+            " bytes, the buffer has ", bytes_);
+  return t;
+}
+
+OwnedTensor::OwnedTensor(DType dtype, std::initializer_list<int64_t> dims) : OwnedTensor(host_memory(), dtype, dims) {}
+
+OwnedTensor::OwnedTensor(Allocator& from, DType dtype, std::initializer_list<int64_t> dims)
     : t(nullptr, dtype, dims) {
-  buffer = Buffer(t.nbytes());
+  buffer = Buffer(from, t.nbytes());
   t.data = buffer.data();
+  t.device = from.device();
 }
 
 size_t Arena::footprint(DType dtype, std::initializer_list<int64_t> dims) {
@@ -31,7 +68,7 @@ Tensor Arena::alloc(DType dtype, std::initializer_list<int64_t> dims) {
   size_t need = footprint(dtype, dims);
   MOE_CHECK(used_ + need <= buffer_.bytes(), "arena exhausted: need ", need, " bytes, ",
             buffer_.bytes() - used_, " left of ", buffer_.bytes());
-  Tensor t(static_cast<char*>(buffer_.data()) + used_, dtype, dims);
+  Tensor t(static_cast<char*>(buffer_.data()) + used_, dtype, dims, buffer_.device());
   used_ += need;
   return t;
 }

@@ -1,27 +1,55 @@
-// Owned, 64-byte aligned host memory, and Arena: one allocation carved into tensors up front so
-// that the training step itself never allocates.
+// Owned memory. An Allocator says where bytes live (host, or a backend's device); a Buffer owns
+// one allocation and stamps its device on every view; Arena carves one Buffer into tensors up
+// front so that the training step itself never allocates.
 #pragma once
 
 #include <cstddef>
 #include <initializer_list>
-#include <memory>
+#include <utility>
 
 #include "core/tensor.h"
 
 namespace moe {
 
+// A source of memory. Backends implement it for their device (kernels/ops.h); host_memory() is
+// plain host memory for host-only data (files, staging, test inputs).
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual Device device() const = 0;
+  // At least `bytes` bytes, 64-byte aligned. Contents are undefined unless the allocator says
+  // otherwise (the strict backend fills them with NaN bytes, as cudaMalloc does not zero).
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* p, size_t bytes) noexcept = 0;
+};
+
+// Host memory, zero-filled.
+Allocator& host_memory();
+
 class Buffer {
  public:
   Buffer() = default;
-  explicit Buffer(size_t bytes);
-  void* data() const { return mem_.get(); }
+  explicit Buffer(size_t bytes) : Buffer(host_memory(), bytes) {}
+  Buffer(Allocator& from, size_t bytes);
+  Buffer(Buffer&& o) noexcept { swap(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    Buffer(std::move(o)).swap(*this);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
+  Device device() const { return from_ ? from_->device() : Device::kCpu; }
+  // A view of the first numel(dims) elements, stamped with this buffer's device.
+  Tensor view(DType dtype, std::initializer_list<int64_t> dims) const;
 
  private:
-  struct Free {
-    void operator()(void* p) const;
-  };
-  std::unique_ptr<void, Free> mem_;
+  void swap(Buffer& o) noexcept;
+  Allocator* from_ = nullptr;
+  void* data_ = nullptr;
   size_t bytes_ = 0;
 };
 
@@ -30,7 +58,8 @@ struct OwnedTensor {
   Buffer buffer;
   Tensor t;
   OwnedTensor() = default;
-  OwnedTensor(DType dtype, std::initializer_list<int64_t> dims);
+  OwnedTensor(DType dtype, std::initializer_list<int64_t> dims);  // host memory, zeroed
+  OwnedTensor(Allocator& from, DType dtype, std::initializer_list<int64_t> dims);
   operator const Tensor&() const { return t; }
   template <class T> T* as() const { return t.as<T>(); }
 };
@@ -41,9 +70,11 @@ class Arena {
   static constexpr size_t kAlign = 64;
   Arena() = default;
   explicit Arena(size_t bytes) : buffer_(bytes) {}
+  Arena(Allocator& from, size_t bytes) : buffer_(from, bytes) {}
   Tensor alloc(DType dtype, std::initializer_list<int64_t> dims);
   size_t used() const { return used_; }
   size_t capacity() const { return buffer_.bytes(); }
+  Device device() const { return buffer_.device(); }
   void reset() { used_ = 0; }
   // Bytes needed for a tensor, including alignment padding.
   static size_t footprint(DType dtype, std::initializer_list<int64_t> dims);

@@ -24,6 +24,15 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
+const char* device_name(Device d) {
+  switch (d) {
+    case Device::kCpu: return "cpu";
+    case Device::kStrict: return "strict";
+    case Device::kCuda: return "cuda";
+  }
+  return "?";
+}
+
 bool is_float(DType t) { return t != DType::kI32; }
 
 Tensor::Tensor(void* ptr, DType t, std::initializer_list<int64_t> dims, Device dev)

@@ -15,10 +15,13 @@
 namespace moe {
 
 enum class DType : uint8_t { kF32, kF64, kBF16, kI32 };
-enum class Device : uint8_t { kCpu, kCuda };
+// Where a tensor's bytes live. kCpu: host memory the host may read. kStrict: memory of the
+// strict test backend (kernels/strict), which the host cannot dereference; kCuda: GPU memory.
+enum class Device : uint8_t { kCpu, kStrict, kCuda };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
+const char* device_name(Device d);
 
 template <class T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::kF32; }
@@ -52,9 +55,13 @@ struct Tensor {
   int64_t cols() const { return ndim == 0 ? 1 : dim(-1); }
   bool empty() const { return data == nullptr; }
 
+  // Host access to the elements: only for host (kCpu) tensors. Device memory reaches the host
+  // through the backend's counted staging copies (Backend::download), never through here.
   template <class T> T* as() const {
     MOE_CHECK(dtype == dtype_of<T>(), "tensor has dtype ", dtype_name(dtype), ", accessed as ",
               dtype_name(dtype_of<T>()));
+    MOE_CHECK(device == Device::kCpu, "host access to a ", device_name(device), " tensor ", shape_str(),
+              " (device memory is read through Backend::download)");
     return static_cast<T*>(data);
   }
   // Same memory, new shape with the same number of elements.

@@ -6,14 +6,14 @@
 
 namespace moe {
 
-Tensor Allocator::operator()(DType dtype, std::initializer_list<int64_t> dims) {
+Tensor ArenaPlan::operator()(DType dtype, std::initializer_list<int64_t> dims) {
   size_t need = Arena::footprint(dtype, dims);
   bytes += need;
   if (arena) return arena->alloc(dtype, dims);
   return Tensor(nullptr, dtype, dims);
 }
 
-void plan_layer(Allocator& A, const ModelConfig& c, const Dims& d, int64_t layer, LayerActs& a) {
+void plan_layer(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t layer, LayerActs& a) {
   const int64_t T = d.T, D = c.d_model, H = c.n_heads, G = c.n_kv_heads, hd = c.hd();
   const bool peri = c.norm_placement == "peri";
   const bool bf16 = d.adt != d.cdt;
@@ -86,7 +86,7 @@ int64_t lm_head_chunk_rows(int64_t vocab_size, int64_t tokens) {
   return std::clamp<int64_t>(kLogitsPerChunk / std::max<int64_t>(vocab_size, 1), 1, std::max<int64_t>(tokens, 1));
 }
 
-void plan_scratch(Allocator& A, const ModelConfig& c, const Dims& d, int64_t head_chunk, Scratch& s) {
+void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t head_chunk, Scratch& s) {
   const int64_t T = d.T, D = c.d_model, H = c.n_heads, G = c.n_kv_heads, hd = c.hd();
   const int64_t E = c.num_experts, K = c.top_k, R = d.R;
   const bool any_moe = c.num_moe_layers() > 0;

@@ -15,7 +15,7 @@ namespace moe {
 
 // Hands out tensors from an arena, or only counts bytes (measure pass) when arena is null.
 class Arena;
-struct Allocator {
+struct ArenaPlan {
   Arena* arena = nullptr;
   size_t bytes = 0;
   Tensor operator()(DType dtype, std::initializer_list<int64_t> dims);
@@ -97,8 +97,8 @@ struct Scratch {
   Tensor mean_prob;        // (E) one micro-batch's mean router probabilities
 };
 
-void plan_layer(Allocator& alloc, const ModelConfig& c, const Dims& d, int64_t layer, LayerActs& a);
-void plan_scratch(Allocator& alloc, const ModelConfig& c, const Dims& d, int64_t head_chunk, Scratch& s);
+void plan_layer(ArenaPlan& alloc, const ModelConfig& c, const Dims& d, int64_t layer, LayerActs& a);
+void plan_scratch(ArenaPlan& alloc, const ModelConfig& c, const Dims& d, int64_t head_chunk, Scratch& s);
 
 // Rows of the LM head + cross-entropy processed at once (of a micro-batch's `tokens`): as many as
 // fit 64 Mi logits (256 MiB in fp32; 1,334 rows at a 50,304 vocabulary), so the full fp32 logits

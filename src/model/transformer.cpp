@@ -63,7 +63,7 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
   const bool stage_moe = cfg_.is_moe_layer(layer_end_ - 1), stage_dense = !cfg_.is_moe_layer(layer_begin_);
   const auto slots = static_cast<size_t>(o.pipeline_slots);
   for (int pass = 0; pass < 2; ++pass) {
-    Allocator alloc{pass == 0 ? nullptr : &arena_};
+    ArenaPlan alloc{pass == 0 ? nullptr : &arena_};
     resid_.assign(slots, std::vector<Tensor>(static_cast<size_t>(n_local + 1)));
     for (auto& slot : resid_)
       for (auto& r : slot) r = alloc(dims_.cdt, {dims_.T, cfg_.d_model});

@@ -11,4 +11,7 @@ namespace moe::cpu {
 // Threads used by the CPU kernels (OpenMP), and how many the machine offers.
 void set_num_threads(int n);
 int num_threads();
+// OpenMP keeps the thread count per calling thread: a backend that runs these kernels on its own
+// thread (strict) calls this there before each op, so set_num_threads on the host applies.
+void adopt_thread_setting();
 }  // namespace moe::cpu
