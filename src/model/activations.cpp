@@ -65,11 +65,8 @@ void plan_layer(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t layer
     f.slot_pos = A(DType::kI32, {R});
     f.xs_act = A(d.adt, {R, D});
     f.xr_act = f.xs_act;
-    f.recv_offsets = f.offsets;
-    if (d.ep > 1) {
-      f.xr_act = A(d.adt, {d.Rx, D});
-      f.recv_offsets = A(DType::kI32, {d.El + 1});
-    }
+    f.recv_offsets = f.offsets;  // with EP: the exchange plan's (set per forward)
+    if (d.ep > 1) f.xr_act = A(d.adt, {d.Rx, D});
     f.eg = A(d.adt, {d.Rx, F});
     f.eu = A(d.adt, {d.Rx, F});
     f.ea_act = A(d.adt, {d.Rx, F});

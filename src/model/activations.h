@@ -60,7 +60,8 @@ struct FfnActs {
   Tensor slot_pos;         // (R) i32
   Tensor xs_act;           // (R,D) permuted inputs, GEMM operand (with EP: the send buffer)
   Tensor xr_act;           // (Rx,D) with EP: rows received for the local experts; else = xs_act
-  Tensor recv_offsets;     // (El+1) i32 with EP: grouped GEMM offsets over xr_act; else = offsets
+  Tensor recv_offsets;     // (El+1) i32 with EP: grouped GEMM offsets over xr_act (a view of the
+                           // exchange plan, model state); else = offsets
   Tensor eg, eu;           // (Rx,F) saved in the operand dtype
   Tensor ea_act;           // (Rx,F)
   Tensor ys;               // (R,D) expert outputs (returned to their tokens), saved in the operand dtype

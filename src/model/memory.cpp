@@ -21,7 +21,8 @@ namespace moe {
 //     FFN        c*T + 3a*T*Fw  [+ c*T*D if MoE or fp32] [+ a*T*D in bf16] [+ c*T*(D+1) peri]
 //                Fw = shared_hidden (MoE layer) or dense_width (dense layer)
 //     MoE only   2c*T*E + 4*T*K + c*T*K + 4E + 4(E+1) + 8R + 2a*R*D + 3a*Rx*F
-//                [+ a*Rx*D + 4(E/ep+1) with EP: received rows, their group offsets]
+//                [+ a*Rx*D with EP: received rows; their group offsets are in the exchange plan,
+//                model state of (2ep*E + E + El*ep + El + 5 + ep) i32 per slot and MoE layer, not here]
 //   Rx = R, or with EP (ep > 1) expert_rows_bound: min(ep*T*min(K, E/ep), ceil(cf*K*T) if cf > 0),
 //     the rows one rank's experts may receive (dropless worst case: the whole group routes to it).
 //   kept per model: residual stream c*T*D*(L+1); final norm c*T + c*T*D [+ a*T*D in bf16].
@@ -59,7 +60,7 @@ double layer_bytes(const ModelConfig& c, double T, double a, bool bf16, bool moe
     const double E = static_cast<double>(c.num_experts), K = static_cast<double>(c.top_k), R = T * K,
                  F = static_cast<double>(c.expert_hidden);
     b += 2 * cb * T * E + 4 * T * K + cb * T * K + 4 * E + 4 * (E + 1) + 8 * R + 2 * a * R * D + 3 * a * Rx * F;
-    if (ep > 1) b += a * Rx * D + 4 * (E / ep + 1);
+    if (ep > 1) b += a * Rx * D;
   }
   return b;
 }

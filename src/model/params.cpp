@@ -128,22 +128,26 @@ const ParamInfo& ParamLayout::find(const std::string& name) const {
   MOE_FAIL("no parameter named '", name, "' in this model");
 }
 
-Tensor param_view(const ParamInfo& info, void* base, DType dtype) {
-  Tensor t(static_cast<char*>(base) + static_cast<size_t>(info.offset) * dtype_size(dtype), dtype, {1});
+Tensor param_view(const ParamInfo& info, const Tensor& flat) {
+  MOE_CHECK(flat.ndim == 1 && info.offset + info.numel <= flat.numel(), "parameter '", info.name, "' lies outside the ",
+            flat.shape_str(), " buffer");
+  Tensor t = flat.slice(info.offset, info.offset + info.numel);
   t.ndim = static_cast<int>(info.shape.size());
   for (int i = 0; i < t.ndim; ++i) t.shape[i] = info.shape[static_cast<size_t>(i)];
   return t;
 }
 
-Weights bind_weights(const ParamLayout& layout, const ModelConfig& c, void* base, DType dtype) {
+Weights bind_weights(const ParamLayout& layout, const ModelConfig& c, const Tensor& flat) {
+  MOE_CHECK(flat.ndim == 1 && flat.numel() == layout.total(), "parameter buffer ", flat.shape_str(), " does not hold the ",
+            layout.total(), " parameters of the layout");
   Weights w;
   auto get = [&](const std::string& name) {
-    return layout.contains(name) ? param_view(layout.find(name), base, dtype) : Tensor();
+    return layout.contains(name) ? param_view(layout.find(name), flat) : Tensor();
   };
   w.embed = get("embed");
   w.final_norm = get("final_norm");
   w.lm_head = c.tie_embeddings ? w.embed : get("lm_head");
-  w.flat = Tensor(base, dtype, {layout.total()});
+  w.flat = flat;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     LayerWeights L;

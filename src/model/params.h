@@ -80,8 +80,10 @@ struct Weights {
   Tensor flat;                        // the whole buffer as one 1-D tensor
 };
 
-Weights bind_weights(const ParamLayout& layout, const ModelConfig& config, void* base, DType dtype);
-// A parameter's view by ParamInfo.
-Tensor param_view(const ParamInfo& info, void* base, DType dtype);
+// Views of every parameter over one flat buffer (1-D, layout.total() elements; its dtype and
+// device carry over to the views).
+Weights bind_weights(const ParamLayout& layout, const ModelConfig& config, const Tensor& flat);
+// A parameter's view by ParamInfo over a flat buffer of the layout.
+Tensor param_view(const ParamInfo& info, const Tensor& flat);
 
 }  // namespace moe

@@ -7,6 +7,7 @@
 #include "core/fnv1a.h"
 #include "core/phase_timer.h"
 #include "core/rng.h"
+#include "moe/p2p_transport.h"
 
 namespace moe {
 
@@ -31,30 +32,42 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
   dims_.ep = ep;
   dims_.El = shard.num_local_experts;
   dims_.Rx = ep > 1 ? expert_rows_bound(dims_.T, cfg_.top_k, cfg_.num_experts, ep, o.ep_capacity_factor) : dims_.R;
-  exchange_counts_.assign(static_cast<size_t>(cfg_.num_moe_layers()), ExpertExchangeCounts{});
   if (ep > 1) {
-    exchange_ = std::make_unique<ExpertExchange>(*o.ep, ops, cfg_.num_experts,
+    const int64_t M = cfg_.num_moe_layers(), words = ExchangePlan::words(ep, cfg_.num_experts);
+    transport_ = std::make_unique<P2pExpertTransport>(*o.ep, ops, cfg_.num_experts);
+    exchange_ = std::make_unique<ExpertExchange>(*transport_, ops, cfg_.num_experts,
                                                  expert_capacity(dims_.T, cfg_.top_k, o.ep_capacity_factor));
     // One plan per (activation slot, MoE layer): 1F1B keeps several micro-batches in flight.
-    plans_.assign(static_cast<size_t>(o.pipeline_slots), std::vector<ExchangePlan>(static_cast<size_t>(cfg_.num_moe_layers())));
+    plan_mem_ = Buffer(ops, static_cast<size_t>(o.pipeline_slots * M * words) * sizeof(int32_t));
+    const Tensor all = plan_mem_.view(DType::kI32, {o.pipeline_slots * M * words});
+    plans_.resize(static_cast<size_t>(o.pipeline_slots));
+    for (int64_t s = 0; s < o.pipeline_slots; ++s)
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t at = (s * M + m) * words;
+        plans_[static_cast<size_t>(s)].push_back(ExchangePlan::over(all.slice(at, at + words), ep, cfg_.num_experts));
+      }
+    exchange_counts_ = OwnedTensor(ops, DType::kI32, {M, 4 + ep});
+    reset_exchange_counts();
   }
-  reset_exchange_counts();
   dims_.cdt = o.compute;
   dims_.adt = o.bf16_operands ? DType::kBF16 : o.compute;
   moe_index_base_ = cfg_.n_dense_layers;
 
   const size_t esize = dtype_size(dims_.cdt);
-  param_mem_ = Buffer(static_cast<size_t>(layout_.total()) * esize);
-  grad_mem_ = Buffer(static_cast<size_t>(layout_.total()) * esize);
-  params_ = bind_weights(layout_, cfg_, param_mem_.data(), dims_.cdt);
-  grads_ = bind_weights(layout_, cfg_, grad_mem_.data(), dims_.cdt);
+  // Model state lives in the backend's memory (zero-filled on the host backends; others leave
+  // it undefined, so everything below is written before it is read).
+  const int64_t N = layout_.total();
+  param_mem_ = Buffer(ops, static_cast<size_t>(N) * esize);
+  grad_mem_ = Buffer(ops, static_cast<size_t>(N) * esize);
+  params_ = bind_weights(layout_, cfg_, param_mem_.view(dims_.cdt, {N}));
+  grads_ = bind_weights(layout_, cfg_, grad_mem_.view(dims_.cdt, {N}));
   if (o.bf16_operands) {
-    operand_mem_ = Buffer(static_cast<size_t>(layout_.total()) * dtype_size(DType::kBF16));
-    operands_ = bind_weights(layout_, cfg_, operand_mem_.data(), DType::kBF16);
+    operand_mem_ = Buffer(ops, static_cast<size_t>(N) * dtype_size(DType::kBF16));
+    operands_ = bind_weights(layout_, cfg_, operand_mem_.view(DType::kBF16, {N}));
   } else {
     operands_ = params_;
   }
-  for (int64_t m = 0; m < cfg_.num_moe_layers(); ++m) router_bias_.emplace_back(dims_.cdt, std::initializer_list<int64_t>{cfg_.num_experts});
+  for (int64_t m = 0; m < cfg_.num_moe_layers(); ++m) router_bias_.emplace_back(ops, dims_.cdt, std::initializer_list<int64_t>{cfg_.num_experts});
 
   head_chunk_ = lm_head_chunk_rows(cfg_.vocab_size, dims_.T);
 
@@ -85,7 +98,7 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
       rstd_final_ = alloc(dims_.cdt, {dims_.T});
       xf_act_ = alloc(dims_.adt, {dims_.T, cfg_.d_model});
     }
-    if (pass == 0) arena_ = Arena(alloc.bytes);
+    if (pass == 0) arena_ = Arena(ops, alloc.bytes);
   }
 }
 
@@ -117,16 +130,13 @@ double Transformer::activation_bytes_per_token() const {
 }
 
 void Transformer::reset_exchange_counts() {
-  for (ExpertExchangeCounts& c : exchange_counts_) {  // zeroed in place: no allocation per step
-    c.rows_routed = c.rows_dropped = c.rows_sent_off_rank = 0;
-    c.received_per_rank.assign(static_cast<size_t>(dims_.ep), 0);
-  }
+  if (!exchange_counts_.t.empty()) ops_.fill(exchange_counts_.t, 0.0);
 }
 
 void Transformer::init_params(uint64_t seed) {
   // Host loop over the flat buffer (a CUDA backend would upload the same numbers).
   for (const ParamInfo& info : layout_.entries()) {
-    Tensor t = param_view(info, param_mem_.data(), dims_.cdt);
+    Tensor t = param_view(info, params_.flat);
     uint64_t stream = fnv1a(info.name);  // the name's hash: layout-independent streams
     stream = (stream << 8) | static_cast<uint64_t>(RngStream::kInit);
     for (int64_t i = 0; i < info.numel; ++i) {
@@ -140,7 +150,7 @@ void Transformer::init_params(uint64_t seed) {
   // The padding row starts at zero, as transformers' init does for padding_idx.
   if (cfg_.pad_id >= 0 && layout_.shard().first_stage()) {
     const ParamInfo& e = layout_.find("embed");
-    Tensor t = param_view(e, param_mem_.data(), dims_.cdt);
+    Tensor t = param_view(e, params_.flat);
     ops_.fill(t.slice(cfg_.pad_id, cfg_.pad_id + 1), 0.0);
   }
   for (auto& b : router_bias_) ops_.fill(b.t, 0.0);
@@ -156,10 +166,10 @@ void Transformer::zero_grads() { ops_.fill(grads_.flat, 0.0); }
 StepStats Transformer::make_stats() const {
   StepStats s;
   s.num_moe_layers = cfg_.num_moe_layers();
-  s.values = OwnedTensor(DType::kF64, {2 + 2 * s.num_moe_layers});
+  s.values = OwnedTensor(ops_, DType::kF64, {2 + 2 * s.num_moe_layers});
   for (int64_t m = 0; m < s.num_moe_layers; ++m) {
-    s.counts.emplace_back(DType::kI32, std::initializer_list<int64_t>{cfg_.num_experts});
-    s.mean_prob.emplace_back(dims_.cdt, std::initializer_list<int64_t>{cfg_.num_experts});
+    s.counts.emplace_back(ops_, DType::kI32, std::initializer_list<int64_t>{cfg_.num_experts});
+    s.mean_prob.emplace_back(ops_, dims_.cdt, std::initializer_list<int64_t>{cfg_.num_experts});
   }
   return s;
 }

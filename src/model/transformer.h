@@ -19,6 +19,7 @@
 #include "model/activations.h"
 #include "model/params.h"
 #include "moe/expert_exchange.h"
+#include "parallel/communicator.h"
 
 namespace moe {
 
@@ -58,14 +59,6 @@ struct ModelOptions {
   // Micro-batches whose saved activations a pipeline stage holds at once (1F1B: min(pp - stage,
   // micro-batches)); each slot is a residual stream + per-layer activations, scratch is shared.
   int64_t pipeline_slots = 1;
-};
-
-// Expert-parallel exchange counters of one MoE layer, summed over the forwards since the last
-// reset (recompute re-runs are not counted).
-struct ExpertExchangeCounts {
-  int64_t rows_routed = 0, rows_dropped = 0;  // over this rank's EP group
-  int64_t rows_sent_off_rank = 0;             // this rank's rows sent to other ranks (each way)
-  std::vector<int64_t> received_per_rank;     // (ep) rows each EP rank's experts computed
 };
 
 class Transformer {
@@ -139,8 +132,10 @@ class Transformer {
   const Tensor& expert_outputs(int64_t l) { return acts(0, l).ffn.ys; }
   // The router scores (T,E) of MoE layer l in the last forward.
   const Tensor& router_scores(int64_t l) { return acts(0, l).ffn.scores; }
-  // Expert parallelism: the exchange counters per MoE layer, and their reset.
-  const std::vector<ExpertExchangeCounts>& exchange_counts() const { return exchange_counts_; }
+  // Expert parallelism: the exchange counters, (MoE layers, 4 + ep) i32 on the device: each
+  // layer's plan totals (moe/expert_exchange.h, ExchangeTotal) summed over the forwards since
+  // the last reset (recompute re-runs are not counted); and their reset.
+  const Tensor& exchange_counts() const { return exchange_counts_.t; }
   void reset_exchange_counts();
   int64_t ep_size() const { return dims_.ep; }
   const ExpertExchange* exchange() const { return exchange_.get(); }  // nullptr without EP
@@ -220,11 +215,14 @@ class Transformer {
   Tensor doc_start_;                  // (B,S) i32 document starts, or empty (plain causal)
   std::function<void(int64_t)> layer_grads_hook_;
 
-  // Expert parallelism (ep > 1): the exchange, its plan per MoE layer (kept from forward for
-  // backward), counters; recomputing_ marks the backward's forward re-runs.
+  // Expert parallelism (ep > 1): the transport and exchange, the plan per MoE layer (made in the
+  // forward, reused by the backward and by recompute), counters; recomputing_ marks the
+  // backward's forward re-runs.
+  std::unique_ptr<ExpertTransport> transport_;
   std::unique_ptr<ExpertExchange> exchange_;
+  Buffer plan_mem_;                               // every plan's i32 words, on the device
   std::vector<std::vector<ExchangePlan>> plans_;  // [activation slot][MoE layer]
-  std::vector<ExpertExchangeCounts> exchange_counts_;
+  OwnedTensor exchange_counts_;
   bool recomputing_ = false;
 };
 

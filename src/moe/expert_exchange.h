@@ -3,19 +3,17 @@
 //
 // After moe_plan a rank's T*K rows are expert-major over the GLOBAL experts, so the rows for
 // destination rank p are one contiguous run (experts p*El .. p*El+El-1), cut into El blocks.
-//  1. make_plan: all-gather the E per-expert counts over the group -> the (ep x E) count matrix.
-//     Every rank then knows every block's size and can compute both ends' offsets; capacity
-//     drops are decided here, identically on every rank.
+//  1. make_plan: the transport gathers the E per-expert counts of every rank -> the (ep x E)
+//     count matrix, and the ep_plan op turns it into the plan on the device (kept rows, both
+//     ends' offsets, the grouped GEMMs' offsets over received rows, totals); capacity drops are
+//     decided there, identically on every rank. Recompute reuses the stored plan.
 //  2. send_to_experts: each (source s, local expert e) block lands directly in the receiver's
 //     buffer at its expert-major place (local expert major, then source rank), so the grouped
-//     GEMM runs over (El+1) offsets with no second permutation. One isend/irecv per non-empty
-//     block to another rank; blocks to self are copied, never sent.
+//     GEMM runs over (El+1) offsets with no second permutation.
 //  3. return_to_sources: the reverse (expert outputs, or input gradients in backward).
-// Why per-block point-to-point rather than all_to_all_v: all_to_all_v delivers rows grouped by
-// sender, which needs either a placement copy of every received row (a second permutation) or
-// (expert, source) segments in the grouped GEMM (ep x more, smaller GEMM groups); per-block
-// messages place rows expert-major at no extra copy (tests/parallel/expert_parallel_test.cpp
-// measures both).
+// How rows travel is the transport's business (ExpertTransport below): the point-to-point one
+// (moe/p2p_transport.*) posts one message per block through a Communicator and therefore reads
+// the plan on the host, once per plan; a device transport (NCCL) would not.
 //
 // Capacity (optional): a receiving rank keeps at most `capacity` rows, in the order (local expert,
 // then source rank, then the source's token order); the tail is dropped. A dropped row is not
@@ -27,24 +25,27 @@
 
 #include "core/tensor.h"
 #include "kernels/ops.h"
-#include "parallel/communicator.h"
 
 namespace moe {
 
-// Which rows move where in one exchange. Same on every rank of the group except `rank`.
+// One exchange plan: i32 views into one buffer of plan_words(ep, E) elements on the backend's
+// device, so a transport that needs it on the host reads it in one download. Layout in order:
+// counts (ep,E), kept (ep,E), local_begin (E), recv_begin (El,ep), recv_offsets (El+1),
+// totals (4+ep) -- the outputs of ep_plan (kernels/op_list.inc), counts being its input.
 struct ExchangePlan {
-  int64_t ep = 1, rank = 0, num_experts = 0, local_experts = 0;
-  std::vector<int64_t> counts;       // (ep, E): rows source rank s routes to global expert e
-  std::vector<int64_t> kept;         // (ep, E): of those, rows the receiving rank keeps
-  std::vector<int64_t> local_begin;  // (E): first row of my block for global expert e, in my rows
-  std::vector<int64_t> recv_begin;   // (El, ep): first row of block (local expert, source) received
-  int64_t rows_received = 0;         // rows this rank's experts compute
-  int64_t rows_sent_off_rank = 0;    // my rows that go to (and come back from) other ranks
-  int64_t rows_routed = 0, rows_dropped = 0;   // over the whole EP group
-  std::vector<int64_t> received_per_rank;      // (ep): rows each EP rank's experts compute
-  int64_t count(int64_t source, int64_t expert) const { return counts[static_cast<size_t>(source * num_experts + expert)]; }
-  int64_t kept_rows(int64_t source, int64_t expert) const { return kept[static_cast<size_t>(source * num_experts + expert)]; }
+  static int64_t words(int64_t ep, int64_t num_experts);
+  // Views over `buffer` (>= words(ep, E) i32 elements).
+  static ExchangePlan over(const Tensor& buffer, int64_t ep, int64_t num_experts);
+
+  Tensor all, counts, kept, local_begin, recv_begin, recv_offsets, totals;
+  // The same words on the host, for transports that read the plan there (empty otherwise).
+  std::vector<int32_t> host;
+  // A total (ExchangeTotal) from the host copy; fails when the transport keeps none.
+  int64_t host_total(int which) const;
 };
+
+// Indices into ExchangePlan::totals.
+enum ExchangeTotal : int { kRowsReceived = 0, kRowsSentOffRank = 1, kRowsRouted = 2, kRowsDropped = 3, kReceivedPerRank = 4 };
 
 // The most rows one rank's experts may have to compute: every rank of the group routes all its
 // T tokens to this rank (at most min(K, El) distinct experts each), bounded by the capacity.
@@ -52,34 +53,48 @@ int64_t expert_rows_bound(int64_t tokens, int64_t top_k, int64_t num_experts, in
 // Rows a receiving rank keeps with capacity factor cf > 0: ceil(cf * K * T_local); -1 if cf == 0.
 int64_t expert_capacity(int64_t tokens, int64_t top_k, double capacity_factor);
 
+// How an EP group moves rows. Collective: every rank of the group calls in the same order.
+class ExpertTransport {
+ public:
+  virtual ~ExpertTransport() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t rank() const = 0;
+  // plan.counts (ep,E) <- every rank's local_counts (E) (device tensors).
+  virtual void gather_counts(const Tensor& local_counts, ExchangePlan& plan) = 0;
+  // Called once ep_plan has written the plan's device tensors.
+  virtual void plan_ready(ExchangePlan& plan, int64_t capacity) = 0;
+  // to_experts: local (>= T*K, D) rows -> received (>= rows received, D); else the reverse, and
+  // my dropped rows in local are zeroed.
+  virtual void move(const ExchangePlan& plan, const Tensor& local, const Tensor& received, bool to_experts) = 0;
+  // Seconds the host spent blocked in this transport, since creation.
+  virtual double blocked_seconds() const = 0;
+};
+
 class ExpertExchange {
  public:
-  // ep: the expert-parallel group (not owned). capacity < 0: dropless.
-  ExpertExchange(Communicator& ep, Backend& ops, int64_t num_experts, int64_t capacity);
-  int64_t size() const { return comm_.size(); }
-  // Seconds spent blocked in the count all-gather and in waiting for the payload, since creation.
-  double blocked_seconds() const { return blocked_s_; }
+  // capacity < 0: dropless. The transport is not owned.
+  ExpertExchange(ExpertTransport& transport, Backend& ops, int64_t num_experts, int64_t capacity);
+  int64_t size() const { return transport_.size(); }
+  double blocked_seconds() const { return transport_.blocked_seconds(); }
 
   // local_counts (E) i32: this rank's rows per global expert. Collective over the group.
-  // Fills plan and writes recv_offsets (El+1) i32, the grouped GEMM's offsets over received rows.
-  void make_plan(const Tensor& local_counts, ExchangePlan& plan, const Tensor& recv_offsets);
-  // local (>= T*K, D): my rows, expert-major over global experts -> received (>= rows_received, D)
-  // grouped by (local expert, source rank). Dropped rows are not sent.
-  void send_to_experts(const ExchangePlan& plan, const Tensor& local, const Tensor& received);
-  // The reverse: received rows back into their source's positions in local; my dropped rows
-  // in local are zeroed.
-  void return_to_sources(const ExchangePlan& plan, const Tensor& received, const Tensor& local);
+  // Writes every device tensor of plan (whose views must be bound: ExchangePlan::over).
+  void make_plan(const Tensor& local_counts, ExchangePlan& plan);
+  // local (>= T*K, D): my rows, expert-major over global experts -> received grouped by (local
+  // expert, source rank). Dropped rows are not sent.
+  void send_to_experts(const ExchangePlan& plan, const Tensor& local, const Tensor& received) {
+    transport_.move(plan, local, received, true);
+  }
+  // The reverse: received rows back into their source's positions in local; my dropped rows in
+  // local are zeroed.
+  void return_to_sources(const ExchangePlan& plan, const Tensor& received, const Tensor& local) {
+    transport_.move(plan, local, received, false);
+  }
 
  private:
-  // direction true: local -> received; false: received -> local.
-  void move(const ExchangePlan& plan, const Tensor& local, const Tensor& received, bool to_experts);
-
-  Communicator& comm_;
+  ExpertTransport& transport_;
   Backend& ops_;
   int64_t num_experts_, capacity_;
-  std::vector<int32_t> gathered_;  // (ep, E) all-gathered counts
-  std::vector<Request> requests_;
-  double blocked_s_ = 0;
 };
 
 }  // namespace moe

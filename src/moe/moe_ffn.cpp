@@ -50,20 +50,20 @@ void Transformer::moe_forward(int64_t slot, int64_t l, const Tensor& x_in, FfnAc
   // Routed experts over the permuted rows.
   ops_.moe_gather(h_act, a.sorted_slot, a.xs_act);
   // Expert parallelism: rows travel to the ranks of their experts, arriving grouped by local
-  // expert (then source rank); a.recv_offsets are the grouped GEMM's offsets over them.
+  // expert (then source rank); the plan's recv_offsets are the grouped GEMM's offsets over them.
+  // Recompute re-runs the forward with the same routing: it reuses the stored plan.
+  // `rows` (host) still sizes the row-wise ops over expert rows (SwiGLU, the gradient sum): it
+  // comes from the plan's host copy, which only the point-to-point transport keeps.
   int64_t rows = dims_.R;
   if (exchange_) {
     ExchangePlan& plan = plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)];
-    exchange_->make_plan(a.counts, plan, a.recv_offsets);
-    exchange_->send_to_experts(plan, a.xs_act, a.xr_act);
-    rows = plan.rows_received;
     if (!recomputing_) {
-      ExpertExchangeCounts& c = exchange_counts_[static_cast<size_t>(m)];
-      c.rows_routed += plan.rows_routed;
-      c.rows_dropped += plan.rows_dropped;
-      c.rows_sent_off_rank += plan.rows_sent_off_rank;
-      for (size_t r = 0; r < c.received_per_rank.size(); ++r) c.received_per_rank[r] += plan.received_per_rank[r];
+      exchange_->make_plan(a.counts, plan);
+      ops_.add_counts(plan.totals, exchange_counts_.t.slice(m, m + 1).view({4 + dims_.ep}));
     }
+    a.recv_offsets = plan.recv_offsets;
+    exchange_->send_to_experts(plan, a.xs_act, a.xr_act);
+    rows = plan.host_total(kRowsReceived);
   }
   phase.reset();
   phase.emplace(Phase::kExpertGemm);
@@ -151,8 +151,9 @@ void Transformer::moe_backward(int64_t slot, int64_t l, const Tensor& x_in, FfnA
   int64_t rows = dims_.R;
   if (exchange_) {
     const ExchangePlan& plan = plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)];
+    a.recv_offsets = plan.recv_offsets;
     exchange_->send_to_experts(plan, g, s.dyr);
-    rows = plan.rows_received;
+    rows = plan.host_total(kRowsReceived);
     g = s.dyr.slice(0, rows);
   }
   const int64_t F = a.eg.dim(1);

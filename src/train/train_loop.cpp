@@ -83,8 +83,7 @@ void maybe_inject_fault(Trainer& trainer, int64_t step, int rank) {
   if (std::string(kind) == "error") MOE_FAIL("injected fault (MOE_INJECT_FAULT=", env, ")");
   MOE_CHECK(std::string(kind) == "nan", "MOE_INJECT_FAULT: unknown kind '", kind, "'");
   const ParamInfo& p = trainer.model().layout().entries().front();
-  trainer.model().ops().fill(param_view(p, trainer.model().params().flat.data, trainer.model().compute_dtype()),
-                             std::nan(""));
+  trainer.model().ops().fill(param_view(p, trainer.model().params().flat), std::nan(""));
 }
 
 // Data, model, resume, then the steps; step_now follows the loop (for the stop event).

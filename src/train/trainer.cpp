@@ -186,21 +186,25 @@ StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, 
 void Trainer::expert_parallel_stats(StepResult& r) {
   // Each EP group counted its own exchanges; the EP groups of a stage are the edp indices, so a
   // sum over the edp group gives the whole stage's rows (same on every rank).
-  const auto& counts = model_->exchange_counts();
-  const size_t ep = static_cast<size_t>(model_->ep_size());
-  std::vector<double>& v = ep_stats_;  // reused: no allocation per step
+  const Tensor& counts = model_->exchange_counts();  // (MoE layers, 4 + ep) i32 on the device
+  const size_t ep = static_cast<size_t>(model_->ep_size()), layers = static_cast<size_t>(counts.dim(0));
+  ep_counts_host_.resize(static_cast<size_t>(counts.numel()));  // reused: no allocation per step
+  ops_.download(counts, ep_counts_host_.data());
+  ops_.wait(ops_.record());
+  std::vector<double>& v = ep_stats_;
   v.clear();
-  for (const ExpertExchangeCounts& c : counts) {
-    v.push_back(static_cast<double>(c.rows_routed));
-    v.push_back(static_cast<double>(c.rows_dropped));
-    for (int64_t x : c.received_per_rank) v.push_back(static_cast<double>(x));
+  for (size_t m = 0; m < layers; ++m) {
+    const int32_t* c = ep_counts_host_.data() + m * (4 + ep);
+    v.push_back(static_cast<double>(c[kRowsRouted]));
+    v.push_back(static_cast<double>(c[kRowsDropped]));
+    for (size_t i = 0; i < ep; ++i) v.push_back(static_cast<double>(c[kReceivedPerRank + i]));
   }
   if (groups_->edp->size() > 1) {
     PhaseScope phase(Phase::kCommunication);
     groups_->edp->all_reduce_sum(v.data(), v.size(), DType::kF64);
   }
-  r.ep_rows_received.resize(counts.size());
-  for (size_t m = 0; m < counts.size(); ++m) {
+  r.ep_rows_received.resize(layers);
+  for (size_t m = 0; m < layers; ++m) {
     const double* x = v.data() + m * (2 + ep);
     r.ep_drop_fraction.push_back(x[0] > 0 ? x[1] / x[0] : 0.0);
     r.ep_rows_received[m].resize(ep);

@@ -47,7 +47,7 @@ void load_initial_state(const Golden& g, Trainer& trainer) {
   const DType dt = model.compute_dtype();
   for (const ParamInfo& info : model.layout().entries()) {
     OwnedTensor src = g.file.read("param." + info.name, dt);
-    Tensor dst = param_view(info, model.params().flat.data, dt);
+    Tensor dst = param_view(info, model.params().flat);
     check_same_shape(src.t, dst, info.name.c_str());
     test::copy_tensor(src, dst);
   }
@@ -98,7 +98,7 @@ void check_step0(const Golden& g, const std::string& backend, DType dt, double t
   double worst = 0;
   std::string worst_name;
   for (const ParamInfo& info : trainer.model().layout().entries()) {
-    const double err = test::rel_error(param_view(info, trainer.model().grads().flat.data, dt),
+    const double err = test::rel_error(param_view(info, trainer.model().grads().flat),
                                        g.file.read("step0.grad." + info.name, DType::kF64));
     EXPECT_LT(err, tol_grad) << "gradient of " << info.name;
     if (err > worst) { worst = err; worst_name = info.name; }
@@ -140,7 +140,7 @@ TEST(Golden, DoubleReferencePathMatchesTenAdamWSteps) {
     }
     EXPECT_TRUE(clipped_any) << "the fixture must exercise clipping";
     for (const ParamInfo& info : trainer.model().layout().entries())
-      EXPECT_LT(test::rel_error(param_view(info, trainer.model().params().flat.data, DType::kF64),
+      EXPECT_LT(test::rel_error(param_view(info, trainer.model().params().flat),
                                 g.file.read("final.param." + info.name, DType::kF64)), 1e-10)
           << "final " << info.name;
     const ModelConfig& c = g.config.model;

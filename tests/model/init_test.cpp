@@ -19,7 +19,7 @@ TEST(Init, TruncatedNormalWithConfiguredStdAndUnitNorms) {
   Transformer model(c.model, c.loss, ModelOptions{}, *ops);
   model.init_params(7);
   for (const ParamInfo& info : model.layout().entries()) {
-    Tensor t = param_view(info, model.params().flat.data, DType::kF32);
+    Tensor t = param_view(info, model.params().flat);
     if (info.is_norm) {
       for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.as<float>()[i], 1.0f) << info.name;
       continue;
@@ -53,14 +53,14 @@ TEST(Init, ValuesDependOnNameAndIndexNotOnLayout) {
   ma.init_params(3);
   mb.init_params(3);
   for (const char* name : {"embed", "layers.1.wq", "layers.1.experts.down", "layers.1.router"}) {
-    Tensor ta = param_view(ma.layout().find(name), ma.params().flat.data, DType::kF32);
-    Tensor tb = param_view(mb.layout().find(name), mb.params().flat.data, DType::kF32);
+    Tensor ta = param_view(ma.layout().find(name), ma.params().flat);
+    Tensor tb = param_view(mb.layout().find(name), mb.params().flat);
     EXPECT_TRUE(test::bitwise_equal(ta, tb)) << name;
   }
   Transformer mc(a.model, a.loss, ModelOptions{}, *ops);
   mc.init_params(4);
-  EXPECT_FALSE(test::bitwise_equal(param_view(ma.layout().find("embed"), ma.params().flat.data, DType::kF32),
-                                   param_view(mc.layout().find("embed"), mc.params().flat.data, DType::kF32)));
+  EXPECT_FALSE(test::bitwise_equal(param_view(ma.layout().find("embed"), ma.params().flat),
+                                   param_view(mc.layout().find("embed"), mc.params().flat)));
 }
 
 }  // namespace

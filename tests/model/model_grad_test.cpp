@@ -108,8 +108,8 @@ TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
   OwnedTensor analytic = test::clone(model.grads().flat);
   // Each parameter tensor is checked on its own so a wrong gradient names its parameter.
   for (const ParamInfo& info : model.layout().entries()) {
-    Tensor p = param_view(info, model.params().flat.data, DType::kF64);
-    Tensor g = param_view(info, analytic.t.data, DType::kF64);
+    Tensor p = param_view(info, model.params().flat);
+    Tensor g = param_view(info, analytic.t);
     bool flipped = false;
     auto loss = [&] {
       model.refresh_operand_weights();

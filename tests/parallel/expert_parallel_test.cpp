@@ -15,6 +15,7 @@
 #include "kernels/ops.h"
 #include "model/memory.h"
 #include "parity_common.h"
+#include "moe/p2p_transport.h"
 #include "train/trainer.h"
 #include "world.h"
 
@@ -430,24 +431,29 @@ TEST(ExpertParallel, ExchangeCostReport) {
   std::vector<int32_t> counts(static_cast<size_t>(E), 0);
   for (int64_t i = 0; i < choice.numel(); ++i) ++counts[static_cast<size_t>(choice.as<int32_t>()[i])];
   const int64_t R = choice.numel();
-  ExpertExchange exchange(*g.ep, *ops, E, -1);
-  ExchangePlan plan;
-  std::vector<int32_t> recv_off(static_cast<size_t>(El + 1));
-  exchange.make_plan(Tensor(counts.data(), DType::kI32, {E}), plan, Tensor(recv_off.data(), DType::kI32, {El + 1}));
-  std::vector<float> local_rows(static_cast<size_t>(R * D), 1.f), placed(static_cast<size_t>(plan.rows_received * D)),
+  P2pExpertTransport transport(*g.ep, *ops, E);
+  ExpertExchange exchange(transport, *ops, E, -1);
+  OwnedTensor plan_words(*ops, DType::kI32, {ExchangePlan::words(n, E)});
+  ExchangePlan plan = ExchangePlan::over(plan_words.t, n, E);
+  exchange.make_plan(Tensor(counts.data(), DType::kI32, {E}), plan);
+  const int64_t received = plan.host_total(kRowsReceived);
+  const int32_t* count = plan.host.data();                  // (ep, E), ExchangePlan's layout
+  const int32_t* local_begin = plan.host.data() + 2 * n * E;  // (E)
+  const int32_t* recv_begin = local_begin + E;                // (El, ep)
+  std::vector<float> local_rows(static_cast<size_t>(R * D), 1.f), placed(static_cast<size_t>(received * D)),
       by_sender(placed.size());
-  Tensor local_t(local_rows.data(), DType::kF32, {R, D}), placed_t(placed.data(), DType::kF32, {plan.rows_received, D});
+  Tensor local_t(local_rows.data(), DType::kF32, {R, D}), placed_t(placed.data(), DType::kF32, {received, D});
   // all_to_all_v: my contiguous run per destination; receive grouped by sender.
   std::vector<int64_t> sc(static_cast<size_t>(n)), sd(sc.size()), rc(sc.size()), rd(sc.size());
   std::vector<int64_t> sender_begin(static_cast<size_t>(n * El));  // block (s, e) in by_sender
   int64_t row = 0;
   for (int64_t p = 0; p < n; ++p) {
-    sd[static_cast<size_t>(p)] = plan.local_begin[static_cast<size_t>(p * El)] * D;
+    sd[static_cast<size_t>(p)] = local_begin[p * El] * D;
     int64_t rows_to_p = 0, rows_from_p = 0;
     for (int64_t e = 0; e < El; ++e) {
-      rows_to_p += plan.count(me, p * El + e);
+      rows_to_p += count[me * E + p * El + e];
       sender_begin[static_cast<size_t>(p * El + e)] = row + rows_from_p;
-      rows_from_p += plan.count(p, me * El + e);
+      rows_from_p += count[p * E + me * El + e];
     }
     sc[static_cast<size_t>(p)] = rows_to_p * D;
     rd[static_cast<size_t>(p)] = row * D;
@@ -468,12 +474,12 @@ TEST(ExpertParallel, ExchangeCostReport) {
     for (int64_t e = 0; e < El; ++e)
       for (int64_t s2 = 0; s2 < n; ++s2)
         std::copy_n(by_sender.data() + sender_begin[static_cast<size_t>(s2 * El + e)] * D,
-                    plan.count(s2, me * El + e) * D, placed.data() + plan.recv_begin[static_cast<size_t>(e * n + s2)] * D);
+                    count[s2 * E + me * El + e] * D, placed.data() + recv_begin[e * n + s2] * D);
   });
   std::printf("[rank %d] one dispatch of %lld rows x %lld (received %lld): per-block isend/irecv %.1f us, "
               "all_to_all_v + placement %.1f us\n",
               world().rank(), static_cast<long long>(R), static_cast<long long>(D),
-              static_cast<long long>(plan.rows_received), p2p * 1e6, a2a * 1e6);
+              static_cast<long long>(received), p2p * 1e6, a2a * 1e6);
 }
 
 }  // namespace

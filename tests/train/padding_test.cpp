@@ -66,7 +66,7 @@ void padded_batch(const Config& c, int64_t step, OwnedTensor& ids, OwnedTensor& 
 
 Tensor embed_row(Transformer& m, Weights& w, int64_t row) {
   const ParamInfo& e = m.layout().find("embed");
-  return param_view(e, w.flat.data, m.compute_dtype()).slice(row, row + 1);
+  return param_view(e, w.flat).slice(row, row + 1);
 }
 
 void check_padding(bool tied) {

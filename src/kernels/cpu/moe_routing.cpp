@@ -424,4 +424,10 @@ void router_z_loss(const Tensor& logits, double value_scale, double grad_scale, 
   });
 }
 
+// A few thousand integer operations per MoE layer: the reference loop is the fast path.
+void ep_plan(const Tensor& counts, int64_t rank, int64_t capacity, const Tensor& kept, const Tensor& local_begin,
+             const Tensor& recv_begin, const Tensor& recv_offsets, const Tensor& totals) {
+  ref::ep_plan(counts, rank, capacity, kept, local_begin, recv_begin, recv_offsets, totals);
+}
+
 }  // namespace moe::cpu
