@@ -165,19 +165,29 @@ void Transformer::zero_grads() { ops_.fill(grads_.flat, 0.0); }
 
 StepStats Transformer::make_stats() const {
   StepStats s;
-  s.num_moe_layers = cfg_.num_moe_layers();
-  s.values = OwnedTensor(ops_, DType::kF64, {2 + 2 * s.num_moe_layers});
-  for (int64_t m = 0; m < s.num_moe_layers; ++m) {
-    s.counts.emplace_back(ops_, DType::kI32, std::initializer_list<int64_t>{cfg_.num_experts});
-    s.mean_prob.emplace_back(ops_, dims_.cdt, std::initializer_list<int64_t>{cfg_.num_experts});
+  const int64_t M = cfg_.num_moe_layers(), E = cfg_.num_experts;
+  s.num_moe_layers = M;
+  const size_t values_bytes = static_cast<size_t>(2 + 2 * M) * sizeof(double);
+  const size_t prob_bytes = static_cast<size_t>(M * E) * dtype_size(dims_.cdt);
+  const size_t bytes = values_bytes + prob_bytes + static_cast<size_t>(M * E) * sizeof(int32_t);
+  s.memory = Buffer(ops_, bytes);
+  char* base = static_cast<char*>(s.memory.data());
+  const Device dev = s.memory.device();
+  s.words = Tensor(base, DType::kI32, {static_cast<int64_t>(bytes / sizeof(int32_t))}, dev);
+  s.values = Tensor(base, DType::kF64, {2 + 2 * M}, dev);
+  for (int64_t m = 0; m < M; ++m) {
+    s.mean_prob.emplace_back(base + values_bytes + static_cast<size_t>(m * E) * dtype_size(dims_.cdt), dims_.cdt,
+                             std::initializer_list<int64_t>{E}, dev);
+    s.counts.emplace_back(base + values_bytes + prob_bytes + static_cast<size_t>(m * E) * sizeof(int32_t), DType::kI32,
+                          std::initializer_list<int64_t>{E}, dev);
   }
   return s;
 }
 
 void Transformer::zero_stats(StepStats& s) const {
-  ops_.fill(s.values.t, 0.0);
-  for (auto& c : s.counts) ops_.fill(c.t, 0.0);
-  for (auto& p : s.mean_prob) ops_.fill(p.t, 0.0);
+  ops_.fill(s.values, 0.0);
+  for (const Tensor& c : s.counts) ops_.fill(c, 0.0);
+  for (const Tensor& p : s.mean_prob) ops_.fill(p, 0.0);
 }
 
 Tensor Transformer::operand(const Tensor& x, const Tensor& store) {

@@ -23,16 +23,21 @@
 
 namespace moe {
 
-// Sums over the micro-batches of one optimizer step (all live in memory the backend owns).
+// Sums over the micro-batches of one optimizer step, in one allocation of the backend's memory
+// (values, then mean_prob, then counts), so the host reads them with one download per step.
 struct StepStats {
-  OwnedTensor values;  // f64: [ce, lm_z, lbl per MoE layer..., router_z per MoE layer...]
-  std::vector<OwnedTensor> counts;     // per MoE layer, (E) i32, step total tokens per expert
-  std::vector<OwnedTensor> mean_prob;  // per MoE layer, (E), token-weighted mean over the step
+  Buffer memory;
+  Tensor words;   // all of memory as i32 words: what the host downloads
+  Tensor values;  // f64: [ce, lm_z, lbl per MoE layer..., router_z per MoE layer...]
+  std::vector<Tensor> counts;     // per MoE layer, (E) i32, step total tokens per expert
+  std::vector<Tensor> mean_prob;  // per MoE layer, (E) compute dtype, token-weighted mean over the step
   int64_t num_moe_layers = 0;
-  Tensor ce() const { return values.t.slice(0, 1); }
-  Tensor lm_z() const { return values.t.slice(1, 2); }
-  Tensor lbl(int64_t m) const { return values.t.slice(2 + m, 3 + m); }
-  Tensor router_z(int64_t m) const { return values.t.slice(2 + num_moe_layers + m, 3 + num_moe_layers + m); }
+  Tensor ce() const { return values.slice(0, 1); }
+  Tensor lm_z() const { return values.slice(1, 2); }
+  Tensor lbl(int64_t m) const { return values.slice(2 + m, 3 + m); }
+  Tensor router_z(int64_t m) const { return values.slice(2 + num_moe_layers + m, 3 + num_moe_layers + m); }
+  // Where t's bytes start within memory (for reading a downloaded copy of words).
+  size_t offset_of(const Tensor& t) const { return static_cast<size_t>(static_cast<const char*>(t.data) - static_cast<const char*>(memory.data())); }
 };
 
 // How one micro-batch's losses enter the step's total (docs/MODEL.md, "Losses of one step").

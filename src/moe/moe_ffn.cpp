@@ -192,8 +192,8 @@ void Transformer::moe_backward(int64_t slot, int64_t l, const Tensor& x_in, FfnA
   ops_.router_gather_bwd(s.dweights, a.scores, a.expert_idx, cfg_.norm_topk_prob, s.dscores);
   ops_.load_balance_loss(a.scores, a.counts, kind, static_cast<int>(cfg_.top_k), sc.aux_weight,
                          loss_.lbl_coef * sc.aux_weight, stats.lbl(m), s.dscores, s.mean_prob);
-  ops_.axpy(sc.aux_weight, s.mean_prob, stats.mean_prob[static_cast<size_t>(m)].t);
-  ops_.add_counts(a.counts, stats.counts[static_cast<size_t>(m)].t);
+  ops_.axpy(sc.aux_weight, s.mean_prob, stats.mean_prob[static_cast<size_t>(m)]);
+  ops_.add_counts(a.counts, stats.counts[static_cast<size_t>(m)]);
   ops_.fill(s.dlogits, 0.0);
   ops_.router_scores_bwd(s.dscores, a.scores, kind, s.dlogits);
   ops_.router_z_loss(a.logits, sc.aux_weight, loss_.router_z_coef * sc.aux_weight, stats.router_z(m), s.dlogits);

@@ -160,9 +160,9 @@ void GradSync::reduce_stats(StepStats& stats) {
   PhaseScope phase(Phase::kCommunication);
   for (Communicator* c : {groups_->dp.get(), groups_->pp.get()}) {
     if (c->size() == 1) continue;
-    c->all_reduce_sum(stats.values.t.data, static_cast<size_t>(stats.values.t.numel()), DType::kF64);
-    for (auto& t : stats.counts) c->all_reduce_sum(t.t.data, static_cast<size_t>(t.t.numel()), DType::kI32);
-    for (auto& t : stats.mean_prob) c->all_reduce_sum(t.t.data, static_cast<size_t>(t.t.numel()), t.t.dtype);
+    c->all_reduce_sum(stats.values.data, static_cast<size_t>(stats.values.numel()), DType::kF64);
+    for (const Tensor& t : stats.counts) c->all_reduce_sum(t.data, static_cast<size_t>(t.numel()), DType::kI32);
+    for (const Tensor& t : stats.mean_prob) c->all_reduce_sum(t.data, static_cast<size_t>(t.numel()), t.dtype);
   }
 }
 

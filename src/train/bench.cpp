@@ -73,9 +73,17 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     PhaseTimer::reset();
     if (groups) world->barrier();  // steps start together: a rank's wait is not the previous step's
     const uint64_t sent_before = groups ? comm_bytes_sent(*groups) : 0;
+    const TransferStats moved_before = ops->transfers();
     const Clock::time_point t0 = Clock::now();
     trainer.step(ids.t, labels.t);
     const Clock::time_point t1 = Clock::now();
+    if (timed) {
+      const TransferStats moved = ops->transfers() - moved_before;
+      r.to_host_per_step += static_cast<double>(moved.to_host);
+      r.to_host_bytes_per_step += static_cast<double>(moved.to_host_bytes);
+      r.to_device_per_step += static_cast<double>(moved.to_device);
+      r.to_device_bytes_per_step += static_cast<double>(moved.to_device_bytes);
+    }
     if (groups && timed) r.comm_bytes_per_step += static_cast<double>(comm_bytes_sent(*groups) - sent_before);
     PhaseTimer::flush();
     PhaseTimer::set_enabled(false);
@@ -102,6 +110,8 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     }
   }
   r.comm_bytes_per_step /= static_cast<double>(opt.steps);
+  for (double* x : {&r.to_host_per_step, &r.to_host_bytes_per_step, &r.to_device_per_step, &r.to_device_bytes_per_step})
+    *x /= static_cast<double>(opt.steps);
   PhaseTimer::set_thread_alloc_reader(nullptr);
   if (!opt.thread_alloc_reader) r.dnnl_allocs_per_step = -1;
   if (r.alloc_steps > 0) {
@@ -179,6 +189,10 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
        << "\n  outside oneDNN: " << r.allocs_per_step - r.dnnl_allocs_per_step << "\n";
   if (r.alloc_steps == 0)
     os << "heap allocations: not counted (no counter installed)\n";
+  os << std::setprecision(1) << "host <-> device transfers per step (" << config.train.backend << " backend): "
+     << r.to_host_per_step << " to host (" << std::setprecision(0) << r.to_host_bytes_per_step << " bytes), "
+     << std::setprecision(1) << r.to_device_per_step << " to device (" << std::setprecision(0)
+     << r.to_device_bytes_per_step << " bytes)\n";
   os << std::setprecision(1) << "peak RSS: " << static_cast<double>(r.peak_rss_bytes) / (1 << 20) << " MiB\n";
   os.flags(flags);
 }

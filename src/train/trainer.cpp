@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/phase_timer.h"
 #include "optim/schedule.h"
@@ -157,21 +158,38 @@ StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, 
   sync_->reduce_stats(stats_);
   sync_->reduce_gradients(model_->grads().flat);
 
-  // Loss terms (one read of the step's sums).
-  const double* v = stats_.values.as<double>();
-  r.ce = v[0];
-  r.lm_z = v[1];
+  // Loss terms, expert counts and probabilities: one download of the step's sums.
+  stats_host_.resize(static_cast<size_t>(stats_.words.numel()));  // reused: no allocation per step
+  ops_.download(stats_.words, stats_host_.data());
+  ops_.wait(ops_.record());
+  const char* host = reinterpret_cast<const char*>(stats_host_.data());
+  const auto host_real = [&](const Tensor& t, int64_t i) {  // element i of t's downloaded copy
+    const char* p = host + stats_.offset_of(t) + static_cast<size_t>(i) * dtype_size(t.dtype);
+    if (t.dtype == DType::kF64) {
+      double d;
+      std::memcpy(&d, p, sizeof d);
+      return d;
+    }
+    MOE_CHECK(t.dtype == DType::kF32, "step statistics: expected f32 or f64, got ", dtype_name(t.dtype));
+    float f;
+    std::memcpy(&f, p, sizeof f);
+    return static_cast<double>(f);
+  };
+  r.ce = host_real(stats_.values, 0);
+  r.lm_z = host_real(stats_.values, 1);
   const int64_t nm = stats_.num_moe_layers, E = config_.model.num_experts;
   r.counts.resize(static_cast<size_t>(nm));
   r.mean_prob.resize(static_cast<size_t>(nm));
   for (int64_t i = 0; i < nm; ++i) {
-    r.lbl.push_back(v[2 + i]);
-    r.router_z.push_back(v[2 + nm + i]);
-    const int32_t* c = stats_.counts[static_cast<size_t>(i)].as<int32_t>();
-    r.counts[static_cast<size_t>(i)].assign(c, c + E);
+    r.lbl.push_back(host_real(stats_.values, 2 + i));
+    r.router_z.push_back(host_real(stats_.values, 2 + nm + i));
+    std::vector<int32_t>& counts = r.counts[static_cast<size_t>(i)];
+    counts.resize(static_cast<size_t>(E));
+    std::memcpy(counts.data(), host + stats_.offset_of(stats_.counts[static_cast<size_t>(i)]),
+                static_cast<size_t>(E) * sizeof(int32_t));
     std::vector<double>& probs = r.mean_prob[static_cast<size_t>(i)];
     probs.resize(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) probs[static_cast<size_t>(e)] = read_real(stats_.mean_prob[static_cast<size_t>(i)].t, e);
+    for (int64_t e = 0; e < E; ++e) probs[static_cast<size_t>(e)] = host_real(stats_.mean_prob[static_cast<size_t>(i)], e);
   }
   r.total = total_loss(config_.loss, r);
   if (model_->ep_size() > 1) expert_parallel_stats(r);
@@ -230,7 +248,7 @@ void Trainer::apply_update(StepResult& r) {
   sync_->gather_params(model_->params().flat);
   if (config_.model.router_bias_gamma > 0)
     for (int64_t i = 0; i < nm; ++i)
-      ops_.router_bias_update(stats_.counts[static_cast<size_t>(i)].t, config_.model.router_bias_gamma,
+      ops_.router_bias_update(stats_.counts[static_cast<size_t>(i)], config_.model.router_bias_gamma,
                               model_->router_bias()[static_cast<size_t>(i)].t);
   model_->refresh_operand_weights();
 }

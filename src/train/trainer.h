@@ -89,6 +89,7 @@ class Trainer {
   std::vector<MicroBatch> micro_;  // the step's micro-batch views
   StepResult result_;              // the last step's record
   std::vector<double> ep_stats_;   // expert-parallel counters on their way to the edp sum
+  std::vector<int32_t> stats_host_;      // the step statistics, downloaded once per step
   std::vector<int32_t> ep_counts_host_;  // the exchange counters, downloaded once per step
   std::unique_ptr<Pipeline> pipeline_;  // one stage without pipeline parallelism
   StepStats stats_;
