@@ -1,4 +1,5 @@
 #include "checkpoint/checkpoint.h"
+#include "kernels/host_view.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -335,7 +336,25 @@ void prune_checkpoints(const fs::path& parent, const fs::path& keep_path, size_t
 //  - Adam moments: every rank writes the slices it owns (all of its parameters, or its ZeRO-1
 //    chunks; replicas without ZeRO-1 skip like parameters);
 //  - loss-free router biases of the MoE layers this rank's stage holds, by dp rank 0.
-std::vector<Piece> checkpoint_pieces(Trainer& trainer) {
+// The training state on the host: the backend's own memory (ref, cpu) or staged copies, kept
+// alive while the pieces pointing into them are written (save) or filled (load, then commit).
+struct HostState {
+  HostState(Trainer& trainer, HostView::Mode mode)
+      : params(trainer.model().ops(), trainer.model().params().flat, mode),
+        exp_avg(trainer.model().ops(), trainer.optimizer().exp_avg(), mode),
+        exp_avg_sq(trainer.model().ops(), trainer.optimizer().exp_avg_sq(), mode) {
+    // Biases of layers another stage holds are not loaded: keep their contents (kRead).
+    for (const OwnedTensor& b : trainer.model().router_bias()) router_bias.emplace_back(trainer.model().ops(), b.t);
+  }
+  void commit() {
+    for (HostView* v : {&params, &exp_avg, &exp_avg_sq}) v->commit();
+    for (HostView& v : router_bias) v.commit();
+  }
+  HostView params, exp_avg, exp_avg_sq;
+  std::vector<HostView> router_bias;
+};
+
+std::vector<Piece> checkpoint_pieces(Trainer& trainer, const HostState& host) {
   Transformer& model = trainer.model();
   const ParamLayout& local = model.layout();
   const ParamLayout whole(trainer.config().model);
@@ -348,26 +367,26 @@ std::vector<Piece> checkpoint_pieces(Trainer& trainer) {
   for (const ParamInfo& p : local.entries()) {
     if (!first_replica(p)) continue;
     const int64_t gb = whole.find(p.name).offset + p.global_begin;
-    out.push_back({"params:" + p.name, static_cast<const unsigned char*>(model.params().flat.data) + static_cast<size_t>(p.offset) * es,
+    out.push_back({"params:" + p.name, static_cast<const unsigned char*>(host.params.data()) + static_cast<size_t>(p.offset) * es,
                    static_cast<size_t>(p.numel) * es, st_dtype(dt), gb, gb + p.numel});
   }
   const AdamW& opt = trainer.optimizer();
   MOE_CHECK(opt.exp_avg().dtype == dt, "optimizer state dtype differs from the parameters'");
   const char* kinds[2] = {"exp_avg", "exp_avg_sq"};
-  const Tensor* states[2] = {&opt.exp_avg(), &opt.exp_avg_sq()};
+  const HostView* states[2] = {&host.exp_avg, &host.exp_avg_sq};
   for (int k = 0; k < 2; ++k)
     for (const StateSlice& s : opt.slices()) {
       if (!zero1 && !first_replica(*s.param)) continue;
       const int64_t gb = whole.find(s.param->name).offset + s.param->global_begin + s.param_begin;
       out.push_back({std::string(kinds[k]) + ":" + s.param->name,
-                     static_cast<const unsigned char*>(states[k]->data) + static_cast<size_t>(s.state_offset) * es,
+                     static_cast<const unsigned char*>(states[k]->data()) + static_cast<size_t>(s.state_offset) * es,
                      static_cast<size_t>(s.count) * es, st_dtype(dt), gb, gb + s.count});
     }
   if (!g || g->coords.dp == 0) {
     const ModelConfig& c = trainer.config().model;
     for (int64_t m = 0; m < c.num_moe_layers(); ++m) {
       if (!local.shard().holds_layer(c.n_dense_layers + m)) continue;
-      const Tensor& t = model.router_bias()[static_cast<size_t>(m)].t;
+      const Tensor& t = host.router_bias[static_cast<size_t>(m)].tensor();
       out.push_back({"router_bias." + std::to_string(m), static_cast<const unsigned char*>(t.data), t.nbytes(),
                      st_dtype(t.dtype), 0, t.numel()});
     }
@@ -408,7 +427,8 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, int64_t ne
 
   // This rank's pieces, in whole-model coordinates (checkpoint_pieces), one file per rank.
   std::vector<std::vector<Piece>> files(static_cast<size_t>(num_files));
-  std::vector<Piece> mine = checkpoint_pieces(trainer);
+  const HostState host(trainer, HostView::kRead);
+  std::vector<Piece> mine = checkpoint_pieces(trainer, host);
   for (size_t i = 0; i < mine.size(); ++i)
     files[world ? 0 : i % static_cast<size_t>(num_files)].push_back(std::move(mine[i]));
   std::vector<std::string> entries;
@@ -513,6 +533,7 @@ CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
   std::array<std::vector<Src>, 3> pieces;
   const size_t es = dtype_size(dt);
   std::vector<bool> bias_loaded(model.router_bias().size(), false);
+  HostState host(trainer, HostView::kWrite);  // every element below is written before commit()
   for (auto& [shard, bytes] : v.shards) {
     uint64_t header_len = 0;
     for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(bytes[static_cast<size_t>(i)]) << (8 * i);
@@ -536,7 +557,7 @@ CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
         const size_t i = std::stoul(name.substr(12));
         MOE_CHECK(i < model.router_bias().size(), "tensor '", name, "' in '", fpath, "': the model has ",
                   model.router_bias().size(), " MoE layers");
-        const Tensor& dst = model.router_bias()[i].t;
+        const Tensor& dst = host.router_bias[i].tensor();
         MOE_CHECK(e.dtype == st_dtype(dst.dtype) && e.end - e.begin == dst.nbytes(), "tensor '", name, "' in '",
                   fpath, "' has dtype ", e.dtype, " and ", e.end - e.begin, " bytes, expected ", st_dtype(dst.dtype),
                   " and ", dst.nbytes());
@@ -573,13 +594,13 @@ CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
     MOE_CHECK(at == begin + count, "checkpoint '", path, "': '", kFlatTensors[k], "' covers ", at - begin, " of ",
               count, " elements of ", what);
   };
-  auto* pbase = static_cast<unsigned char*>(model.params().flat.data);
+  auto* pbase = static_cast<unsigned char*>(host.params.data());
   for (const ParamInfo& p : model.layout().entries())
     fill(0, whole.find(p.name).offset + p.global_begin, p.numel, pbase + static_cast<size_t>(p.offset) * es,
          "parameter '" + p.name + "'");
   AdamW& opt = trainer.optimizer();
-  unsigned char* states[2] = {static_cast<unsigned char*>(opt.exp_avg().data),
-                              static_cast<unsigned char*>(opt.exp_avg_sq().data)};
+  unsigned char* states[2] = {static_cast<unsigned char*>(host.exp_avg.data()),
+                              static_cast<unsigned char*>(host.exp_avg_sq.data())};
   for (int k = 1; k < 3; ++k)
     for (const StateSlice& s : opt.slices())
       fill(k, whole.find(s.param->name).offset + s.param->global_begin + s.param_begin, s.count,
@@ -590,6 +611,7 @@ CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
       MOE_CHECK(bias_loaded[i], "checkpoint '", path, "' has no tensor 'router_bias.", i, "'");
   const int64_t steps = field<int64_t>(field<json>(v.manifest, "optimizer", mpath), "steps_taken", mpath);
   MOE_CHECK(steps == v.info.step, "malformed manifest '", mpath, "': optimizer steps_taken ", steps, " != step ", v.info.step);
+  host.commit();
   trainer.optimizer().set_steps_taken(steps);
   model.refresh_operand_weights();
   return v.info;

@@ -1,5 +1,6 @@
 // Train-loop glue (resume, periodic saves), the CRC-32C and the state hash.
 #include <array>
+#include "kernels/host_view.h"
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -63,10 +64,15 @@ uint64_t training_state_hash(Trainer& trainer) {
   uint64_t h = kFnv1aOffset;
   auto mix = [&](const void* data, size_t n) { h = fnv1a(data, n, h); };
   Transformer& m = trainer.model();
-  mix(m.params().flat.data, m.params().flat.nbytes());
-  mix(trainer.optimizer().exp_avg().data, trainer.optimizer().exp_avg().nbytes());
-  mix(trainer.optimizer().exp_avg_sq().data, trainer.optimizer().exp_avg_sq().nbytes());
-  for (const OwnedTensor& b : m.router_bias()) mix(b.t.data, b.t.nbytes());
+  Backend& ops = m.ops();
+  const auto mix_tensor = [&](const Tensor& t) {
+    const HostView host(ops, t);
+    mix(host.data(), t.nbytes());
+  };
+  mix_tensor(m.params().flat);
+  mix_tensor(trainer.optimizer().exp_avg());
+  mix_tensor(trainer.optimizer().exp_avg_sq());
+  for (const OwnedTensor& b : m.router_bias()) mix_tensor(b.t);
   const int64_t steps = trainer.steps_taken();
   mix(&steps, sizeof steps);
   return h;

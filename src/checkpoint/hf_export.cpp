@@ -1,4 +1,5 @@
 #include "checkpoint/hf_export.h"
+#include "kernels/host_view.h"
 
 #include <cstring>
 #include <filesystem>
@@ -235,7 +236,8 @@ void export_hf(const Transformer& model, const Config& config, const std::string
   Transformer& m = const_cast<Transformer&>(model);  // params() has no const overload; we only read
   Config full = config;
   full.model = model.config();
-  const Tensor flat = m.params().flat;
+  const HostView host(m.ops(), m.params().flat);
+  const Tensor& flat = host.tensor();
   if (flat.dtype == DType::kF32) return export_hf(full, static_cast<const float*>(flat.data), out_dir, dtype);
   MOE_CHECK(flat.dtype == DType::kF64, "export_hf: master parameters must be f32 or f64");
   std::vector<float> f32(static_cast<size_t>(flat.numel()));
@@ -244,7 +246,8 @@ void export_hf(const Transformer& model, const Config& config, const std::string
 }
 
 void load_into(const std::vector<float>& params, Transformer& model) {
-  const Tensor flat = model.params().flat;
+  HostView host(model.ops(), model.params().flat, HostView::kWrite);
+  const Tensor& flat = host.tensor();
   MOE_CHECK(static_cast<int64_t>(params.size()) == flat.numel(), "load_into: ", params.size(),
             " parameters for a model of ", flat.numel(), " (different configs?)");
   if (flat.dtype == DType::kF32) {
@@ -253,6 +256,7 @@ void load_into(const std::vector<float>& params, Transformer& model) {
     MOE_CHECK(flat.dtype == DType::kF64, "load_into: master parameters must be f32 or f64");
     for (size_t i = 0; i < params.size(); ++i) static_cast<double*>(flat.data)[i] = params[i];
   }
+  host.commit();
   model.refresh_operand_weights();
 }
 

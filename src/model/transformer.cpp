@@ -7,6 +7,7 @@
 #include "core/fnv1a.h"
 #include "core/phase_timer.h"
 #include "core/rng.h"
+#include "kernels/host_view.h"
 #include "moe/p2p_transport.h"
 
 namespace moe {
@@ -134,9 +135,10 @@ void Transformer::reset_exchange_counts() {
 }
 
 void Transformer::init_params(uint64_t seed) {
-  // Host loop over the flat buffer (a CUDA backend would upload the same numbers).
+  // Host loop over the flat buffer (written in place on the host backends, else uploaded).
+  HostView host(ops_, params_.flat, HostView::kWrite);
   for (const ParamInfo& info : layout_.entries()) {
-    Tensor t = param_view(info, params_.flat);
+    Tensor t = param_view(info, host.tensor());
     uint64_t stream = fnv1a(info.name);  // the name's hash: layout-independent streams
     stream = (stream << 8) | static_cast<uint64_t>(RngStream::kInit);
     for (int64_t i = 0; i < info.numel; ++i) {
@@ -147,6 +149,7 @@ void Transformer::init_params(uint64_t seed) {
       else t.as<float>()[i] = static_cast<float>(v);
     }
   }
+  host.commit();
   // The padding row starts at zero, as transformers' init does for padding_idx.
   if (cfg_.pad_id >= 0 && layout_.shard().first_stage()) {
     const ParamInfo& e = layout_.find("embed");

@@ -20,12 +20,15 @@ std::vector<StateSlice> owned_slices(const ParamLayout& layout, std::vector<std:
 int64_t state_numel(const std::vector<StateSlice>& s) { return s.empty() ? 1 : s.back().state_offset + s.back().count; }
 }  // namespace
 
-AdamW::AdamW(const ParamLayout& layout, const OptimConfig& config, DType dtype,
+AdamW::AdamW(Backend& ops, const ParamLayout& layout, const OptimConfig& config, DType dtype,
              std::vector<std::pair<int64_t, int64_t>> owned)
     : config_(config),
       slices_(owned_slices(layout, std::move(owned))),
-      m_(dtype, {state_numel(slices_)}),
-      v_(dtype, {state_numel(slices_)}) {}
+      m_(ops, dtype, {state_numel(slices_)}),
+      v_(ops, dtype, {state_numel(slices_)}) {
+  ops.fill(m_.t, 0.0);
+  ops.fill(v_.t, 0.0);
+}
 
 void AdamW::step(Backend& ops, const Weights& params, const Weights& grads, double lr) {
   ++step_;

@@ -27,7 +27,8 @@ struct StateSlice {
 class AdamW {
  public:
   // owned: sorted, disjoint [begin, end) ranges of the flat buffer; empty = all of it.
-  AdamW(const ParamLayout& layout, const OptimConfig& config, DType dtype,
+  // The moments live in the backend's memory, zeroed here.
+  AdamW(Backend& ops, const ParamLayout& layout, const OptimConfig& config, DType dtype,
         std::vector<std::pair<int64_t, int64_t>> owned = {});
   // One update of the owned elements with learning rate lr, reading gradients at the same flat
   // offsets; increments the step counter first.

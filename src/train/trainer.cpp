@@ -43,7 +43,7 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
   sync_ = std::make_unique<GradSync>(model_->layout(), groups_, config_.parallel.zero1,
                                      config_.parallel.overlap_grad_reduce);
   if (sync_->overlapping()) model_->set_layer_grads_hook([this](int64_t layer) { sync_->layer_done(layer); });
-  optim_ = std::make_unique<AdamW>(model_->layout(), config_.optim, compute, sync_->owned_ranges());
+  optim_ = std::make_unique<AdamW>(ops_, model_->layout(), config_.optim, compute, sync_->owned_ranges());
   stats_ = model_->make_stats();
   pipeline_ = std::make_unique<Pipeline>(*model_, groups_ ? groups_->pp.get() : nullptr);
 }

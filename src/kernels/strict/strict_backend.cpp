@@ -169,7 +169,11 @@ class StrictBackend final : public Backend {
   // The backend's own address of a strict tensor's bytes: a view of the read-write mapping,
   // marked host so the cpu kernels accept it. Anything else is refused, naming the call.
   Tensor translate(const char* op, const Tensor& t) {
-    if (t.data == nullptr) return t;  // an empty "none" argument (e.g. no doc_start)
+    if (t.data == nullptr) {  // an empty "none" argument (e.g. no doc_start), or no bytes at all
+      Tensor r = t;
+      r.device = Device::kCpu;
+      return r;
+    }
     MOE_CHECK(t.device == Device::kStrict, "strict backend: ", op, " was given a ", device_name(t.device),
               " tensor ", t.shape_str(), "; its memory must come from this backend");
     const auto p = reinterpret_cast<uintptr_t>(t.data);
