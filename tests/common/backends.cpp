@@ -123,14 +123,19 @@ Backend& fast_device() {
   return *g_device;
 }
 
-void BackendTest::SetUp() {
-  g_device = make_backend(GetParam());
+void use_backend(const std::string& name) {
+  g_fast.reset();
+  g_device = make_backend(name);
   g_fast = host_facing(*g_device);
 }
 
-void BackendTest::TearDown() {
+void release_backend() {
   g_fast.reset();
   g_device.reset();
 }
+
+void BackendTest::SetUp() { use_backend(GetParam()); }
+
+void BackendTest::TearDown() { release_backend(); }
 
 }  // namespace moe::test

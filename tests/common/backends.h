@@ -11,13 +11,19 @@
 // backend's own memory (aliasing arguments share one device copy), the op runs there, the
 // host waits, and every argument is downloaded back. So one test body checks a backend whose
 // memory the host cannot touch (strict, cuda) exactly like one it can.
-// skip_unless(op, dtype) turns a case the backend lacks (Backend::supports) into a reported skip.
+// MOE_SKIP_UNLESS_SUPPORTED(op, dtype) turns a case the backend lacks (Backend::supports) into a
+// reported skip. A suite with a parameter of its own (a shape) uses MOE_BACKEND_SUITE_WITH and
+// reads it with param():
+//
+//   MOE_BACKEND_SUITE_WITH(AttentionShapes, Shape, ::testing::ValuesIn(kShapes), shape_name);
+//   TEST_P(AttentionShapes, MatchesRef) { const Shape s = param(); ... }
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -34,10 +40,23 @@ std::unique_ptr<Backend> host_facing(Backend& device);
 Backend& fast();
 Backend& fast_device();
 
+// Makes `name` the backend under test of fast() and fast_device() until release_backend().
+void use_backend(const std::string& name);
+void release_backend();
+
 class BackendTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override;
   void TearDown() override;
+};
+
+// The same with a second parameter P of the suite's own: every backend times every P.
+template <class P>
+class BackendTestWith : public ::testing::TestWithParam<std::tuple<std::string, P>> {
+ protected:
+  void SetUp() override { use_backend(std::get<0>(this->GetParam())); }
+  void TearDown() override { release_backend(); }
+  const P& param() const { return std::get<1>(this->GetParam()); }
 };
 
 }  // namespace moe::test
@@ -46,6 +65,15 @@ class BackendTest : public ::testing::TestWithParam<std::string> {
   class Suite : public ::moe::test::BackendTest {};                                               \
   INSTANTIATE_TEST_SUITE_P(Backends, Suite, ::testing::ValuesIn(::moe::test::backends_under_test()), \
                            [](const ::testing::TestParamInfo<std::string>& i) { return i.param; })
+
+// values: a ::testing generator of P; name_of: a function P -> std::string (a test name part).
+#define MOE_BACKEND_SUITE_WITH(Suite, P, values, name_of)                                         \
+  class Suite : public ::moe::test::BackendTestWith<P> {};                                        \
+  INSTANTIATE_TEST_SUITE_P(                                                                       \
+      Backends, Suite, ::testing::Combine(::testing::ValuesIn(::moe::test::backends_under_test()), values), \
+      [](const ::testing::TestParamInfo<std::tuple<std::string, P>>& i) {                         \
+        return std::get<0>(i.param) + "_" + name_of(std::get<1>(i.param));                       \
+      })
 
 // Skips the rest of the test, reported as skipped, when the backend under test lacks the case.
 #define MOE_SKIP_UNLESS_SUPPORTED(op, dtype)                                                       \

@@ -1,5 +1,6 @@
-// Causal grouped-query attention: the f64 reference against finite differences, the fp32 cpu
-// kernel against the f64 reference, causality, and bitwise thread-count independence.
+// Causal grouped-query attention: the f64 reference against finite differences, each backend
+// under test (fp32, and bf16 products) against the f64 reference, causality, intra-document
+// masking, and bitwise thread-count independence.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -12,6 +13,7 @@
 #include <string>
 #include <tuple>
 
+#include "common/backends.h"
 #include "common/test_util.h"
 #include "core/bf16.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -77,19 +79,20 @@ struct Ref {
     ref::attention_bwd(a, b, c, d, e, f, g, h, i, doc, bf16);
   }
 };
-struct Cpu {
+// The backend under test (test::fast()).
+struct Fast {
   static void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                             const Tensor& lse, const Tensor& doc = Tensor(), bool bf16 = false) {
-    cpu::attention_fwd(q, k, v, o, lse, doc, bf16);
+    test::fast().attention_fwd(q, k, v, o, lse, doc, bf16);
   }
   static void attention_bwd(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d,
                             const Tensor& e, const Tensor& f, const Tensor& g, const Tensor& h,
                             const Tensor& i, const Tensor& doc = Tensor(), bool bf16 = false) {
-    cpu::attention_bwd(a, b, c, d, e, f, g, h, i, doc, bf16);
+    test::fast().attention_bwd(a, b, c, d, e, f, g, h, i, doc, bf16);
   }
 };
 
-// Tolerances, as max|cpu - ref| / max|ref| over a tensor (fp32 kernel vs f64 reference of the
+// Tolerances, as max|fast - ref| / max|ref| over a tensor (fp32 kernel vs f64 reference of the
 // same inputs; inputs are rounded to fp32 first, relative 6e-8 each). Observed maxima over 40
 // seeds of the shapes below: o 2.1e-6, lse 4.1e-7, dq/dk/dv 2.0e-6.
 // - o: each output is a convex combination of v rows with softmax weights over <= S terms. The
@@ -108,21 +111,41 @@ struct Cpu {
 // (30 seeds) o <= 3.6e-5 and grads <= 3.1e-5 against bounds 1.6e-4 and 3.2e-4.
 constexpr double kTolO = 1e-5, kTolLse = 5e-6, kTolGrad = 2e-5;
 
-class AttentionShapes : public ::testing::TestWithParam<Shape> {};
+// A test-name part for a shape: B2_S150_H4_G2_hd8_amp1.
+std::string shape_param_name(const Shape& s) {
+  return "B" + std::to_string(s.B) + "_S" + std::to_string(s.S) + "_H" + std::to_string(s.H) +
+         "_G" + std::to_string(s.G) + "_hd" + std::to_string(s.hd) + "_amp" +
+         std::to_string(static_cast<int>(s.amp));
+}
 
-TEST_P(AttentionShapes, CpuMatchesF64Reference) {
-  const Shape s = GetParam();
+const Shape kShapes[] = {
+    Shape{2, 150, 4, 2, 8},          // GQA, 3 tiles, last one partial, B=2
+    Shape{1, 150, 2, 2, 64},         // MHA, hd 64
+    Shape{1, 150, 8, 1, 64, 3.0},    // MQA, hd 64, peaky softmax
+    Shape{1, 1, 4, 2, 8},            // a single position
+    Shape{2, 64, 2, 2, 8},           // exactly one tile
+    Shape{1, 65, 8, 1, 16},          // one tile plus one position, MQA
+    Shape{1, 300, 4, 2, 32, 2.0},    // 5 tiles: several off-diagonal ones
+    Shape{2, 70, 4, 4, 12},          // hd not a multiple of the 4-row blocks
+    Shape{1, 40, 3, 1, 3},           // odd H and hd
+    Shape{1, 130, 2, 1, 128, 2.0},   // hd 128
+    Shape{1, 200, 2, 1, 64, 12.0}};  // huge scores: no overflow in rescaling
+
+MOE_BACKEND_SUITE_WITH(AttentionShapes, Shape, ::testing::ValuesIn(kShapes), shape_param_name);
+
+TEST_P(AttentionShapes, MatchesF64Reference) {
+  const Shape s = param();
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " " + name(s));
   Problem ref64(s, DType::kF64);
   ref64.fill(s, seed);
   ref64.poison_outputs();
-  Problem cpu32 = ref64.converted(s, DType::kF32);
+  Problem fast32 = ref64.converted(s, DType::kF32);
   run<Ref>(ref64);
-  run<Cpu>(cpu32);  // the cpu backward reads the cpu forward's own o and lse
-  const double eo = rel_error(cpu32.o, ref64.o), el = rel_error(cpu32.lse, ref64.lse),
-               eq = rel_error(cpu32.dq, ref64.dq), ek = rel_error(cpu32.dk, ref64.dk),
-               ev = rel_error(cpu32.dv, ref64.dv);
+  run<Fast>(fast32);  // the backend's backward reads its own forward's o and lse
+  const double eo = rel_error(fast32.o, ref64.o), el = rel_error(fast32.lse, ref64.lse),
+               eq = rel_error(fast32.dq, ref64.dq), ek = rel_error(fast32.dk, ref64.dk),
+               ev = rel_error(fast32.dv, ref64.dv);
   RecordProperty("errors", std::to_string(eo) + " " + std::to_string(el) + " " +
                                std::to_string(eq) + " " + std::to_string(ek) + " " +
                                std::to_string(ev));
@@ -160,31 +183,31 @@ Problem rounded_to_bf16(const Problem& p, const Shape& s) {
   return r;
 }
 
-TEST_P(AttentionShapes, CpuBf16ProductsMatchReferenceOnRoundedOperands) {
-  const Shape s = GetParam();
+TEST_P(AttentionShapes, Bf16ProductsMatchReferenceOnRoundedOperands) {
+  const Shape s = param();
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " " + name(s));
-  Problem cpu32(s, DType::kF32);
-  cpu32.fill(s, seed);
-  cpu32.poison_outputs();
+  Problem fast32(s, DType::kF32);
+  fast32.fill(s, seed);
+  fast32.poison_outputs();
   if (s.hd % 2) {
-    Problem f32 = cpu32.converted(s, DType::kF32);
-    run<Cpu>(f32);
-    Cpu::attention_fwd(cpu32.q, cpu32.k, cpu32.v, cpu32.o, cpu32.lse, Tensor(), true);
-    Cpu::attention_bwd(cpu32.dout, cpu32.q, cpu32.k, cpu32.v, cpu32.o, cpu32.lse, cpu32.dq,
-                       cpu32.dk, cpu32.dv, Tensor(), true);
-    for (auto [a, b] : {std::pair{&cpu32.o, &f32.o}, {&cpu32.dq, &f32.dq}, {&cpu32.dk, &f32.dk}})
+    Problem f32 = fast32.converted(s, DType::kF32);
+    run<Fast>(f32);
+    Fast::attention_fwd(fast32.q, fast32.k, fast32.v, fast32.o, fast32.lse, Tensor(), true);
+    Fast::attention_bwd(fast32.dout, fast32.q, fast32.k, fast32.v, fast32.o, fast32.lse, fast32.dq,
+                        fast32.dk, fast32.dv, Tensor(), true);
+    for (auto [a, b] : {std::pair{&fast32.o, &f32.o}, {&fast32.dq, &f32.dq}, {&fast32.dk, &f32.dk}})
       EXPECT_TRUE(test::bitwise_equal(*a, *b));
     return;
   }
-  Problem ref64 = rounded_to_bf16(cpu32, s);
+  Problem ref64 = rounded_to_bf16(fast32, s);
   run<Ref>(ref64);
-  Cpu::attention_fwd(cpu32.q, cpu32.k, cpu32.v, cpu32.o, cpu32.lse, Tensor(), true);
-  Cpu::attention_bwd(cpu32.dout, cpu32.q, cpu32.k, cpu32.v, cpu32.o, cpu32.lse, cpu32.dq, cpu32.dk,
-                     cpu32.dv, Tensor(), true);
-  const double eo = rel_error(cpu32.o, ref64.o), el = rel_error(cpu32.lse, ref64.lse),
-               eq = rel_error(cpu32.dq, ref64.dq), ek = rel_error(cpu32.dk, ref64.dk),
-               ev = rel_error(cpu32.dv, ref64.dv);
+  Fast::attention_fwd(fast32.q, fast32.k, fast32.v, fast32.o, fast32.lse, Tensor(), true);
+  Fast::attention_bwd(fast32.dout, fast32.q, fast32.k, fast32.v, fast32.o, fast32.lse, fast32.dq,
+                      fast32.dk, fast32.dv, Tensor(), true);
+  const double eo = rel_error(fast32.o, ref64.o), el = rel_error(fast32.lse, ref64.lse),
+               eq = rel_error(fast32.dq, ref64.dq), ek = rel_error(fast32.dk, ref64.dk),
+               ev = rel_error(fast32.dv, ref64.dv);
   const double grow = std::max(1.0, s.amp * s.amp / 9.0);
   EXPECT_LE(eo, kTolOBf16 * grow);
   EXPECT_LE(el, kTolLse * grow);
@@ -194,30 +217,10 @@ TEST_P(AttentionShapes, CpuBf16ProductsMatchReferenceOnRoundedOperands) {
   if (std::getenv("MOE_ATTN_PRINT_ERRORS"))
     printf("bf16 %-35s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", name(s).c_str(), eo, el, eq, ek, ev);
   // The reference's own bf16_products (f32 tensors) is the same oracle, to fp32 rounding.
-  Problem ref32 = cpu32.converted(s, DType::kF32);
+  Problem ref32 = fast32.converted(s, DType::kF32);
   Ref::attention_fwd(ref32.q, ref32.k, ref32.v, ref32.o, ref32.lse, Tensor(), true);
   EXPECT_LE(rel_error(ref32.o, ref64.o), kTolO * grow);
 }
-
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, AttentionShapes,
-    ::testing::Values(Shape{2, 150, 4, 2, 8},         // GQA, 3 tiles, last one partial, B=2
-                      Shape{1, 150, 2, 2, 64},        // MHA, hd 64
-                      Shape{1, 150, 8, 1, 64, 3.0},   // MQA, hd 64, peaky softmax
-                      Shape{1, 1, 4, 2, 8},           // a single position
-                      Shape{2, 64, 2, 2, 8},          // exactly one tile
-                      Shape{1, 65, 8, 1, 16},         // one tile plus one position, MQA
-                      Shape{1, 300, 4, 2, 32, 2.0},   // 5 tiles: several off-diagonal ones
-                      Shape{2, 70, 4, 4, 12},         // hd not a multiple of the 4-row blocks
-                      Shape{1, 40, 3, 1, 3},          // odd H and hd
-                      Shape{1, 130, 2, 1, 128, 2.0},   // hd 128
-                      Shape{1, 200, 2, 1, 64, 12.0}),  // huge scores: no overflow in rescaling
-    [](const ::testing::TestParamInfo<Shape>& info) {
-      const Shape& s = info.param;
-      return "B" + std::to_string(s.B) + "_S" + std::to_string(s.S) + "_H" + std::to_string(s.H) +
-             "_G" + std::to_string(s.G) + "_hd" + std::to_string(s.hd) + "_amp" +
-             std::to_string(static_cast<int>(s.amp));
-    });
 
 // loss = sum(o * r); its gradient is attention_bwd with dout = r.
 double loss(Problem& p, const Tensor& r, const Tensor& doc = Tensor()) {
@@ -227,14 +230,15 @@ double loss(Problem& p, const Tensor& r, const Tensor& doc = Tensor()) {
   return sum;
 }
 
-TEST(Attention, RefF64BackwardMatchesFiniteDifferencesAndCpuMatchesRef) {
+MOE_BACKEND_SUITE(Attention);
+
+TEST(AttentionRef, F64BackwardMatchesFiniteDifferences) {
   const Shape s{2, 13, 4, 2, 6, 2.0};
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Problem p(s, DType::kF64);
   p.fill(s, seed);
   p.poison_outputs();
-  Problem cpu32 = p.converted(s, DType::kF32);
   run<Ref>(p);
   // Fourth-order central differences, h = 1e-3: truncation ~h^4 f^(5) / 30 ~ 1e-13 and
   // rounding ~1e-16 |loss| / h ~ 1e-12, so ~1e-11 relative is expected (observed ~1e-11).
@@ -256,10 +260,22 @@ TEST(Attention, RefF64BackwardMatchesFiniteDifferencesAndCpuMatchesRef) {
     EXPECT_LE(err, 1e-9) << what;
     if (std::getenv("MOE_ATTN_PRINT_ERRORS")) printf("finite differences %s %.2e\n", what, err);
   }
-  run<Cpu>(cpu32);
-  EXPECT_LE(rel_error(cpu32.dq, p.dq), kTolGrad);
-  EXPECT_LE(rel_error(cpu32.dk, p.dk), kTolGrad);
-  EXPECT_LE(rel_error(cpu32.dv, p.dv), kTolGrad);
+}
+
+// The backend on the shape of the finite-difference check above, against its ref gradients.
+TEST_P(Attention, MatchesRefOnTheFiniteDifferenceShape) {
+  const Shape s{2, 13, 4, 2, 6, 2.0};
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Problem p(s, DType::kF64);
+  p.fill(s, seed);
+  p.poison_outputs();
+  Problem fast32 = p.converted(s, DType::kF32);
+  run<Ref>(p);
+  run<Fast>(fast32);
+  EXPECT_LE(rel_error(fast32.dq, p.dq), kTolGrad);
+  EXPECT_LE(rel_error(fast32.dk, p.dk), kTolGrad);
+  EXPECT_LE(rel_error(fast32.dv, p.dv), kTolGrad);
 }
 
 // Perturbing k and v at position j changes no output (o, lse) at positions < j, bitwise, and
@@ -300,10 +316,10 @@ template <class Ns> void check_causal(DType t) {
   }
 }
 
-TEST(Attention, CausalRef) { check_causal<Ref>(DType::kF64); }
-TEST(Attention, CausalCpu) { check_causal<Cpu>(DType::kF32); }
+TEST(AttentionRef, Causal) { check_causal<Ref>(DType::kF64); }
+TEST_P(Attention, Causal) { check_causal<Fast>(DType::kF32); }
 
-TEST(Attention, CpuBitwiseIndependentOfThreadCount) {
+TEST_P(Attention, BitwiseIndependentOfThreadCount) {
   const uint64_t seed = test::test_seed();
   const int saved = omp_get_max_threads();
   for (const Shape& s : {Shape{2, 150, 4, 2, 16}, Shape{1, 200, 4, 1, 64}}) {
@@ -311,54 +327,56 @@ TEST(Attention, CpuBitwiseIndependentOfThreadCount) {
     Problem p(s, DType::kF32);
     p.fill(s, seed);
     Problem one = p.converted(s, DType::kF32), two = p.converted(s, DType::kF32);
-    omp_set_num_threads(1);
-    run<Cpu>(one);
-    omp_set_num_threads(2);
-    run<Cpu>(two);
+    cpu::set_num_threads(1);  // cpu::, not omp_: it reaches a backend's own thread too (strict)
+    run<Fast>(one);
+    cpu::set_num_threads(2);
+    run<Fast>(two);
     EXPECT_TRUE(test::bitwise_equal(one.o, two.o));
     EXPECT_TRUE(test::bitwise_equal(one.lse, two.lse));
     EXPECT_TRUE(test::bitwise_equal(one.dq, two.dq));
     EXPECT_TRUE(test::bitwise_equal(one.dk, two.dk));
     EXPECT_TRUE(test::bitwise_equal(one.dv, two.dv));
   }
-  omp_set_num_threads(saved);
+  cpu::set_num_threads(saved);
 }
 
-TEST(Attention, RejectsBadArguments) {
+TEST_P(Attention, RejectsBadArguments) {
   const Shape s{1, 8, 4, 2, 8};
   Problem p64(s, DType::kF64);
   try {
-    cpu::attention_fwd(p64.q, p64.k, p64.v, p64.o, p64.lse, Tensor(), false);
-    ADD_FAILURE() << "cpu attention accepted f64";
+    test::fast().attention_fwd(p64.q, p64.k, p64.v, p64.o, p64.lse, Tensor(), false);
+    ADD_FAILURE() << "attention accepted f64";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cpu backend does not support f64"), std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(cpu::attention_bwd(p64.dout, p64.q, p64.k, p64.v, p64.o, p64.lse, p64.dq, p64.dk,
-                                  p64.dv, Tensor(), false),
+  EXPECT_THROW(test::fast().attention_bwd(p64.dout, p64.q, p64.k, p64.v, p64.o, p64.lse, p64.dq,
+                                         p64.dk, p64.dv, Tensor(), false),
                Error);
   Problem p(s, DType::kF32);
   Problem g3({1, 8, 4, 3, 8}, DType::kF32);  // H not a multiple of G
-  EXPECT_THROW(cpu::attention_fwd(p.q, g3.k, g3.v, p.o, p.lse, Tensor(), false), Error);
+  EXPECT_THROW(test::fast().attention_fwd(p.q, g3.k, g3.v, p.o, p.lse, Tensor(), false), Error);
   EXPECT_THROW(ref::attention_fwd(p.q, g3.k, g3.v, p.o, p.lse, Tensor(), false), Error);
   OwnedTensor short_lse(DType::kF32, {1, 4, 7});
-  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p.o, short_lse, Tensor(), false), Error);
+  EXPECT_THROW(test::fast().attention_fwd(p.q, p.k, p.v, p.o, short_lse, Tensor(), false), Error);
   EXPECT_THROW(ref::attention_fwd(p.q, p.k, p.v, p.o, short_lse, Tensor(), false), Error);
-  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p64.o, p.lse, Tensor(), false), Error);  // dtype mismatch
-  EXPECT_THROW(cpu::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dq, p.dv, Tensor(), false), Error);
+  EXPECT_THROW(test::fast().attention_fwd(p.q, p.k, p.v, p64.o, p.lse, Tensor(), false), Error);  // dtype mismatch
+  EXPECT_THROW(test::fast().attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dq, p.dv, Tensor(), false),
+               Error);
   // doc_start: (B,S) i32 with 0 <= doc_start[b,s] <= s.
   OwnedTensor bad_doc(DType::kI32, {1, 8});
   for (int s = 0; s < 8; ++s) bad_doc.as<int32_t>()[s] = s == 5 ? 6 : 0;
-  for (auto f : {&cpu::attention_fwd, &ref::attention_fwd}) {
+  for (bool use_fast : {true, false}) {
     try {
-      f(p.q, p.k, p.v, p.o, p.lse, bad_doc, false);
+      if (use_fast) test::fast().attention_fwd(p.q, p.k, p.v, p.o, p.lse, bad_doc, false);
+      else ref::attention_fwd(p.q, p.k, p.v, p.o, p.lse, bad_doc, false);
       ADD_FAILURE() << "doc_start after its position accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("doc_start[0,5] = 6"), std::string::npos) << e.what();
     }
   }
   OwnedTensor short_doc(DType::kI32, {1, 7});
-  EXPECT_THROW(cpu::attention_fwd(p.q, p.k, p.v, p.o, p.lse, short_doc, false), Error);
+  EXPECT_THROW(test::fast().attention_fwd(p.q, p.k, p.v, p.o, p.lse, short_doc, false), Error);
   EXPECT_THROW(ref::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dk, p.dv, short_doc, false), Error);
 }
 
@@ -381,7 +399,7 @@ OwnedTensor doc_starts(int64_t B, int64_t S, const std::vector<std::vector<int64
 // a one-token document, and a long last document so whole key tiles are skipped (S = 300).
 const std::vector<std::vector<int64_t>> kDocs = {{0, 5, 6, 64, 100, 101, 128, 190}, {0, 37, 130}};
 
-TEST(AttentionDocMask, EqualsEachDocumentAsItsOwnSequence) {
+TEST(AttentionDocMaskRef, EqualsEachDocumentAsItsOwnSequence) {
   // The masked attention of a packed row equals plain causal attention of each document alone.
   const Shape s{2, 150, 4, 2, 8, 2.0};
   const uint64_t seed = test::test_seed();
@@ -424,7 +442,7 @@ TEST(AttentionDocMask, EqualsEachDocumentAsItsOwnSequence) {
   }
 }
 
-TEST(AttentionDocMask, RefBackwardMatchesFiniteDifferences) {
+TEST(AttentionDocMaskRef, BackwardMatchesFiniteDifferences) {
   const Shape s{2, 13, 4, 2, 6, 2.0};
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -450,16 +468,25 @@ TEST(AttentionDocMask, RefBackwardMatchesFiniteDifferences) {
   }
 }
 
-class AttentionDocShapes : public ::testing::TestWithParam<Shape> {};
+// A test-name part for a shape: B2_S150_H4_G2_hd8.
+std::string doc_shape_param_name(const Shape& s) {
+  return "B" + std::to_string(s.B) + "_S" + std::to_string(s.S) + "_H" + std::to_string(s.H) +
+         "_G" + std::to_string(s.G) + "_hd" + std::to_string(s.hd);
+}
 
-TEST_P(AttentionDocShapes, CpuMatchesF64Reference) {
-  const Shape s = GetParam();
+const Shape kDocShapes[] = {Shape{2, 150, 4, 2, 8}, Shape{2, 300, 4, 2, 32, 2.0}, Shape{2, 200, 8, 1, 64, 3.0},
+                            Shape{2, 70, 4, 4, 12}, Shape{2, 40, 3, 1, 3}};
+
+MOE_BACKEND_SUITE_WITH(AttentionDocShapes, Shape, ::testing::ValuesIn(kDocShapes), doc_shape_param_name);
+
+TEST_P(AttentionDocShapes, MatchesF64Reference) {
+  const Shape s = param();
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " " + name(s));
   Problem ref64(s, DType::kF64);
   ref64.fill(s, seed);
   ref64.poison_outputs();
-  Problem cpu32 = ref64.converted(s, DType::kF32);
+  Problem fast32 = ref64.converted(s, DType::kF32);
   std::vector<std::vector<int64_t>> docs;
   for (int64_t b = 0; b < s.B; ++b) {
     std::vector<int64_t> row;
@@ -469,34 +496,26 @@ TEST_P(AttentionDocShapes, CpuMatchesF64Reference) {
   }
   OwnedTensor doc = doc_starts(s.B, s.S, docs);
   run<Ref>(ref64, doc);
-  run<Cpu>(cpu32, doc);
+  run<Fast>(fast32, doc);
   const double grow = std::max(1.0, s.amp * s.amp / 9.0);
-  EXPECT_LE(rel_error(cpu32.o, ref64.o), kTolO * grow);
-  EXPECT_LE(rel_error(cpu32.lse, ref64.lse), kTolLse * grow);
-  EXPECT_LE(rel_error(cpu32.dq, ref64.dq), kTolGrad * grow);
-  EXPECT_LE(rel_error(cpu32.dk, ref64.dk), kTolGrad * grow);
-  EXPECT_LE(rel_error(cpu32.dv, ref64.dv), kTolGrad * grow);
+  EXPECT_LE(rel_error(fast32.o, ref64.o), kTolO * grow);
+  EXPECT_LE(rel_error(fast32.lse, ref64.lse), kTolLse * grow);
+  EXPECT_LE(rel_error(fast32.dq, ref64.dq), kTolGrad * grow);
+  EXPECT_LE(rel_error(fast32.dk, ref64.dk), kTolGrad * grow);
+  EXPECT_LE(rel_error(fast32.dv, ref64.dv), kTolGrad * grow);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, AttentionDocShapes,
-    ::testing::Values(Shape{2, 150, 4, 2, 8}, Shape{2, 300, 4, 2, 32, 2.0}, Shape{2, 200, 8, 1, 64, 3.0},
-                      Shape{2, 70, 4, 4, 12}, Shape{2, 40, 3, 1, 3}),
-    [](const ::testing::TestParamInfo<Shape>& info) {
-      const Shape& s = info.param;
-      return "B" + std::to_string(s.B) + "_S" + std::to_string(s.S) + "_H" + std::to_string(s.H) +
-             "_G" + std::to_string(s.G) + "_hd" + std::to_string(s.hd);
-    });
+MOE_BACKEND_SUITE(AttentionDocMask);
 
-TEST(AttentionDocMask, OneDocumentIsBitwisePlainCausalAndThreadCountFree) {
+TEST_P(AttentionDocMask, OneDocumentIsBitwisePlainCausalAndThreadCountFree) {
   const uint64_t seed = test::test_seed();
   const Shape s{2, 200, 4, 2, 16};
   SCOPED_TRACE("seed " + std::to_string(seed));
   Problem p(s, DType::kF32);
   p.fill(s, seed);
   Problem plain = p.converted(s, DType::kF32), one_doc = p.converted(s, DType::kF32);
-  run<Cpu>(plain);
-  run<Cpu>(one_doc, doc_starts(s.B, s.S, {{0}, {0}}));
+  run<Fast>(plain);
+  run<Fast>(one_doc, doc_starts(s.B, s.S, {{0}, {0}}));
   EXPECT_TRUE(test::bitwise_equal(plain.o, one_doc.o));
   EXPECT_TRUE(test::bitwise_equal(plain.lse, one_doc.lse));
   EXPECT_TRUE(test::bitwise_equal(plain.dq, one_doc.dq));
@@ -505,11 +524,11 @@ TEST(AttentionDocMask, OneDocumentIsBitwisePlainCausalAndThreadCountFree) {
   const int saved = omp_get_max_threads();
   OwnedTensor doc = doc_starts(s.B, s.S, kDocs);
   Problem a = p.converted(s, DType::kF32), b = p.converted(s, DType::kF32);
-  omp_set_num_threads(1);
-  run<Cpu>(a, doc);
-  omp_set_num_threads(2);
-  run<Cpu>(b, doc);
-  omp_set_num_threads(saved);
+  cpu::set_num_threads(1);  // cpu::, not omp_: it reaches a backend's own thread too (strict)
+  run<Fast>(a, doc);
+  cpu::set_num_threads(2);
+  run<Fast>(b, doc);
+  cpu::set_num_threads(saved);
   EXPECT_TRUE(test::bitwise_equal(a.o, b.o));
   EXPECT_TRUE(test::bitwise_equal(a.dq, b.dq));
   EXPECT_TRUE(test::bitwise_equal(a.dk, b.dk));

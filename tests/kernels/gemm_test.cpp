@@ -1,5 +1,6 @@
-// GEMM family: cpu (oneDNN) against ref, ref against finite differences, and the cpu backend's
-// bitwise independence of the thread count.
+// GEMM family: each backend under test against ref, ref against finite differences, bitwise
+// independence of the thread count, and the oneDNN primitives behind the cpu kernels (which the
+// strict backend runs too).
 //
 // Tolerances. An f32 dot product of length K, summed in any blocked order, has a rounding
 // error of about sqrt(K) * 2^-24 * |typical term| (random-walk growth of the per-addition
@@ -16,12 +17,14 @@
 #include <omp.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/backends.h"
 #include "common/test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/gemm_dnnl.h"
@@ -61,13 +64,15 @@ OwnedTensor random(DType t, std::initializer_list<int64_t> dims, uint64_t salt) 
   return o;
 }
 
-// ------------------------------------------------------------------ dense, cpu vs ref
+MOE_BACKEND_SUITE(Gemm);
+
+// ------------------------------------------------------------------ dense, backend vs ref
 
 struct LinearCase {
   int64_t m, n, k;
 };
 
-// cpu output vs ref: f32 operands against the ref in f64 on the same values; bf16 operands
+// Backend output vs ref: f32 operands against the ref in f64 on the same values; bf16 operands
 // against the ref on the same bf16 operands (float accumulation on both sides).
 void check_linear(DType dt, const LinearCase& c, bool acc) {
   SCOPED_TRACE(testing::Message() << dtype_name(dt) << " m=" << c.m << " n=" << c.n << " k=" << c.k
@@ -82,7 +87,7 @@ void check_linear(DType dt, const LinearCase& c, bool acc) {
     auto y = random(DType::kF32, {c.m, c.n}, 4);
     if (!acc) poison(y);
     auto yr = clone(y, ro);
-    cpu::linear_fwd(x, w, y, acc);
+    test::fast().linear_fwd(x, w, y, acc);
     ref::linear_fwd(xr, wr, yr, acc);
     const double err = rel_error(y, yr), tol = f32_tol(c.k, sides);
     report("linear_fwd", err, tol);
@@ -92,7 +97,7 @@ void check_linear(DType dt, const LinearCase& c, bool acc) {
     auto dx = random(DType::kF32, {c.m, c.k}, 5);
     if (!acc) poison(dx);
     auto dxr = clone(dx, ro);
-    cpu::linear_bwd_data(dy, w, dx, acc);
+    test::fast().linear_bwd_data(dy, w, dx, acc);
     ref::linear_bwd_data(dyr, wr, dxr, acc);
     const double err = rel_error(dx, dxr), tol = f32_tol(c.n, sides);
     report("linear_bwd_data", err, tol);
@@ -101,7 +106,7 @@ void check_linear(DType dt, const LinearCase& c, bool acc) {
   {  // weight gradient, always +=
     auto dw = random(DType::kF32, {c.n, c.k}, 6);
     auto dwr = clone(dw, ro);
-    cpu::linear_bwd_weight(dy, x, dw);
+    test::fast().linear_bwd_weight(dy, x, dw);
     ref::linear_bwd_weight(dyr, xr, dwr);
     const double err = rel_error(dw, dwr), tol = f32_tol(c.m, sides);
     report("linear_bwd_weight", err, tol);
@@ -115,12 +120,15 @@ const LinearCase kLinearCases[] = {
     {64, 1100, 48},                    // small M, column tiles with a remainder
 };
 
-TEST(GemmCpu, LinearF32MatchesRef) {
+TEST_P(Gemm, LinearF32MatchesRef) {
   for (const auto& c : kLinearCases)
     for (bool acc : {false, true}) check_linear(DType::kF32, c, acc);
 }
 
-TEST(GemmCpu, LinearBf16MatchesRefOnSameOperands) {
+TEST_P(Gemm, LinearBf16MatchesRefOnSameOperands) {
+  MOE_SKIP_UNLESS_SUPPORTED(OpId::linear_fwd, DType::kBF16);
+  MOE_SKIP_UNLESS_SUPPORTED(OpId::linear_bwd_data, DType::kBF16);
+  MOE_SKIP_UNLESS_SUPPORTED(OpId::linear_bwd_weight, DType::kBF16);
   for (const auto& c : kLinearCases)
     for (bool acc : {false, true}) check_linear(DType::kBF16, c, acc);
 }
@@ -140,28 +148,28 @@ TEST(GemmRef, Bf16AndF32MatchF64) {
   }
 }
 
-TEST(GemmCpu, RejectsF64AndMismatchedOperands) {
+TEST_P(Gemm, RejectsF64AndMismatchedOperands) {
   OwnedTensor x(DType::kF64, {4, 3}), w(DType::kF64, {5, 3}), y(DType::kF64, {4, 5});
   try {
-    cpu::linear_fwd(x, w, y, false);
+    test::fast().linear_fwd(x, w, y, false);
     FAIL() << "f64 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("does not support f64"), std::string::npos) << e.what();
   }
   OwnedTensor xf(DType::kF32, {4, 3}), wb(DType::kBF16, {5, 3}), yf(DType::kF32, {4, 5});
-  EXPECT_THROW(cpu::linear_fwd(xf, wb, yf, false), Error);
+  EXPECT_THROW(test::fast().linear_fwd(xf, wb, yf, false), Error);
   OwnedTensor wf(DType::kF32, {5, 4});
-  EXPECT_THROW(cpu::linear_fwd(xf, wf, yf, false), Error);
+  EXPECT_THROW(test::fast().linear_fwd(xf, wf, yf, false), Error);
 }
 
-TEST(GemmCpu, ZeroReductionOverwritesWithZeros) {
+TEST_P(Gemm, ZeroReductionOverwritesWithZeros) {
   OwnedTensor x(DType::kF32, {3, 0}), w(DType::kF32, {4, 0}), y(DType::kF32, {3, 4});
   poison(y);
-  cpu::linear_fwd(x, w, y, false);
+  test::fast().linear_fwd(x, w, y, false);
   for (int64_t i = 0; i < y.t.numel(); ++i) EXPECT_EQ(test::get(y, i), 0.0);
 }
 
-// ------------------------------------------------------------------ grouped, cpu vs ref
+// ------------------------------------------------------------------ grouped, backend vs ref
 
 // Rows per expert, including an empty expert and chunks that are not multiples of 64.
 std::vector<int32_t> make_offsets(const std::vector<int32_t>& rows) {
@@ -207,7 +215,7 @@ void check_grouped(DType dt, const std::vector<int32_t>& rows, int64_t extra_row
     OwnedTensor y(DType::kF32, {r, n});
     poison(y);
     auto yr = clone(y, ro);
-    cpu::grouped_linear_fwd(x, w, off, y);
+    test::fast().grouped_linear_fwd(x, w, off, y);
     ref::grouped_linear_fwd(xr, wr, off, yr);
     const double err = rel_error(y.t.slice(0, used), yr.t.slice(0, used)), tol = f32_tol(k, sides);
     report("grouped_linear_fwd", err, tol);
@@ -218,7 +226,7 @@ void check_grouped(DType dt, const std::vector<int32_t>& rows, int64_t extra_row
     OwnedTensor dx(DType::kF32, {r, k});
     poison(dx);
     auto dxr = clone(dx, ro);
-    cpu::grouped_linear_bwd_data(dy, w, off, dx);
+    test::fast().grouped_linear_bwd_data(dy, w, off, dx);
     ref::grouped_linear_bwd_data(dyr, wr, off, dxr);
     const double err = rel_error(dx.t.slice(0, used), dxr.t.slice(0, used)),
                  tol = f32_tol(n, sides);
@@ -231,7 +239,7 @@ void check_grouped(DType dt, const std::vector<int32_t>& rows, int64_t extra_row
     for (int64_t e = 0; e < e_count; ++e)
       if (rows[static_cast<size_t>(e)] == 0) poison(dw.t.slice(e, e + 1));  // must stay untouched
     auto dwr = clone(dw, ro);
-    cpu::grouped_linear_bwd_weight(dy, x, off, dw);
+    test::fast().grouped_linear_bwd_weight(dy, x, off, dw);
     ref::grouped_linear_bwd_weight(dyr, xr, off, dwr);
     for (int64_t e = 0; e < e_count; ++e) {
       const Tensor a = dw.t.slice(e, e + 1), b = dwr.t.slice(e, e + 1);
@@ -250,28 +258,31 @@ void check_grouped(DType dt, const std::vector<int32_t>& rows, int64_t extra_row
 // tails), 5 rows beyond offsets[E].
 const std::vector<int32_t> kUneven = {70, 0, 3, 300, 1, 64, 128, 583};
 
-TEST(GemmCpu, GroupedF32MatchesRef) {
+TEST_P(Gemm, GroupedF32MatchesRef) {
   check_grouped(DType::kF32, kUneven, 5, 33, 70);
   check_grouped(DType::kF32, kUneven, 5, 100, 257);
   check_grouped(DType::kF32, {0, 2, 0}, 3, 1100, 20);  // column tiles with a remainder
 }
 
-TEST(GemmCpu, GroupedBf16MatchesRefOnSameOperands) {
+TEST_P(Gemm, GroupedBf16MatchesRefOnSameOperands) {
+  MOE_SKIP_UNLESS_SUPPORTED(OpId::grouped_linear_fwd, DType::kBF16);
+  MOE_SKIP_UNLESS_SUPPORTED(OpId::grouped_linear_bwd_data, DType::kBF16);
+  MOE_SKIP_UNLESS_SUPPORTED(OpId::grouped_linear_bwd_weight, DType::kBF16);
   check_grouped(DType::kBF16, kUneven, 5, 33, 70);
   check_grouped(DType::kBF16, kUneven, 5, 100, 257);
 }
 
-TEST(GemmCpu, GroupedRejectsBadOffsets) {
+TEST_P(Gemm, GroupedRejectsBadOffsets) {
   auto x = random(DType::kF32, {6, 4}, 1), w = random(DType::kF32, {2, 3, 4}, 2);
   OwnedTensor y(DType::kF32, {6, 3});
   for (const auto& bad : std::vector<std::vector<int32_t>>{{1, 2, 3}, {0, 4, 2}, {0, 3, 7}}) {
     auto off = offsets_tensor(bad);
-    EXPECT_THROW(cpu::grouped_linear_fwd(x, w, off, y), Error);
+    EXPECT_THROW(test::fast().grouped_linear_fwd(x, w, off, y), Error);
     EXPECT_THROW(ref::grouped_linear_fwd(x, w, off, y), Error);
   }
 }
 
-TEST(GemmCpu, NewExpertLoadCreatesNoPrimitive) {
+TEST_P(Gemm, NewExpertLoadCreatesNoPrimitive) {
   // A second step with a different load (different tail lengths) reuses the families created
   // by the first.
   const int64_t n = 48, k = 40;
@@ -280,9 +291,9 @@ TEST(GemmCpu, NewExpertLoadCreatesNoPrimitive) {
   OwnedTensor y(DType::kF32, {400, n}), dx(DType::kF32, {400, k}), dw(DType::kF32, {4, n, k});
   auto step = [&](const std::vector<int32_t>& rows) {
     auto off = offsets_tensor(make_offsets(rows));
-    cpu::grouped_linear_fwd(x, w, off, y);
-    cpu::grouped_linear_bwd_data(dy, w, off, dx);
-    cpu::grouped_linear_bwd_weight(dy, x, off, dw);
+    test::fast().grouped_linear_fwd(x, w, off, y);
+    test::fast().grouped_linear_bwd_data(dy, w, off, dx);
+    test::fast().grouped_linear_bwd_weight(dy, x, off, dw);
   };
   step({100, 100, 100, 100});
   const size_t created = cpu::gemm::primitive_count();
@@ -384,11 +395,11 @@ std::vector<OwnedTensor> run_all(DType dt, const std::vector<int32_t>& rows, int
   std::vector<OwnedTensor> out;
   auto x = random(dt, {m, k}, 21), w = random(dt, {n, k}, 22), dy = random(dt, {m, n}, 23);
   out.emplace_back(random(DType::kF32, {m, n}, 24));
-  cpu::linear_fwd(x, w, out.back(), true);
+  test::fast().linear_fwd(x, w, out.back(), true);
   out.emplace_back(DType::kF32, std::initializer_list<int64_t>{m, k});
-  cpu::linear_bwd_data(dy, w, out.back(), false);
+  test::fast().linear_bwd_data(dy, w, out.back(), false);
   out.emplace_back(random(DType::kF32, {n, k}, 25));
-  cpu::linear_bwd_weight(dy, x, out.back());
+  test::fast().linear_bwd_weight(dy, x, out.back());
 
   const auto off_v = make_offsets(rows);
   auto off = offsets_tensor(off_v);
@@ -396,15 +407,15 @@ std::vector<OwnedTensor> run_all(DType dt, const std::vector<int32_t>& rows, int
   auto gx = random(dt, {r, k}, 26), gw = random(dt, {e_count, n, k}, 27);
   auto gdy = random(dt, {r, n}, 28);
   out.emplace_back(DType::kF32, std::initializer_list<int64_t>{r, n});
-  cpu::grouped_linear_fwd(gx, gw, off, out.back());
+  test::fast().grouped_linear_fwd(gx, gw, off, out.back());
   out.emplace_back(DType::kF32, std::initializer_list<int64_t>{r, k});
-  cpu::grouped_linear_bwd_data(gdy, gw, off, out.back());
+  test::fast().grouped_linear_bwd_data(gdy, gw, off, out.back());
   out.emplace_back(random(DType::kF32, {e_count, n, k}, 29));
-  cpu::grouped_linear_bwd_weight(gdy, gx, off, out.back());
+  test::fast().grouped_linear_bwd_weight(gdy, gx, off, out.back());
   return out;
 }
 
-TEST(GemmCpu, BitwiseIdenticalWithOneTwoAndThreeThreads) {
+TEST_P(Gemm, BitwiseIdenticalWithOneTwoAndThreeThreads) {
   // Skewed load: max/mean about 4, tails of every kind, an empty expert.
   const std::vector<int32_t> skewed = {260, 5, 64, 0, 129, 1, 40, 77, 13, 30, 11, 2};
   Threads threads(1);
@@ -431,13 +442,16 @@ int os_threads() {
   return count;
 }
 
-TEST(GemmCpu, OneDnnRunsSequentiallyInsideOurRegion) {
+TEST_P(Gemm, OneDnnRunsSequentiallyInsideOurRegion) {
   // oneDNN must never open an OpenMP region of its own from inside ours: it would oversubscribe
   // the cores and overrun the one-thread scratchpads. Any such region starts new OS threads
   // (libgomp gives a nested team fresh threads, even under an inactive one-thread region), so
   // a sampler counts this process's threads while the ops run with nesting allowed: a
   // single-tile GEMM (our region inactive, as oneDNN then sees omp_in_parallel() false) and a
   // many-tile one (our region active). The caller's thread count must also survive the ops.
+  // libgomp keeps max-active-levels per thread: under strict the ops run on the backend's own
+  // thread, which omp_set_max_active_levels here does not reach (nesting stays off there), so
+  // only the cpu instance runs them with nesting allowed.
   Threads threads(2);
   const int levels = omp_get_max_active_levels();
   auto x = random(DType::kF32, {256, 64}, 1), w = random(DType::kF32, {512, 64}, 2);
@@ -445,18 +459,28 @@ TEST(GemmCpu, OneDnnRunsSequentiallyInsideOurRegion) {
   OwnedTensor y(DType::kF32, {256, 512}), dx(DType::kF32, {256, 64}), dw(DType::kF32, {512, 64});
   const Tensor x1 = x.t.slice(0, 64), y1 = y.t.slice(0, 64);  // 64x512x64: one tile
   auto run = [&] {
-    cpu::linear_fwd(x1, w, y1, false);
-    cpu::linear_fwd(x, w, y, false);
-    cpu::linear_bwd_data(dy, w, dx, false);
-    cpu::linear_bwd_weight(dy, x, dw);
+    test::fast().linear_fwd(x1, w, y1, false);
+    test::fast().linear_fwd(x, w, y, false);
+    test::fast().linear_bwd_data(dy, w, dx, false);
+    test::fast().linear_bwd_weight(dy, x, dw);
   };
   run();  // warm: primitives exist, the outer pool is started
+  // Threads of OpenMP pools just shut down (a larger team of the test before, or the worker of
+  // its strict backend) leave asynchronously: count once the number is steady, and before the
+  // sampler starts, so that none still leaving is counted by the sampler but not in the base.
+  int settled = os_threads();
+  for (int steady = 0, polls = 0; steady < 3 && polls < 200; ++polls) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const int now = os_threads();
+    steady = now == settled ? steady + 1 : 0;
+    settled = now;
+  }
+  const int base = settled + 1;  // main, the OpenMP worker(s), and the sampler started below
   std::atomic<bool> stop{false};
   std::atomic<int> peak{0};
   std::thread sampler([&] {
     while (!stop.load()) peak.store(std::max(peak.load(), os_threads()));
   });
-  const int base = os_threads();  // main, the OpenMP worker, the sampler
   omp_set_max_active_levels(4);
   for (int i = 0; i < 20; ++i) run();
   omp_set_max_active_levels(levels);
@@ -500,7 +524,7 @@ TEST(GemmCpu, OneDnnPicksAvx512Kernels) {
   if (!bf16_cpu) GTEST_SKIP() << "CPU lacks avx512_bf16: the bf16 kernel was not checked";
 }
 
-TEST(GemmCpu, DenseTilesAlwaysGetBrgemm) {
+TEST_P(Gemm, DenseTilesAlwaysGetBrgemm) {
   // Run every op on odd shapes, then inspect every primitive created so far: each one whose
   // operands are dense (all but small-M data-gradient column tiles) must be a brgemm kernel.
   for (DType dt : {DType::kF32, DType::kBF16}) {
@@ -510,18 +534,18 @@ TEST(GemmCpu, DenseTilesAlwaysGetBrgemm) {
            dy = random(dt, {c.m, c.n}, 3);
       OwnedTensor y(DType::kF32, {c.m, c.n}), dx(DType::kF32, {c.m, c.k}),
           dw(DType::kF32, {c.n, c.k});
-      cpu::linear_fwd(x, w, y, true);
-      cpu::linear_bwd_data(dy, w, dx, false);
-      cpu::linear_bwd_weight(dy, x, dw);
+      test::fast().linear_fwd(x, w, y, true);
+      test::fast().linear_bwd_data(dy, w, dx, false);
+      test::fast().linear_bwd_weight(dy, x, dw);
     }
     const auto off_v = make_offsets(kUneven);
     auto off = offsets_tensor(off_v);
     const int64_t r = off_v.back(), e = static_cast<int64_t>(kUneven.size()), n = 33, k = 70;
     auto x = random(dt, {r, k}, 1), w = random(dt, {e, n, k}, 2), dy = random(dt, {r, n}, 3);
     OwnedTensor y(DType::kF32, {r, n}), dx(DType::kF32, {r, k}), dw(DType::kF32, {e, n, k});
-    cpu::grouped_linear_fwd(x, w, off, y);
-    cpu::grouped_linear_bwd_data(dy, w, off, dx);
-    cpu::grouped_linear_bwd_weight(dy, x, off, dw);
+    test::fast().grouped_linear_fwd(x, w, off, y);
+    test::fast().grouped_linear_bwd_data(dy, w, off, dx);
+    test::fast().grouped_linear_bwd_weight(dy, x, off, dw);
   }
   const bool bf16_cpu = __builtin_cpu_supports("avx512bf16");
   int dense = 0;
