@@ -95,7 +95,8 @@ const std::vector<Field>& fields() {
     add("train", "micro_batch_size", T(micro_batch_size), 1, 1 << 24, {}, "sequences per forward/backward");
     add("train", "seed", T(seed), 0, 1.8e19, {}, "seed of every random draw");
     add("train", "precision", T(precision), 0, 0, {"fp32", "bf16"}, "GEMM compute precision");
-    add("train", "backend", T(backend), 0, 0, {"cpu", "ref"}, "kernel backend");
+    add("train", "backend", T(backend), 0, 0, {"cpu", "ref", "strict"},
+        "kernel backend (strict: the cpu kernels behind memory the host cannot read, to test device discipline)");
     add("train", "threads", T(threads), 0, 4096, {}, "CPU threads (0 = all)");
     add("train", "recompute", T(recompute), 0, 0, {}, "recompute each block in backward");
     add("train", "log_every", T(log_every), 1, 1e15, {}, "steps between log lines");

@@ -23,13 +23,15 @@
 
 namespace moe {
 
-// Sums over the micro-batches of one optimizer step, in one allocation of the backend's memory
-// (values, then mean_prob, then counts), so the host reads them with one download per step.
+// What the host reads of one optimizer step, in one allocation of the backend's memory (values,
+// grad_sumsq, mean_prob, counts, exchange), so that it takes one download per step.
 struct StepStats {
   Buffer memory;
   Tensor words;   // all of memory as i32 words: what the host downloads
   Tensor values;  // f64: [ce, lm_z, lbl per MoE layer..., router_z per MoE layer...]
-  std::vector<Tensor> counts;     // per MoE layer, (E) i32, step total tokens per expert
+  Tensor grad_sumsq;  // (num_global_params) f64: each parameter's gradient sum of squares (GradSync)
+  Tensor exchange;    // (MoE layers, 4 + ep) i32 with EP: the exchange counters (copied in), else empty
+  std::vector<Tensor> counts;     // per MoE layer, (E) i32, step total tokens per expert (summed over micro-batches)
   std::vector<Tensor> mean_prob;  // per MoE layer, (E) compute dtype, token-weighted mean over the step
   int64_t num_moe_layers = 0;
   Tensor ce() const { return values.slice(0, 1); }

@@ -12,7 +12,7 @@
 namespace moe {
 
 GradSync::GradSync(const ParamLayout& layout, ProcessGroups* groups, bool zero1, bool overlap)
-    : layout_(layout), groups_(groups), zero1_(zero1 && groups != nullptr), partial_(DType::kF64, {layout.num_global_params()}) {
+    : layout_(layout), groups_(groups), zero1_(zero1 && groups != nullptr) {
   overlap_ = overlap && groups_ != nullptr && !zero1_;
   if (overlap_) {
     // Each layer's parameters are contiguous within the dense region and within the expert region.
@@ -128,8 +128,9 @@ void GradSync::reduce_gradients(const Tensor& grad_flat) {
     groups_->edp->all_reduce_sum(base + dense * esize, experts, grad_flat.dtype);
 }
 
-double GradSync::global_grad_norm(Backend& ops, const Tensor& grad_flat) {
-  ops.fill(partial_.t, 0.0);
+void GradSync::grad_sumsq(Backend& ops, const Tensor& grad_flat, const Tensor& out) {
+  check_shape(out, {layout_.num_global_params()}, "grad_sumsq out");
+  ops.fill(out, 0.0);
   const bool count_dense = !groups_ || groups_->coords.dp == 0;
   const bool count_experts = !groups_ || groups_->coords.edp == 0;
   for (const ParamInfo& p : layout_.entries()) {
@@ -142,16 +143,17 @@ double GradSync::global_grad_norm(Backend& ops, const Tensor& grad_flat) {
     } else if (!(p.is_expert ? count_experts : count_dense)) {
       continue;
     }
-    ops.sumsq_to(grad_flat.slice(lo, hi), partial_.t.slice(p.global_index, p.global_index + 1));
+    ops.sumsq_to(grad_flat.slice(lo, hi), out.slice(p.global_index, p.global_index + 1));
   }
   if (groups_ && groups_->world->size() > 1) {
     PhaseScope phase(Phase::kCommunication);
-    groups_->world->all_reduce_sum(partial_.t.data, static_cast<size_t>(partial_.t.numel()), DType::kF64);
+    groups_->world->all_reduce_sum(out.data, static_cast<size_t>(out.numel()), DType::kF64);
   }
-  // The partial sums live in host memory on the cpu and ref backends.
+}
+
+double GradSync::grad_norm(const std::vector<double>& sumsq) {
   double total = 0;
-  const double* v = partial_.as<double>();
-  for (int64_t i = 0; i < partial_.t.numel(); ++i) total += v[i];
+  for (double v : sumsq) total += v;
   return std::sqrt(total);
 }
 

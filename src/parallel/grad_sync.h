@@ -53,9 +53,13 @@ class GradSync {
   bool overlapping() const { return overlap_; }
   // ZeRO-1: all-gather the updated owned chunks of the parameters (no-op otherwise).
   void gather_params(const Tensor& param_flat);
-  // sqrt of the sum of squares of the whole model's gradient, counted once per shard.
-  // grad_flat must already be reduced. Same value on every rank.
-  double global_grad_norm(Backend& ops, const Tensor& grad_flat);
+  // The global gradient norm, in two halves so that the host reads the sums with the step's
+  // other statistics (one download): grad_sumsq writes each parameter's sum of squares, counted
+  // once per shard and summed over the world, into out (num_global_params) f64 on the device;
+  // grad_norm adds a downloaded copy in whole-model order and takes the root. grad_flat must
+  // already be reduced. Same value on every rank.
+  void grad_sumsq(Backend& ops, const Tensor& grad_flat, const Tensor& out);
+  static double grad_norm(const std::vector<double>& sumsq);
   // Sum the step's loss terms, expert counts and router probabilities over dp and pp. Under
   // expert parallelism routing and these statistics stay on the tokens' rank, and dp contains
   // the EP group, so every token counts once and every rank gets the same bias update.
@@ -81,7 +85,6 @@ class GradSync {
   ProcessGroups* groups_;
   bool zero1_;
   Region dense_, experts_;
-  OwnedTensor partial_;  // (num_global_params) f64 per-parameter sums of squares
   Buffer chunk_;         // ZeRO-1 staging: one chunk (MPI send and receive buffers must not alias)
   // Overlap: per layer, its dense and expert flat ranges; backwards seen this step; requests.
   struct LayerBucket {

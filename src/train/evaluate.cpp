@@ -11,8 +11,10 @@ EvalResult evaluate(Transformer& model, const TokenDataset& data, int64_t batch,
   const int64_t B = batch, S = data.seq_len();
   MOE_CHECK(data.num_instances() > 0, "evaluate: the dataset has no instance of ", S, " tokens");
   if (batches <= 0) batches = (data.num_instances() + B - 1) / B;
-  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S}), sum(DType::kF64, {1});
-  model.ops().fill(sum.t, 0.0);
+  Backend& ops = model.ops();
+  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S});          // host
+  OwnedTensor d_ids(ops, DType::kI32, {B, S}), d_labels(ops, DType::kI32, {B, S}), sum(ops, DType::kF64, {1});
+  ops.fill(sum.t, 0.0);
   EvalResult r;
   for (int64_t m = 0; m < batches; ++m) {
     for (int64_t b = 0; b < B; ++b) {
@@ -20,10 +22,15 @@ EvalResult evaluate(Transformer& model, const TokenDataset& data, int64_t batch,
       data.instance(index, ids.as<int32_t>() + b * S, labels.as<int32_t>() + b * S);
     }
     for (int64_t i = 0; i < B * S; ++i) r.tokens += labels.as<int32_t>()[i] >= 0;
-    model.forward_loss(ids, labels, sum);
+    ops.upload(ids.t.data, d_ids.t);
+    ops.upload(labels.t.data, d_labels.t);
+    model.forward_loss(d_ids, d_labels, sum);
   }
   r.batches = batches;
-  r.loss = sum.as<double>()[0] / static_cast<double>(r.tokens);
+  double total = 0;
+  ops.download(sum.t, &total);
+  ops.wait(ops.record());
+  r.loss = total / static_cast<double>(r.tokens);
   r.perplexity = std::exp(r.loss);
   return r;
 }

@@ -1,4 +1,5 @@
 #include "train/generate.h"
+#include "kernels/host_view.h"
 
 #include <algorithm>
 #include <cmath>
@@ -47,21 +48,23 @@ std::vector<int32_t> generate(Transformer& model, int64_t batch, int64_t seq_len
   for (int32_t t : prompt) MOE_CHECK(t >= 0 && t < V, "generate: prompt token ", t, " is outside [0, ", V, ")");
   MOE_CHECK(o.temperature >= 0 && std::isfinite(o.temperature), "generate: temperature must be >= 0");
   MOE_CHECK(o.top_k >= 0, "generate: top_k must be >= 0");
-  OwnedTensor ids(DType::kI32, {batch, seq_len});
-  OwnedTensor logits(model.compute_dtype(), {batch * seq_len, V});
+  Backend& ops = model.ops();
+  OwnedTensor ids(ops, DType::kI32, {batch, seq_len});
+  OwnedTensor logits(ops, model.compute_dtype(), {batch * seq_len, V});
+  std::vector<int32_t> host_ids(static_cast<size_t>(batch * seq_len));
   std::vector<int32_t> context = prompt, out;
   std::vector<double> row(static_cast<size_t>(V));
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
     const int64_t len = std::min<int64_t>(static_cast<int64_t>(context.size()), seq_len);
     const int32_t* src = context.data() + context.size() - static_cast<size_t>(len);
-    int32_t* dst = ids.as<int32_t>();
-    std::fill(dst, dst + batch * seq_len, 0);
-    std::copy(src, src + len, dst);
+    std::fill(host_ids.begin(), host_ids.end(), 0);
+    std::copy(src, src + len, host_ids.begin());
+    ops.upload(host_ids.data(), ids.t);
     model.forward_logits(ids, logits);
     const int64_t pos = len - 1;
+    const HostView logits_row(ops, logits.t.slice(pos, pos + 1));
     for (int64_t v = 0; v < V; ++v)
-      row[static_cast<size_t>(v)] = logits.t.dtype == DType::kF64 ? logits.as<double>()[pos * V + v]
-                                                                   : logits.as<float>()[pos * V + v];
+      row[static_cast<size_t>(v)] = logits.t.dtype == DType::kF64 ? logits_row.as<double>()[v] : logits_row.as<float>()[v];
     const double u = random_uniform(o.seed, kSampleStream, static_cast<uint64_t>(n));
     const int32_t next = sample_token(row, o.temperature, o.top_k, u);
     context.push_back(next);

@@ -47,8 +47,10 @@ double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batc
   const int64_t B = c.train.micro_batch_size, S = c.train.seq_len;
   ProcessGroups* g = trainer.groups();
   const int64_t dp = g ? g->layout.dp : 1, d = g ? g->coords.dp : 0;
-  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S}), sum(DType::kF64, {2}),
-      doc(DType::kI32, {B, S});
+  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S}), doc(DType::kI32, {B, S});
+  Backend& ops = trainer.model().ops();
+  OwnedTensor sum(ops, DType::kF64, {1});  // the cross-entropy sum, accumulated on the device
+  ops.fill(sum.t, 0.0);
   double labeled = 0;
   for (int64_t round = 0; round * dp < batches; ++round) {
     const int64_t m = round * dp + d;
@@ -60,13 +62,14 @@ double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batc
     }
     if (m >= batches) std::fill(labels.as<int32_t>(), labels.as<int32_t>() + B * S, -1);
     for (int64_t i = 0; i < B * S; ++i) labeled += labels.as<int32_t>()[i] >= 0;
-    trainer.model().set_document_starts(c.data.intra_doc_mask ? doc.t : Tensor());
-    trainer.forward_loss(ids, labels, sum.t.slice(0, 1));  // across pipeline stages when pp > 1
+    // Across pipeline stages when pp > 1.
+    trainer.forward_loss(ids, labels, sum.t, c.data.intra_doc_mask ? doc.t : Tensor());
   }
-  trainer.model().set_document_starts(Tensor());
-  sum.as<double>()[1] = labeled;
-  if (g && dp > 1) g->dp->all_reduce_sum(sum.t.data, 2, DType::kF64);
-  return sum.as<double>()[0] / sum.as<double>()[1];
+  double total[2] = {0, labeled};
+  ops.download(sum.t, total);
+  ops.wait(ops.record());
+  if (g && dp > 1) g->dp->all_reduce_sum(total, 2, DType::kF64);
+  return total[0] / total[1];
 }
 
 // Fault injection for the failure tests: MOE_INJECT_FAULT="error@R:S" makes world rank R throw

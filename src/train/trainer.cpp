@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/phase_timer.h"
+#include "kernels/host_view.h"
 #include "optim/schedule.h"
 
 namespace moe {
@@ -48,8 +49,20 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
   pipeline_ = std::make_unique<Pipeline>(*model_, groups_ ? groups_->pp.get() : nullptr);
 }
 
-void Trainer::forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out) {
-  pipeline_->forward_loss(ids, labels, out);
+void Trainer::forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out, const Tensor& doc_start) {
+  model_->set_document_starts(doc_start.data ? on_device(doc_start, eval_doc_) : Tensor());
+  pipeline_->forward_loss(on_device(ids, eval_ids_), on_device(labels, eval_labels_), out);
+  model_->set_document_starts(Tensor());
+}
+
+Tensor Trainer::on_device(const Tensor& host, OwnedTensor& slot) {
+  if (ops_.host_addressable()) return host;
+  if (slot.t.numel() != host.numel() || slot.t.dtype != host.dtype) slot = OwnedTensor(ops_, host.dtype, {host.numel()});
+  Tensor t = host;
+  t.data = slot.t.data;
+  t.device = slot.t.device;
+  ops_.upload(host.data, t);
+  return t;
 }
 
 int64_t Trainer::local_batch() const { return config_.train.batch_size / config_.parallel.dp; }
@@ -77,8 +90,9 @@ double read_real(const Tensor& t, int64_t i) {
 }  // namespace
 
 std::string Trainer::first_nonfinite_grad() {
-  // The gradient buffer lives in host memory on the cpu and ref backends.
-  const Tensor& flat = model_->grads().flat;
+  // Only after a non-finite step: the whole gradient is staged to the host (if not host memory).
+  const HostView host(ops_, model_->grads().flat);
+  const Tensor& flat = host.tensor();
   for (const ParamInfo& p : model_->layout().entries())
     for (int64_t i = p.offset; i < p.offset + p.numel; ++i)
       if (!std::isfinite(read_real(flat, i))) return p.name;
@@ -136,6 +150,9 @@ StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, 
   r.loss_tokens = sync_->sum_over_dp(r.loss_tokens);
   MOE_CHECK(r.loss_tokens > 0, "step ", r.step, ": the batch has no labeled positions");
 
+  // The batch as the backend sees it (uploaded unless the backend's memory is the host's).
+  const Tensor d_ids = on_device(ids, batch_ids_), d_labels = on_device(labels, batch_labels_);
+  const Tensor d_doc = doc_start.data ? on_device(doc_start, batch_doc_) : Tensor();
   model_->zero_grads();
   model_->zero_stats(stats_);
   model_->reset_exchange_counts();
@@ -145,9 +162,9 @@ StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, 
   for (int64_t m = 0; m < num_micro; ++m) {
     const int64_t g = sync_->dp_rank() * num_micro + m;  // index in the global batch
     MicroBatch& mb = micro[static_cast<size_t>(m)];
-    mb.ids = ids.slice(m * mbs, (m + 1) * mbs);
-    mb.labels = labels.slice(m * mbs, (m + 1) * mbs);
-    mb.doc_start = doc_start.data ? doc_start.slice(m * mbs, (m + 1) * mbs) : Tensor();
+    mb.ids = d_ids.slice(m * mbs, (m + 1) * mbs);
+    mb.labels = d_labels.slice(m * mbs, (m + 1) * mbs);
+    mb.doc_start = d_doc.data ? d_doc.slice(m * mbs, (m + 1) * mbs) : Tensor();
     mb.scales.ce_scale = 1.0 / static_cast<double>(r.loss_tokens);
     mb.scales.aux_weight = 1.0 / static_cast<double>(global_micro);  // equal-size micro-batches: T_m / T_step
     mb.scales.token_base = (r.step - 1) * r.tokens + g * mbs * tc.seq_len;
@@ -158,7 +175,13 @@ StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, 
   sync_->reduce_stats(stats_);
   sync_->reduce_gradients(model_->grads().flat);
 
-  // Loss terms, expert counts and probabilities: one download of the step's sums.
+  {
+    PhaseScope phase(Phase::kOptimizer);  // grad norm
+    sync_->grad_sumsq(ops_, model_->grads().flat, stats_.grad_sumsq);
+  }
+  if (model_->ep_size() > 1) ops_.copy(model_->exchange_counts(), stats_.exchange);
+  // Loss terms, grad norm sums, expert counts, probabilities and exchange counters: the step's
+  // one download.
   stats_host_.resize(static_cast<size_t>(stats_.words.numel()));  // reused: no allocation per step
   ops_.download(stats_.words, stats_host_.data());
   ops_.wait(ops_.record());
@@ -193,9 +216,9 @@ StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, 
   }
   r.total = total_loss(config_.loss, r);
   if (model_->ep_size() > 1) expert_parallel_stats(r);
-
-  PhaseScope phase(Phase::kOptimizer);  // grad norm
-  r.grad_norm = sync_->global_grad_norm(ops_, model_->grads().flat);
+  grad_sumsq_host_.resize(static_cast<size_t>(stats_.grad_sumsq.numel()));
+  std::memcpy(grad_sumsq_host_.data(), host + stats_.offset_of(stats_.grad_sumsq), grad_sumsq_host_.size() * sizeof(double));
+  r.grad_norm = GradSync::grad_norm(grad_sumsq_host_);
   r.finite = std::isfinite(r.total) && std::isfinite(r.grad_norm);
   if (!r.finite) r.nonfinite_tensor = first_nonfinite_grad();
   return r;
@@ -204,15 +227,14 @@ StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, 
 void Trainer::expert_parallel_stats(StepResult& r) {
   // Each EP group counted its own exchanges; the EP groups of a stage are the edp indices, so a
   // sum over the edp group gives the whole stage's rows (same on every rank).
-  const Tensor& counts = model_->exchange_counts();  // (MoE layers, 4 + ep) i32 on the device
-  const size_t ep = static_cast<size_t>(model_->ep_size()), layers = static_cast<size_t>(counts.dim(0));
-  ep_counts_host_.resize(static_cast<size_t>(counts.numel()));  // reused: no allocation per step
-  ops_.download(counts, ep_counts_host_.data());
-  ops_.wait(ops_.record());
-  std::vector<double>& v = ep_stats_;
+  // The counters, (MoE layers, 4 + ep) i32, arrived with the step's download.
+  const size_t ep = static_cast<size_t>(model_->ep_size()), layers = static_cast<size_t>(stats_.exchange.dim(0));
+  const int32_t* counters =
+      reinterpret_cast<const int32_t*>(reinterpret_cast<const char*>(stats_host_.data()) + stats_.offset_of(stats_.exchange));
+  std::vector<double>& v = ep_stats_;  // reused: no allocation per step
   v.clear();
   for (size_t m = 0; m < layers; ++m) {
-    const int32_t* c = ep_counts_host_.data() + m * (4 + ep);
+    const int32_t* c = counters + m * (4 + ep);
     v.push_back(static_cast<double>(c[kRowsRouted]));
     v.push_back(static_cast<double>(c[kRowsDropped]));
     for (size_t i = 0; i < ep; ++i) v.push_back(static_cast<double>(c[kReceivedPerRank + i]));

@@ -74,8 +74,9 @@ class Trainer {
   int64_t local_batch() const;
   ProcessGroups* groups() { return groups_; }
   // Forward only across the pipeline stages (validation): summed cross-entropy of one
-  // micro-batch (micro_batch_size, seq_len) added to out (1) f64, the same on every stage.
-  void forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out);
+  // micro-batch (micro_batch_size, seq_len) added to out (1) f64 (the backend's memory), the
+  // same on every stage. ids, labels and doc_start (document starts, or empty) are host tensors.
+  void forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out, const Tensor& doc_start = Tensor());
   // This stage's forward/backward actions of the last step in execution order ("F0", "B0", ...).
   const std::vector<std::string>& pipeline_schedule() const { return pipeline_->schedule_log(); }
 
@@ -89,10 +90,14 @@ class Trainer {
   std::vector<MicroBatch> micro_;  // the step's micro-batch views
   StepResult result_;              // the last step's record
   std::vector<double> ep_stats_;   // expert-parallel counters on their way to the edp sum
-  std::vector<int32_t> stats_host_;      // the step statistics, downloaded once per step
-  std::vector<int32_t> ep_counts_host_;  // the exchange counters, downloaded once per step
+  std::vector<int32_t> stats_host_;       // the step statistics (StepStats::words), downloaded once per step
+  std::vector<double> grad_sumsq_host_;  // their per-parameter gradient sums of squares
   std::unique_ptr<Pipeline> pipeline_;  // one stage without pipeline parallelism
   StepStats stats_;
+  // The batch in the backend's memory (used only when the host cannot address it): the step's
+  // (local_batch, seq_len) ids, labels, document starts, and validation's micro-batch.
+  OwnedTensor batch_ids_, batch_labels_, batch_doc_, eval_ids_, eval_labels_, eval_doc_;
+  Tensor on_device(const Tensor& host, OwnedTensor& slot);
   int64_t skipped_steps_ = 0;
   void expert_parallel_stats(StepResult& r);
 };
