@@ -137,7 +137,11 @@ nlohmann::json step_record(const StepResult& r, const StepTiming& timing, double
                       {"mfu", peak > 0 ? tflops / peak : 0.0},
                       {"peak_rss_mb", static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0)},
                       {"elapsed_s", timing.elapsed_s},
-                      {"pp_bubble_s", r.pp_bubble_s}};
+                      {"pp_bubble_s", r.pp_bubble_s},
+                      {"to_host", r.transfers.to_host},
+                      {"to_host_bytes", r.transfers.to_host_bytes},
+                      {"to_device", r.transfers.to_device},
+                      {"to_device_bytes", r.transfers.to_device_bytes}};
   std::vector<double> max_load, cv;
   for (const auto& c : r.counts) {
     const LoadStats s = load_stats(c);

@@ -74,16 +74,23 @@ double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batc
 
 // Fault injection for the failure tests: MOE_INJECT_FAULT="error@R:S" makes world rank R throw
 // before step S; "nan@R:S" fills rank R's first parameter with NaN before step S (its replicas
-// then disagree, and the non-finite loss must stop every rank).
+// then disagree, and the non-finite loss must stop every rank); "nangrad@R:S" makes rank R's
+// gradient of its first parameter NaN in step S only (a transient fault: with
+// train.on_nonfinite = "skip" that one step is skipped and training goes on). Device-discipline
+// tests: "nowait@R:S" drops the wait before the host reads step S's statistics (the strict
+// backend then hands the host stale bytes), "extraread@R:S" adds one download to step S.
 void maybe_inject_fault(Trainer& trainer, int64_t step, int rank) {
   const char* env = std::getenv("MOE_INJECT_FAULT");
   if (env == nullptr) return;
-  char kind[8] = {};
+  char kind[16] = {};
   long long r = -1, s = -1;
-  MOE_CHECK(std::sscanf(env, "%7[a-z]@%lld:%lld", kind, &r, &s) == 3, "MOE_INJECT_FAULT='", env,
-            "': expected error@RANK:STEP or nan@RANK:STEP");
+  MOE_CHECK(std::sscanf(env, "%15[a-z]@%lld:%lld", kind, &r, &s) == 3, "MOE_INJECT_FAULT='", env,
+            "': expected error@RANK:STEP, nan@RANK:STEP or nangrad@RANK:STEP");
   if (r != rank || s != step) return;
   if (std::string(kind) == "error") MOE_FAIL("injected fault (MOE_INJECT_FAULT=", env, ")");
+  if (std::string(kind) == "nangrad") return trainer.inject_fault(Trainer::Fault::kNanGradient);
+  if (std::string(kind) == "nowait") return trainer.inject_fault(Trainer::Fault::kNoWait);
+  if (std::string(kind) == "extraread") return trainer.inject_fault(Trainer::Fault::kExtraRead);
   MOE_CHECK(std::string(kind) == "nan", "MOE_INJECT_FAULT: unknown kind '", kind, "'");
   const ParamInfo& p = trainer.model().layout().entries().front();
   trainer.model().ops().fill(param_view(p, trainer.model().params().flat), std::nan(""));
@@ -94,6 +101,9 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
                          RunEvents& events, int64_t& step_now) {
   const TrainConfig& tc = config.train;
   const bool rank0 = !groups || groups->world->rank() == 0;
+  MOE_CHECK(tc.backend != "strict" || !groups || groups->world->size() == 1, "train.backend = \"strict\" runs one process "
+            "for now: the communicator does not yet stage device buffers through the host (", groups ? groups->world->size() : 1,
+            " ranks)");
   std::unique_ptr<Backend> ops = make_backend(tc.backend);
   // data.train_path / data.valid_path: one file or several comma-separated, concatenated in order.
   TokenDataset train(split_paths(config.data.train_path), config.data.token_dtype, config.model.vocab_size,

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "core/phase_timer.h"
 #include "kernels/host_view.h"
@@ -75,8 +76,10 @@ double total_loss(const LossConfig& loss, const StepResult& r) {
 }
 
 const StepResult& Trainer::step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
+  const TransferStats before = ops_.transfers();
   StepResult& r = compute_gradients(ids, labels, doc_start);
   finish_step(r);
+  r.transfers = ops_.transfers() - before;
   return r;
 }
 
@@ -174,6 +177,9 @@ StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, 
   r.pp_bubble_s = pipeline_->run(micro, stats_);
   sync_->reduce_stats(stats_);
   sync_->reduce_gradients(model_->grads().flat);
+  const std::optional<Fault> fault = std::exchange(fault_, std::nullopt);
+  if (fault == Fault::kNanGradient) ops_.fill(param_view(model_->layout().entries().front(), model_->grads().flat), std::nan(""));
+  if (fault == Fault::kExtraRead) ops_.download(stats_.values.slice(0, 1), &extra_read_);  // lands by the next wait
 
   {
     PhaseScope phase(Phase::kOptimizer);  // grad norm
@@ -184,7 +190,7 @@ StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, 
   // one download.
   stats_host_.resize(static_cast<size_t>(stats_.words.numel()));  // reused: no allocation per step
   ops_.download(stats_.words, stats_host_.data());
-  ops_.wait(ops_.record());
+  if (fault != Fault::kNoWait) ops_.wait(ops_.record());
   const char* host = reinterpret_cast<const char*>(stats_host_.data());
   const auto host_real = [&](const Tensor& t, int64_t i) {  // element i of t's downloaded copy
     const char* p = host + stats_.offset_of(t) + static_cast<size_t>(i) * dtype_size(t.dtype);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@ struct StepResult {
   std::string nonfinite_tensor;  // first parameter (layout order) with a NaN/Inf gradient, if any
   bool skipped = false;          // non-finite with train.on_nonfinite = "skip": no update applied
   double pp_bubble_s = 0;        // seconds this rank blocked receiving pipeline activations/gradients
+  TransferStats transfers;       // host <-> device staging copies of this step on this rank (step() only)
 };
 
 class Trainer {
@@ -66,6 +68,12 @@ class Trainer {
   // Name of the first parameter (ParamLayout order) whose gradient holds a NaN or Inf; "" if none.
   std::string first_nonfinite_grad();
   int64_t skipped_steps() const { return skipped_steps_; }
+  // Fault injection (tests), for the next step only: kNanGradient makes the first parameter's
+  // gradient NaN after the backward; kNoWait drops the wait before the host reads the step's
+  // statistics (a device-discipline bug the strict backend must expose); kExtraRead adds one
+  // download (the transfer count must show it).
+  enum class Fault { kNanGradient, kNoWait, kExtraRead };
+  void inject_fault(Fault f) { fault_ = f; }
   // Clipping, LR, AdamW, loss-free bias update (with the counts summed over dp, which contains
   // the EP group: every rank applies the same update), bf16 weight refresh.
   void apply_update(StepResult& r);
@@ -99,6 +107,8 @@ class Trainer {
   OwnedTensor batch_ids_, batch_labels_, batch_doc_, eval_ids_, eval_labels_, eval_doc_;
   Tensor on_device(const Tensor& host, OwnedTensor& slot);
   int64_t skipped_steps_ = 0;
+  std::optional<Fault> fault_;
+  double extra_read_ = 0;  // kExtraRead's destination
   void expert_parallel_stats(StepResult& r);
 };
 
