@@ -27,6 +27,11 @@ TransferStats operator-(const TransferStats& a, const TransferStats& b) {
           a.to_device_bytes - b.to_device_bytes};
 }
 
+TransferStats operator+(const TransferStats& a, const TransferStats& b) {
+  return {a.to_host + b.to_host, a.to_host_bytes + b.to_host_bytes, a.to_device + b.to_device,
+          a.to_device_bytes + b.to_device_bytes};
+}
+
 bool Backend::supports(OpId, DType) const { return true; }
 
 namespace {

@@ -42,6 +42,7 @@ struct TransferStats {
   uint64_t to_device = 0, to_device_bytes = 0;  // upload
 };
 TransferStats operator-(const TransferStats& a, const TransferStats& b);
+TransferStats operator+(const TransferStats& a, const TransferStats& b);
 
 // A point in a backend's stream, returned by record().
 struct Event {

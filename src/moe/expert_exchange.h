@@ -68,6 +68,8 @@ class ExpertTransport {
   virtual void move(const ExchangePlan& plan, const Tensor& local, const Tensor& received, bool to_experts) = 0;
   // Seconds the host spent blocked in this transport, since creation.
   virtual double blocked_seconds() const = 0;
+  // Payload bytes staged through the host so far (zero for a device transport).
+  virtual const TransferStats& staged() const = 0;
 };
 
 class ExpertExchange {
@@ -76,6 +78,7 @@ class ExpertExchange {
   ExpertExchange(ExpertTransport& transport, Backend& ops, int64_t num_experts, int64_t capacity);
   int64_t size() const { return transport_.size(); }
   double blocked_seconds() const { return transport_.blocked_seconds(); }
+  const TransferStats& staged() const { return transport_.staged(); }
 
   // local_counts (E) i32: this rank's rows per global expert. Collective over the group.
   // Writes every device tensor of plan (whose views must be bound: ExchangePlan::over).

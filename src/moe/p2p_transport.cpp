@@ -1,6 +1,7 @@
 #include "moe/p2p_transport.h"
 
 #include <chrono>
+#include <cstring>
 
 #include "core/phase_timer.h"
 #include "kernels/ref/ref_ops.h"  // the host mirror of the plan: the reference ep_plan
@@ -22,7 +23,7 @@ class BlockedTimer {
 }  // namespace
 
 P2pExpertTransport::P2pExpertTransport(Communicator& ep, Backend& ops, int64_t num_experts)
-    : comm_(ep), ops_(ops), num_experts_(num_experts) {
+    : comm_(ep), ops_(ops), staging_(ops), num_experts_(num_experts) {
   MOE_CHECK(num_experts % ep.size() == 0, "num_experts=", num_experts, " is not divisible by ep=", ep.size());
   local_counts_.resize(static_cast<size_t>(num_experts));
   requests_.reserve(static_cast<size_t>(2 * num_experts));
@@ -49,8 +50,6 @@ void P2pExpertTransport::plan_ready(ExchangePlan& plan, int64_t capacity) {
 
 void P2pExpertTransport::move(const ExchangePlan& plan, const Tensor& local, const Tensor& received, bool to_experts) {
   const int64_t ep = comm_.size(), E = num_experts_, El = E / ep, me = comm_.rank(), D = local.cols();
-  MOE_CHECK(ops_.host_addressable(), "the point-to-point expert transport moves rows through host-addressable "
-            "memory; the ", ops_.name(), " backend's is not");
   MOE_CHECK(plan.host.size() == static_cast<size_t>(ExchangePlan::words(ep, E)),
             "expert exchange: the plan was not made by this transport");
   MOE_CHECK(local.dtype == received.dtype && received.cols() == D, "expert exchange: local ", local.shape_str(), " ",
@@ -65,7 +64,27 @@ void P2pExpertTransport::move(const ExchangePlan& plan, const Tensor& local, con
   MOE_CHECK(received.rows() >= totals[kRowsReceived], "expert exchange: received buffer has ", received.rows(),
             " rows, the plan needs ", totals[kRowsReceived]);
   const size_t elem = dtype_size(local.dtype);
-  auto rows_ptr = [&](const Tensor& t, int64_t row) { return static_cast<char*>(t.data) + static_cast<size_t>(row * D) * elem; };
+  // Where messages go: the tensors themselves, or (backend memory the host cannot address) host
+  // copies: the source side downloaded first, the destination side uploaded after the wait.
+  const bool staged = !staging_.direct();
+  const int64_t received_rows = totals[kRowsReceived];
+  char* local_base = static_cast<char*>(local.data);
+  char* received_base = static_cast<char*>(received.data);
+  const Tensor received_used = received.slice(0, received_rows);
+  if (staged) {
+    if (to_experts) {
+      local_base = static_cast<char*>(staging_.to_host(local, local_host_));
+      received_host_.resize(received_used.nbytes());
+      received_base = reinterpret_cast<char*>(received_host_.data());
+    } else {
+      received_base = static_cast<char*>(staging_.to_host(received_used, received_host_));
+      local_host_.resize(local.nbytes());
+      local_base = reinterpret_cast<char*>(local_host_.data());
+    }
+  }
+  auto rows_ptr = [&](const Tensor& t, int64_t row) {
+    return (&t == &local ? local_base : received_base) + static_cast<size_t>(row * D) * elem;
+  };
   const auto n = [&](int64_t rows) { return static_cast<size_t>(rows * D); };
   const auto kept_rows = [&](int64_t s, int64_t e) { return static_cast<int64_t>(kept[s * E + e]); };
   const auto block = [&](int64_t e, int64_t s) { return static_cast<int64_t>(recv_begin[e * ep + s]); };
@@ -111,17 +130,32 @@ void P2pExpertTransport::move(const ExchangePlan& plan, const Tensor& local, con
     const int64_t g = me * El + e, rows = kept_rows(me, g);
     if (rows == 0) continue;
     const int64_t l0 = local_begin[g], r0 = block(e, me);
-    if (to_experts) ops_.convert(local.slice(l0, l0 + rows), received.slice(r0, r0 + rows));
-    else ops_.convert(received.slice(r0, r0 + rows), local.slice(l0, l0 + rows));
+    if (staged) {
+      char* l = rows_ptr(local, l0);
+      char* r = rows_ptr(received, r0);
+      std::memcpy(to_experts ? r : l, to_experts ? l : r, n(rows) * elem);
+    } else if (to_experts) {
+      ops_.convert(local.slice(l0, l0 + rows), received.slice(r0, r0 + rows));
+    } else {
+      ops_.convert(received.slice(r0, r0 + rows), local.slice(l0, l0 + rows));
+    }
   }
   // Dropped rows of my tokens: zero output / zero gradient.
   if (!to_experts)
     for (int64_t g = 0; g < E; ++g) {
       const int64_t keep = kept_rows(me, g), all = counts[me * E + g], l0 = local_begin[g];
-      if (all > keep) ops_.fill(local.slice(l0 + keep, l0 + all), 0.0);
+      if (all <= keep) continue;
+      if (staged) std::memset(rows_ptr(local, l0 + keep), 0, n(all - keep) * elem);
+      else ops_.fill(local.slice(l0 + keep, l0 + all), 0.0);
     }
-  BlockedTimer blocked(blocked_s_);
-  wait_all(requests_);
+  {
+    BlockedTimer blocked(blocked_s_);
+    wait_all(requests_);
+  }
+  if (staged) {
+    if (to_experts) staging_.to_device(received_host_.data(), received_used);
+    else staging_.to_device(local_host_.data(), local);
+  }
 }
 
 }  // namespace moe

@@ -11,13 +11,15 @@
 // backend), the all-gather on the host, an upload of the matrix, and a host mirror of the plan
 // computed by the reference ep_plan (bitwise the device plan: same integers). Recompute reuses
 // the plan, so it reads nothing.
-// The payload moves through host-addressable memory (the ref and cpu backends).
+// On a backend whose memory the host cannot address the payload is staged: one download of the
+// source rows and one upload of the destination rows per move (counted as staging).
 #pragma once
 
 #include <vector>
 
 #include "moe/expert_exchange.h"
 #include "parallel/communicator.h"
+#include "parallel/staged_comm.h"
 
 namespace moe {
 
@@ -31,12 +33,15 @@ class P2pExpertTransport final : public ExpertTransport {
   void plan_ready(ExchangePlan& plan, int64_t capacity) override;
   void move(const ExchangePlan& plan, const Tensor& local, const Tensor& received, bool to_experts) override;
   double blocked_seconds() const override { return blocked_s_; }
+  const TransferStats& staged() const override { return staging_.staged(); }
 
  private:
   Communicator& comm_;
   Backend& ops_;
+  StagedComm staging_;
   int64_t num_experts_;
   std::vector<int32_t> local_counts_;  // (E) staged
+  std::vector<unsigned char> local_host_, received_host_;  // payload copies when staged
   std::vector<Request> requests_;
   double blocked_s_ = 0;
 };

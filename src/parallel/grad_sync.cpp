@@ -11,9 +11,11 @@
 
 namespace moe {
 
-GradSync::GradSync(const ParamLayout& layout, ProcessGroups* groups, bool zero1, bool overlap)
-    : layout_(layout), groups_(groups), zero1_(zero1 && groups != nullptr) {
+GradSync::GradSync(Backend& ops, const ParamLayout& layout, ProcessGroups* groups, bool zero1, bool overlap)
+    : layout_(layout), groups_(groups), zero1_(zero1 && groups != nullptr), comm_(ops) {
   overlap_ = overlap && groups_ != nullptr && !zero1_;
+  MOE_CHECK(!overlap_ || comm_.direct(), "parallel.overlap_grad_reduce needs a backend whose memory the host "
+            "can address (", ops.name(), ": its buffers are staged through the host)");
   if (overlap_) {
     // Each layer's parameters are contiguous within the dense region and within the expert region.
     for (const ParamInfo& p : layout.entries()) {
@@ -34,7 +36,6 @@ GradSync::GradSync(const ParamLayout& layout, ProcessGroups* groups, bool zero1,
     for (const Region* r : {&dense_, &experts_})
       MOE_CHECK(r->length % r->comm->size() == 0, "ZeRO-1: a parameter region of ", r->length,
                 " elements does not split into ", r->comm->size(), " chunks (layout not padded for it)");
-    chunk_ = Buffer(static_cast<size_t>(std::max(dense_.chunk(), experts_.chunk()) + 1) * sizeof(double));
   }
 }
 
@@ -48,19 +49,14 @@ std::vector<std::pair<int64_t, int64_t>> GradSync::owned_ranges() const {
 
 void GradSync::reduce_scatter(const Region& r, const Tensor& flat) {
   if (r.length == 0) return;
-  const size_t es = dtype_size(flat.dtype);
-  char* base = static_cast<char*>(flat.data);
-  r.comm->reduce_scatter_sum(base + static_cast<size_t>(r.begin) * es, chunk_.data(), static_cast<size_t>(r.chunk()),
-                             flat.dtype);
-  std::memcpy(base + static_cast<size_t>(r.chunk_begin()) * es, chunk_.data(), static_cast<size_t>(r.chunk()) * es);
+  comm_.reduce_scatter_sum(*r.comm, flat.slice(r.begin, r.begin + r.length),
+                           flat.slice(r.chunk_begin(), r.chunk_begin() + r.chunk()));
 }
 
 void GradSync::all_gather(const Region& r, const Tensor& flat) {
   if (r.length == 0) return;
-  const size_t es = dtype_size(flat.dtype);
-  char* base = static_cast<char*>(flat.data);
-  std::memcpy(chunk_.data(), base + static_cast<size_t>(r.chunk_begin()) * es, static_cast<size_t>(r.chunk()) * es);
-  r.comm->all_gather(chunk_.data(), base + static_cast<size_t>(r.begin) * es, static_cast<size_t>(r.chunk()), flat.dtype);
+  comm_.all_gather(*r.comm, flat.slice(r.chunk_begin(), r.chunk_begin() + r.chunk()),
+                   flat.slice(r.begin, r.begin + r.length));
 }
 
 void GradSync::gather_params(const Tensor& param_flat) {
@@ -119,13 +115,9 @@ void GradSync::reduce_gradients(const Tensor& grad_flat) {
     reduce_scatter(experts_, grad_flat);
     return;
   }
-  char* base = static_cast<char*>(grad_flat.data);
-  const size_t esize = dtype_size(grad_flat.dtype);
-  const auto dense = static_cast<size_t>(layout_.dense_end());
-  const auto experts = static_cast<size_t>(layout_.total() - layout_.dense_end());
-  if (groups_->dp->size() > 1 && dense > 0) groups_->dp->all_reduce_sum(base, dense, grad_flat.dtype);
-  if (groups_->edp->size() > 1 && experts > 0)
-    groups_->edp->all_reduce_sum(base + dense * esize, experts, grad_flat.dtype);
+  const int64_t dense = layout_.dense_end(), total = layout_.total();
+  if (groups_->dp->size() > 1 && dense > 0) comm_.all_reduce_sum(*groups_->dp, grad_flat.slice(0, dense));
+  if (groups_->edp->size() > 1 && total > dense) comm_.all_reduce_sum(*groups_->edp, grad_flat.slice(dense, total));
 }
 
 void GradSync::grad_sumsq(Backend& ops, const Tensor& grad_flat, const Tensor& out) {
@@ -147,7 +139,7 @@ void GradSync::grad_sumsq(Backend& ops, const Tensor& grad_flat, const Tensor& o
   }
   if (groups_ && groups_->world->size() > 1) {
     PhaseScope phase(Phase::kCommunication);
-    groups_->world->all_reduce_sum(out.data, static_cast<size_t>(out.numel()), DType::kF64);
+    comm_.all_reduce_sum(*groups_->world, out);
   }
 }
 
@@ -162,9 +154,9 @@ void GradSync::reduce_stats(StepStats& stats) {
   PhaseScope phase(Phase::kCommunication);
   for (Communicator* c : {groups_->dp.get(), groups_->pp.get()}) {
     if (c->size() == 1) continue;
-    c->all_reduce_sum(stats.values.data, static_cast<size_t>(stats.values.numel()), DType::kF64);
-    for (const Tensor& t : stats.counts) c->all_reduce_sum(t.data, static_cast<size_t>(t.numel()), DType::kI32);
-    for (const Tensor& t : stats.mean_prob) c->all_reduce_sum(t.data, static_cast<size_t>(t.numel()), t.dtype);
+    comm_.all_reduce_sum(*c, stats.values);
+    for (const Tensor& t : stats.counts) comm_.all_reduce_sum(*c, t);
+    for (const Tensor& t : stats.mean_prob) comm_.all_reduce_sum(*c, t);
   }
 }
 

@@ -24,6 +24,7 @@
 #include "kernels/ops.h"
 #include "model/params.h"
 #include "parallel/layout.h"
+#include "parallel/staged_comm.h"
 
 namespace moe {
 
@@ -31,8 +32,12 @@ struct StepStats;
 
 class GradSync {
  public:
-  // groups == nullptr: a single process (every reduction is the identity).
-  GradSync(const ParamLayout& layout, ProcessGroups* groups, bool zero1 = false, bool overlap = false);
+  // groups == nullptr: a single process (every reduction is the identity). Buffers are ops'
+  // memory, staged through the host when it is not the host's (parallel/staged_comm.h; the
+  // overlapped reduction then is not available).
+  GradSync(Backend& ops, const ParamLayout& layout, ProcessGroups* groups, bool zero1 = false, bool overlap = false);
+  // Bytes staged through the host for communication so far.
+  const TransferStats& staged() const { return comm_.staged(); }
   bool distributed() const { return groups_ != nullptr; }
   bool zero1() const { return zero1_; }
   // The flat ranges whose optimizer state this rank holds (AdamW's `owned`); empty = all.
@@ -85,7 +90,7 @@ class GradSync {
   ProcessGroups* groups_;
   bool zero1_;
   Region dense_, experts_;
-  Buffer chunk_;         // ZeRO-1 staging: one chunk (MPI send and receive buffers must not alias)
+  StagedComm comm_;
   // Overlap: per layer, its dense and expert flat ranges; backwards seen this step; requests.
   struct LayerBucket {
     int64_t dense_begin = -1, dense_end = -1, expert_begin = -1, expert_end = -1;

@@ -141,7 +141,9 @@ nlohmann::json step_record(const StepResult& r, const StepTiming& timing, double
                       {"to_host", r.transfers.to_host},
                       {"to_host_bytes", r.transfers.to_host_bytes},
                       {"to_device", r.transfers.to_device},
-                      {"to_device_bytes", r.transfers.to_device_bytes}};
+                      {"to_device_bytes", r.transfers.to_device_bytes},
+                      {"staged_to_host_bytes", r.staged.to_host_bytes},
+                      {"staged_to_device_bytes", r.staged.to_device_bytes}};
   std::vector<double> max_load, cv;
   for (const auto& c : r.counts) {
     const LoadStats s = load_stats(c);

@@ -37,7 +37,7 @@ int64_t pipeline_slots(int64_t stages, int64_t stage, int64_t micro_batches) {
   return std::min(stages - stage, micro_batches);
 }
 
-Pipeline::Pipeline(Transformer& model, Communicator* pp) : model_(model), pp_(pp) {
+Pipeline::Pipeline(Transformer& model, Communicator* pp) : model_(model), pp_(pp), comm_(model.ops()) {
   if (pp_ && pp_->size() > 1) {
     stages_ = pp_->size();
     stage_ = pp_->rank();
@@ -49,17 +49,20 @@ Pipeline::Pipeline(Transformer& model, Communicator* pp) : model_(model), pp_(pp
   const auto slots = static_cast<size_t>(model_.pipeline_slots());
   act_sent_.resize(slots);
   grad_sent_.resize(slots);
+  act_host_.resize(slots);
+  grad_host_.resize(slots);
   if (stage_ > 0)
     for (size_t i = 0; i < slots; ++i) {
       const Tensor& in = model_.stage_input(static_cast<int64_t>(i));
-      grad_out_.emplace_back(in.dtype, std::initializer_list<int64_t>{in.dim(0), in.dim(1)});
+      grad_out_.emplace_back(model_.ops(), in.dtype, std::initializer_list<int64_t>{in.dim(0), in.dim(1)});
     }
 }
 
 void Pipeline::receive(const Tensor& t, int64_t from, int tag) {
   PhaseScope phase(Phase::kCommunication);
   const auto t0 = std::chrono::steady_clock::now();
-  pp_->recv(t.data, static_cast<size_t>(t.numel()), t.dtype, static_cast<int>(from), tag);
+  if (t.data == nullptr) pp_->recv(&flush_token_, 1, DType::kI32, static_cast<int>(from), tag);  // host token
+  else comm_.recv(*pp_, t, static_cast<int>(from), tag);
   bubble_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -75,7 +78,7 @@ void Pipeline::forward(const MicroBatch& mb, int64_t m) {
   if (stage_ < stages_ - 1) {
     const Tensor& out = model_.stage_output(slot);
     act_sent_[static_cast<size_t>(slot)] =
-        pp_->isend(out.data, static_cast<size_t>(out.numel()), out.dtype, static_cast<int>(stage_ + 1), kActivationTag);
+        comm_.isend(*pp_, out, static_cast<int>(stage_ + 1), kActivationTag, act_host_[static_cast<size_t>(slot)]);
   }
 }
 
@@ -96,10 +99,9 @@ void Pipeline::backward(const MicroBatch& mb, int64_t m, StepStats& stats) {
       grad_sent_[slot].wait();
     }
     const Tensor& dx = model_.stage_grad();
-    Tensor& out = grad_out_[slot].t;
-    std::memcpy(out.data, dx.data, dx.nbytes());  // host buffers (cpu and ref backends)
-    grad_sent_[slot] =
-        pp_->isend(out.data, static_cast<size_t>(out.numel()), out.dtype, static_cast<int>(stage_ - 1), kGradientTag);
+    const Tensor& out = grad_out_[slot].t;
+    model_.ops().copy(dx, out);  // stage_grad is rewritten by the next backward while this is in flight
+    grad_sent_[slot] = comm_.isend(*pp_, out, static_cast<int>(stage_ - 1), kGradientTag, grad_host_[slot]);
   }
 }
 
@@ -137,7 +139,7 @@ double Pipeline::run(const std::vector<MicroBatch>& micro, StepStats& stats) {
       for (int64_t s = 1; s < stages_; ++s)
         flush_sent_.push_back(pp_->isend(&flush_token_, 1, DType::kI32, static_cast<int>(s), kFlushTag));
     } else {
-      receive(Tensor(&flush_token_, DType::kI32, {1}), 0, kFlushTag);
+      receive(Tensor(), 0, kFlushTag);
     }
   }
   wait_sends();
@@ -157,13 +159,12 @@ void Pipeline::forward_loss(const Tensor& ids, const Tensor& labels, const Tenso
   }
   model_.stage_forward(0, ids, 0);
   if (stage_ < stages_ - 1) {
-    const Tensor& x = model_.stage_output(0);
-    pp_->send(x.data, static_cast<size_t>(x.numel()), x.dtype, static_cast<int>(stage_ + 1), kActivationTag);
+    comm_.send(*pp_, model_.stage_output(0), static_cast<int>(stage_ + 1), kActivationTag);
   } else {
     model_.stage_loss(0, labels, out);
   }
   PhaseScope phase(Phase::kCommunication);
-  pp_->broadcast(out.data, 1, DType::kF64, static_cast<int>(stages_ - 1));
+  comm_.broadcast(*pp_, out, static_cast<int>(stages_ - 1));
 }
 
 }  // namespace moe

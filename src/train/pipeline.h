@@ -23,6 +23,7 @@
 
 #include "core/buffer.h"
 #include "model/transformer.h"
+#include "parallel/staged_comm.h"
 #include "parallel/communicator.h"
 
 namespace moe {
@@ -58,20 +59,26 @@ class Pipeline {
   // Forward only of one micro-batch across the stages (validation): the summed cross-entropy is
   // added to out (1) f64 on the last stage, then out is broadcast to every stage of the group.
   void forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out);
+  // Bytes staged through the host for communication so far.
+  const TransferStats& staged() const { return comm_.staged(); }
   // The actions of the last run() in execution order ("F0", "F1", "B0", ...).
   const std::vector<std::string>& schedule_log() const { return log_; }
 
  private:
   void forward(const MicroBatch& mb, int64_t m);
   void backward(const MicroBatch& mb, int64_t m, StepStats& stats);
-  // Blocking receive into t from stage `from`; the blocked time is added to bubble_s_.
+  // Blocking receive into t from stage `from` (an empty t: the end-of-step token, a host int);
+  // the blocked time is added to bubble_s_.
   void receive(const Tensor& t, int64_t from, int tag);
   void wait_sends();
 
   Transformer& model_;
   Communicator* pp_;
   int64_t stages_ = 1, stage_ = 0;
+  StagedComm comm_;
   std::vector<OwnedTensor> grad_out_;  // per slot: d(stage input) while its send is in flight
+  // Per slot: the host copies of the in-flight sends when the backend's memory is not the host's.
+  std::vector<std::vector<unsigned char>> act_host_, grad_host_;
   std::vector<Request> act_sent_, grad_sent_;  // per slot
   std::vector<Request> flush_sent_;            // stage 0: end-of-step tokens to the other stages
   int32_t flush_token_ = 0;

@@ -101,9 +101,6 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
                          RunEvents& events, int64_t& step_now) {
   const TrainConfig& tc = config.train;
   const bool rank0 = !groups || groups->world->rank() == 0;
-  MOE_CHECK(tc.backend != "strict" || !groups || groups->world->size() == 1, "train.backend = \"strict\" runs one process "
-            "for now: the communicator does not yet stage device buffers through the host (", groups ? groups->world->size() : 1,
-            " ranks)");
   std::unique_ptr<Backend> ops = make_backend(tc.backend);
   // data.train_path / data.valid_path: one file or several comma-separated, concatenated in order.
   TokenDataset train(split_paths(config.data.train_path), config.data.token_dtype, config.model.vocab_size,

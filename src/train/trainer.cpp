@@ -42,7 +42,7 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
   }
   model_ = std::make_unique<Transformer>(config_.model, config_.loss, o, ops_);
   model_->init_params(config_.train.seed);
-  sync_ = std::make_unique<GradSync>(model_->layout(), groups_, config_.parallel.zero1,
+  sync_ = std::make_unique<GradSync>(ops_, model_->layout(), groups_, config_.parallel.zero1,
                                      config_.parallel.overlap_grad_reduce);
   if (sync_->overlapping()) model_->set_layer_grads_hook([this](int64_t layer) { sync_->layer_done(layer); });
   optim_ = std::make_unique<AdamW>(ops_, model_->layout(), config_.optim, compute, sync_->owned_ranges());
@@ -54,6 +54,12 @@ void Trainer::forward_loss(const Tensor& ids, const Tensor& labels, const Tensor
   model_->set_document_starts(doc_start.data ? on_device(doc_start, eval_doc_) : Tensor());
   pipeline_->forward_loss(on_device(ids, eval_ids_), on_device(labels, eval_labels_), out);
   model_->set_document_starts(Tensor());
+}
+
+TransferStats Trainer::staged() const {
+  TransferStats s = sync_->staged() + pipeline_->staged();
+  if (model_->exchange()) s = s + model_->exchange()->staged();
+  return s;
 }
 
 Tensor Trainer::on_device(const Tensor& host, OwnedTensor& slot) {
@@ -76,10 +82,11 @@ double total_loss(const LossConfig& loss, const StepResult& r) {
 }
 
 const StepResult& Trainer::step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
-  const TransferStats before = ops_.transfers();
+  const TransferStats before = ops_.transfers(), staged_before = staged();
   StepResult& r = compute_gradients(ids, labels, doc_start);
   finish_step(r);
-  r.transfers = ops_.transfers() - before;
+  r.staged = staged() - staged_before;
+  r.transfers = ops_.transfers() - before - r.staged;
   return r;
 }
 

@@ -39,7 +39,8 @@ struct StepResult {
   std::string nonfinite_tensor;  // first parameter (layout order) with a NaN/Inf gradient, if any
   bool skipped = false;          // non-finite with train.on_nonfinite = "skip": no update applied
   double pp_bubble_s = 0;        // seconds this rank blocked receiving pipeline activations/gradients
-  TransferStats transfers;       // host <-> device staging copies of this step on this rank (step() only)
+  TransferStats transfers;       // host <-> device copies of this step on this rank, staging excluded (step() only)
+  TransferStats staged;          // copies that staged communication buffers through the host (step() only)
 };
 
 class Trainer {
@@ -106,6 +107,7 @@ class Trainer {
   // (local_batch, seq_len) ids, labels, document starts, and validation's micro-batch.
   OwnedTensor batch_ids_, batch_labels_, batch_doc_, eval_ids_, eval_labels_, eval_doc_;
   Tensor on_device(const Tensor& host, OwnedTensor& slot);
+  TransferStats staged() const;  // communication staging so far (grad sync, pipeline, expert exchange)
   int64_t skipped_steps_ = 0;
   std::optional<Fault> fault_;
   double extra_read_ = 0;  // kExtraRead's destination

@@ -1,0 +1,84 @@
+#include "parallel/staged_comm.h"
+
+#include <cstring>
+
+namespace moe {
+
+void* StagedComm::to_host(const Tensor& t, std::vector<unsigned char>& buf) {
+  if (buf.size() < t.nbytes()) buf.resize(t.nbytes());
+  ops_.download(t, buf.data());
+  ops_.wait(ops_.record());
+  ++staged_.to_host;
+  staged_.to_host_bytes += t.nbytes();
+  return buf.data();
+}
+
+void StagedComm::to_device(const void* host, const Tensor& t) {
+  ops_.upload(host, t);
+  ++staged_.to_device;
+  staged_.to_device_bytes += t.nbytes();
+}
+
+void StagedComm::all_reduce_sum(Communicator& c, const Tensor& t) {
+  if (direct()) return c.all_reduce_sum(t.data, static_cast<size_t>(t.numel()), t.dtype);
+  void* h = to_host(t, a_);
+  c.all_reduce_sum(h, static_cast<size_t>(t.numel()), t.dtype);
+  to_device(h, t);
+}
+
+void StagedComm::reduce_scatter_sum(Communicator& c, const Tensor& src, const Tensor& dst) {
+  MOE_CHECK(src.dtype == dst.dtype && src.numel() == dst.numel() * c.size(), "reduce_scatter: ", src.shape_str(),
+            " over ", c.size(), " ranks does not give ", dst.shape_str());
+  const size_t n = static_cast<size_t>(dst.numel());
+  if (b_.size() < dst.nbytes()) b_.resize(dst.nbytes());  // MPI send and receive buffers must not alias
+  if (direct()) {
+    c.reduce_scatter_sum(src.data, b_.data(), n, src.dtype);
+    std::memcpy(dst.data, b_.data(), dst.nbytes());
+    return;
+  }
+  void* h = to_host(src, a_);
+  c.reduce_scatter_sum(h, b_.data(), n, src.dtype);
+  to_device(b_.data(), dst);
+}
+
+void StagedComm::all_gather(Communicator& c, const Tensor& src, const Tensor& dst) {
+  MOE_CHECK(src.dtype == dst.dtype && dst.numel() == src.numel() * c.size(), "all_gather: ", src.shape_str(), " over ",
+            c.size(), " ranks does not give ", dst.shape_str());
+  const size_t n = static_cast<size_t>(src.numel());
+  if (direct()) {
+    if (b_.size() < src.nbytes()) b_.resize(src.nbytes());
+    std::memcpy(b_.data(), src.data, src.nbytes());
+    c.all_gather(b_.data(), dst.data, n, src.dtype);
+    return;
+  }
+  void* h = to_host(src, b_);
+  if (a_.size() < dst.nbytes()) a_.resize(dst.nbytes());
+  c.all_gather(h, a_.data(), n, src.dtype);
+  to_device(a_.data(), dst);
+}
+
+void StagedComm::send(Communicator& c, const Tensor& t, int peer, int tag) {
+  if (direct()) return c.send(t.data, static_cast<size_t>(t.numel()), t.dtype, peer, tag);
+  c.send(to_host(t, a_), static_cast<size_t>(t.numel()), t.dtype, peer, tag);
+}
+
+void StagedComm::recv(Communicator& c, const Tensor& t, int peer, int tag) {
+  if (direct()) return c.recv(t.data, static_cast<size_t>(t.numel()), t.dtype, peer, tag);
+  if (a_.size() < t.nbytes()) a_.resize(t.nbytes());
+  c.recv(a_.data(), static_cast<size_t>(t.numel()), t.dtype, peer, tag);
+  to_device(a_.data(), t);
+}
+
+Request StagedComm::isend(Communicator& c, const Tensor& t, int peer, int tag, std::vector<unsigned char>& host) {
+  if (direct()) return c.isend(t.data, static_cast<size_t>(t.numel()), t.dtype, peer, tag);
+  return c.isend(to_host(t, host), static_cast<size_t>(t.numel()), t.dtype, peer, tag);
+}
+
+void StagedComm::broadcast(Communicator& c, const Tensor& t, int root) {
+  if (direct()) return c.broadcast(t.data, static_cast<size_t>(t.numel()), t.dtype, root);
+  void* h = to_host(t, a_);
+  c.broadcast(h, static_cast<size_t>(t.numel()), t.dtype, root);
+  to_device(h, t);
+}
+
+}  // namespace moe

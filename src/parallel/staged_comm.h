@@ -1,0 +1,47 @@
+// Communication over backend tensors. The Communicator reads and writes host memory: on a
+// backend whose memory is the host's (ref, cpu) tensors go to it as they are, exactly as before;
+// otherwise (strict, a GPU without device-aware communication) each buffer is staged through a
+// host copy -- download, wait, communicate, upload -- and the staged bytes are counted here,
+// apart from the step's own reads of the device.
+#pragma once
+
+#include <vector>
+
+#include "kernels/ops.h"
+#include "parallel/communicator.h"
+
+namespace moe {
+
+class StagedComm {
+ public:
+  explicit StagedComm(Backend& ops) : ops_(ops) {}
+  Backend& ops() { return ops_; }
+  bool direct() const { return ops_.host_addressable(); }
+
+  void all_reduce_sum(Communicator& c, const Tensor& t);
+  // src (size * n) -> dst (n), the sum of this rank's chunk; dst may lie inside src.
+  void reduce_scatter_sum(Communicator& c, const Tensor& src, const Tensor& dst);
+  // src (n) -> dst (size * n); src may lie inside dst.
+  void all_gather(Communicator& c, const Tensor& src, const Tensor& dst);
+  void send(Communicator& c, const Tensor& t, int peer, int tag);
+  void recv(Communicator& c, const Tensor& t, int peer, int tag);
+  // Non-blocking send; `host` holds the staged bytes until the request completes (the caller
+  // keeps it alive and untouched as long as the request).
+  Request isend(Communicator& c, const Tensor& t, int peer, int tag, std::vector<unsigned char>& host);
+  void broadcast(Communicator& c, const Tensor& t, int root);
+
+  // What staging moved so far (to_host: downloads before sending, to_device: uploads after).
+  const TransferStats& staged() const { return staged_; }
+
+  // Host copy of t (download + wait), in buf.
+  void* to_host(const Tensor& t, std::vector<unsigned char>& buf);
+  // t <- host bytes (upload).
+  void to_device(const void* host, const Tensor& t);
+
+ private:
+  Backend& ops_;
+  std::vector<unsigned char> a_, b_;  // reused: no allocation once grown
+  TransferStats staged_;
+};
+
+}  // namespace moe
