@@ -8,6 +8,7 @@
 #include "core/phase_timer.h"
 #include "core/rng.h"
 #include "kernels/host_view.h"
+#include "kernels/step_control.h"
 #include "moe/p2p_transport.h"
 
 namespace moe {
@@ -172,7 +173,7 @@ StepStats Transformer::make_stats() const {
   s.num_moe_layers = M;
   const int64_t P = layout_.num_global_params(), X = dims_.ep > 1 ? M * (4 + dims_.ep) : 0;
   // Widest elements first, so every section is aligned.
-  const size_t values_bytes = static_cast<size_t>(2 + 2 * M + P) * sizeof(double);
+  const size_t values_bytes = static_cast<size_t>(2 + 2 * M + kCtlSize + P) * sizeof(double);
   const size_t prob_bytes = static_cast<size_t>(M * E) * dtype_size(dims_.cdt);
   const size_t count_bytes = static_cast<size_t>(M * E) * sizeof(int32_t);
   const size_t bytes = values_bytes + prob_bytes + count_bytes + static_cast<size_t>(X) * sizeof(int32_t);
@@ -181,7 +182,8 @@ StepStats Transformer::make_stats() const {
   const Device dev = s.memory.device();
   s.words = Tensor(base, DType::kI32, {static_cast<int64_t>(bytes / sizeof(int32_t))}, dev);
   s.values = Tensor(base, DType::kF64, {2 + 2 * M}, dev);
-  s.grad_sumsq = Tensor(base + static_cast<size_t>(2 + 2 * M) * sizeof(double), DType::kF64, {P}, dev);
+  s.control = Tensor(base + static_cast<size_t>(2 + 2 * M) * sizeof(double), DType::kF64, {kCtlSize}, dev);
+  s.grad_sumsq = Tensor(base + static_cast<size_t>(2 + 2 * M + kCtlSize) * sizeof(double), DType::kF64, {P}, dev);
   for (int64_t m = 0; m < M; ++m) {
     s.mean_prob.emplace_back(base + values_bytes + static_cast<size_t>(m * E) * dtype_size(dims_.cdt), dims_.cdt,
                              std::initializer_list<int64_t>{E}, dev);

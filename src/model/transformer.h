@@ -29,6 +29,7 @@ struct StepStats {
   Buffer memory;
   Tensor words;   // all of memory as i32 words: what the host downloads
   Tensor values;  // f64: [ce, lm_z, lbl per MoE layer..., router_z per MoE layer...]
+  Tensor control;     // (kCtlSize) f64: the step's decisions (kernels/step_control.h), made on the device
   Tensor grad_sumsq;  // (num_global_params) f64: each parameter's gradient sum of squares (GradSync)
   Tensor exchange;    // (MoE layers, 4 + ep) i32 with EP: the exchange counters (copied in), else empty
   std::vector<Tensor> counts;     // per MoE layer, (E) i32, step total tokens per expert (summed over micro-batches)

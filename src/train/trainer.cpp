@@ -6,6 +6,7 @@
 
 #include "core/phase_timer.h"
 #include "kernels/host_view.h"
+#include "kernels/step_control.h"
 #include "optim/schedule.h"
 
 namespace moe {
@@ -47,6 +48,13 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
   if (sync_->overlapping()) model_->set_layer_grads_hook([this](int64_t layer) { sync_->layer_done(layer); });
   optim_ = std::make_unique<AdamW>(ops_, model_->layout(), config_.optim, compute, sync_->owned_ranges());
   stats_ = model_->make_stats();
+  // The learning rate of every optimizer step n = 1 .. steps (+1: a skipped last step still
+  // reports one), read on the device by step_control.
+  std::vector<double> lr(static_cast<size_t>(config_.train.steps + 2), 0.0);
+  for (size_t n = 1; n < lr.size(); ++n)
+    lr[n] = learning_rate(config_.optim, config_.train.steps, static_cast<int64_t>(n));
+  lr_table_ = OwnedTensor(ops_, DType::kF64, {static_cast<int64_t>(lr.size())});
+  ops_.upload(lr.data(), lr_table_.t);
   pipeline_ = std::make_unique<Pipeline>(*model_, groups_ ? groups_->pp.get() : nullptr);
 }
 
@@ -82,9 +90,15 @@ double total_loss(const LossConfig& loss, const StepResult& r) {
 }
 
 const StepResult& Trainer::step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
+  // Everything is enqueued first -- gradients, the step's decisions (step_control) and the
+  // update they gate -- and the host reads the outcome once, at the end: no wait inside the step.
   const TransferStats before = ops_.transfers(), staged_before = staged();
-  StepResult& r = compute_gradients(ids, labels, doc_start);
-  finish_step(r);
+  StepResult& r = result_;
+  enqueue_gradients(ids, labels, doc_start, r);
+  enqueue_update();
+  read_step(r);
+  if (r.finite) optim_->set_steps_taken(optim_->steps_taken() + 1);
+  else handle_nonfinite(r);  // the update ops changed nothing
   r.staged = staged() - staged_before;
   r.transfers = ops_.transfers() - before - r.staged;
   return r;
@@ -114,6 +128,11 @@ bool Trainer::finish_step(StepResult& r) {
     apply_update(r);
     return true;
   }
+  handle_nonfinite(r);
+  return false;
+}
+
+void Trainer::handle_nonfinite(StepResult& r) {
   const std::string where = r.nonfinite_tensor.empty()
                                 ? std::string("the loss terms (all gradients finite)")
                                 : "gradient of '" + r.nonfinite_tensor + "' (first offending tensor)";
@@ -121,9 +140,7 @@ bool Trainer::finish_step(StepResult& r) {
             ", grad norm = ", r.grad_norm, ", first in ", where,
             " (no update applied; train.on_nonfinite = \"skip\" skips such steps)");
   r.skipped = true;
-  r.lr = learning_rate(config_.optim, config_.train.steps, r.step);
   ++skipped_steps_;
-  return false;
 }
 
 namespace {
@@ -144,12 +161,18 @@ void reset_keeping_capacity(StepResult& r) {
 }  // namespace
 
 StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
+  StepResult& r = result_;
+  enqueue_gradients(ids, labels, doc_start, r);
+  read_step(r);
+  return r;
+}
+
+void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start, StepResult& r) {
   const TrainConfig& tc = config_.train;
   const int64_t local = local_batch();
   check_shape(ids, {local, tc.seq_len}, "step ids");
   check_shape(labels, {local, tc.seq_len}, "step labels");
   if (doc_start.data) check_shape(doc_start, {local, tc.seq_len}, "step doc_start");
-  StepResult& r = result_;
   reset_keeping_capacity(r);
   r.step = optim_->steps_taken() + 1;
   r.tokens = tc.batch_size * tc.seq_len;
@@ -163,6 +186,10 @@ StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, 
   // The batch as the backend sees it (uploaded unless the backend's memory is the host's).
   const Tensor d_ids = on_device(ids, batch_ids_), d_labels = on_device(labels, batch_labels_);
   const Tensor d_doc = doc_start.data ? on_device(doc_start, batch_doc_) : Tensor();
+  // The step's decisions start from the host's count of applied updates (it has read the last
+  // step's outcome) and a clear non-finite flag.
+  ops_.fill(stats_.control.slice(kCtlUpdates, kCtlUpdates + 1), static_cast<double>(optim_->steps_taken()));
+  ops_.fill(stats_.control.slice(kCtlNonfinite, kCtlNonfinite + 1), 0.0);
   model_->zero_grads();
   model_->zero_stats(stats_);
   model_->reset_exchange_counts();
@@ -187,17 +214,23 @@ StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, 
   const std::optional<Fault> fault = std::exchange(fault_, std::nullopt);
   if (fault == Fault::kNanGradient) ops_.fill(param_view(model_->layout().entries().front(), model_->grads().flat), std::nan(""));
   if (fault == Fault::kExtraRead) ops_.download(stats_.values.slice(0, 1), &extra_read_);  // lands by the next wait
-
+  drop_next_wait_ = fault == Fault::kNoWait;
   {
-    PhaseScope phase(Phase::kOptimizer);  // grad norm
+    PhaseScope phase(Phase::kOptimizer);  // grad norm and the step's decisions
     sync_->grad_sumsq(ops_, model_->grads().flat, stats_.grad_sumsq);
+    const LossConfig& lc = config_.loss;
+    ops_.step_control(stats_.values, stats_.grad_sumsq, lc.lm_z_coef, lc.lbl_coef, lc.router_z_coef,
+                      config_.optim.max_grad_norm, lr_table_.t, stats_.control);
   }
   if (model_->ep_size() > 1) ops_.copy(model_->exchange_counts(), stats_.exchange);
-  // Loss terms, grad norm sums, expert counts, probabilities and exchange counters: the step's
-  // one download.
+}
+
+void Trainer::read_step(StepResult& r) {
+  // Loss terms, the step's decisions, grad norm sums, expert counts, probabilities and exchange
+  // counters: the step's one download.
   stats_host_.resize(static_cast<size_t>(stats_.words.numel()));  // reused: no allocation per step
   ops_.download(stats_.words, stats_host_.data());
-  if (fault != Fault::kNoWait) ops_.wait(ops_.record());
+  if (!std::exchange(drop_next_wait_, false)) ops_.wait(ops_.record());
   const char* host = reinterpret_cast<const char*>(stats_host_.data());
   const auto host_real = [&](const Tensor& t, int64_t i) {  // element i of t's downloaded copy
     const char* p = host + stats_.offset_of(t) + static_cast<size_t>(i) * dtype_size(t.dtype);
@@ -227,14 +260,13 @@ StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, 
     probs.resize(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) probs[static_cast<size_t>(e)] = host_real(stats_.mean_prob[static_cast<size_t>(i)], e);
   }
-  r.total = total_loss(config_.loss, r);
   if (model_->ep_size() > 1) expert_parallel_stats(r);
-  grad_sumsq_host_.resize(static_cast<size_t>(stats_.grad_sumsq.numel()));
-  std::memcpy(grad_sumsq_host_.data(), host + stats_.offset_of(stats_.grad_sumsq), grad_sumsq_host_.size() * sizeof(double));
-  r.grad_norm = GradSync::grad_norm(grad_sumsq_host_);
-  r.finite = std::isfinite(r.total) && std::isfinite(r.grad_norm);
-  if (!r.finite) r.nonfinite_tensor = first_nonfinite_grad();
-  return r;
+  r.total = host_real(stats_.control, kCtlLoss);
+  r.grad_norm = host_real(stats_.control, kCtlGradNorm);
+  r.lr = host_real(stats_.control, kCtlLr);
+  r.finite = host_real(stats_.control, kCtlNonfinite) == 0;
+  r.clipped = r.finite && host_real(stats_.control, kCtlClipped) != 0;
+  if (!r.finite) r.nonfinite_tensor = first_nonfinite_grad();  // the update changed no gradient
 }
 
 void Trainer::expert_parallel_stats(StepResult& r) {
@@ -266,25 +298,22 @@ void Trainer::expert_parallel_stats(StepResult& r) {
 }
 
 void Trainer::apply_update(StepResult& r) {
-  const TrainConfig& tc = config_.train;
-  const int64_t nm = stats_.num_moe_layers;
-  PhaseScope phase(Phase::kOptimizer);  // clipping, AdamW, bias update, bf16 refresh
+  enqueue_update();
+  (void)r;
+  optim_->set_steps_taken(optim_->steps_taken() + 1);
+}
 
-  const double max_norm = config_.optim.max_grad_norm;
-  if (max_norm > 0) {
-    const double coef = max_norm / (r.grad_norm + 1e-6);  // torch.nn.utils.clip_grad_norm_
-    if (coef < 1.0) {
-      ops_.scale(model_->grads().flat, coef);
-      r.clipped = true;
-    }
-  }
-  r.lr = learning_rate(config_.optim, tc.steps, r.step);
-  optim_->step(ops_, model_->params(), model_->grads(), r.lr);
+void Trainer::enqueue_update() {
+  // Every call reads the device decisions (stats_.control): the clip factor, the LR, AdamW's
+  // step, and whether the step is finite (if not, nothing below changes any state).
+  PhaseScope phase(Phase::kOptimizer);  // clipping, AdamW, bias update, bf16 refresh
+  ops_.clip_by_control(model_->grads().flat, stats_.control);
+  optim_->step_by_control(ops_, model_->params(), model_->grads(), stats_.control);
   sync_->gather_params(model_->params().flat);
   if (config_.model.router_bias_gamma > 0)
-    for (int64_t i = 0; i < nm; ++i)
-      ops_.router_bias_update(stats_.counts[static_cast<size_t>(i)], config_.model.router_bias_gamma,
-                              model_->router_bias()[static_cast<size_t>(i)].t);
+    for (int64_t i = 0; i < stats_.num_moe_layers; ++i)
+      ops_.router_bias_update_by_control(stats_.counts[static_cast<size_t>(i)], config_.model.router_bias_gamma,
+                                         model_->router_bias()[static_cast<size_t>(i)].t, stats_.control);
   model_->refresh_operand_weights();
 }
 

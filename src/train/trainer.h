@@ -64,7 +64,8 @@ class Trainer {
   StepResult& compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
   // Finite: apply_update(r). Non-finite: train.on_nonfinite = "stop" throws naming the step and
   // the first offending tensor; "skip" leaves parameters and optimizer state untouched, sets
-  // r.skipped and counts it. Returns whether an update was applied.
+  // r.skipped and counts it. Returns whether an update was applied. (step() does the same with
+  // no wait between the gradients and the update: the device decides, the host reads after.)
   bool finish_step(StepResult& r);
   // Name of the first parameter (ParamLayout order) whose gradient holds a NaN or Inf; "" if none.
   std::string first_nonfinite_grad();
@@ -76,7 +77,8 @@ class Trainer {
   enum class Fault { kNanGradient, kNoWait, kExtraRead };
   void inject_fault(Fault f) { fault_ = f; }
   // Clipping, LR, AdamW, loss-free bias update (with the counts summed over dp, which contains
-  // the EP group: every rank applies the same update), bf16 weight refresh.
+  // the EP group: every rank applies the same update), bf16 weight refresh -- as decided on the
+  // device by the step's step_control (r is the host's copy of those decisions).
   void apply_update(StepResult& r);
   int64_t steps_taken() const { return optim_->steps_taken(); }
   // Sequences of the global batch this rank feeds to step(): batch_size / dp.
@@ -107,6 +109,15 @@ class Trainer {
   // (local_batch, seq_len) ids, labels, document starts, and validation's micro-batch.
   OwnedTensor batch_ids_, batch_labels_, batch_doc_, eval_ids_, eval_labels_, eval_doc_;
   Tensor on_device(const Tensor& host, OwnedTensor& slot);
+  // The pieces of a step: forward/backward/reductions and the device decisions (step_control);
+  // the update those decisions gate; the one download and what the host makes of it.
+  void enqueue_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start, StepResult& r);
+  void enqueue_update();
+  void read_step(StepResult& r);
+  // A non-finite step: "stop" throws naming the step and tensor; "skip" records it.
+  void handle_nonfinite(StepResult& r);
+  OwnedTensor lr_table_;  // (steps + 2) f64: the LR of each optimizer step, on the device
+  bool drop_next_wait_ = false;  // Fault::kNoWait
   TransferStats staged() const;  // communication staging so far (grad sync, pipeline, expert exchange)
   int64_t skipped_steps_ = 0;
   std::optional<Fault> fault_;

@@ -129,11 +129,12 @@ TEST_P(StrictRun, MatchesCpuBitwiseThroughClipSkipEvalCheckpointAndResume) {
 }
 
 // The bytes of the one download of a plain step: StepStats (model/transformer.cpp make_stats):
-// f64 [ce, lm_z, lbl and router_z per MoE layer] + f64 per-parameter gradient sums of squares +
-// mean router probabilities (compute dtype, f32) and counts (i32) per MoE layer and expert.
+// f64 [ce, lm_z, lbl and router_z per MoE layer] + the 8 f64 step decisions (step_control) + f64
+// per-parameter gradient sums of squares + mean router probabilities (compute dtype, f32) and
+// counts (i32) per MoE layer and expert.
 uint64_t step_statistics_bytes(const ModelConfig& m) {
   const int64_t M = m.num_moe_layers(), E = m.num_experts, P = ParamLayout(m).num_global_params();
-  return static_cast<uint64_t>(8 * (2 + 2 * M + P) + 4 * M * E + 4 * M * E);
+  return static_cast<uint64_t>(8 * (2 + 2 * M + 8 + P) + 4 * M * E + 4 * M * E);
 }
 
 TEST(StrictBudget, APlainStepReadsTheDeviceExactlyOnceAndAnExtraReadCounts) {
