@@ -2,21 +2,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/gated_update.h"
 #include "kernels/ref/ref_ops.h"
 #include "kernels/step_control.h"
 
 namespace moe::ref {
-namespace {
-const double* checked_control(const Tensor& control, const char* op) {
-  check_dtype(control, DType::kF64, op);
-  check_shape(control, {kCtlSize}, op);
-  return control.as<double>();
-}
-}  // namespace
-
 void step_control(const Tensor& values, const Tensor& sumsq, double lm_z_coef, double lbl_coef, double router_z_coef,
                   double max_norm, const Tensor& lr_table, const Tensor& control) {
-  checked_control(control, "step_control control");
+  gated::control_scalars(control, "step_control control");
   for (const Tensor* t : {&values, &sumsq, &lr_table}) check_dtype(*t, DType::kF64, "step_control");
   MOE_CHECK(values.numel() >= 2 && values.numel() % 2 == 0, "step_control: values ", values.shape_str(),
             " must be [ce, lm_z, lbl x M, router_z x M]");
@@ -44,20 +37,17 @@ void step_control(const Tensor& values, const Tensor& sumsq, double lm_z_coef, d
 }
 
 void clip_by_control(const Tensor& x, const Tensor& control) {
-  const double* c = checked_control(control, "clip_by_control control");
-  if (c[kCtlClipped] != 0 && c[kCtlNonfinite] == 0) scale(x, c[kCtlClipCoef]);
+  gated::clip(x, control, [](const Tensor& t, double a) { scale(t, a); });
 }
 
 void adamw_by_control(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& control,
                       double beta1, double beta2, double eps, double weight_decay) {
-  const double* c = checked_control(control, "adamw_by_control control");
-  if (c[kCtlNonfinite] != 0) return;
-  adamw(param, grad, m, v, c[kCtlLr], beta1, beta2, eps, weight_decay, static_cast<int64_t>(c[kCtlUpdates]));
+  gated::adamw(param, grad, m, v, control, beta1, beta2, eps, weight_decay,
+               [](auto&&... a) { adamw(a...); });
 }
 
 void router_bias_update_by_control(const Tensor& step_counts, double gamma, const Tensor& bias, const Tensor& control) {
-  const double* c = checked_control(control, "router_bias_update_by_control control");
-  if (c[kCtlNonfinite] == 0) router_bias_update(step_counts, gamma, bias);
+  gated::router_bias(step_counts, gamma, bias, control, [](auto&&... a) { router_bias_update(a...); });
 }
 
 }  // namespace moe::ref

@@ -1,0 +1,36 @@
+// The update ops that step_control gates (kernels/op_list.inc), written once over a backend's
+// own scale / adamw / router_bias_update: each reads the control scalars in the backend's memory
+// and runs the ungated op with them, so the result is bitwise the ungated op's.
+#pragma once
+
+#include "core/tensor.h"
+#include "kernels/step_control.h"
+
+namespace moe::gated {
+
+inline const double* control_scalars(const Tensor& control, const char* op) {
+  check_dtype(control, DType::kF64, op);
+  check_shape(control, {kCtlSize}, op);
+  return control.as<double>();
+}
+
+template <class Scale> void clip(const Tensor& x, const Tensor& control, Scale scale) {
+  const double* c = control_scalars(control, "clip_by_control control");
+  if (c[kCtlClipped] != 0 && c[kCtlNonfinite] == 0) scale(x, c[kCtlClipCoef]);
+}
+
+template <class AdamW>
+void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& control, double beta1,
+           double beta2, double eps, double weight_decay, AdamW adamw_op) {
+  const double* c = control_scalars(control, "adamw_by_control control");
+  if (c[kCtlNonfinite] != 0) return;
+  adamw_op(param, grad, m, v, c[kCtlLr], beta1, beta2, eps, weight_decay, static_cast<int64_t>(c[kCtlUpdates]));
+}
+
+template <class Update>
+void router_bias(const Tensor& step_counts, double gamma, const Tensor& bias, const Tensor& control, Update update) {
+  const double* c = control_scalars(control, "router_bias_update_by_control control");
+  if (c[kCtlNonfinite] == 0) update(step_counts, gamma, bias);
+}
+
+}  // namespace moe::gated
