@@ -52,8 +52,9 @@ void Transformer::moe_forward(int64_t slot, int64_t l, const Tensor& x_in, FfnAc
   // Expert parallelism: rows travel to the ranks of their experts, arriving grouped by local
   // expert (then source rank); the plan's recv_offsets are the grouped GEMM's offsets over them.
   // Recompute re-runs the forward with the same routing: it reuses the stored plan.
-  // `rows` (host) still sizes the row-wise ops over expert rows (SwiGLU, the gradient sum): it
-  // comes from the plan's host copy, which only the point-to-point transport keeps.
+  // The expert ops run over the static bound Rx: the grouped GEMMs read and write only the rows
+  // below the plan's device offsets, and the row-wise ops (SwiGLU, the gradient sum) also pass
+  // over the unused tail, whose values nothing reads. No host integer sizes any op.
   int64_t rows = dims_.R;
   if (exchange_) {
     ExchangePlan& plan = plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)];
@@ -63,7 +64,7 @@ void Transformer::moe_forward(int64_t slot, int64_t l, const Tensor& x_in, FfnAc
     }
     a.recv_offsets = plan.recv_offsets;
     exchange_->send_to_experts(plan, a.xs_act, a.xr_act);
-    rows = plan.host_total(kRowsReceived);
+    rows = dims_.Rx;
   }
   phase.reset();
   phase.emplace(Phase::kExpertGemm);
@@ -153,7 +154,7 @@ void Transformer::moe_backward(int64_t slot, int64_t l, const Tensor& x_in, FfnA
     const ExchangePlan& plan = plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)];
     a.recv_offsets = plan.recv_offsets;
     exchange_->send_to_experts(plan, g, s.dyr);
-    rows = plan.host_total(kRowsReceived);
+    rows = dims_.Rx;
     g = s.dyr.slice(0, rows);
   }
   const int64_t F = a.eg.dim(1);
