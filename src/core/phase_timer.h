@@ -29,12 +29,26 @@ enum class Phase : int {
 
 const char* phase_name(Phase p);
 
+// What times the phase boundaries: the host clock (default), or a backend's events (stream
+// time: on an asynchronous backend the host only enqueues, so its clock would time the enqueue).
+// record() marks a point after everything enqueued so far; seconds(a, b) is the stream time
+// between two marks once synchronize() has returned.
+struct PhaseClock {
+  void* ctx = nullptr;
+  uint64_t (*record)(void* ctx) = nullptr;
+  void (*synchronize)(void* ctx) = nullptr;
+  double (*seconds)(void* ctx, uint64_t from, uint64_t to) = nullptr;
+};
+
 class PhaseTimer {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr int kNum = static_cast<int>(Phase::kCount);
 
   static bool enabled() { return enabled_; }
+  // Times phases with a backend's events (nullptr: the host clock). CPU seconds and allocations
+  // stay host measurements.
+  static void set_clock(const PhaseClock* clock);
   static void set_enabled(bool on);
   static void reset();  // zero all accumulated times
   static void flush();  // charge the time since the last switch to the current phase
@@ -73,6 +87,18 @@ class PhaseTimer {
   friend class ForeignAllocScope;
   static uint64_t (*thread_alloc_reader_)();
   static std::atomic<uint64_t> foreign_allocs_;
+  // With a PhaseClock: the phase that each marked interval belongs to, and the event ending it,
+  // since the last flush (fixed ring: no allocation; folded early when full).
+  struct Mark {
+    Phase phase;
+    uint64_t event;
+  };
+  static constexpr size_t kMarks = 2048;
+  static const PhaseClock* clock_;
+  static std::array<Mark, kMarks> marks_;
+  static size_t num_marks_;
+  static void mark(Phase ending);
+  static void fold_marks();
 };
 
 // Brackets one call into a library that allocates internally (any thread; the count is the
@@ -108,10 +134,14 @@ class PhaseScope {
  private:
   friend class PhaseTimer;
   static void switch_to(Phase p) {
-    const PhaseTimer::Clock::time_point now = PhaseTimer::Clock::now();
-    PhaseTimer::seconds_[static_cast<size_t>(PhaseTimer::current_)] +=
-        std::chrono::duration<double>(now - PhaseTimer::since_).count();
-    PhaseTimer::since_ = now;
+    if (PhaseTimer::clock_) {
+      PhaseTimer::mark(PhaseTimer::current_);
+    } else {
+      const PhaseTimer::Clock::time_point now = PhaseTimer::Clock::now();
+      PhaseTimer::seconds_[static_cast<size_t>(PhaseTimer::current_)] +=
+          std::chrono::duration<double>(now - PhaseTimer::since_).count();
+      PhaseTimer::since_ = now;
+    }
     const double cpu = PhaseTimer::process_cpu_now();
     PhaseTimer::cpu_seconds_[static_cast<size_t>(PhaseTimer::current_)] += cpu - PhaseTimer::cpu_since_;
     PhaseTimer::cpu_since_ = cpu;

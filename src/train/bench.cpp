@@ -52,6 +52,16 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   using Clock = std::chrono::steady_clock;
   uint64_t alloc_before = 0, foreign_before = 0;
   PhaseTimer::set_thread_alloc_reader(opt.thread_alloc_reader);
+  // Phases are timed with the backend's events: stream time, whatever the backend's asynchrony.
+  const PhaseClock clock{ops.get(), [](void* b) { return static_cast<Backend*>(b)->record().seq; },
+                         [](void* b) { static_cast<Backend*>(b)->synchronize(); },
+                         [](void* b, uint64_t from, uint64_t to) {
+                           return static_cast<Backend*>(b)->elapsed_seconds(Event{from}, Event{to});
+                         }};
+  PhaseTimer::set_clock(&clock);
+  struct Unset {
+    ~Unset() { PhaseTimer::set_clock(nullptr); }  // also when a step throws
+  } unset;
   const int64_t total = opt.warmup + opt.steps;
   std::array<double, PhaseTimer::kNum> sums{}, cpu_sums{};
   double step_sum = 0;
