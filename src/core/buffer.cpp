@@ -23,8 +23,10 @@ class HostMemory final : public Allocator {
 }  // namespace
 
 Allocator& host_memory() {
-  static HostMemory host;
-  return host;
+  // Never destroyed: thread_local Buffers of pool threads (kernel scratch) are freed at thread
+  // exit, which can come after static destruction at process exit.
+  static HostMemory* const host = new HostMemory;
+  return *host;
 }
 
 Buffer::Buffer(Allocator& from, size_t bytes) : bytes_(bytes) {
