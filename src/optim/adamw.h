@@ -30,12 +30,10 @@ class AdamW {
   // The moments live in the backend's memory, zeroed here.
   AdamW(Backend& ops, const ParamLayout& layout, const OptimConfig& config, DType dtype,
         std::vector<std::pair<int64_t, int64_t>> owned = {});
-  // One update of the owned elements with learning rate lr, reading gradients at the same flat
-  // offsets; increments the step counter first.
-  void step(Backend& ops, const Weights& params, const Weights& grads, double lr);
-  // The same update with the learning rate and step from a device control tensor (the step_control
-  // op), applied by the backend only when control says the step is finite; the host counter
-  // follows (count_update) once the host knows.
+  // One update of the owned elements, reading gradients at the same flat offsets, with the
+  // learning rate and step from a device control tensor (the step_control op), applied by the
+  // backend only when control says the step is finite; the host sets its counter
+  // (set_steps_taken) once it has read the step's outcome.
   void step_by_control(Backend& ops, const Weights& params, const Weights& grads, const Tensor& control) const;
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t n) { step_ = n; }
