@@ -20,9 +20,13 @@
 #include "core/check.h"
 #include "core/user_path.h"
 #include "parallel/communicator.h"
-#include "train/trainer.h"
+#include "model/transformer.h"
+#include "optim/adamw.h"
+#include "parallel/process_groups.h"
 
 namespace moe {
+
+int64_t TrainingState::steps_taken() const { return optimizer.steps_taken(); }
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -339,12 +343,12 @@ void prune_checkpoints(const fs::path& parent, const fs::path& keep_path, size_t
 // The training state on the host: the backend's own memory (ref, cpu) or staged copies, kept
 // alive while the pieces pointing into them are written (save) or filled (load, then commit).
 struct HostState {
-  HostState(Trainer& trainer, HostView::Mode mode)
-      : params(trainer.model().ops(), trainer.model().params().flat, mode),
-        exp_avg(trainer.model().ops(), trainer.optimizer().exp_avg(), mode),
-        exp_avg_sq(trainer.model().ops(), trainer.optimizer().exp_avg_sq(), mode) {
+  HostState(const TrainingState& run, HostView::Mode mode)
+      : params(run.model.ops(), run.model.params().flat, mode),
+        exp_avg(run.model.ops(), run.optimizer.exp_avg(), mode),
+        exp_avg_sq(run.model.ops(), run.optimizer.exp_avg_sq(), mode) {
     // Biases of layers another stage holds are not loaded: keep their contents (kRead).
-    for (const OwnedTensor& b : trainer.model().router_bias()) router_bias.emplace_back(trainer.model().ops(), b.t);
+    for (const OwnedTensor& b : run.model.router_bias()) router_bias.emplace_back(run.model.ops(), b.t);
   }
   void commit() {
     for (HostView* v : {&params, &exp_avg, &exp_avg_sq}) v->commit();
@@ -354,12 +358,12 @@ struct HostState {
   std::vector<HostView> router_bias;
 };
 
-std::vector<Piece> checkpoint_pieces(Trainer& trainer, const HostState& host) {
-  Transformer& model = trainer.model();
+std::vector<Piece> checkpoint_pieces(const TrainingState& run, const HostState& host) {
+  Transformer& model = run.model;
   const ParamLayout& local = model.layout();
-  const ParamLayout whole(trainer.config().model);
-  ProcessGroups* g = trainer.groups();
-  const bool zero1 = g && trainer.config().parallel.zero1;
+  const ParamLayout whole(run.config.model);
+  ProcessGroups* g = run.groups;
+  const bool zero1 = g && run.config.parallel.zero1;
   auto first_replica = [&](const ParamInfo& p) { return !g || (p.is_expert ? g->coords.edp == 0 : g->coords.dp == 0); };
   const DType dt = model.params().flat.dtype;
   const size_t es = dtype_size(dt);
@@ -370,7 +374,7 @@ std::vector<Piece> checkpoint_pieces(Trainer& trainer, const HostState& host) {
     out.push_back({"params:" + p.name, static_cast<const unsigned char*>(host.params.data()) + static_cast<size_t>(p.offset) * es,
                    static_cast<size_t>(p.numel) * es, st_dtype(dt), gb, gb + p.numel});
   }
-  const AdamW& opt = trainer.optimizer();
+  const AdamW& opt = run.optimizer;
   MOE_CHECK(opt.exp_avg().dtype == dt, "optimizer state dtype differs from the parameters'");
   const char* kinds[2] = {"exp_avg", "exp_avg_sq"};
   const HostView* states[2] = {&host.exp_avg, &host.exp_avg_sq};
@@ -383,7 +387,7 @@ std::vector<Piece> checkpoint_pieces(Trainer& trainer, const HostState& host) {
                      static_cast<size_t>(s.count) * es, st_dtype(dt), gb, gb + s.count});
     }
   if (!g || g->coords.dp == 0) {
-    const ModelConfig& c = trainer.config().model;
+    const ModelConfig& c = run.config.model;
     for (int64_t m = 0; m < c.num_moe_layers(); ++m) {
       if (!local.shard().holds_layer(c.n_dense_layers + m)) continue;
       const Tensor& t = host.router_bias[static_cast<size_t>(m)].tensor();
@@ -402,15 +406,15 @@ std::string checkpoint_name(int64_t step) {
   return buf;
 }
 
-std::string save_checkpoint(const std::string& dir, Trainer& trainer, int64_t next_instance, const SaveOptions& options) {
+std::string save_checkpoint(const std::string& dir, const TrainingState& run, int64_t next_instance, const SaveOptions& options) {
   MOE_CHECK(options.keep_last >= 1 && options.num_shards >= 1, "save_checkpoint: keep_last and num_shards must be >= 1");
-  ProcessGroups* groups = trainer.groups();
+  ProcessGroups* groups = run.groups;
   Communicator* world = groups ? groups->world : nullptr;
   const int rank = world ? world->rank() : 0;
   MOE_CHECK(!world || options.num_shards == 1, "save_checkpoint: num_shards is for single-process tests");
   const int64_t num_files = world ? world->size() : options.num_shards;
   tensors_written = 0;
-  const int64_t step = trainer.steps_taken();
+  const int64_t step = run.steps_taken();
   const fs::path parent = fs::absolute(dir);
   const std::string name = checkpoint_name(step);
   const fs::path final_path = parent / name;
@@ -427,8 +431,8 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, int64_t ne
 
   // This rank's pieces, in whole-model coordinates (checkpoint_pieces), one file per rank.
   std::vector<std::vector<Piece>> files(static_cast<size_t>(num_files));
-  const HostState host(trainer, HostView::kRead);
-  std::vector<Piece> mine = checkpoint_pieces(trainer, host);
+  const HostState host(run, HostView::kRead);
+  std::vector<Piece> mine = checkpoint_pieces(run, host);
   for (size_t i = 0; i < mine.size(); ++i)
     files[world ? 0 : i % static_cast<size_t>(num_files)].push_back(std::move(mine[i]));
   std::vector<std::string> entries;
@@ -442,12 +446,12 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, int64_t ne
   if (rank == 0) {
     json shards = json::array();
     for (const std::string& e : entries) shards.push_back(json::parse(e));
-    const Config& c = trainer.config();
+    const Config& c = run.config;
     const ParamLayout whole(c.model);
     json params = json::array();
     for (const ParamInfo& p : whole.entries())
       params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel}});
-    const DType dt = trainer.model().params().flat.dtype;
+    const DType dt = run.model.params().flat.dtype;
     json m = {{"format", kFormat},
               {"version", kFormatVersion},
               {"step", step},
@@ -492,7 +496,7 @@ std::string latest_checkpoint(const std::string& dir) {
 
 CheckpointInfo verify_checkpoint(const std::string& path) { return verify(path).info; }
 
-CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
+CheckpointInfo load_checkpoint(const std::string& path, const TrainingState& run) {
   Verified v = verify(path);
   const std::string mpath = (fs::path(path) / "manifest.json").string();
   Config saved;
@@ -501,16 +505,16 @@ CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
   } catch (const std::exception& e) {
     MOE_FAIL("malformed manifest '", mpath, "': its config does not parse: ", e.what());
   }
-  v.info.warnings = compare_configs(saved, trainer.config());
+  v.info.warnings = compare_configs(saved, run.config);
 
-  Transformer& model = trainer.model();
+  Transformer& model = run.model;
   const DType dt = model.params().flat.dtype;
   const std::string want_dt = st_dtype(dt);
   const std::string opt_dt = field<std::string>(field<json>(v.manifest, "optimizer", mpath), "dtype", mpath);
   MOE_CHECK(opt_dt == want_dt, "cannot resume '", path, "': parameters and optimizer state are ", opt_dt,
             ", this run keeps them in ", want_dt);
   // The manifest's layout is the whole model's; this rank may hold any part of it.
-  const ParamLayout whole(trainer.config().model);
+  const ParamLayout whole(run.config.model);
   MOE_CHECK(field<int64_t>(v.manifest, "flat_numel", mpath) == whole.total(), "cannot resume '", path,
             "': the checkpoint holds ", field<int64_t>(v.manifest, "flat_numel", mpath), " parameters, the model has ",
             whole.total());
@@ -533,7 +537,7 @@ CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
   std::array<std::vector<Src>, 3> pieces;
   const size_t es = dtype_size(dt);
   std::vector<bool> bias_loaded(model.router_bias().size(), false);
-  HostState host(trainer, HostView::kWrite);  // every element below is written before commit()
+  HostState host(run, HostView::kWrite);  // every element below is written before commit()
   for (auto& [shard, bytes] : v.shards) {
     uint64_t header_len = 0;
     for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(bytes[static_cast<size_t>(i)]) << (8 * i);
@@ -598,21 +602,21 @@ CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer) {
   for (const ParamInfo& p : model.layout().entries())
     fill(0, whole.find(p.name).offset + p.global_begin, p.numel, pbase + static_cast<size_t>(p.offset) * es,
          "parameter '" + p.name + "'");
-  AdamW& opt = trainer.optimizer();
+  AdamW& opt = run.optimizer;
   unsigned char* states[2] = {static_cast<unsigned char*>(host.exp_avg.data()),
                               static_cast<unsigned char*>(host.exp_avg_sq.data())};
   for (int k = 1; k < 3; ++k)
     for (const StateSlice& s : opt.slices())
       fill(k, whole.find(s.param->name).offset + s.param->global_begin + s.param_begin, s.count,
            states[k - 1] + static_cast<size_t>(s.state_offset) * es, "parameter '" + s.param->name + "'");
-  const ModelConfig& mc = trainer.config().model;
+  const ModelConfig& mc = run.config.model;
   for (size_t i = 0; i < bias_loaded.size(); ++i)
     if (model.layout().shard().holds_layer(mc.n_dense_layers + static_cast<int64_t>(i)))
       MOE_CHECK(bias_loaded[i], "checkpoint '", path, "' has no tensor 'router_bias.", i, "'");
   const int64_t steps = field<int64_t>(field<json>(v.manifest, "optimizer", mpath), "steps_taken", mpath);
   MOE_CHECK(steps == v.info.step, "malformed manifest '", mpath, "': optimizer steps_taken ", steps, " != step ", v.info.step);
   host.commit();
-  trainer.optimizer().set_steps_taken(steps);
+  run.optimizer.set_steps_taken(steps);
   model.refresh_operand_weights();
   return v.info;
 }

@@ -31,7 +31,19 @@
 
 namespace moe {
 
-class Trainer;
+class Transformer;
+class AdamW;
+struct ProcessGroups;
+
+// What a checkpoint saves and restores: views of a run's parts. A Trainer converts to one
+// (train/trainer.h), so this folder depends on the model, optimizer and groups, not the trainer.
+struct TrainingState {
+  const Config& config;
+  Transformer& model;
+  AdamW& optimizer;
+  ProcessGroups* groups = nullptr;  // nullptr: one process
+  int64_t steps_taken() const;      // the optimizer's step count
+};
 
 // CRC-32C (Castagnoli), the checksum of every tensor, file and manifest.
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
@@ -66,8 +78,8 @@ struct SaveOptions {
 
 std::string checkpoint_name(int64_t step);  // "step_00000120"
 
-// Saves the trainer's state as <dir>/step_NNNNNNNN; returns that path.
-std::string save_checkpoint(const std::string& dir, Trainer& trainer, int64_t next_instance,
+// Saves the run's state as <dir>/step_NNNNNNNN; returns that path.
+std::string save_checkpoint(const std::string& dir, const TrainingState& run, int64_t next_instance,
                             const SaveOptions& options = {});
 
 // Complete checkpoints (step_* directories holding a manifest), oldest first; temp dirs skipped.
@@ -76,15 +88,15 @@ std::string latest_checkpoint(const std::string& dir);  // "" when there is none
 
 // Reads the manifest and every file, checks sizes and checksums; loads nothing.
 CheckpointInfo verify_checkpoint(const std::string& path);
-// Verifies, then loads parameters, Adam moments, step count and router biases into the trainer.
+// Verifies, then loads parameters, Adam moments, step count and router biases into the run.
 // Refuses a checkpoint whose model shape or optimizer dtype differ (naming the key).
-CheckpointInfo load_checkpoint(const std::string& path, Trainer& trainer);
+CheckpointInfo load_checkpoint(const std::string& path, const TrainingState& run);
 // Loads the newest checkpoint in dir that verifies; a newer one that fails is reported on log
 // (with the reason) and the next older one is tried. Throws when none loads.
-CheckpointInfo resume_latest(const std::string& dir, Trainer& trainer, std::ostream& log);
+CheckpointInfo resume_latest(const std::string& dir, const TrainingState& run, std::ostream& log);
 
 // 64-bit FNV-1a over parameters, Adam m and v, router biases and the step count.
-uint64_t training_state_hash(Trainer& trainer);
+uint64_t training_state_hash(const TrainingState& run);
 
 // Train-loop glue (train_loop.cpp keeps only calls to these).
 std::string checkpoint_dir(const Config& config);
@@ -96,11 +108,11 @@ struct SavedCheckpoint {
 // resume: loads the latest good checkpoint (returns its step and data position, logs warnings).
 // Otherwise a checkpoint dir holding an earlier run's checkpoints is moved to "<dir>.previous"
 // (replacing an older one; pruning must never mix two runs), and it returns step 0, position 0.
-CheckpointInfo begin_checkpointing(const Config& config, Trainer& trainer, bool resume, std::ostream& log);
+CheckpointInfo begin_checkpointing(const Config& config, const TrainingState& run, bool resume, std::ostream& log);
 // Saves when checkpoint.every divides step, or at the last step (checkpoint.at_end), and says
 // what it saved (path empty: nothing). next_instance: the data position after this step;
 // anchor and elapsed_s as in SaveOptions.
-SavedCheckpoint maybe_save_checkpoint(const Config& config, Trainer& trainer, int64_t step, int64_t next_instance,
+SavedCheckpoint maybe_save_checkpoint(const Config& config, const TrainingState& run, int64_t step, int64_t next_instance,
                                       bool last, const DataAnchor& anchor, double elapsed_s, std::ostream& log);
 
 }  // namespace moe

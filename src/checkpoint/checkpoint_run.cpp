@@ -10,7 +10,9 @@
 #include "core/check.h"
 #include "core/fnv1a.h"
 #include "parallel/communicator.h"
-#include "train/trainer.h"
+#include "model/transformer.h"
+#include "optim/adamw.h"
+#include "parallel/process_groups.h"
 
 namespace moe {
 namespace fs = std::filesystem;
@@ -43,13 +45,13 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   return ~crc;
 }
 
-CheckpointInfo resume_latest(const std::string& dir, Trainer& trainer, std::ostream& log) {
+CheckpointInfo resume_latest(const std::string& dir, const TrainingState& run, std::ostream& log) {
   std::vector<std::string> all = list_checkpoints(dir);
   MOE_CHECK(!all.empty(), "--resume: no complete checkpoint in '", dir, "'");
   std::string errors;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
-      return load_checkpoint(*it, trainer);
+      return load_checkpoint(*it, run);
     } catch (const std::exception& e) {
       const std::string msg = e.what();
       if (msg.find("cannot resume") != std::string::npos) throw;  // a config mismatch: no fallback
@@ -60,20 +62,20 @@ CheckpointInfo resume_latest(const std::string& dir, Trainer& trainer, std::ostr
   MOE_FAIL("--resume: no checkpoint in '", dir, "' verifies:", errors);
 }
 
-uint64_t training_state_hash(Trainer& trainer) {
+uint64_t training_state_hash(const TrainingState& run) {
   uint64_t h = kFnv1aOffset;
   auto mix = [&](const void* data, size_t n) { h = fnv1a(data, n, h); };
-  Transformer& m = trainer.model();
+  Transformer& m = run.model;
   Backend& ops = m.ops();
   const auto mix_tensor = [&](const Tensor& t) {
     const HostView host(ops, t);
     mix(host.data(), t.nbytes());
   };
   mix_tensor(m.params().flat);
-  mix_tensor(trainer.optimizer().exp_avg());
-  mix_tensor(trainer.optimizer().exp_avg_sq());
+  mix_tensor(run.optimizer.exp_avg());
+  mix_tensor(run.optimizer.exp_avg_sq());
   for (const OwnedTensor& b : m.router_bias()) mix_tensor(b.t);
-  const int64_t steps = trainer.steps_taken();
+  const int64_t steps = run.steps_taken();
   mix(&steps, sizeof steps);
   return h;
 }
@@ -82,7 +84,7 @@ std::string checkpoint_dir(const Config& config) {
   return config.checkpoint.dir.empty() ? (fs::path(config.train.out_dir) / "checkpoints").string() : config.checkpoint.dir;
 }
 
-SavedCheckpoint maybe_save_checkpoint(const Config& config, Trainer& trainer, int64_t step, int64_t next_instance,
+SavedCheckpoint maybe_save_checkpoint(const Config& config, const TrainingState& run, int64_t step, int64_t next_instance,
                                       bool last, const DataAnchor& anchor, double elapsed_s, std::ostream& log) {
   const CheckpointConfig& cc = config.checkpoint;
   const bool periodic = cc.every > 0 && step % cc.every == 0;
@@ -93,7 +95,7 @@ SavedCheckpoint maybe_save_checkpoint(const Config& config, Trainer& trainer, in
   o.elapsed_s = elapsed_s;
   const auto t0 = std::chrono::steady_clock::now();
   SavedCheckpoint saved;
-  saved.path = save_checkpoint(checkpoint_dir(config), trainer, next_instance, o);
+  saved.path = save_checkpoint(checkpoint_dir(config), run, next_instance, o);
   saved.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const auto& e : fs::directory_iterator(saved.path)) saved.bytes += e.file_size();
   if (last || step % config.train.log_every == 0)
@@ -102,10 +104,10 @@ SavedCheckpoint maybe_save_checkpoint(const Config& config, Trainer& trainer, in
   return saved;
 }
 
-CheckpointInfo begin_checkpointing(const Config& config, Trainer& trainer, bool resume, std::ostream& log) {
+CheckpointInfo begin_checkpointing(const Config& config, const TrainingState& run, bool resume, std::ostream& log) {
   const std::string dir = checkpoint_dir(config);
   if (!resume) {
-    Communicator* world = trainer.groups() ? trainer.groups()->world : nullptr;
+    Communicator* world = run.groups ? run.groups->world : nullptr;
     const std::vector<std::string> earlier = list_checkpoints(dir);
     if (world) world->barrier();  // every rank listed the directory before rank 0 moves it
     if (!earlier.empty() && (!world || world->rank() == 0)) {  // a fresh run must not prune (or be mixed with) an earlier run's checkpoints
@@ -120,7 +122,7 @@ CheckpointInfo begin_checkpointing(const Config& config, Trainer& trainer, bool 
     return {};
   }
   const auto t0 = std::chrono::steady_clock::now();
-  CheckpointInfo start = resume_latest(dir, trainer, log);
+  CheckpointInfo start = resume_latest(dir, run, log);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   log << "resumed from " << start.path << " (step " << start.step << ", next instance " << start.next_instance
       << ", verified and loaded in " << seconds << " s)\n";

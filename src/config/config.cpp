@@ -1,5 +1,4 @@
 #include "config/config.h"
-#include "parallel/layout.h"
 
 #include <charconv>
 #include <cmath>
@@ -504,6 +503,33 @@ void ModelConfig::validate() const {
   MOE_CHECK(top_k <= num_experts, "model.top_k = ", top_k, " exceeds model.num_experts = ", num_experts);
   MOE_CHECK(router_bias_gamma == 0 || routing == "learned",
             "model.router_bias_gamma needs model.routing = \"learned\"");
+}
+
+namespace {
+template <typename E>
+E parse_choice(const std::string& key, const std::string& value, std::initializer_list<std::pair<const char*, E>> allowed) {
+  std::string names;
+  for (const auto& [name, e] : allowed) {
+    if (value == name) return e;
+    names += names.empty() ? name : std::string(", ") + name;
+  }
+  MOE_FAIL(key, " = \"", value, "\" (allowed: ", names, ")");
+}
+}  // namespace
+
+ModelChoices model_choices(const ModelConfig& c) {
+  ModelChoices m;
+  m.norm_placement = parse_choice<NormPlacement>("model.norm_placement", c.norm_placement,
+                                                 {{"pre", NormPlacement::kPre}, {"peri", NormPlacement::kPeri}});
+  m.qk_norm = parse_choice<QkNorm>("model.qk_norm", c.qk_norm,
+                                   {{"none", QkNorm::kNone}, {"full", QkNorm::kFull}, {"per_head", QkNorm::kPerHead}});
+  m.score_func = parse_choice<ScoreFunc>("model.score_func", c.score_func,
+                                         {{"softmax", ScoreFunc::kSoftmax}, {"sigmoid", ScoreFunc::kSigmoid}});
+  m.routing = parse_choice<Routing>("model.routing", c.routing,
+                                    {{"learned", Routing::kLearned}, {"uniform", Routing::kUniform}, {"random", Routing::kRandom}});
+  m.shared_merge = parse_choice<SharedMerge>("model.shared_merge", c.shared_merge,
+                                             {{"sum", SharedMerge::kSum}, {"v1", SharedMerge::kV1}});
+  return m;
 }
 
 int64_t ModelConfig::num_params() const {

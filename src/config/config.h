@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "parallel/layout.h"
+
 namespace moe {
 
 struct ModelConfig {
@@ -57,6 +59,24 @@ struct ModelConfig {
   // The non-causal convention many published MFU figures use: 6*active + 12*L*H*hd*S.
   double train_flops_per_token_noncausal(int64_t seq_len) const;
 };
+
+// The model's string-valued keys as enums, parsed once (model_choices) so that no step compares
+// strings. The strings stay in ModelConfig: they are what TOML, checkpoints and exports carry.
+enum class NormPlacement { kPre, kPeri };
+enum class QkNorm { kNone, kFull, kPerHead };
+enum class ScoreFunc { kSoftmax, kSigmoid };
+enum class Routing { kLearned, kUniform, kRandom };
+enum class SharedMerge { kSum, kV1 };
+struct ModelChoices {
+  NormPlacement norm_placement = NormPlacement::kPre;
+  QkNorm qk_norm = QkNorm::kFull;
+  ScoreFunc score_func = ScoreFunc::kSoftmax;
+  Routing routing = Routing::kLearned;
+  SharedMerge shared_merge = SharedMerge::kSum;
+  bool peri() const { return norm_placement == NormPlacement::kPeri; }
+};
+// Throws moe::Error naming the key whose value is not one of its allowed strings.
+ModelChoices model_choices(const ModelConfig& config);
 
 struct LossConfig {
   double lm_z_coef = 0.0;
@@ -138,6 +158,12 @@ struct ParallelConfig {
   // Layers per pipeline stage, comma-separated ("1,3"); "" = balanced (parallel/layout.h).
   std::string stage_layers;
 };
+
+inline Layout layout_from_config(const ParallelConfig& c) { return Layout{c.dp, c.ep, c.pp}; }
+// Layers [begin, end) of pipeline stage `stage` under parallel.pp and parallel.stage_layers.
+inline std::pair<int64_t, int64_t> configured_stage_layers(const ParallelConfig& c, int64_t n_layers, int64_t stage) {
+  return stage_layers_from_counts(c.stage_layers, c.pp, n_layers, stage);
+}
 
 struct Config {
   ModelConfig model;

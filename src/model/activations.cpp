@@ -2,28 +2,49 @@
 
 #include <algorithm>
 
-#include "core/buffer.h"
+#include "moe/expert_exchange.h"
 
 namespace moe {
 
 Tensor ArenaPlan::operator()(DType dtype, std::initializer_list<int64_t> dims) {
-  size_t need = Arena::footprint(dtype, dims);
-  bytes += need;
+  bytes += Arena::footprint(dtype, dims);
+  size_t n = dtype_size(dtype);
+  for (int64_t d : dims) n *= static_cast<size_t>(d);
+  tensor_bytes += n;
   if (arena) return arena->alloc(dtype, dims);
   return Tensor(nullptr, dtype, dims);
 }
 
-void plan_layer(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t layer, LayerActs& a) {
+Dims model_dims(const ModelConfig& c, int64_t batch, int64_t seq_len, DType compute, bool bf16_operands,
+                int64_t ep, double capacity_factor) {
+  Dims d;
+  d.B = batch;
+  d.S = seq_len;
+  d.T = batch * seq_len;
+  d.R = d.T * c.top_k;
+  d.ep = ep;
+  d.El = c.num_experts / ep;
+  d.Rx = ep > 1 ? expert_rows_bound(d.T, c.top_k, c.num_experts, ep, capacity_factor) : d.R;
+  d.cdt = compute;
+  d.adt = bf16_operands ? DType::kBF16 : compute;
+  return d;
+}
+
+namespace {
+
+void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, const Dims& d, int64_t layer,
+                LayerActs& a) {
   const int64_t T = d.T, D = c.d_model, H = c.n_heads, G = c.n_kv_heads, hd = c.hd();
-  const bool peri = c.norm_placement == "peri";
+  const bool peri = choice.peri();
   const bool bf16 = d.adt != d.cdt;
   AttnActs& at = a.attn;
   at.rstd_in = A(d.cdt, {T});
   at.h_act = A(d.adt, {T, D});
-  if (c.qk_norm != "none") {
+  if (choice.qk_norm != QkNorm::kNone) {
     at.q_lin = A(d.cdt, {T, H * hd});
     at.k_lin = A(d.cdt, {T, G * hd});
-    const int64_t qr = c.qk_norm == "per_head" ? T * H : T, kr = c.qk_norm == "per_head" ? T * G : T;
+    const bool per_head = choice.qk_norm == QkNorm::kPerHead;
+    const int64_t qr = per_head ? T * H : T, kr = per_head ? T * G : T;
     at.rstd_q = A(d.cdt, {qr});
     at.rstd_k = A(d.cdt, {kr});
   }
@@ -78,28 +99,33 @@ void plan_layer(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t layer
   }
 }
 
+void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t head_chunk, Scratch& s);
+
+}  // namespace
+
 int64_t lm_head_chunk_rows(int64_t vocab_size, int64_t tokens) {
   constexpr int64_t kLogitsPerChunk = int64_t{1} << 26;
   return std::clamp<int64_t>(kLogitsPerChunk / std::max<int64_t>(vocab_size, 1), 1, std::max<int64_t>(tokens, 1));
 }
 
+namespace {
 void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t head_chunk, Scratch& s) {
   const int64_t T = d.T, D = c.d_model, H = c.n_heads, G = c.n_kv_heads, hd = c.hd();
   const int64_t E = c.num_experts, K = c.top_k, R = d.R;
   const bool any_moe = c.num_moe_layers() > 0;
   const bool any_dense = c.n_dense_layers > 0;
-  s.dx = A(d.cdt, {T, D});
-  s.dtmp = A(d.cdt, {T, D});
-  s.dtmp2 = A(d.cdt, {T, D});
-  s.dtmp3 = A(d.cdt, {T, D});
-  s.dh = A(d.cdt, {T, D});
-  s.fwd_dtmp = A(d.cdt, {T, D});
-  s.dq = A(d.cdt, {d.B, d.S, H, hd});
-  s.dk = A(d.cdt, {d.B, d.S, G, hd});
-  s.dv = A(d.cdt, {d.B, d.S, G, hd});
-  s.dO = A(d.cdt, {d.B, d.S, H, hd});
-  s.dq_lin = A(d.cdt, {T, H * hd});
-  s.dk_lin = A(d.cdt, {T, G * hd});
+  s.dresid_TD = A(d.cdt, {T, D});
+  s.dy_TD = A(d.cdt, {T, D});
+  s.droute_TD = A(d.cdt, {T, D});
+  s.dshared_TD = A(d.cdt, {T, D});
+  s.dnormed_TD = A(d.cdt, {T, D});
+  s.shared_out_TD = A(d.cdt, {T, D});
+  s.dq_BSHd = A(d.cdt, {d.B, d.S, H, hd});
+  s.dk_BSGd = A(d.cdt, {d.B, d.S, G, hd});
+  s.dv_BSGd = A(d.cdt, {d.B, d.S, G, hd});
+  s.do_BSHd = A(d.cdt, {d.B, d.S, H, hd});
+  s.dq_lin_THd = A(d.cdt, {T, H * hd});
+  s.dk_lin_TGd = A(d.cdt, {T, G * hd});
   // Rows x width of the largest SwiGLU activation: routed (Rx,F), dense (T,Fd), shared (T,Fs).
   const int64_t Rx = d.Rx;
   const bool ep = d.ep > 1;
@@ -107,33 +133,77 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
   if (any_moe) swiglu = std::max({swiglu, Rx * c.expert_hidden, T * c.shared_hidden});
   if (any_dense) swiglu = std::max(swiglu, T * c.dense_width());
   swiglu = std::max<int64_t>(swiglu, 1);
-  s.dg = A(d.cdt, {swiglu});
-  s.du = A(d.cdt, {swiglu});
-  s.da = A(d.cdt, {swiglu});
+  s.dgate_W = A(d.cdt, {swiglu});
+  s.dup_W = A(d.cdt, {swiglu});
+  s.dact_W = A(d.cdt, {swiglu});
   if (d.adt != d.cdt) {
-    s.fg = A(d.cdt, {swiglu});
-    s.fu = A(d.cdt, {swiglu});
+    s.gate_f32_W = A(d.cdt, {swiglu});
+    s.up_f32_W = A(d.cdt, {swiglu});
   }
-  if (any_moe && (d.adt != d.cdt || ep)) s.fys = A(d.cdt, {Rx, D});
+  if (any_moe && (d.adt != d.cdt || ep)) s.ys_f32_XD = A(d.cdt, {Rx, D});
   if (any_moe) {
-    s.dys = A(d.cdt, {R, D});
-    s.dxs = A(d.cdt, {Rx, D});
+    s.dys_RD = A(d.cdt, {R, D});
+    s.dxs_XD = A(d.cdt, {Rx, D});
     if (ep) {
-      s.dyr = A(d.adt, {Rx, D});
-      s.dxs2 = A(d.cdt, {Rx, D});
+      s.dyr_XD = A(d.adt, {Rx, D});
+      s.dxs_up_XD = A(d.cdt, {Rx, D});
     }
-    s.dweights = A(d.cdt, {T, K});
-    s.dscores = A(d.cdt, {T, E});
-    s.dlogits = A(d.cdt, {T, E});
-    s.mean_prob = A(d.cdt, {E});
+    s.dweights_TK = A(d.cdt, {T, K});
+    s.dscores_TE = A(d.cdt, {T, E});
+    s.dlogits_TE = A(d.cdt, {T, E});
+    s.mean_prob_E = A(d.cdt, {E});
   }
   // Operand-dtype copy of any upstream gradient that feeds a GEMM.
   int64_t dy = std::max({T * D, T * H * hd, head_chunk * c.vocab_size, swiglu});
   if (any_moe) dy = std::max(dy, std::max(R, Rx) * D);
-  s.dy_act = A(d.adt, {dy});
-  s.logits = A(d.cdt, {head_chunk, c.vocab_size});
-  s.row_ce = A(d.cdt, {head_chunk});
-  s.row_z = A(d.cdt, {head_chunk});
+  s.dy_operand_N = A(d.adt, {dy});
+  s.logits_CV = A(d.cdt, {head_chunk, c.vocab_size});
+  s.row_ce_C = A(d.cdt, {head_chunk});
+  s.row_z_C = A(d.cdt, {head_chunk});
+}
+
+}  // namespace
+
+ActivationPlan::ActivationPlan(const ModelConfig& c, const Dims& d, const StagePlan& stage, Allocator* memory)
+    : stage_(stage), head_chunk_(lm_head_chunk_rows(c.vocab_size, d.T)) {
+  MOE_CHECK(stage.slots >= 1, "activation slots = ", stage.slots, " must be at least 1");
+  const ModelChoices choice = model_choices(c);
+  const int64_t n_local = stage.layer_end - stage.layer_begin;
+  const bool stage_moe = c.is_moe_layer(stage.layer_end - 1), stage_dense = !c.is_moe_layer(stage.layer_begin);
+  const auto slots = static_cast<size_t>(stage.slots);
+  // Plan twice with memory: measure, then carve the same tensors, in the same order, out of
+  // one arena. Measure mode stops after the first pass.
+  for (int pass = 0; pass < (memory ? 2 : 1); ++pass) {
+    ArenaPlan alloc{pass == 0 ? nullptr : &arena_};
+    resid_.assign(slots, std::vector<Tensor>(static_cast<size_t>(n_local + 1)));
+    for (auto& slot : resid_)
+      for (auto& r : slot) r = alloc(d.cdt, {d.T, c.d_model});
+    const size_t resid_bytes = alloc.bytes;
+    if (stage.recompute) {
+      // The single shared LayerActs must fit the stage's largest layer kind.
+      acts_.assign(1, std::vector<LayerActs>(1));
+      plan_layer(alloc, c, choice, d, stage_moe ? stage.layer_end - 1 : stage.layer_begin, acts_[0][0]);
+      // Dense layers reuse the MoE-shaped activations; their (T, dense_width) buffers come extra.
+      recompute_dense_ = LayerActs();
+      if (stage_moe && stage_dense) plan_layer(alloc, c, choice, d, stage.layer_begin, recompute_dense_);
+    } else {
+      acts_.assign(slots, std::vector<LayerActs>(static_cast<size_t>(n_local)));
+      for (auto& slot : acts_)
+        for (int64_t l = stage.layer_begin; l < stage.layer_end; ++l)
+          plan_layer(alloc, c, choice, d, l, slot[static_cast<size_t>(l - stage.layer_begin)]);
+    }
+    layer_bytes_ = alloc.bytes - resid_bytes;
+    saved_bytes_ = alloc.tensor_bytes;
+    plan_scratch(alloc, c, d, head_chunk_, scratch_);
+    if (stage.layer_end == c.n_layers) {
+      final_norm_.rstd = alloc(d.cdt, {d.T});
+      final_norm_.out_act = alloc(d.adt, {d.T, c.d_model});
+    }
+    if (pass == 0) {
+      bytes_ = alloc.bytes;
+      if (memory) arena_ = Arena(*memory, alloc.bytes);
+    }
+  }
 }
 
 }  // namespace moe

@@ -1,23 +1,32 @@
-// Saved activations of one block, and the shared backward scratch. Shapes for one micro-batch
-// of T = B*S tokens; R = T*K permuted expert rows; Rx rows computed by this rank's experts
-// (= R without expert parallelism). "act" tensors are GEMM operands and use the
-// operand dtype (bf16 in bf16 mode); everything else uses the compute dtype (f32, or f64 in the
-// reference path). With block recompute, all blocks share one LayerActs and only the residual
-// stream is kept per block.
+// The activation plan: every tensor one pipeline stage keeps between its forward and backward
+// (saved activations, per in-flight micro-batch) and the scratch its backward shares, carved out
+// of ONE arena by the same code that measures it. The memory estimate (model/memory.cpp) runs
+// this code in measure mode, so the estimate is the arena, byte for byte.
+//
+// Shapes are for one micro-batch of T = B*S tokens. Shape suffixes of the scratch names:
+//   T tokens, D d_model, E experts, K top_k, R = T*K permuted expert rows, X = Rx rows this
+//   rank's experts may compute (R without expert parallelism), B,S,H,G,d = batch, sequence,
+//   query heads, KV heads, head dim (Hd = H*d, Gd = G*d), C = LM-head chunk rows, V vocabulary,
+//   W = the widest SwiGLU activation (max of X*F, T*shared_hidden, T*dense_width), N = the
+//   largest upstream gradient that feeds a GEMM.
+// "act" tensors are GEMM operands in the operand dtype (bf16 in bf16 mode); everything else is
+// in the compute dtype (f32, or f64 on the reference path). With block recompute all layers
+// share one LayerActs and only the residual stream is kept per layer.
 #pragma once
 
 #include <vector>
 
 #include "config/config.h"
+#include "core/buffer.h"
 #include "core/tensor.h"
 
 namespace moe {
 
 // Hands out tensors from an arena, or only counts bytes (measure pass) when arena is null.
-class Arena;
 struct ArenaPlan {
   Arena* arena = nullptr;
-  size_t bytes = 0;
+  size_t bytes = 0;         // arena bytes, 64-byte padded per tensor
+  size_t tensor_bytes = 0;  // the tensors' own bytes
   Tensor operator()(DType dtype, std::initializer_list<int64_t> dims);
 };
 
@@ -29,6 +38,10 @@ struct Dims {
   DType cdt = DType::kF32;  // compute dtype
   DType adt = DType::kF32;  // GEMM operand dtype
 };
+// The dims of micro-batches of `batch` sequences of seq_len tokens; ep > 1: expert parallelism
+// with that capacity factor (0 = dropless).
+Dims model_dims(const ModelConfig& c, int64_t batch, int64_t seq_len, DType compute, bool bf16_operands,
+                int64_t ep = 1, double capacity_factor = 0);
 
 struct AttnActs {
   Tensor rstd_in;          // (T)
@@ -75,31 +88,98 @@ struct LayerActs {
   Tensor x_mid;            // (T,D) residual stream between attention and FFN
 };
 
-// Backward scratch shared by all layers (sized for the largest layer).
-struct Scratch {
-  Tensor dx;               // (T,D) gradient of the residual stream
-  Tensor dtmp, dtmp2, dtmp3;  // (T,D)
-  Tensor dh;               // (T,D) gradient of a normed FFN input
-  Tensor fg, fu;           // (max(R,T), Fmax) bf16 mode: SwiGLU inputs in fp32 before they are saved
-  Tensor fys;              // (Rx,D) bf16 mode or EP: expert outputs in the compute dtype
-  Tensor fwd_dtmp;         // (T,D) forward temp (shared-expert output)
-  Tensor dq, dk, dv, dO;   // (B,S,H,hd) / (B,S,G,hd)
-  Tensor dq_lin, dk_lin;   // (T,H*hd), (T,G*hd)
-  Tensor dg, du, da;       // (max(R,T), Fmax)
-  Tensor dys;              // (R,D) (with EP also the forward's returned rows in bf16 mode)
-  Tensor dxs;              // (Rx,D)
-  Tensor dyr;              // (Rx,D) EP only: received expert-output gradients, operand dtype
-  Tensor dxs2;             // (Rx,D) EP only: the up projection's input gradient
-  Tensor dweights;         // (T,K)
-  Tensor dscores, dlogits; // (T,E)
-  Tensor dy_act;           // (max rows, max cols) operand-dtype copy of an upstream gradient
-  Tensor logits;           // (Tc,V) one chunk of LM-head logits / their gradient
-  Tensor row_ce, row_z;    // (Tc)
-  Tensor mean_prob;        // (E) one micro-batch's mean router probabilities
+// The final norm's saved output (last stage only), shared by every slot: the LM-head step
+// recomputes it from the slot's stage output.
+struct FinalNormActs {
+  Tensor rstd;             // (T)
+  Tensor out_act;          // (T,D) GEMM operand of the LM head
 };
 
-void plan_layer(ArenaPlan& alloc, const ModelConfig& c, const Dims& d, int64_t layer, LayerActs& a);
-void plan_scratch(ArenaPlan& alloc, const ModelConfig& c, const Dims& d, int64_t head_chunk, Scratch& s);
+// Scratch shared by every layer of the stage, sized for the largest. Lifetimes (one backward
+// runs the layers in reverse; "sublayer" = from its output gradient to its input gradient):
+//   buffer           written by                             last read by
+//   dresid_TD        LM-head step, or the received gradient  the embedding backward: the running
+//                    (then every sublayer's input norm)      d(residual stream), whole backward
+//   dy_TD            a sublayer's out-norm backward (peri),  the same sublayer / final norm bwd
+//                    LM-head data gradient (per chunk rows)
+//   droute_TD        MoE v1 merge: routed share of dy        moe_combine_bwd, same sublayer
+//   dshared_TD       MoE v1 merge: shared share of dy        shared-expert backward, same sublayer
+//   dnormed_TD       a sublayer's GEMM data gradients        its input norm's backward
+//   shared_out_TD    MoE forward, v1 shared-expert output    the next axpy (forward only)
+//   dq/dk/dv/do_*    attention backward                      the q/k/v projection gradients
+//   dq_lin/dk_lin_*  QK-norm backward                        the q/k projection gradients
+//   gate/up_f32_W    bf16 forward: SwiGLU GEMM outputs       swiglu_fwd (forward only)
+//   dgate/dup/dact_W SwiGLU backward                         the same MLP's GEMMs
+//   ys_f32_XD        MoE forward (bf16 or EP): expert outputs the return / convert (forward only)
+//   dys_RD           moe_combine_bwd (forward, bf16 + EP:    the expert-output GEMM gradients
+//                    the rows returned to this rank)         (EP: the input gradients returned)
+//   dxs_XD, dxs_up_XD the routed experts' input gradients    moe_gather_bwd / the return
+//   dyr_XD           EP: output gradients received            the expert GEMM gradients
+//   dweights_TK, dscores_TE, dlogits_TE   router backward    the router GEMM gradients
+//   dy_operand_N     operand_grad: bf16 copy of a gradient   the GEMMs right after it
+//   logits_CV, row_ce_C, row_z_C   LM-head chunk             the same chunk
+//   mean_prob_E      load_balance_loss                       the step statistics' axpy
+struct Scratch {
+  Tensor dresid_TD, dy_TD, droute_TD, dshared_TD, dnormed_TD, shared_out_TD;
+  Tensor dq_BSHd, dk_BSGd, dv_BSGd, do_BSHd;
+  Tensor dq_lin_THd, dk_lin_TGd;
+  Tensor gate_f32_W, up_f32_W;     // bf16 mode only
+  Tensor dgate_W, dup_W, dact_W;
+  Tensor ys_f32_XD;                // bf16 mode or EP
+  Tensor dys_RD, dxs_XD;
+  Tensor dyr_XD, dxs_up_XD;        // EP only (dyr in the operand dtype)
+  Tensor dweights_TK, dscores_TE, dlogits_TE;
+  Tensor dy_operand_N;             // operand dtype
+  Tensor logits_CV, row_ce_C, row_z_C;
+  Tensor mean_prob_E;
+};
+
+// What one plan covers: a pipeline stage's layers and its in-flight micro-batches.
+struct StagePlan {
+  int64_t layer_begin = 0, layer_end = 0;
+  int64_t slots = 1;  // micro-batches whose saved activations the stage holds at once (1F1B)
+  bool recompute = false;
+};
+
+class ActivationPlan {
+ public:
+  ActivationPlan() = default;
+  // memory == nullptr: measure only (every tensor has no data; bytes() is the arena's size).
+  ActivationPlan(const ModelConfig& c, const Dims& d, const StagePlan& stage, Allocator* memory);
+  ActivationPlan(ActivationPlan&&) = default;
+  ActivationPlan& operator=(ActivationPlan&&) = default;
+
+  size_t bytes() const { return bytes_; }                    // the arena, padding included
+  size_t saved_tensor_bytes() const { return saved_bytes_; }  // kept for backward: residual + layers
+  size_t layer_bytes() const { return layer_bytes_; }         // the arena bytes of the layers' activations
+  int64_t slots() const { return static_cast<int64_t>(resid_.size()); }
+  int64_t head_chunk() const { return head_chunk_; }
+  // (T,D) the residual stream into stage layer l of a slot; l = layer_end: after the last layer.
+  const Tensor& resid(int64_t slot, int64_t l) const {
+    return resid_[static_cast<size_t>(slot)][static_cast<size_t>(l - stage_.layer_begin)];
+  }
+  const Tensor& stage_input(int64_t slot) const { return resid_[static_cast<size_t>(slot)].front(); }
+  const Tensor& stage_output(int64_t slot) const { return resid_[static_cast<size_t>(slot)].back(); }
+  // Saved activations of layer l in a slot (with recompute: the one shared set).
+  LayerActs& layer(int64_t slot, int64_t l) {
+    return stage_.recompute ? acts_[0][0] : acts_[static_cast<size_t>(slot)][static_cast<size_t>(l - stage_.layer_begin)];
+  }
+  // A dense layer's FFN activations (with recompute in a stage of both kinds: their own buffers).
+  FfnActs& dense_ffn(int64_t slot, int64_t l) { return recompute_dense_.x_mid.data ? recompute_dense_.ffn : layer(slot, l).ffn; }
+  Scratch& scratch() { return scratch_; }
+  const FinalNormActs& final_norm() const { return final_norm_; }
+
+ private:
+  StagePlan stage_;
+  int64_t head_chunk_ = 0;
+  Arena arena_;
+  size_t bytes_ = 0, saved_bytes_ = 0, layer_bytes_ = 0;
+  std::vector<std::vector<Tensor>> resid_;     // [slot][stage layer, and after the last]
+  std::vector<std::vector<LayerActs>> acts_;   // [slot][stage layer]; recompute: one, [0][0]
+  LayerActs recompute_dense_;  // recompute in a stage with dense and MoE layers: dense FFN buffers
+  Scratch scratch_;
+  FinalNormActs final_norm_;
+};
 
 // Rows of the LM head + cross-entropy processed at once (of a micro-batch's `tokens`): as many as
 // fit 64 Mi logits (256 MiB in fp32; 1,334 rows at a 50,304 vocabulary), so the full fp32 logits

@@ -6,67 +6,13 @@
 
 #include "model/activations.h"
 #include "model/params.h"
-#include "moe/expert_exchange.h"
 #include "parallel/layout.h"
 
 namespace moe {
 
-// The closed form. N = num_params(), T = B*S tokens per micro-batch, R = T*K expert rows,
-// c = 4 (fp32 compute), a = operand bytes (2 in bf16 mode, else 4), bf = 1 in bf16 mode.
-//   weights: params 4N, operand copies 2N*bf, grads 4N, AdamW 8N, router biases 4E*L_moe.
-//   saved, per layer (Ha = H*hd, Ga = G*hd; q = T*H for per-head QK-norm else T, k likewise):
-//     attention  c*T*(1 + 2Ha + 2Ga + H) + a*T*D  [+ c*(T*(Ha+Ga) + q + k) with QK-norm]
-//                [+ a*T*Ha in bf16] [+ c*T*(D+1) peri]
-//     x_mid      c*T*D
-//     FFN        c*T + 3a*T*Fw  [+ c*T*D if MoE or fp32] [+ a*T*D in bf16] [+ c*T*(D+1) peri]
-//                Fw = shared_hidden (MoE layer) or dense_width (dense layer)
-//     MoE only   2c*T*E + 4*T*K + c*T*K + 4E + 4(E+1) + 8R + 2a*R*D + 3a*Rx*F
-//                [+ a*Rx*D with EP: received rows; their group offsets are in the exchange plan,
-//                model state of (2ep*E + E + El*ep + El + 5 + ep) i32 per slot and MoE layer, not here]
-//   Rx = R, or with EP (ep > 1) expert_rows_bound: min(ep*T*min(K, E/ep), ceil(cf*K*T) if cf > 0),
-//     the rows one rank's experts may receive (dropless worst case: the whole group routes to it).
-//   kept per model: residual stream c*T*D*(L+1); final norm c*T + c*T*D [+ a*T*D in bf16].
-//   layers planned: all L, or with recompute one (MoE-shaped if any MoE layer) plus one dense
-//     layer when the model has both kinds.
-//   A pipeline stage of L_s layers with P slots: residual stream c*T*D*(L_s+1)*P, its layers
-//     P times (recompute: once, by the stage's kinds), final norm only on the last stage.
-//   scratch (shared): c*T*D*6 + c*T*(2Ha + 2Ga) + c*T*(Ha+Ga) + c*W*(4 [+ 2 in bf16])
-//     + [MoE: c*R*D + c*Rx*D [+ c*Rx*D in bf16 or EP] [+ (a+c)*Rx*D with EP] + c*T*K + 2c*T*E + c*E]
-//     + a*max(T*D, T*Ha, Tc*V, W [, max(R,Rx)*D]) + c*T*D + c*Tc*(V + 2),
-//     W = max(Rx*F, T*Fs [MoE], T*Fd [dense], 1), Tc = clamp(2^21/V, 1, T)
-// Every tensor is padded to 64 bytes in the arena, so the real arena exceeds this by less than
-// 64 bytes per tensor (tests/model/memory_test.cpp checks the bound).
-namespace {
-
-double layer_bytes(const ModelConfig& c, double T, double a, bool bf16, bool moe, double ep, double Rx) {
-  const double D = static_cast<double>(c.d_model), H = static_cast<double>(c.n_heads),
-               G = static_cast<double>(c.n_kv_heads), hd = static_cast<double>(c.hd());
-  const double Ha = H * hd, Ga = G * hd, cb = 4;
-  const bool peri = c.norm_placement == "peri";
-  double b = cb * T * (1 + 2 * Ha + 2 * Ga + H) + a * T * D;
-  if (c.qk_norm != "none") {
-    const double q = c.qk_norm == "per_head" ? T * H : T, k = c.qk_norm == "per_head" ? T * G : T;
-    b += cb * (T * (Ha + Ga) + q + k);
-  }
-  if (bf16) b += a * T * Ha;
-  if (peri) b += cb * T * (D + 1);
-  b += cb * T * D;  // x_mid
-  const double Fw = static_cast<double>(moe ? c.shared_hidden : c.dense_width());
-  b += cb * T + 3 * a * T * Fw;
-  if (moe || !bf16) b += cb * T * D;
-  if (bf16) b += a * T * D;
-  if (peri) b += cb * T * (D + 1);
-  if (moe) {
-    const double E = static_cast<double>(c.num_experts), K = static_cast<double>(c.top_k), R = T * K,
-                 F = static_cast<double>(c.expert_hidden);
-    b += 2 * cb * T * E + 4 * T * K + cb * T * K + 4 * E + 4 * (E + 1) + 8 * R + 2 * a * R * D + 3 * a * Rx * F;
-    if (ep > 1) b += a * Rx * D;
-  }
-  return b;
-}
-
-}  // namespace
-
+// Weights, gradients and AdamW state count what the rank's ParamLayout holds; the activations
+// are the ActivationPlan the Transformer would carve, measured by the same planning code
+// (model/activations.cpp), so they equal Transformer::activation_arena_bytes() exactly.
 MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
                                bool recompute, int64_t ep, double capacity_factor) {
   return estimate_stage_memory(c, micro_batch, seq_len, bf16, recompute, 0, c.n_layers, 1, ep, capacity_factor);
@@ -95,42 +41,17 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   m.router_bias = 4.0 * static_cast<double>(c.num_experts * c.num_moe_layers());
 
   const int64_t Ti = micro_batch * seq_len;
-  const double T = static_cast<double>(Ti), a = bf16 ? 2 : 4, cb = 4, P = static_cast<double>(slots);
-  const double D = static_cast<double>(c.d_model), H = static_cast<double>(c.n_heads),
-               G = static_cast<double>(c.n_kv_heads), hd = static_cast<double>(c.hd());
-  const double Ha = H * hd, Ga = G * hd, V = static_cast<double>(c.vocab_size);
-  const double E = static_cast<double>(c.num_experts), K = static_cast<double>(c.top_k), R = T * K;
-  const bool any_moe = c.num_moe_layers() > 0, any_dense = c.n_dense_layers > 0;
-  const double epd = static_cast<double>(ep);
-  const double Rx = ep > 1 ? static_cast<double>(expert_rows_bound(Ti, c.top_k, c.num_experts, ep, capacity_factor)) : R;
-  const bool stage_moe = c.is_moe_layer(layer_end - 1), stage_dense = !c.is_moe_layer(layer_begin);
-
-  double layers = 0;
-  if (recompute) {
-    layers = layer_bytes(c, T, a, bf16, stage_moe, epd, Rx);
-    if (stage_moe && stage_dense) layers += layer_bytes(c, T, a, bf16, false, epd, Rx);
-  } else {
-    for (int64_t l = layer_begin; l < layer_end; ++l) layers += P * layer_bytes(c, T, a, bf16, c.is_moe_layer(l), epd, Rx);
-  }
-  double kept = cb * T * D * static_cast<double>(layer_end - layer_begin + 1) * P;
-  if (layer_end == c.n_layers) kept += cb * T + a * T * D;  // final norm: rstd, output (operand dtype)
-
-  const double Tc = static_cast<double>(lm_head_chunk_rows(c.vocab_size, Ti));
-  double W = 0;
-  if (any_moe) W = std::max({W, Rx * static_cast<double>(c.expert_hidden), T * static_cast<double>(c.shared_hidden)});
-  if (any_dense) W = std::max(W, T * static_cast<double>(c.dense_width()));
-  W = std::max(W, 1.0);
-  double scratch = cb * T * D * 6 + cb * T * (2 * Ha + 2 * Ga) + cb * T * (Ha + Ga) + cb * W * (bf16 ? 5 : 3);
-  if (any_moe) {
-    scratch += cb * R * D + cb * Rx * D + cb * T * K + 2 * cb * T * E + cb * E;  // dys, dxs, ...
-    if (bf16 || ep > 1) scratch += cb * Rx * D;                                // fys
-    if (ep > 1) scratch += a * Rx * D + cb * Rx * D;                           // dyr, dxs2
-  }
-  double dy = std::max({T * D, T * Ha, Tc * V, W});
-  if (any_moe) dy = std::max(dy, std::max(R, Rx) * D);
-  scratch += a * dy + cb * Tc * (V + 2);
-
-  m.activations = layers + kept + scratch;
+  const double T = static_cast<double>(Ti);
+  const double H = static_cast<double>(c.n_heads), G = static_cast<double>(c.n_kv_heads), hd = static_cast<double>(c.hd());
+  const double Ha = H * hd, Ga = G * hd;
+  const Dims dims = model_dims(c, micro_batch, seq_len, DType::kF32, bf16, ep, capacity_factor);
+  const ActivationPlan plan(c, dims, StagePlan{layer_begin, layer_end, slots, recompute}, nullptr);
+  m.activations = static_cast<double>(plan.bytes());
+  // Per layer per token: one MoE layer (a dense one if the model has none), as its own plan.
+  const int64_t widest = c.num_moe_layers() > 0 ? c.n_dense_layers : 0;
+  const ActivationPlan one(c, dims, StagePlan{widest, widest + 1, 1, false}, nullptr);
+  m.act_per_layer_token = static_cast<double>(one.layer_bytes()) / T;
+  m.act_shared = static_cast<double>(plan.bytes() - plan.layer_bytes());
   // bf16 mode: the attention kernel packs q, k, v and dO once per op (kernels/cpu/attention_bf16.h:
   // a bf16 copy, 64 bytes of alignment, and pair rows of ceil(S/2) positions; grow-only per slot,
   // so two slots of q's size and two of k's).
@@ -139,8 +60,6 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
     auto pack = [&](double row) { return 2 * T * row + 64 + 4 * Bm * Sp * row; };
     m.kernel_scratch = 2 * pack(Ha) + 2 * pack(Ga);
   }
-  m.act_per_layer_token = layer_bytes(c, T, a, bf16, any_moe, epd, Rx) / T;
-  m.act_shared = kept + scratch;
   return m;
 }
 

@@ -1,5 +1,6 @@
-// Analytic memory estimate of one training process, in closed form (no allocation): parameters,
-// gradients, AdamW state, and the activation arena Transformer plans (model/activations.cpp).
+// Memory estimate of one training process, without allocating: parameters, gradients, AdamW
+// state from the rank's parameter layout, and the activation arena measured by the same planning
+// code that sizes the Transformer's (ActivationPlan in measure mode, model/activations.h).
 #pragma once
 
 #include <cstdint>
@@ -15,10 +16,10 @@ struct MemoryEstimate {
   double grads = 0;            // fp32 gradients: 4 N
   double optimizer = 0;        // AdamW first and second moments: 2 x 4 N
   double router_bias = 0;      // loss-free biases: 4 E per MoE layer
-  double activations = 0;      // the activation arena: saved activations + shared scratch
+  double activations = 0;      // the activation arena: saved activations + shared scratch (= the trainer's arena)
   double kernel_scratch = 0;   // kernel buffers outside the arena that scale with the batch (bf16 attention operands)
-  double act_per_layer_token = 0;  // saved bytes per layer per token (MoE layer; dense if no MoE)
-  double act_shared = 0;           // backward scratch + final norm + residual stream, all layers
+  double act_per_layer_token = 0;  // arena bytes per layer per token (an MoE layer; dense if no MoE)
+  double act_shared = 0;           // the arena less the layers: residual stream, shared scratch, final norm
   double total() const {
     return params + operand_copies + grads + optimizer + router_bias + activations + kernel_scratch;
   }

@@ -26,7 +26,12 @@ ParamLayout::ParamLayout(const ModelConfig& c, const ModelShard& shard, int64_t 
   for (int pass = 0; pass < 2; ++pass) {
     const bool experts = pass == 1;
     if (experts) dense_end_ = total_ = round_up(total_, 16 * dense_chunks);
-    for (int64_t l = -1; l <= c.n_layers; ++l) add_layer(c, l, experts);
+    for (int64_t l = -1; l <= c.n_layers; ++l) {
+      const size_t first = entries_.size();
+      add_layer(c, l, experts);
+      if (l >= 0 && l < c.n_layers)
+        for (size_t i = first; i < entries_.size(); ++i) entries_[i].layer = l;
+    }
   }
   total_ = dense_end_ + round_up(total_ - dense_end_, 16 * expert_chunks);
   // Global indices: positions in the whole model's layout (same two-pass order).

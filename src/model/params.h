@@ -35,6 +35,7 @@ struct ParamInfo {
   std::vector<int64_t> global_shape;  // the whole parameter's shape
   int64_t global_begin = 0;  // element of the whole (row-major) parameter where this slice starts
   int64_t global_index = 0;  // position of the parameter in the whole model's layout
+  int64_t layer = -1;        // the block holding it; -1 outside the blocks (embedding, final norm, LM head)
 };
 
 // Parameters in two regions of the flat buffer: dense (replicated over data parallelism) first,

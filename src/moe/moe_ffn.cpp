@@ -1,70 +1,59 @@
-// MoE FFN sublayer, forward then backward. Dropless token-choice routing:
-//   h = RMSNorm(x); z = h router^T (compute dtype, master weights); s = softmax|sigmoid(z)
-//   choose K experts per token (learned: top-k of s + bias; or uniform/random); w = s[chosen]
-//   plan: stable counting sort of the T*K (token, slot) pairs by expert -> offsets, positions
-//   xs = h rows in expert-major order; ys = grouped SwiGLU experts over xs (row tiles per expert)
-//   y = sum_j w_tj * ys[pos(t,j)]  (+ shared expert: sum, or v1 u/(K+1) + r*K/(K+1))
-// Expert parallelism (moe/expert_exchange.h): after the gather, rows move to the ranks holding
-// their experts and the outputs come back before the combine; backward moves the gradients the
-// same two ways. Routing, the plan, the combine and the router losses stay on the tokens' rank.
-// Backward mirrors it and injects the load-balancing and router z-loss gradients into the
-// router, weighted by this micro-batch's share of the step's tokens.
+#include "moe/moe_ffn.h"
+
 #include <optional>
 
 #include "core/phase_timer.h"
 #include "core/rng.h"
-#include "model/transformer.h"
+#include "model/dense_ffn.h"
 
 namespace moe {
 namespace {
-Tensor rows_view(const Tensor& flat, int64_t rows, int64_t cols) {
-  return flat.slice(0, rows * cols).view({rows, cols});
-}
+// The router kernels' kind codes (kernels/op_list.inc).
+int score_kind(ScoreFunc f) { return f == ScoreFunc::kSigmoid ? 1 : 0; }
 }  // namespace
 
-void Transformer::moe_forward(int64_t slot, int64_t l, const Tensor& x_in, FfnActs& a, const Tensor& x_out,
-                              int64_t token_base) {
-  const LayerWeights& W = params_.layers[static_cast<size_t>(l)];
-  const LayerWeights& Wc = operands_.layers[static_cast<size_t>(l)];
-  const int64_t m = l - moe_index_base_;
-  const bool bf16 = dims_.adt != dims_.cdt;
-  Tensor h_act = norm_input(x_in, W.ffn_norm, a.rstd_in, a.h, a.h_act);
+void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const MoeRouting& routing,
+                     const MoeExchangeStep& ex, const Tensor& x_in, FfnActs& a, const Tensor& x_out) {
+  Backend& ops = ctx.ops;
+  const ModelConfig& c = ctx.cfg;
+  const LayerWeights &W = p.w, &Wc = p.op;
+  Scratch& s = ctx.scratch;
+  const bool bf16 = ctx.bf16_operands();
+  Tensor h_act = ctx.norm_input(x_in, W.ffn_norm, a.rstd_in, a.h, a.h_act);
 
   // Router in the compute dtype with the fp32 master weights.
   std::optional<PhaseScope> phase(std::in_place, Phase::kRouter);
-  ops_.linear_fwd(a.h, W.router, a.logits, false);
-  const int kind = cfg_.score_func == "sigmoid" ? 1 : 0;
-  ops_.router_scores_fwd(a.logits, kind, a.scores);
-  if (cfg_.routing == "learned") {
-    ops_.router_topk(a.scores, cfg_.router_bias_gamma > 0 ? router_bias_[static_cast<size_t>(m)].t : Tensor(), a.expert_idx);
+  ops.linear_fwd(a.h, W.router, a.logits, false);
+  ops.router_scores_fwd(a.logits, score_kind(ctx.choice.score_func), a.scores);
+  if (ctx.choice.routing == Routing::kLearned) {
+    ops.router_topk(a.scores, routing.router_bias, a.expert_idx);
   } else {
-    const uint64_t stream = static_cast<uint64_t>(RngStream::kRandomRouting) | (static_cast<uint64_t>(l) << 32);
-    ops_.router_assign(cfg_.routing == "uniform" ? 0 : 1, seed_, stream, token_base,
-                       static_cast<int>(cfg_.num_experts), a.expert_idx);
+    const uint64_t stream = static_cast<uint64_t>(RngStream::kRandomRouting) | (static_cast<uint64_t>(routing.layer) << 32);
+    ops.router_assign(ctx.choice.routing == Routing::kUniform ? 0 : 1, routing.seed, stream, routing.token_base,
+                      static_cast<int>(c.num_experts), a.expert_idx);
   }
-  ops_.router_gather(a.scores, a.expert_idx, cfg_.norm_topk_prob, a.weights);
+  ops.router_gather(a.scores, a.expert_idx, c.norm_topk_prob, a.weights);
   phase.reset();
   phase.emplace(Phase::kPermute);
-  ops_.moe_plan(a.expert_idx, a.counts, a.offsets, a.sorted_slot, a.slot_pos);
+  ops.moe_plan(a.expert_idx, a.counts, a.offsets, a.sorted_slot, a.slot_pos);
 
   // Routed experts over the permuted rows.
-  ops_.moe_gather(h_act, a.sorted_slot, a.xs_act);
+  ops.moe_gather(h_act, a.sorted_slot, a.xs_act);
   // Expert parallelism: rows travel to the ranks of their experts, arriving grouped by local
   // expert (then source rank); the plan's recv_offsets are the grouped GEMM's offsets over them.
   // Recompute re-runs the forward with the same routing: it reuses the stored plan.
   // The expert ops run over the static bound Rx: the grouped GEMMs read and write only the rows
   // below the plan's device offsets, and the row-wise ops (SwiGLU, the gradient sum) also pass
   // over the unused tail, whose values nothing reads. No host integer sizes any op.
-  int64_t rows = dims_.R;
-  if (exchange_) {
-    ExchangePlan& plan = plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)];
-    if (!recomputing_) {
-      exchange_->make_plan(a.counts, plan);
-      ops_.add_counts(plan.totals, exchange_counts_.t.slice(m, m + 1).view({4 + dims_.ep}));
+  int64_t rows = ctx.dims.R;
+  if (ex.exchange) {
+    if (ex.new_plan) {
+      ex.exchange->make_plan(a.counts, *ex.plan);
+      ops.add_counts(ex.plan->totals, ex.counters);
     }
-    a.recv_offsets = plan.recv_offsets;
-    exchange_->send_to_experts(plan, a.xs_act, a.xr_act);
-    rows = dims_.Rx;
+    a.recv_offsets = ex.plan->recv_offsets;
+    ex.exchange->send_to_experts(*ex.plan, a.xs_act, a.xr_act);
+    rows = ctx.dims.Rx;
   }
   phase.reset();
   phase.emplace(Phase::kExpertGemm);
@@ -72,136 +61,136 @@ void Transformer::moe_forward(int64_t slot, int64_t l, const Tensor& x_in, FfnAc
   // (as in swiglu_mlp_forward).
   const int64_t F = a.eg.dim(1);
   const Tensor xr = a.xr_act.slice(0, rows);
-  Tensor eg = bf16 ? rows_view(scratch_.fg, rows, F) : a.eg.slice(0, rows);
-  Tensor eu = bf16 ? rows_view(scratch_.fu, rows, F) : a.eu.slice(0, rows);
-  ops_.grouped_linear_fwd(xr, Wc.exp_gate, a.recv_offsets, eg);
-  ops_.grouped_linear_fwd(xr, Wc.exp_up, a.recv_offsets, eu);
+  Tensor eg = bf16 ? rows_view(s.gate_f32_W, rows, F) : a.eg.slice(0, rows);
+  Tensor eu = bf16 ? rows_view(s.up_f32_W, rows, F) : a.eu.slice(0, rows);
+  ops.grouped_linear_fwd(xr, Wc.exp_gate, a.recv_offsets, eg);
+  ops.grouped_linear_fwd(xr, Wc.exp_up, a.recv_offsets, eu);
   const Tensor ea_act = a.ea_act.slice(0, rows);
-  ops_.swiglu_fwd(eg, eu, ea_act, bf16 ? a.eg.slice(0, rows) : Tensor(), bf16 ? a.eu.slice(0, rows) : Tensor());
+  ops.swiglu_fwd(eg, eu, ea_act, bf16 ? a.eg.slice(0, rows) : Tensor(), bf16 ? a.eu.slice(0, rows) : Tensor());
   // With EP the outputs go back in the compute dtype: the combine reads that dtype.
-  Tensor ys = bf16 || exchange_ ? scratch_.fys.slice(0, rows) : a.ys;
-  ops_.grouped_linear_fwd(ea_act, Wc.exp_down, a.recv_offsets, ys);
-  if (exchange_) {  // back to the tokens' rank, into their local expert-major rows
-    Tensor returned = bf16 ? scratch_.dys : a.ys;  // dys is free during the forward
-    exchange_->return_to_sources(plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)], ys, returned);
+  Tensor ys = bf16 || ex.exchange ? s.ys_f32_XD.slice(0, rows) : a.ys;
+  ops.grouped_linear_fwd(ea_act, Wc.exp_down, a.recv_offsets, ys);
+  if (ex.exchange) {  // back to the tokens' rank, into their local expert-major rows
+    Tensor returned = bf16 ? s.dys_RD : a.ys;  // dys is free during the forward
+    ex.exchange->return_to_sources(*ex.plan, ys, returned);
     ys = returned;
   }
 
-  Tensor y = cfg_.norm_placement == "peri" ? a.out : x_out;
+  Tensor y = ctx.choice.peri() ? a.out : x_out;
   phase.reset();
   phase.emplace(Phase::kCombine);
-  ops_.moe_combine(ys, a.slot_pos, a.weights, y, false);
-  if (bf16) ops_.convert(ys, a.ys);
+  ops.moe_combine(ys, a.slot_pos, a.weights, y, false);
+  if (bf16) ops.convert(ys, a.ys);
   phase.reset();
-  if (cfg_.shared_hidden > 0) {
+  if (c.shared_hidden > 0) {
     PhaseScope shared_phase(Phase::kExpertGemm);
-    if (cfg_.shared_merge == "sum") {
-      swiglu_mlp_forward(h_act, Wc.shared_gate, Wc.shared_up, Wc.shared_down, a, y, true);
+    const MlpWeights shared{Wc.shared_gate, Wc.shared_up, Wc.shared_down};
+    if (ctx.choice.shared_merge == SharedMerge::kSum) {
+      swiglu_mlp_forward(ctx, shared, h_act, a, y, true);
     } else {  // v1: shared/(K+1) + routed*K/(K+1)
-      const double k = static_cast<double>(cfg_.top_k);
-      ops_.scale(y, k / (k + 1));
-      swiglu_mlp_forward(h_act, Wc.shared_gate, Wc.shared_up, Wc.shared_down, a, scratch_.fwd_dtmp, false);
-      ops_.axpy(1.0 / (k + 1), scratch_.fwd_dtmp, y);
+      const double k = static_cast<double>(c.top_k);
+      ops.scale(y, k / (k + 1));
+      swiglu_mlp_forward(ctx, shared, h_act, a, s.shared_out_TD, false);
+      ops.axpy(1.0 / (k + 1), s.shared_out_TD, y);
     }
   }
-  finish_sublayer(y, W.ffn_out_norm, a.rstd_out, x_in, x_out);
+  ctx.finish_sublayer(y, W.ffn_out_norm, a.rstd_out, x_in, x_out);
 }
 
-void Transformer::moe_backward(int64_t slot, int64_t l, const Tensor& x_in, FfnActs& a, const MicroBatchScales& sc,
-                               StepStats& stats) {
-  const LayerWeights& W = params_.layers[static_cast<size_t>(l)];
-  const LayerWeights& Wc = operands_.layers[static_cast<size_t>(l)];
-  LayerWeights& dW = grads_.layers[static_cast<size_t>(l)];
-  Scratch& s = scratch_;
-  const int64_t m = l - moe_index_base_;
-  const bool peri = cfg_.norm_placement == "peri";
-  Tensor dy = sublayer_output_grad(peri ? a.out : Tensor(), W.ffn_out_norm, a.rstd_out, dW.ffn_out_norm);
-  const double k = static_cast<double>(cfg_.top_k);
-  const bool v1 = cfg_.shared_hidden > 0 && cfg_.shared_merge == "v1";
+void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const MoeExchangeStep& ex,
+                      const MoeLossOutputs& out, const Tensor& x_in, FfnActs& a) {
+  Backend& ops = ctx.ops;
+  const ModelConfig& c = ctx.cfg;
+  const LayerWeights &W = p.w, &Wc = p.op;
+  LayerWeights& dW = p.grad;
+  Scratch& s = ctx.scratch;
+  Tensor dy = ctx.sublayer_output_grad(ctx.choice.peri() ? a.out : Tensor(), W.ffn_out_norm, a.rstd_out,
+                                       dW.ffn_out_norm);
+  const double k = static_cast<double>(c.top_k);
+  const bool v1 = c.shared_hidden > 0 && ctx.choice.shared_merge == SharedMerge::kV1;
 
-  // Shared expert: its d(h) initializes s.dh.
+  // Shared expert: its d(h) initializes s.dnormed_TD.
   std::optional<PhaseScope> phase(std::in_place, Phase::kExpertGemm);
-  if (cfg_.shared_hidden > 0) {
+  if (c.shared_hidden > 0) {
     Tensor dshared = dy;
     if (v1) {
-      ops_.fill(s.dtmp3, 0.0);
-      ops_.axpy(1.0 / (k + 1), dy, s.dtmp3);
-      dshared = s.dtmp3;
+      ops.fill(s.dshared_TD, 0.0);
+      ops.axpy(1.0 / (k + 1), dy, s.dshared_TD);
+      dshared = s.dshared_TD;
     }
-    swiglu_mlp_backward(dshared, Wc.shared_gate, Wc.shared_up, Wc.shared_down, a, dW.shared_gate,
-                        dW.shared_up, dW.shared_down, s.dh);
+    swiglu_mlp_backward(ctx, {Wc.shared_gate, Wc.shared_up, Wc.shared_down},
+                        {dW.shared_gate, dW.shared_up, dW.shared_down}, dshared, a, s.dnormed_TD);
   } else {
-    ops_.fill(s.dh, 0.0);
+    ops.fill(s.dnormed_TD, 0.0);
   }
 
   // Routed experts.
   Tensor droute = dy;
   if (v1) {
-    ops_.fill(s.dtmp2, 0.0);
-    ops_.axpy(k / (k + 1), dy, s.dtmp2);
-    droute = s.dtmp2;
+    ops.fill(s.droute_TD, 0.0);
+    ops.axpy(k / (k + 1), dy, s.droute_TD);
+    droute = s.droute_TD;
   }
   phase.reset();
   phase.emplace(Phase::kCombine);
-  ops_.moe_combine_bwd(droute, a.ys, a.slot_pos, a.weights, s.dys, s.dweights);
+  ops.moe_combine_bwd(droute, a.ys, a.slot_pos, a.weights, s.dys_RD, s.dweights_TK);
   phase.reset();
   phase.emplace(Phase::kExpertGemm);
   // Mirror of the forward exchange: output gradients (operand dtype) go to the experts' ranks,
   // input gradients (compute dtype, gate + up summed first: one message) come back.
-  Tensor g = operand_grad(s.dys);
-  int64_t rows = dims_.R;
-  if (exchange_) {
-    const ExchangePlan& plan = plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)];
-    a.recv_offsets = plan.recv_offsets;
-    exchange_->send_to_experts(plan, g, s.dyr);
-    rows = dims_.Rx;
-    g = s.dyr.slice(0, rows);
+  Tensor g = ctx.operand_grad(s.dys_RD);
+  int64_t rows = ctx.dims.R;
+  if (ex.exchange) {
+    a.recv_offsets = ex.plan->recv_offsets;
+    ex.exchange->send_to_experts(*ex.plan, g, s.dyr_XD);
+    rows = ctx.dims.Rx;
+    g = s.dyr_XD.slice(0, rows);
   }
   const int64_t F = a.eg.dim(1);
-  Tensor da = rows_view(s.da, rows, F);
+  Tensor da = rows_view(s.dact_W, rows, F);
   // dg and du go straight into GEMM operands (bf16 over their own fp32 scratch in bf16 mode).
-  const Tensor dg = grad_operand_store(s.dg, rows, F, rows_view(s.dg, rows, F));
-  const Tensor du = grad_operand_store(s.du, rows, F, rows_view(s.du, rows, F));
-  const Tensor xr = a.xr_act.slice(0, rows), dxs = s.dxs.slice(0, rows);
-  ops_.grouped_linear_bwd_data(g, Wc.exp_down, a.recv_offsets, da);
-  ops_.grouped_linear_bwd_weight(g, a.ea_act.slice(0, rows), a.recv_offsets, dW.exp_down);
-  ops_.swiglu_bwd(da, a.eg.slice(0, rows), a.eu.slice(0, rows), dg, du);
-  ops_.grouped_linear_bwd_data(dg, Wc.exp_gate, a.recv_offsets, dxs);
-  ops_.grouped_linear_bwd_weight(dg, xr, a.recv_offsets, dW.exp_gate);
-  if (!exchange_) {
+  const Tensor dg = ctx.grad_operand_store(s.dgate_W, rows, F, rows_view(s.dgate_W, rows, F));
+  const Tensor du = ctx.grad_operand_store(s.dup_W, rows, F, rows_view(s.dup_W, rows, F));
+  const Tensor xr = a.xr_act.slice(0, rows), dxs = s.dxs_XD.slice(0, rows);
+  ops.grouped_linear_bwd_data(g, Wc.exp_down, a.recv_offsets, da);
+  ops.grouped_linear_bwd_weight(g, a.ea_act.slice(0, rows), a.recv_offsets, dW.exp_down);
+  ops.swiglu_bwd(da, a.eg.slice(0, rows), a.eu.slice(0, rows), dg, du);
+  ops.grouped_linear_bwd_data(dg, Wc.exp_gate, a.recv_offsets, dxs);
+  ops.grouped_linear_bwd_weight(dg, xr, a.recv_offsets, dW.exp_gate);
+  if (!ex.exchange) {
     PhaseScope permute(Phase::kPermute);
-    ops_.moe_gather_bwd(dxs, a.slot_pos, s.dh);
+    ops.moe_gather_bwd(dxs, a.slot_pos, s.dnormed_TD);
   }
-  const Tensor dxs_up = exchange_ ? s.dxs2.slice(0, rows) : dxs;
-  ops_.grouped_linear_bwd_data(du, Wc.exp_up, a.recv_offsets, dxs_up);
-  ops_.grouped_linear_bwd_weight(du, xr, a.recv_offsets, dW.exp_up);
+  const Tensor dxs_up = ex.exchange ? s.dxs_up_XD.slice(0, rows) : dxs;
+  ops.grouped_linear_bwd_data(du, Wc.exp_up, a.recv_offsets, dxs_up);
+  ops.grouped_linear_bwd_weight(du, xr, a.recv_offsets, dW.exp_up);
   Tensor dxs_local = dxs;
-  if (exchange_) {
-    ops_.axpy(1.0, dxs_up, dxs);
-    exchange_->return_to_sources(plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)], dxs, s.dys);  // dys was sent: free
-    dxs_local = s.dys;
+  if (ex.exchange) {
+    ops.axpy(1.0, dxs_up, dxs);
+    ex.exchange->return_to_sources(*ex.plan, dxs, s.dys_RD);  // dys was sent: free
+    dxs_local = s.dys_RD;
   }
   phase.reset();
   phase.emplace(Phase::kPermute);
-  ops_.moe_gather_bwd(dxs_local, a.slot_pos, s.dh);
+  ops.moe_gather_bwd(dxs_local, a.slot_pos, s.dnormed_TD);
 
   // Router: combine weights, then the auxiliary losses (their values go to the step's stats).
-  const int kind = cfg_.score_func == "sigmoid" ? 1 : 0;
+  const int kind = score_kind(ctx.choice.score_func);
   phase.reset();
   phase.emplace(Phase::kRouter);
-  ops_.fill(s.dscores, 0.0);
-  ops_.router_gather_bwd(s.dweights, a.scores, a.expert_idx, cfg_.norm_topk_prob, s.dscores);
-  ops_.load_balance_loss(a.scores, a.counts, kind, static_cast<int>(cfg_.top_k), sc.aux_weight,
-                         loss_.lbl_coef * sc.aux_weight, stats.lbl(m), s.dscores, s.mean_prob);
-  ops_.axpy(sc.aux_weight, s.mean_prob, stats.mean_prob[static_cast<size_t>(m)]);
-  ops_.add_counts(a.counts, stats.counts[static_cast<size_t>(m)]);
-  ops_.fill(s.dlogits, 0.0);
-  ops_.router_scores_bwd(s.dscores, a.scores, kind, s.dlogits);
-  ops_.router_z_loss(a.logits, sc.aux_weight, loss_.router_z_coef * sc.aux_weight, stats.router_z(m), s.dlogits);
-  ops_.linear_bwd_data(s.dlogits, W.router, s.dh, true);
-  ops_.linear_bwd_weight(s.dlogits, a.h, dW.router);
+  ops.fill(s.dscores_TE, 0.0);
+  ops.router_gather_bwd(s.dweights_TK, a.scores, a.expert_idx, c.norm_topk_prob, s.dscores_TE);
+  ops.load_balance_loss(a.scores, a.counts, kind, static_cast<int>(c.top_k), out.aux_weight,
+                        out.lbl_coef * out.aux_weight, out.lbl, s.dscores_TE, s.mean_prob_E);
+  ops.axpy(out.aux_weight, s.mean_prob_E, out.mean_prob);
+  ops.add_counts(a.counts, out.counts);
+  ops.fill(s.dlogits_TE, 0.0);
+  ops.router_scores_bwd(s.dscores_TE, a.scores, kind, s.dlogits_TE);
+  ops.router_z_loss(a.logits, out.aux_weight, out.router_z_coef * out.aux_weight, out.router_z, s.dlogits_TE);
+  ops.linear_bwd_data(s.dlogits_TE, W.router, s.dnormed_TD, true);
+  ops.linear_bwd_weight(s.dlogits_TE, a.h, dW.router);
   phase.reset();
-  norm_input_backward(s.dh, x_in, W.ffn_norm, a.rstd_in, dW.ffn_norm);
+  ctx.norm_input_backward(s.dnormed_TD, x_in, W.ffn_norm, a.rstd_in, dW.ffn_norm);
 }
 
 }  // namespace moe

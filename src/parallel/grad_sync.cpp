@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "core/phase_timer.h"
-#include "model/transformer.h"
+#include "model/step_stats.h"
 
 namespace moe {
 
@@ -19,8 +19,8 @@ GradSync::GradSync(Backend& ops, const ParamLayout& layout, ProcessGroups* group
   if (overlap_) {
     // Each layer's parameters are contiguous within the dense region and within the expert region.
     for (const ParamInfo& p : layout.entries()) {
-      if (p.name.rfind("layers.", 0) != 0) continue;
-      const auto l = static_cast<size_t>(std::stoll(p.name.substr(7)));
+      if (p.layer < 0) continue;
+      const auto l = static_cast<size_t>(p.layer);
       if (buckets_.size() <= l) buckets_.resize(l + 1);
       LayerBucket& b = buckets_[l];
       int64_t& lo = p.is_expert ? b.expert_begin : b.dense_begin;
@@ -103,7 +103,7 @@ void GradSync::reduce_gradients(const Tensor& grad_flat) {
     const size_t es = dtype_size(grad_flat.dtype);
     if (groups_->dp->size() > 1)
       for (const ParamInfo& p : layout_.entries())
-        if (!p.is_expert && p.name.rfind("layers.", 0) != 0)
+        if (!p.is_expert && p.layer < 0)
           groups_->dp->all_reduce_sum(base + static_cast<size_t>(p.offset) * es, static_cast<size_t>(p.numel), grad_flat.dtype);
     for (Request& r : in_flight_) r.wait();
     in_flight_.clear();

@@ -23,7 +23,7 @@
 #include "core/buffer.h"
 #include "kernels/ops.h"
 #include "model/params.h"
-#include "parallel/layout.h"
+#include "parallel/process_groups.h"
 #include "parallel/staged_comm.h"
 
 namespace moe {

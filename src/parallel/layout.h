@@ -14,15 +14,13 @@
 // EDP groups {0,2} {1,3} {4,6} {5,7}; PP groups {0,4} {1,5} {2,6} {3,7}.
 #pragma once
 
+// Pure arithmetic over the layout sizes: no communicator, no config (config/config.h builds a
+// Layout from [parallel]; parallel/process_groups.h splits the communicators).
 #include <cstdint>
-#include <memory>
+#include <string>
 #include <utility>
 
-#include "parallel/communicator.h"
-
 namespace moe {
-
-struct ParallelConfig;
 
 struct Layout {
   int64_t dp = 1, ep = 1, pp = 1;
@@ -34,7 +32,6 @@ struct Layout {
 // "num_experts=10 is not divisible by ep=4", "pp=5 exceeds the 4 layers",
 // "world size 6 != pp=2 x dp=4 = 8". world_size < 0 skips the world check.
 void validate_layout(const Layout& layout, int64_t world_size, int64_t num_experts, int64_t n_layers);
-Layout layout_from_config(const ParallelConfig& config);
 
 struct RankCoords {
   int64_t pp = 0, dp = 0, ep = 0, edp = 0;
@@ -46,18 +43,10 @@ int64_t global_rank(const Layout& layout, int64_t pp_rank, int64_t dp_rank);
 // Layers [begin, end) of pipeline stage `stage`: contiguous, balanced (the first n_layers % pp
 // stages get one layer more).
 std::pair<int64_t, int64_t> stage_layers(int64_t n_layers, int64_t pp, int64_t stage);
-// Layers of stage `stage` under parallel.stage_layers (comma-separated layer counts per stage,
-// contiguous in order; "" = stage_layers() above). Throws naming the problem: not pp counts, a
+// Layers of stage `stage` under parallel.stage_layers = counts (comma-separated layer counts per
+// stage, contiguous in order; "" = stage_layers() above). Throws naming the key: not pp counts, a
 // count that is not a positive integer, or counts not summing to n_layers.
-std::pair<int64_t, int64_t> configured_stage_layers(const ParallelConfig& config, int64_t n_layers, int64_t stage);
-
-// The process groups of this rank, split from world (collective over world).
-struct ProcessGroups {
-  Layout layout;
-  RankCoords coords;
-  Communicator* world = nullptr;  // the communicator the groups were split from (not owned)
-  std::unique_ptr<Communicator> dp, ep, edp, pp;
-};
-ProcessGroups make_process_groups(Communicator& world, const Layout& layout);
+std::pair<int64_t, int64_t> stage_layers_from_counts(const std::string& counts, int64_t pp, int64_t n_layers,
+                                                     int64_t stage);
 
 }  // namespace moe

@@ -8,7 +8,7 @@
 
 #include "kernels/ops.h"
 #include "parallel/communicator.h"
-#include "parallel/layout.h"
+#include "parallel/process_groups.h"
 #include "train/metrics.h"
 #include "train/run_checks.h"
 #include "train/trainer.h"

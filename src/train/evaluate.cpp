@@ -24,7 +24,10 @@ EvalResult evaluate(Transformer& model, const TokenDataset& data, int64_t batch,
     for (int64_t i = 0; i < B * S; ++i) r.tokens += labels.as<int32_t>()[i] >= 0;
     ops.upload(ids.t.data, d_ids.t);
     ops.upload(labels.t.data, d_labels.t);
-    model.forward_loss(d_ids, d_labels, sum);
+    MicroBatch mb;
+    mb.ids = d_ids;
+    mb.labels = d_labels;
+    model.forward_loss(mb, sum);
   }
   r.batches = batches;
   double total = 0;

@@ -73,8 +73,7 @@ void Pipeline::forward(const MicroBatch& mb, int64_t m) {
     PhaseScope phase(Phase::kCommunication);
     act_sent_[static_cast<size_t>(slot)].wait();  // the slot's output is about to be rewritten
   }
-  model_.set_document_starts(mb.doc_start);
-  model_.stage_forward(slot, mb.ids, mb.scales.token_base);
+  model_.stage_forward(slot, mb);
   if (stage_ < stages_ - 1) {
     const Tensor& out = model_.stage_output(slot);
     act_sent_[static_cast<size_t>(slot)] =
@@ -91,8 +90,8 @@ void Pipeline::backward(const MicroBatch& mb, int64_t m, StepStats& stats) {
     PhaseScope phase(Phase::kCommunication);
     act_sent_[slot].wait();
   }
-  model_.set_document_starts(mb.doc_start);
-  model_.stage_backward(static_cast<int64_t>(slot), mb.ids, mb.labels, mb.scales, stats);
+  if (model_.last_stage()) model_.head_step(static_cast<int64_t>(slot), mb, stats);
+  model_.stage_backward(static_cast<int64_t>(slot), mb, stats);
   if (stage_ > 0) {
     {
       PhaseScope phase(Phase::kCommunication);
@@ -143,13 +142,12 @@ double Pipeline::run(const std::vector<MicroBatch>& micro, StepStats& stats) {
     }
   }
   wait_sends();
-  model_.set_document_starts(Tensor());
   return bubble_s_;
 }
 
-void Pipeline::forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out) {
+void Pipeline::forward_loss(const MicroBatch& mb, const Tensor& out) {
   if (!pp_) {
-    model_.forward_loss(ids, labels, out);
+    model_.forward_loss(mb, out);
     return;
   }
   if (stage_ > 0) receive(model_.stage_input(0), stage_ - 1, kActivationTag);
@@ -157,11 +155,11 @@ void Pipeline::forward_loss(const Tensor& ids, const Tensor& labels, const Tenso
     PhaseScope phase(Phase::kCommunication);
     act_sent_[0].wait();
   }
-  model_.stage_forward(0, ids, 0);
+  model_.stage_forward(0, mb);
   if (stage_ < stages_ - 1) {
     comm_.send(*pp_, model_.stage_output(0), static_cast<int>(stage_ + 1), kActivationTag);
   } else {
-    model_.stage_loss(0, labels, out);
+    model_.stage_loss(0, mb.labels, out);
   }
   PhaseScope phase(Phase::kCommunication);
   comm_.broadcast(*pp_, out, static_cast<int>(stages_ - 1));

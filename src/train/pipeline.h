@@ -1,6 +1,8 @@
 // Pipeline parallelism: the 1F1B schedule over a step's micro-batches and its execution on one
 // stage (a Transformer holding layers [layer_begin, layer_end)).
 //
+// Each micro-batch's steps on a stage: F = stage_forward; B = on the last stage head_step (final
+// norm, LM head and loss, forward and backward), then stage_backward.
 // 1F1B (PipeDream-flush / Megatron): stage s of P runs min(P - s - 1, M) warm-up forwards, then
 // alternates one forward and one backward, then drains the remaining backwards. Stage s therefore
 // holds at most min(P - s, M) micro-batches of activations (the Transformer's slots), instead of
@@ -39,13 +41,6 @@ std::vector<PipelineAction> one_f_one_b(int64_t stages, int64_t stage, int64_t m
 // Micro-batches whose activations the stage holds at once under 1F1B: min(stages - stage, M).
 int64_t pipeline_slots(int64_t stages, int64_t stage, int64_t micro_batches);
 
-// One micro-batch of this rank's share of the step.
-struct MicroBatch {
-  Tensor ids, labels;  // (B,S) i32
-  Tensor doc_start;    // (B,S) i32 document starts, or empty
-  MicroBatchScales scales;
-};
-
 class Pipeline {
  public:
   // pp: this rank's pipeline group (ranks ordered by stage); nullptr or size 1: one stage.
@@ -58,7 +53,8 @@ class Pipeline {
   double run(const std::vector<MicroBatch>& micro, StepStats& stats);
   // Forward only of one micro-batch across the stages (validation): the summed cross-entropy is
   // added to out (1) f64 on the last stage, then out is broadcast to every stage of the group.
-  void forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out);
+  // mb.ids, mb.labels and mb.doc_start are read (scales are not).
+  void forward_loss(const MicroBatch& mb, const Tensor& out);
   // Bytes staged through the host for communication so far.
   const TransferStats& staged() const { return comm_.staged(); }
   // The actions of the last run() in execution order ("F0", "F1", "B0", ...).

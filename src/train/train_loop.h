@@ -4,7 +4,7 @@
 #include <iosfwd>
 
 #include "config/config.h"
-#include "parallel/layout.h"
+#include "parallel/process_groups.h"
 
 namespace moe {
 

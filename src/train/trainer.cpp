@@ -20,6 +20,7 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
   ModelOptions o;
   o.compute = compute;
   o.bf16_operands = config_.train.precision == "bf16";
+  skip_nonfinite_ = config_.train.on_nonfinite == "skip";
   o.recompute = config_.train.recompute;
   o.batch = config_.train.micro_batch_size;
   o.seq_len = config_.train.seq_len;
@@ -59,9 +60,11 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
 }
 
 void Trainer::forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out, const Tensor& doc_start) {
-  model_->set_document_starts(doc_start.data ? on_device(doc_start, eval_doc_) : Tensor());
-  pipeline_->forward_loss(on_device(ids, eval_ids_), on_device(labels, eval_labels_), out);
-  model_->set_document_starts(Tensor());
+  MicroBatch mb;
+  mb.ids = on_device(ids, eval_ids_);
+  mb.labels = on_device(labels, eval_labels_);
+  mb.doc_start = doc_start.data ? on_device(doc_start, eval_doc_) : Tensor();
+  pipeline_->forward_loss(mb, out);
 }
 
 TransferStats Trainer::staged() const {
@@ -136,7 +139,7 @@ void Trainer::handle_nonfinite(StepResult& r) {
   const std::string where = r.nonfinite_tensor.empty()
                                 ? std::string("the loss terms (all gradients finite)")
                                 : "gradient of '" + r.nonfinite_tensor + "' (first offending tensor)";
-  MOE_CHECK(config_.train.on_nonfinite == "skip", "non-finite values at step ", r.step, ": loss = ", r.total,
+  MOE_CHECK(skip_nonfinite_, "non-finite values at step ", r.step, ": loss = ", r.total,
             ", grad norm = ", r.grad_norm, ", first in ", where,
             " (no update applied; train.on_nonfinite = \"skip\" skips such steps)");
   r.skipped = true;

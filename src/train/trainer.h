@@ -8,12 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "config/config.h"
 #include "kernels/ops.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "parallel/grad_sync.h"
-#include "parallel/layout.h"
+#include "parallel/process_groups.h"
 #include "train/pipeline.h"
 
 namespace moe {
@@ -84,6 +85,9 @@ class Trainer {
   // Sequences of the global batch this rank feeds to step(): batch_size / dp.
   int64_t local_batch() const;
   ProcessGroups* groups() { return groups_; }
+  // What checkpoints save and restore (checkpoint/checkpoint.h); implicit, so checkpoint calls
+  // take a Trainer.
+  operator TrainingState() { return TrainingState{config_, *model_, *optim_, groups_}; }
   // Forward only across the pipeline stages (validation): summed cross-entropy of one
   // micro-batch (micro_batch_size, seq_len) added to out (1) f64 (the backend's memory), the
   // same on every stage. ids, labels and doc_start (document starts, or empty) are host tensors.
@@ -118,6 +122,7 @@ class Trainer {
   void handle_nonfinite(StepResult& r);
   OwnedTensor lr_table_;  // (steps + 2) f64: the LR of each optimizer step, on the device
   bool drop_next_wait_ = false;  // Fault::kNoWait
+  bool skip_nonfinite_ = false;  // train.on_nonfinite = "skip" (parsed once)
   TransferStats staged() const;  // communication staging so far (grad sync, pipeline, expert exchange)
   int64_t skipped_steps_ = 0;
   std::optional<Fault> fault_;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "parallel/layout.h"
+#include "parallel/process_groups.h"
 #include "world.h"
 
 namespace moe::test {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "parallel/layout.h"
+#include "parallel/process_groups.h"
 
 namespace moe {
 class Trainer;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/layout.h"
+#include "parallel/process_groups.h"
 #include "parallel/parity_common.h"
 #include "parallel/world.h"
 #include "train/trainer.h"

@@ -45,9 +45,7 @@ TEST(DocMask, PackedDocumentMatchesTheDocumentAlone) {
   EXPECT_EQ(doc.as<int32_t>()[S + 10], 10);
 
   OwnedTensor logits(DType::kF64, {2 * S, V}), plain(DType::kF64, {2 * S, V});
-  trainer.model().set_document_starts(doc);
-  trainer.model().forward_logits(ids, logits);
-  trainer.model().set_document_starts(Tensor());
+  trainer.model().forward_logits(ids, logits, doc);
   trainer.model().forward_logits(ids, plain);
   double worst = 0, moved = 0;
   for (int i = 0; i < 10; ++i)

@@ -1,0 +1,55 @@
+#include "model/sublayer.h"
+
+namespace moe {
+
+Tensor SublayerContext::operand(const Tensor& x, const Tensor& store) const {
+  if (dims.adt == x.dtype) return x;
+  Tensor out = store;
+  out.ndim = x.ndim;
+  out.shape = x.shape;
+  MOE_CHECK(out.numel() <= store.numel(), "operand store too small");
+  ops.convert(x, out);
+  return out;
+}
+
+Tensor SublayerContext::operand_grad(const Tensor& dy) const {
+  if (dims.adt == dy.dtype) return dy;
+  return operand(dy, scratch.dy_operand_N);
+}
+
+Tensor SublayerContext::grad_operand_store(const Tensor& store, int64_t rows, int64_t cols, const Tensor& fp32) const {
+  if (dims.adt == dims.cdt) return fp32;
+  MOE_CHECK(rows * cols * static_cast<int64_t>(dtype_size(dims.adt)) <= static_cast<int64_t>(store.nbytes()),
+            "operand gradient store too small");
+  return Tensor(store.data, dims.adt, {rows, cols}, store.device);
+}
+
+Tensor SublayerContext::norm_input(const Tensor& x_in, const Tensor& w, const Tensor& rstd, const Tensor& h,
+                                   const Tensor& h_act) const {
+  if (h.empty()) {
+    ops.rmsnorm_fwd(x_in, w, cfg.norm_eps, h_act, rstd);
+    return h_act;
+  }
+  ops.rmsnorm_fwd(x_in, w, cfg.norm_eps, h, rstd);
+  return operand(h, h_act);
+}
+
+void SublayerContext::finish_sublayer(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out,
+                                      const Tensor& x_in, const Tensor& x_out) const {
+  if (choice.peri()) ops.rmsnorm_fwd(y, out_norm, cfg.norm_eps, x_out, rstd_out);
+  ops.axpy(1.0, x_in, x_out);
+}
+
+Tensor SublayerContext::sublayer_output_grad(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out,
+                                             const Tensor& dout_norm_w) const {
+  if (!choice.peri()) return scratch.dresid_TD;
+  ops.rmsnorm_bwd(scratch.dresid_TD, y, out_norm, rstd_out, scratch.dy_TD, dout_norm_w, false);
+  return scratch.dy_TD;
+}
+
+void SublayerContext::norm_input_backward(const Tensor& dh, const Tensor& x_in, const Tensor& w, const Tensor& rstd,
+                                          const Tensor& dw) const {
+  ops.rmsnorm_bwd(dh, x_in, w, rstd, scratch.dresid_TD, dw, /*accumulate=*/true);  // residual + norm path
+}
+
+}  // namespace moe

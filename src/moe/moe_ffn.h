@@ -1,0 +1,51 @@
+// MoE FFN sublayer, forward then backward (moe_ffn.cpp). Dropless token-choice routing:
+//   h = RMSNorm(x); z = h router^T (compute dtype, master weights); s = softmax|sigmoid(z)
+//   choose K experts per token (learned: top-k of s + bias; or uniform/random); w = s[chosen]
+//   plan: stable counting sort of the T*K (token, slot) pairs by expert -> offsets, positions
+//   xs = h rows in expert-major order; ys = grouped SwiGLU experts over xs (row tiles per expert)
+//   y = sum_j w_tj * ys[pos(t,j)]  (+ shared expert: sum, or v1 u/(K+1) + r*K/(K+1))
+// Expert parallelism (moe/expert_exchange.h): after the gather, rows move to the ranks holding
+// their experts and the outputs come back before the combine; backward moves the gradients the
+// same two ways. Routing, the plan, the combine and the router losses stay on the tokens' rank.
+// Backward mirrors it and injects the load-balancing and router z-loss gradients into the
+// router, weighted by this micro-batch's share of the step's tokens.
+#pragma once
+
+#include "model/model_state.h"
+#include "model/sublayer.h"
+#include "moe/expert_exchange.h"
+
+namespace moe {
+
+// The expert choice's inputs beyond the activations.
+struct MoeRouting {
+  int64_t layer = 0;       // model layer index (random routing's stream)
+  Tensor router_bias;      // (E) loss-free balancing bias, or empty
+  uint64_t seed = 0;       // random routing draws
+  int64_t token_base = 0;  // global index of the micro-batch's first token
+};
+
+// Expert parallelism for one (activation slot, MoE layer); exchange == nullptr: none.
+struct MoeExchangeStep {
+  ExpertExchange* exchange = nullptr;
+  ExchangePlan* plan = nullptr;  // made by the forward, reused by recompute and the backward
+  bool new_plan = true;          // false when recompute re-runs the forward: the plan is kept
+  Tensor counters;               // (4 + ep) i32: this layer's exchange counters (plan totals added)
+};
+
+// Where the backward adds the auxiliary losses and routing statistics, and their weights.
+struct MoeLossOutputs {
+  double aux_weight = 1;  // tokens in this micro-batch / tokens in the whole step
+  double lbl_coef = 0, router_z_coef = 0;
+  Tensor lbl, router_z;   // (1) f64 step statistics
+  Tensor mean_prob;       // (E) token-weighted mean router probabilities over the step
+  Tensor counts;          // (E) i32 tokens per expert over the step
+};
+
+void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const MoeRouting& routing,
+                     const MoeExchangeStep& ex, const Tensor& x_in, FfnActs& a, const Tensor& x_out);
+// scratch.dresid_TD: d(x_out) in, d(x_in) out.
+void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const MoeExchangeStep& ex,
+                      const MoeLossOutputs& out, const Tensor& x_in, FfnActs& a);
+
+}  // namespace moe
