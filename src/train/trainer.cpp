@@ -21,6 +21,8 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
   o.compute = compute;
   o.bf16_operands = config_.train.precision == "bf16";
   skip_nonfinite_ = config_.train.on_nonfinite == "skip";
+  const ParamLayout whole(config_.model);
+  for (const ParamInfo& p : whole.entries()) global_param_names_.push_back(p.name);
   o.recompute = config_.train.recompute;
   o.batch = config_.train.micro_batch_size;
   o.seq_len = config_.train.seq_len;
@@ -269,7 +271,16 @@ void Trainer::read_step(StepResult& r) {
   r.lr = host_real(stats_.control, kCtlLr);
   r.finite = host_real(stats_.control, kCtlNonfinite) == 0;
   r.clipped = r.finite && host_real(stats_.control, kCtlClipped) != 0;
-  if (!r.finite) r.nonfinite_tensor = first_nonfinite_grad();  // the update changed no gradient
+  if (!r.finite) {
+    // The first offending tensor, from the per-parameter sums of squares that came with the
+    // download (a NaN or Inf element makes its parameter's sum non-finite; the same name on
+    // every rank, since the sums are global): no second read of the gradients.
+    for (int64_t p = 0; p < stats_.grad_sumsq.numel(); ++p)
+      if (!std::isfinite(host_real(stats_.grad_sumsq, p))) {
+        r.nonfinite_tensor = global_param_names_[static_cast<size_t>(p)];
+        break;
+      }
+  }
 }
 
 void Trainer::expert_parallel_stats(StepResult& r) {

@@ -69,6 +69,8 @@ class Trainer {
   // no wait between the gradients and the update: the device decides, the host reads after.)
   bool finish_step(StepResult& r);
   // Name of the first parameter (ParamLayout order) whose gradient holds a NaN or Inf; "" if none.
+  // A diagnosis that scans (and stages) the whole gradient; a step names its first offending
+  // tensor from the per-parameter sums of squares it downloads anyway (StepResult).
   std::string first_nonfinite_grad();
   int64_t skipped_steps() const { return skipped_steps_; }
   // Fault injection (tests), for the next step only: kNanGradient makes the first parameter's
@@ -123,6 +125,7 @@ class Trainer {
   OwnedTensor lr_table_;  // (steps + 2) f64: the LR of each optimizer step, on the device
   bool drop_next_wait_ = false;  // Fault::kNoWait
   bool skip_nonfinite_ = false;  // train.on_nonfinite = "skip" (parsed once)
+  std::vector<std::string> global_param_names_;  // by global index (StepStats::grad_sumsq)
   TransferStats staged() const;  // communication staging so far (grad sync, pipeline, expert exchange)
   int64_t skipped_steps_ = 0;
   std::optional<Fault> fault_;

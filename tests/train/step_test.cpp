@@ -244,6 +244,26 @@ TEST(Step, FirstNonFiniteGradientIsNamedInLayoutOrder) {
   EXPECT_EQ(trainer.first_nonfinite_grad(), entries[3].name);
 }
 
+// A step names its first offending tensor from the per-parameter sums of squares that arrive
+// with its one download: the same name the full scan gives, and no second read.
+TEST(Step, NonFiniteStepNamesTheTensorFromItsOneDownload) {
+  Config c = small_config();
+  c.train.on_nonfinite = "skip";
+  for (const char* backend : {"cpu", "strict"}) {
+    SCOPED_TRACE(backend);
+    std::unique_ptr<Backend> ops = make_backend(backend);
+    Trainer trainer(c, *ops, DType::kF32);
+    OwnedTensor ids, labels;
+    synthetic_batch(4, c.train.seq_len, c.model.vocab_size, 1, 0, ids, labels);
+    trainer.inject_fault(Trainer::Fault::kNanGradient);  // the first parameter's gradient
+    const StepResult r = trainer.step(ids, labels);
+    EXPECT_TRUE(r.skipped);
+    EXPECT_EQ(r.nonfinite_tensor, trainer.model().layout().entries().front().name);
+    EXPECT_EQ(r.transfers.to_host, 1u) << "the step's statistics only";
+    EXPECT_EQ(trainer.first_nonfinite_grad(), r.nonfinite_tensor);
+  }
+}
+
 TEST(Step, NonFiniteStepIsSkippedWhenConfigured) {
   Config c = small_config();
   c.train.on_nonfinite = "skip";
