@@ -89,6 +89,7 @@ const char* st_dtype(DType t) {
     case DType::kF64: return "F64";
     case DType::kBF16: return "BF16";
     case DType::kI32: return "I32";
+    case DType::kI64: return "I64";
   }
   return "?";
 }

@@ -137,6 +137,7 @@ OwnedTensor SafetensorsFile::read(const std::string& name, DType dtype) const {
       case DType::kF32: out.as<float>()[i] = static_cast<float>(v); break;
       case DType::kBF16: out.as<bf16>()[i] = bf16(static_cast<float>(v)); break;
       case DType::kI32: out.as<int32_t>()[i] = static_cast<int32_t>(v); break;
+      case DType::kI64: out.as<int64_t>()[i] = static_cast<int64_t>(v); break;
     }
   }
   return out;

@@ -10,6 +10,7 @@ size_t dtype_size(DType t) {
     case DType::kF64: return 8;
     case DType::kBF16: return 2;
     case DType::kI32: return 4;
+    case DType::kI64: return 8;
   }
   return 0;
 }
@@ -20,6 +21,7 @@ const char* dtype_name(DType t) {
     case DType::kF64: return "f64";
     case DType::kBF16: return "bf16";
     case DType::kI32: return "i32";
+    case DType::kI64: return "i64";
   }
   return "?";
 }
@@ -33,7 +35,7 @@ const char* device_name(Device d) {
   return "?";
 }
 
-bool is_float(DType t) { return t != DType::kI32; }
+bool is_float(DType t) { return t != DType::kI32 && t != DType::kI64; }
 
 Tensor::Tensor(void* ptr, DType t, std::initializer_list<int64_t> dims, Device dev)
     : data(ptr), dtype(t), device(dev), ndim(static_cast<int>(dims.size())) {

@@ -14,7 +14,7 @@
 
 namespace moe {
 
-enum class DType : uint8_t { kF32, kF64, kBF16, kI32 };
+enum class DType : uint8_t { kF32, kF64, kBF16, kI32, kI64 };  // kI64: offsets past 2^31 (segment tables)
 // Where a tensor's bytes live. kCpu: host memory the host may read. kStrict: memory of the
 // strict test backend (kernels/strict), which the host cannot dereference; kCuda: GPU memory.
 enum class Device : uint8_t { kCpu, kStrict, kCuda };
@@ -28,6 +28,7 @@ template <> constexpr DType dtype_of<float>() { return DType::kF32; }
 template <> constexpr DType dtype_of<double>() { return DType::kF64; }
 template <> constexpr DType dtype_of<bf16>() { return DType::kBF16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::kI32; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::kI64; }
 
 struct Tensor {
   static constexpr int kMaxDims = 4;

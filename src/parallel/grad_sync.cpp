@@ -12,7 +12,7 @@
 namespace moe {
 
 GradSync::GradSync(Backend& ops, const ParamLayout& layout, ProcessGroups* groups, bool zero1, bool overlap)
-    : layout_(layout), groups_(groups), zero1_(zero1 && groups != nullptr), comm_(ops) {
+    : ops_(ops), layout_(layout), groups_(groups), zero1_(zero1 && groups != nullptr), comm_(ops) {
   overlap_ = overlap && groups_ != nullptr && !zero1_;
   MOE_CHECK(!overlap_ || comm_.direct(), "parallel.overlap_grad_reduce needs a backend whose memory the host "
             "can address (", ops.name(), ": its buffers are staged through the host)");
@@ -36,6 +36,27 @@ GradSync::GradSync(Backend& ops, const ParamLayout& layout, ProcessGroups* group
     for (const Region* r : {&dense_, &experts_})
       MOE_CHECK(r->length % r->comm->size() == 0, "ZeRO-1: a parameter region of ", r->length,
                 " elements does not split into ", r->comm->size(), " chunks (layout not padded for it)");
+  }
+  // Each parameter's slice that this rank counts toward the norm: with ZeRO-1 the owned chunk's
+  // part (chunks are disjoint over the world); otherwise all of it on the first replica only.
+  std::vector<int64_t> segments;
+  const bool count_dense = !groups_ || groups_->coords.dp == 0;
+  const bool count_experts = !groups_ || groups_->coords.edp == 0;
+  for (const ParamInfo& p : layout.entries()) {
+    int64_t lo = p.offset, hi = p.offset + p.numel;
+    if (zero1_) {
+      const Region& r = p.is_expert ? experts_ : dense_;
+      lo = std::max(lo, r.chunk_begin());
+      hi = std::min(hi, r.chunk_begin() + r.chunk());
+      if (lo >= hi) continue;
+    } else if (!(p.is_expert ? count_experts : count_dense)) {
+      continue;
+    }
+    segments.insert(segments.end(), {lo, hi, p.global_index});
+  }
+  if (!segments.empty()) {
+    sumsq_segments_ = OwnedTensor(ops, DType::kI64, {static_cast<int64_t>(segments.size() / 3), 3});
+    ops.upload(segments.data(), sumsq_segments_.t);
   }
 }
 
@@ -120,23 +141,10 @@ void GradSync::reduce_gradients(const Tensor& grad_flat) {
   if (groups_->edp->size() > 1 && total > dense) comm_.all_reduce_sum(*groups_->edp, grad_flat.slice(dense, total));
 }
 
-void GradSync::grad_sumsq(Backend& ops, const Tensor& grad_flat, const Tensor& out) {
+void GradSync::grad_sumsq(const Tensor& grad_flat, const Tensor& out) {
   check_shape(out, {layout_.num_global_params()}, "grad_sumsq out");
-  ops.fill(out, 0.0);
-  const bool count_dense = !groups_ || groups_->coords.dp == 0;
-  const bool count_experts = !groups_ || groups_->coords.edp == 0;
-  for (const ParamInfo& p : layout_.entries()) {
-    int64_t lo = p.offset, hi = p.offset + p.numel;
-    if (zero1_) {  // the owned chunk's part of this parameter (chunks are disjoint over the world)
-      const Region& r = p.is_expert ? experts_ : dense_;
-      lo = std::max(lo, r.chunk_begin());
-      hi = std::min(hi, r.chunk_begin() + r.chunk());
-      if (lo >= hi) continue;
-    } else if (!(p.is_expert ? count_experts : count_dense)) {
-      continue;
-    }
-    ops.sumsq_to(grad_flat.slice(lo, hi), out.slice(p.global_index, p.global_index + 1));
-  }
+  ops_.fill(out, 0.0);
+  if (!sumsq_segments_.t.empty()) ops_.sumsq_segments(grad_flat, sumsq_segments_.t, out);
   if (groups_ && groups_->world->size() > 1) {
     PhaseScope phase(Phase::kCommunication);
     comm_.all_reduce_sum(*groups_->world, out);

@@ -62,8 +62,9 @@ class GradSync {
   // other statistics (one download): grad_sumsq writes each parameter's sum of squares, counted
   // once per shard and summed over the world, into out (num_global_params) f64 on the device;
   // grad_norm adds a downloaded copy in whole-model order and takes the root. grad_flat must
-  // already be reduced. Same value on every rank.
-  void grad_sumsq(Backend& ops, const Tensor& grad_flat, const Tensor& out);
+  // already be reduced. Same value on every rank. One sumsq_segments op over a segment table
+  // built once (each parameter's counted slice and its global index).
+  void grad_sumsq(const Tensor& grad_flat, const Tensor& out);
   static double grad_norm(const std::vector<double>& sumsq);
   // Sum the step's loss terms, expert counts and router probabilities over dp and pp. Under
   // expert parallelism routing and these statistics stay on the tokens' rank, and dp contains
@@ -86,11 +87,13 @@ class GradSync {
   void reduce_scatter(const Region& r, const Tensor& flat);
   void all_gather(const Region& r, const Tensor& flat);
 
+  Backend& ops_;
   const ParamLayout& layout_;
   ProcessGroups* groups_;
   bool zero1_;
   Region dense_, experts_;
   StagedComm comm_;
+  OwnedTensor sumsq_segments_;  // (S,3) i64 rows (begin, end, global index) for grad_sumsq
   // Overlap: per layer, its dense and expert flat ranges; backwards seen this step; requests.
   struct LayerBucket {
     int64_t dense_begin = -1, dense_end = -1, expert_begin = -1, expert_end = -1;

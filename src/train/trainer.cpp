@@ -222,7 +222,7 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
   drop_next_wait_ = fault == Fault::kNoWait;
   {
     PhaseScope phase(Phase::kOptimizer);  // grad norm and the step's decisions
-    sync_->grad_sumsq(ops_, model_->grads().flat, stats_.grad_sumsq);
+    sync_->grad_sumsq(model_->grads().flat, stats_.grad_sumsq);
     const LossConfig& lc = config_.loss;
     ops_.step_control(stats_.values, stats_.grad_sumsq, lc.lm_z_coef, lc.lbl_coef, lc.router_z_coef,
                       config_.optim.max_grad_norm, lr_table_.t, stats_.control);

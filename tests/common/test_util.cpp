@@ -34,6 +34,7 @@ double get(const Tensor& t, int64_t i) {
     case DType::kF64: return static_cast<const double*>(t.data)[i];
     case DType::kBF16: return static_cast<float>(static_cast<const bf16*>(t.data)[i]);
     case DType::kI32: return static_cast<const int32_t*>(t.data)[i];
+    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(t.data)[i]);
   }
   return 0;
 }
@@ -44,6 +45,7 @@ void set(const Tensor& t, int64_t i, double value) {
     case DType::kF64: static_cast<double*>(t.data)[i] = value; break;
     case DType::kBF16: static_cast<bf16*>(t.data)[i] = bf16(static_cast<float>(value)); break;
     case DType::kI32: static_cast<int32_t*>(t.data)[i] = static_cast<int32_t>(value); break;
+    case DType::kI64: static_cast<int64_t*>(t.data)[i] = static_cast<int64_t>(value); break;
   }
 }
 

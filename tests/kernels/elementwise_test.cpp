@@ -329,6 +329,61 @@ TEST_P(SumTo, BitwiseIndependentOfThreadCount) {
   }
 }
 
+// sumsq_segments is bitwise one sumsq_to per segment (the grad norm's old loop), on every
+// backend and at several thread counts: empty segments, segments crossing the 4096 chunk, a
+// repeated output index (adds in row order) and untouched outputs.
+TEST_P(SumTo, SegmentsEqualOneSumsqToPerSegmentBitwise) {
+  SEED_TRACE();
+  const std::vector<int64_t> rows = {0, 5000, 3,  5000, 5000, 0,  9000, 21000, 7,
+                                     17, 18, 1,   21000, 30001, 3, 100, 4196, 5};
+  const int64_t S = static_cast<int64_t>(rows.size() / 3);
+  for (DType dt : {DType::kF32, DType::kF64, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    OwnedTensor x = random_tensor(dt, {30001}, 360, -1, 3);
+    OwnedTensor segments(DType::kI64, {S, 3});
+    std::copy(rows.begin(), rows.end(), segments.as<int64_t>());
+    OwnedTensor expect(DType::kF64, {8}), oracle(DType::kF64, {8});
+    for (int64_t i = 0; i < 8; ++i) set(expect, i, 0.5 * static_cast<double>(i)), set(oracle, i, 0.5 * static_cast<double>(i));
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t b = rows[static_cast<size_t>(3 * s)], e = rows[static_cast<size_t>(3 * s + 1)], o = rows[static_cast<size_t>(3 * s + 2)];
+      // (An empty slice adds +0: the host-facing harness cannot upload a zero-length view.)
+      if (e > b) test::fast().sumsq_to(x.t.slice(b, e), expect.t.slice(o, o + 1));
+      ref::sumsq_to(x.t.slice(b, e), oracle.t.slice(o, o + 1));
+    }
+    for (int threads : {1, 3}) {
+      with_threads(threads, [&] {
+        OwnedTensor out(DType::kF64, {8}), ref_out(DType::kF64, {8});
+        for (int64_t i = 0; i < 8; ++i) set(out, i, 0.5 * static_cast<double>(i)), set(ref_out, i, 0.5 * static_cast<double>(i));
+        test::fast().sumsq_segments(x, segments, out);
+        ref::sumsq_segments(x, segments, ref_out);
+        EXPECT_TRUE(test::bitwise_equal(out.t, expect.t)) << threads << " threads";
+        EXPECT_TRUE(test::bitwise_equal(ref_out.t, oracle.t));
+        for (int64_t i = 0; i < 8; ++i) EXPECT_NEAR(get(out, i), get(ref_out, i), 1e-13 * (1 + get(ref_out, i)));
+      });
+    }
+  }
+}
+
+TEST_P(SumTo, SegmentsOutsideTheirTensorsAreRefused) {
+  OwnedTensor x(DType::kF32, {10}), out(DType::kF64, {2}), seg(DType::kI64, {1, 3});
+  const std::vector<std::vector<int64_t>> bad = {{0, 11, 0}, {5, 4, 0}, {-1, 2, 0}, {0, 2, 2}};
+  for (const auto& row : bad) {
+    std::copy(row.begin(), row.end(), seg.as<int64_t>());
+    for (Backend* b : {&test::fast(), static_cast<Backend*>(nullptr)}) {
+      const std::string what = [&] {
+        try {
+          if (b) b->sumsq_segments(x, seg, out);
+          else ref::sumsq_segments(x, seg, out);
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      }();
+      EXPECT_NE(what.find("sumsq_segments: segment 0"), std::string::npos) << what;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- axpy, scale, fill, convert
 TEST_P(Pointwise, AxpyScaleFillMatchRefBitwise) {
   SEED_TRACE();

@@ -182,6 +182,52 @@ void sum_to(const Tensor& x, double scale, const Tensor& out) {
 }
 void sumsq_to(const Tensor& x, const Tensor& out) { sum_common(x, out, 1.0, true, "sumsq_to"); }
 
+void sumsq_segments(const Tensor& x, const Tensor& segments, const Tensor& out) {
+  const char* op = "sumsq_segments";
+  MOE_CHECK(is_float(x.dtype), op, ": x must be a float tensor, got ", dtype_name(x.dtype));
+  check_args({&x}, x.dtype, op);
+  check_args({&segments}, DType::kI64, op);
+  check_args({&out}, DType::kF64, op);
+  check_shape(x, {-1}, "sumsq_segments x");
+  check_shape(segments, {-1, 3}, "sumsq_segments segments");
+  check_shape(out, {-1}, "sumsq_segments out");
+  const int64_t n = x.numel(), nout = out.numel(), S = segments.dim(0);
+  const auto* seg = static_cast<const int64_t*>(segments.data);
+  // Every segment's chunks in one parallel loop (chunk k of all segments' chunks in row order),
+  // then each segment's parts added in order: the parts and their order are sumsq_to's.
+  int64_t* first = scratch<int64_t>(static_cast<size_t>(S + 1));
+  first[0] = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t begin = seg[3 * s], end = seg[3 * s + 1], index = seg[3 * s + 2];
+    MOE_CHECK(0 <= begin && begin <= end && end <= n, op, ": segment ", s, " [", begin, ", ", end,
+              ") outside x of ", n, " elements");
+    MOE_CHECK(0 <= index && index < nout, op, ": segment ", s, " index ", index, " outside out of ", nout);
+    first[s + 1] = first[s] + ceil_div(end - begin, kSumChunk);
+  }
+  const int64_t nchunks = first[S];
+  double* part = scratch<double>(static_cast<size_t>(nchunks));
+  dispatch_any_float(x.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(x.data);
+#pragma omp parallel for schedule(static) if (nchunks * kSumChunk >= kParallelMin)
+    for (int64_t k = 0; k < nchunks; ++k) {
+      const int64_t s = std::upper_bound(first, first + S + 1, k) - first - 1;
+      const int64_t begin = seg[3 * s] + (k - first[s]) * kSumChunk, len = std::min(kSumChunk, seg[3 * s + 1] - begin);
+      const T* pc = p + begin;
+      part[k] = lane_sum<double>(len, [&](int64_t i) {
+        const double v = static_cast<double>(load(pc[i]));
+        return v * v;
+      });
+    }
+  });
+  double* o = static_cast<double*>(out.data);
+  for (int64_t s = 0; s < S; ++s) {
+    double total = 0;
+    for (int64_t k = first[s]; k < first[s + 1]; ++k) total += part[k];
+    o[seg[3 * s + 2]] += 1.0 * total;
+  }
+}
+
 // ---------------------------------------------------------------- axpy, scale, fill, convert
 void axpy(double alpha, const Tensor& x, const Tensor& y) {
   check_args({&x, &y}, x.dtype, "axpy");

@@ -229,6 +229,25 @@ void sum_to(const Tensor& x, double scale, const Tensor& out) {
 }
 void sumsq_to(const Tensor& x, const Tensor& out) { sum_common(x, out, 1.0, true, "sumsq_to"); }
 
+void sumsq_segments(const Tensor& x, const Tensor& segments, const Tensor& out) {
+  const char* op = "sumsq_segments";
+  for (const Tensor* t : {&x, &segments, &out}) check_host(*t, op);
+  check_shape(x, {-1}, "sumsq_segments x");
+  check_shape(segments, {-1, 3}, "sumsq_segments segments");
+  check_dtype(segments, DType::kI64, "sumsq_segments segments");
+  check_shape(out, {-1}, "sumsq_segments out");
+  check_dtype(out, DType::kF64, "sumsq_segments out");
+  const int64_t n = x.numel(), nout = out.numel();
+  const auto* seg = static_cast<const int64_t*>(segments.data);
+  for (int64_t s = 0; s < segments.dim(0); ++s) {
+    const int64_t begin = seg[3 * s], end = seg[3 * s + 1], index = seg[3 * s + 2];
+    MOE_CHECK(0 <= begin && begin <= end && end <= n, op, ": segment ", s, " [", begin, ", ", end,
+              ") outside x of ", n, " elements");
+    MOE_CHECK(0 <= index && index < nout, op, ": segment ", s, " index ", index, " outside out of ", nout);
+    sum_common(x.slice(begin, end), out.slice(index, index + 1), 1.0, true, op);
+  }
+}
+
 // ---------------------------------------------------------------- axpy, scale, fill, convert
 void axpy(double alpha, const Tensor& x, const Tensor& y) {
   check_host(x, "axpy x");
