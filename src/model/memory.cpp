@@ -6,7 +6,6 @@
 
 #include "model/activations.h"
 #include "model/params.h"
-#include "parallel/layout.h"
 
 namespace moe {
 
