@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "core/phase_timer.h"
+#include "model/sublayer.h"
 
 namespace moe {
 namespace {
@@ -18,7 +19,6 @@ void lm_head_loss_step(const HeadContext& ctx, const HeadWeights& w, const Tenso
   Backend& ops = ctx.ops;
   Scratch& s = ctx.scratch;
   const int64_t T = ctx.dims.T, V = ctx.cfg.vocab_size;
-  const bool bf16 = ctx.dims.adt != ctx.dims.cdt;
   // The final norm runs here, not in the stage's forward: one set of its buffers serves every slot.
   final_norm_forward(ctx, w, x);
   const Tensor& xf_act = ctx.final_norm.out_act;
@@ -30,8 +30,7 @@ void lm_head_loss_step(const HeadContext& ctx, const HeadWeights& w, const Tenso
     ops.linear_fwd(x_rows, w.lm_head, logits, false);
     Tensor row_ce = s.row_ce_C.slice(0, n), row_z = s.row_z_C.slice(0, n);
     // The logits' gradient is written in place, or rounded straight into the bf16 operand.
-    const Tensor g = bf16 ? Tensor(s.dy_operand_N.data, ctx.dims.adt, {n, V}, s.dy_operand_N.device) : logits;
-    MOE_CHECK(!bf16 || n * V <= s.dy_operand_N.numel(), "operand gradient store too small");
+    const Tensor g = grad_operand_store(ctx.dims, s.dy_operand_N, n, V, logits);
     ops.cross_entropy(logits, labels.slice(r0, r1), ce_scale, lm_z_coef, g, row_ce, row_z);
     ops.sum_to(row_ce, ce_scale, ce);
     ops.sum_to(row_z, ce_scale, lm_z);

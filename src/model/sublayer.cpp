@@ -18,6 +18,10 @@ Tensor SublayerContext::operand_grad(const Tensor& dy) const {
 }
 
 Tensor SublayerContext::grad_operand_store(const Tensor& store, int64_t rows, int64_t cols, const Tensor& fp32) const {
+  return moe::grad_operand_store(dims, store, rows, cols, fp32);
+}
+
+Tensor grad_operand_store(const Dims& dims, const Tensor& store, int64_t rows, int64_t cols, const Tensor& fp32) {
   if (dims.adt == dims.cdt) return fp32;
   MOE_CHECK(rows * cols * static_cast<int64_t>(dtype_size(dims.adt)) <= static_cast<int64_t>(store.nbytes()),
             "operand gradient store too small");

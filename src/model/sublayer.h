@@ -45,6 +45,9 @@ struct SublayerContext {
                            const Tensor& dw) const;
 };
 
+// SublayerContext::grad_operand_store for any step that has the dims (the LM head too).
+Tensor grad_operand_store(const Dims& dims, const Tensor& store, int64_t rows, int64_t cols, const Tensor& fp32);
+
 // A (rows, cols) view over the start of a flat scratch tensor.
 inline Tensor rows_view(const Tensor& flat, int64_t rows, int64_t cols) {
   return flat.slice(0, rows * cols).view({rows, cols});
