@@ -15,3 +15,5 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# The CUDA backend's header-only libraries (CUTLASS, cuDNN frontend), when the toolkit is here.
+if command -v nvcc >/dev/null 2>&1; then "$(dirname "$0")/cuda_headers.sh"; fi

@@ -94,8 +94,9 @@ const std::vector<Field>& fields() {
     add("train", "micro_batch_size", T(micro_batch_size), 1, 1 << 24, {}, "sequences per forward/backward");
     add("train", "seed", T(seed), 0, 1.8e19, {}, "seed of every random draw");
     add("train", "precision", T(precision), 0, 0, {"fp32", "bf16"}, "GEMM compute precision");
-    add("train", "backend", T(backend), 0, 0, {"cpu", "ref", "strict"},
-        "kernel backend (strict: the cpu kernels behind memory the host cannot read, to test device discipline)");
+    add("train", "backend", T(backend), 0, 0, {"cpu", "ref", "strict", "cuda"},
+        "kernel backend (strict: the cpu kernels behind memory the host cannot read, to test device discipline; "
+        "cuda: an NVIDIA GPU, in a build with -DMOE_CUDA=ON)");
     add("train", "threads", T(threads), 0, 4096, {}, "CPU threads (0 = all)");
     add("train", "recompute", T(recompute), 0, 0, {}, "recompute each block in backward");
     add("train", "log_every", T(log_every), 1, 1e15, {}, "steps between log lines");
@@ -117,7 +118,7 @@ const std::vector<Field>& fields() {
     add("data", "intra_doc_mask", D(intra_doc_mask), 0, 0, {}, "mask attention across documents (needs data.eos_id)");
 #undef D
 #define X(name) [](Config& c) -> Ref { return &c.metrics.name; }
-    add("metrics", "peak_tflops", X(peak_tflops), 0, kInf, {}, "peak TFLOP/s for MFU (0 = measured 0.235 fp32 / 0.470 bf16)");
+    add("metrics", "peak_tflops", X(peak_tflops), 0, kInf, {}, "peak TFLOP/s for MFU (0 = on cpu this machine's measured 0.235 fp32 / 0.470 bf16; on cuda the GPU's dense datasheet peak: H100/H200 989 bf16 / 67 fp32, B200/B300 2250 / 80)");
     add("metrics", "vectors_every", X(vectors_every), 0, 1e15, {}, "steps between per-expert f/P vectors (0 = never)");
     add("metrics", "gerrymander_window", X(gerrymander_window), 0, 1e9, {}, "token-gerrymandering detector window (0 = off)");
 #undef X
@@ -138,6 +139,8 @@ const std::vector<Field>& fields() {
     add("parallel", "ep_capacity_factor", P(ep_capacity_factor), 0, 1e6, {},
         "expert parallelism: rows each rank's experts keep per MoE layer = ceil(cf x top_k x local tokens), the tail dropped (0 = dropless)");
     add("parallel", "stage_layers", P(stage_layers), 0, 0, {}, "layers per pipeline stage, comma-separated (\"\" = balanced)");
+    add("parallel", "communicator", P(communicator), 0, 0, {"mpi", "nccl"},
+        "what carries tensors between ranks (nccl: device buffers, needs train.backend = \"cuda\")");
 #undef P
     return f;
   }();
@@ -476,6 +479,17 @@ void Config::validate() const {
   if (train.backend == "ref")
     MOE_CHECK(train.precision == "fp32", "train.precision = \"", train.precision,
               "\" needs train.backend = \"cpu\" (the reference backend has no bf16 GEMMs)");
+  MOE_CHECK(parallel.communicator != "nccl" || train.backend == "cuda", "parallel.communicator = \"nccl\" needs ",
+            "train.backend = \"cuda\" (got \"", train.backend, "\")");
+  if (train.backend == "cuda") {
+#ifndef MOE_WITH_CUDA
+    MOE_FAIL("train.backend = \"cuda\": this moecore was built without CUDA (configure with -DMOE_CUDA=ON)");
+#endif
+    MOE_CHECK(model.hd() <= 256, "head dim ", model.hd(), " (model.head_dim, or model.d_model / model.n_heads) exceeds 256, ",
+              "the largest the cuda attention kernels take");
+    MOE_CHECK(model.num_experts <= 1024, "model.num_experts = ", model.num_experts,
+              " exceeds 1024, the most the cuda routing kernels take");
+  }
   MOE_CHECK(data.eos_id < model.vocab_size, "data.eos_id = ", data.eos_id, " is not below model.vocab_size = ",
             model.vocab_size);
   if (data.intra_doc_mask)

@@ -157,6 +157,9 @@ struct ParallelConfig {
   double ep_capacity_factor = 0;
   // Layers per pipeline stage, comma-separated ("1,3"); "" = balanced (parallel/layout.h).
   std::string stage_layers;
+  // What carries tensors between ranks: "mpi" (host buffers; staged on a GPU) or "nccl" (device
+  // buffers, train.backend = "cuda"). Host-side agreement checks always use MPI.
+  std::string communicator = "mpi";
 };
 
 inline Layout layout_from_config(const ParallelConfig& c) { return Layout{c.dp, c.ep, c.pp}; }

@@ -8,6 +8,9 @@
 #include "kernels/ops.h"
 #include "kernels/ref/ref_ops.h"
 #include "kernels/strict/strict_backend.h"
+#ifdef MOE_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace moe {
 
@@ -95,7 +98,14 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
   if (name == "ref") return std::make_unique<RefBackend>();
   if (name == "cpu") return std::make_unique<CpuBackend>();
   if (name == "strict") return make_strict_backend();
-  MOE_FAIL("unknown kernel backend '", name, "' (allowed: ref, cpu, strict)");
+  if (name == "cuda") {
+#ifdef MOE_WITH_CUDA
+    return make_cuda_backend();
+#else
+    MOE_FAIL("kernel backend 'cuda': this moecore was built without CUDA (configure with -DMOE_CUDA=ON)");
+#endif
+  }
+  MOE_FAIL("unknown kernel backend '", name, "' (allowed: ref, cpu, strict, cuda)");
 }
 
 }  // namespace moe

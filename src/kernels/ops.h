@@ -7,7 +7,8 @@
 //   strict -- the cpu kernels behind a device the host cannot touch (kernels/strict): memory the
 //             host cannot dereference, ops run in order on the backend's own thread, results
 //             visible only after a wait; it proves on the CPU that a step is device-ready.
-//   cuda   -- later; same list. A backend may throw moe::Error("... not supported") for an op it
+//   cuda   -- kernels/cuda: cuBLASLt GEMMs + our kernels on one stream (-DMOE_CUDA=ON). A backend
+//             may throw moe::Error("... not supported") for an op it
 //             lacks and says so in supports(); tests report that as a skip, never a pass.
 //
 // What a backend must implement (a new one starts here):

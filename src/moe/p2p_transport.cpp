@@ -66,7 +66,7 @@ void P2pExpertTransport::move(const ExchangePlan& plan, const Tensor& local, con
   const size_t elem = dtype_size(local.dtype);
   // Where messages go: the tensors themselves, or (backend memory the host cannot address) host
   // copies: the source side downloaded first, the destination side uploaded after the wait.
-  const bool staged = !staging_.direct();
+  const bool staged = !staging_.direct(comm_);
   const int64_t received_rows = totals[kRowsReceived];
   char* local_base = static_cast<char*>(local.data);
   char* received_base = static_cast<char*>(received.data);
@@ -93,6 +93,7 @@ void P2pExpertTransport::move(const ExchangePlan& plan, const Tensor& local, con
   // names the local expert and the direction (e toward the experts, El + e back), so a
   // mismatched pair cannot match silently (and tests can tell the directions apart).
   const auto tag = [&](int64_t e) { return static_cast<int>(to_experts ? e : El + e); };
+  comm_.group_start();  // NCCL: the sends and receives of one exchange progress together
   for (int64_t peer = 0; peer < ep; ++peer) {
     if (peer == me) continue;
     for (int64_t e = 0; e < El; ++e) {
@@ -125,6 +126,7 @@ void P2pExpertTransport::move(const ExchangePlan& plan, const Tensor& local, con
       }
     }
   }
+  comm_.group_end();
   // Rows to self: a copy while the messages are in flight.
   for (int64_t e = 0; e < El; ++e) {
     const int64_t g = me * El + e, rows = kept_rows(me, g);

@@ -2,7 +2,10 @@
 // Implementations: MPI (mpi_communicator.cpp, the only file that includes <mpi.h>) and
 // SelfCommunicator (size 1, no MPI). An NCCL backend will implement the same interface.
 //
-// Counts and displacements are in elements of the given dtype. Buffers are host memory.
+// Counts and displacements are in elements of the given dtype. Buffers are host memory, or (a
+// device communicator: NCCL) memory of the device buffer_device() names; a device communicator's
+// operations are ordered on the device (wait() orders later device work after them; the host does
+// not block).
 // Non-blocking calls return a Request; the buffers must stay alive and untouched until wait()
 // (or a test() that returned true). Open MPI progresses non-blocking collectives only inside MPI
 // calls, so poll test() during long computations.
@@ -85,6 +88,12 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;
+  // Where buffers must live: host memory (MPI, self) or a device's (NCCL: Device::kCuda).
+  virtual Device buffer_device() const { return Device::kCpu; }
+  // Point-to-point operations issued between these two calls progress together (NCCL needs it for
+  // sends and receives between the same pair; elsewhere they are no-ops). Not nested.
+  virtual void group_start() {}
+  virtual void group_end() {}
 
   // In place element-wise sum over all ranks; dtype f32 or f64 (or i32).
   Request iall_reduce_sum(void* buf, size_t count, DType dtype);

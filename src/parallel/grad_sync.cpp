@@ -14,8 +14,9 @@ namespace moe {
 GradSync::GradSync(Backend& ops, const ParamLayout& layout, ProcessGroups* groups, bool zero1, bool overlap)
     : ops_(ops), layout_(layout), groups_(groups), zero1_(zero1 && groups != nullptr), comm_(ops) {
   overlap_ = overlap && groups_ != nullptr && !zero1_;
-  MOE_CHECK(!overlap_ || comm_.direct(), "parallel.overlap_grad_reduce needs a backend whose memory the host "
-            "can address (", ops.name(), ": its buffers are staged through the host)");
+  MOE_CHECK(!overlap_ || (comm_.direct(*groups_->dp) && groups_->dp->buffer_device() == Device::kCpu),
+            "parallel.overlap_grad_reduce needs a backend whose memory the host can address (", ops.name(),
+            ": its buffers are staged through the host, or reduced on the device by NCCL)");
   if (overlap_) {
     // Each layer's parameters are contiguous within the dense region and within the expert region.
     for (const ParamInfo& p : layout.entries()) {

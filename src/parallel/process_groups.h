@@ -3,11 +3,14 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "parallel/communicator.h"
 #include "parallel/layout.h"
 
 namespace moe {
+
+class Backend;
 
 struct ProcessGroups {
   Layout layout;
@@ -17,5 +20,15 @@ struct ProcessGroups {
 };
 // Collective over world.
 ProcessGroups make_process_groups(Communicator& world, const Layout& layout);
+
+// The groups of `host` again, split from a device communicator over the same ranks (NCCL on
+// cuda) for the tensors; `world` stays host's (agreement checks, logs). Collective.
+struct DeviceGroups {
+  std::unique_ptr<Communicator> device_world;
+  ProcessGroups groups;
+};
+// parallel.communicator = "nccl": the NCCL groups of `host` on the cuda backend `ops`; otherwise
+// nothing (the caller keeps `host`).
+std::unique_ptr<DeviceGroups> device_groups(const std::string& communicator, ProcessGroups* host, Backend& ops);
 
 }  // namespace moe

@@ -1,8 +1,8 @@
-// Communication over backend tensors. The Communicator reads and writes host memory: on a
-// backend whose memory is the host's (ref, cpu) tensors go to it as they are, exactly as before;
-// otherwise (strict, a GPU without device-aware communication) each buffer is staged through a
-// host copy -- download, wait, communicate, upload -- and the staged bytes are counted here,
-// apart from the step's own reads of the device.
+// Communication over backend tensors. When the communicator's buffers live where the backend's
+// do -- host memory with MPI on ref and cpu, device memory with NCCL on cuda -- tensors go to it as
+// they are; otherwise (strict, cuda over MPI) each buffer is staged through a host copy --
+// download, wait, communicate, upload -- and the staged bytes are counted here, apart from the
+// step's own reads of the device.
 #pragma once
 
 #include <vector>
@@ -16,7 +16,9 @@ class StagedComm {
  public:
   explicit StagedComm(Backend& ops) : ops_(ops) {}
   Backend& ops() { return ops_; }
-  bool direct() const { return ops_.host_addressable(); }
+  // True when c takes this backend's tensors as they are: host memory to a host communicator, or
+  // device memory to a device communicator (NCCL on cuda); otherwise buffers are staged.
+  bool direct(const Communicator& c) const { return ops_.device() == c.buffer_device(); }
 
   void all_reduce_sum(Communicator& c, const Tensor& t);
   // src (size * n) -> dst (n), the sum of this rank's chunk; dst may lie inside src.

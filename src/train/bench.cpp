@@ -37,7 +37,9 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   validate_layout(layout, world->size(), config.model.num_experts, config.model.n_layers);
   std::unique_ptr<ProcessGroups> groups;
   if (world->size() > 1) groups = std::make_unique<ProcessGroups>(make_process_groups(*world, layout));
-  Trainer trainer(config, *ops, DType::kF32, groups.get());
+  // parallel.communicator = "nccl": tensors go over NCCL groups of the same ranks.
+  const std::unique_ptr<DeviceGroups> nccl = device_groups(config.parallel.communicator, groups.get(), *ops);
+  Trainer trainer(config, *ops, DType::kF32, nccl ? &nccl->groups : groups.get());
 
   const TrainConfig& tc = config.train;
   const int64_t B = trainer.local_batch(), S = tc.seq_len, V = config.model.vocab_size;

@@ -1,5 +1,9 @@
 #include "train/metrics.h"
 
+#ifdef MOE_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cerrno>
@@ -49,7 +53,18 @@ int64_t peak_rss_bytes() {
 
 double peak_tflops(const Config& config) {
   if (config.metrics.peak_tflops > 0) return config.metrics.peak_tflops;
+#ifdef MOE_WITH_CUDA
+  if (config.train.backend == "cuda") return cuda_peak_tflops(config.train.precision == "bf16");
+#endif
   return config.train.precision == "bf16" ? 0.470 : 0.235;
+}
+
+double peak_device_mb() {
+#ifdef MOE_WITH_CUDA
+  return static_cast<double>(cuda_peak_allocated_bytes()) / (1024.0 * 1024.0);
+#else
+  return 0;
+#endif
 }
 
 TrendStats trend(const std::vector<double>& v) {
@@ -136,6 +151,7 @@ nlohmann::json step_record(const StepResult& r, const StepTiming& timing, double
                       {"tflops", tflops},
                       {"mfu", peak > 0 ? tflops / peak : 0.0},
                       {"peak_rss_mb", static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0)},
+                      {"peak_device_mb", peak_device_mb()},
                       {"elapsed_s", timing.elapsed_s},
                       {"pp_bubble_s", r.pp_bubble_s},
                       {"to_host", r.transfers.to_host},

@@ -29,6 +29,8 @@ int64_t peak_rss_bytes();
 // The MFU denominator: metrics.peak_tflops, or when 0 this machine's measured peak
 // (0.235 TFLOP/s fp32, 0.470 TFLOP/s bf16).
 double peak_tflops(const Config& config);
+// MiB the cuda backend held at most (0 on host backends).
+double peak_device_mb();
 
 // Token-gerrymandering detector. Olmo-core 3's report: the summed load-balancing loss fell
 // (46.9 -> 41.3) while the worst per-layer imbalance rose (max/mean load 2.75 -> 6.32): the
@@ -84,7 +86,7 @@ double sum_of(const std::vector<double>& v);
 // One optimizer step's JSONL record. Fields (README, "Metrics"):
 //   step, loss (total), ce, lm_z, lbl_sum, router_z_sum, lbl[], router_z[] (per MoE layer,
 //   unweighted), grad_norm (before clipping), lr, clipped, tokens, tokens_per_s (this step),
-//   tflops (achieved model TFLOP/s), mfu (tflops / peak), peak_rss_mb, elapsed_s, pp_bubble_s
+//   tflops (achieved model TFLOP/s), mfu (tflops / peak), peak_rss_mb, peak_device_mb (cuda), elapsed_s, pp_bubble_s
 //   (seconds this rank blocked receiving pipeline activations/gradients: the bubble; 0 without pp),
 //   max_load[] and load_cv[] per MoE layer, and with_vectors: f[][] (tokens per expert) and
 //   P[][] (mean router probability per expert) per MoE layer. Skipped steps carry

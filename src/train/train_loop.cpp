@@ -115,6 +115,9 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
   if (valid_found > 0)
     valid = std::make_unique<TokenDataset>(valid_paths, config.data.token_dtype, config.model.vocab_size, tc.seq_len,
                                            "data.valid_path", config.model.pad_id);
+  // parallel.communicator = "nccl": tensors go over NCCL groups of the same ranks.
+  const std::unique_ptr<DeviceGroups> nccl = device_groups(config.parallel.communicator, groups, *ops);
+  if (nccl) groups = &nccl->groups;
   Trainer trainer(config, *ops, DType::kF32, groups);
   const int64_t dp_rank = groups ? groups->coords.dp : 0, dp = config.parallel.dp;
   if (!tc.init_from.empty() && !resume) {

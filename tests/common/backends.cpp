@@ -5,6 +5,9 @@
 #include <tuple>
 
 #include "core/buffer.h"
+#ifdef MOE_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace moe::test {
 namespace {
@@ -107,8 +110,28 @@ std::unique_ptr<Backend> g_fast;
 }  // namespace
 
 const std::vector<std::string>& backends_under_test() {
+#ifdef MOE_WITH_CUDA
+  static const std::vector<std::string> names{"cpu", "strict", "cuda"};
+#else
   static const std::vector<std::string> names{"cpu", "strict"};
+#endif
   return names;
+}
+
+bool backend_available(const std::string& name, std::string* why) {
+#ifdef MOE_WITH_CUDA
+  if (name == "cuda") return cuda_device_count(why) > 0;
+#endif
+  (void)name;
+  (void)why;
+  return true;
+}
+
+bool backend_supports(const std::string& name, OpId op, DType dtype) {
+#ifdef MOE_WITH_CUDA
+  if (name == "cuda") return cuda_supports(op, dtype);  // known without a GPU
+#endif
+  return make_backend(name)->supports(op, dtype);
 }
 
 std::unique_ptr<Backend> host_facing(Backend& device) { return std::make_unique<HostFacing>(device); }
@@ -134,7 +157,11 @@ void release_backend() {
   g_device.reset();
 }
 
-void BackendTest::SetUp() { use_backend(GetParam()); }
+void BackendTest::SetUp() {
+  std::string why;
+  if (!backend_available(GetParam(), &why)) GTEST_SKIP() << GetParam() << " backend unavailable: " << why;
+  use_backend(GetParam());
+}
 
 void BackendTest::TearDown() { release_backend(); }
 

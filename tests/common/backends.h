@@ -30,8 +30,13 @@
 
 namespace moe::test {
 
-// Names of the backends every op test runs on.
+// Names of the backends every op test runs on: cpu, strict, and cuda in a CUDA build (its cases
+// are reported as skipped, never passed, on a machine without a GPU).
 const std::vector<std::string>& backends_under_test();
+// False (with the reason) when the backend cannot run here (cuda without a GPU).
+bool backend_available(const std::string& name, std::string* why = nullptr);
+// Backend::supports, answered without making the backend (so without a GPU for cuda).
+bool backend_supports(const std::string& name, OpId op, DType dtype);
 
 // Wraps `device` so that its ops take host tensors (see above).
 std::unique_ptr<Backend> host_facing(Backend& device);
@@ -54,7 +59,12 @@ class BackendTest : public ::testing::TestWithParam<std::string> {
 template <class P>
 class BackendTestWith : public ::testing::TestWithParam<std::tuple<std::string, P>> {
  protected:
-  void SetUp() override { use_backend(std::get<0>(this->GetParam())); }
+  void SetUp() override {
+    std::string why;
+    const std::string& name = std::get<0>(this->GetParam());
+    if (!backend_available(name, &why)) GTEST_SKIP() << name << " backend unavailable: " << why;
+    use_backend(name);
+  }
   void TearDown() override { release_backend(); }
   const P& param() const { return std::get<1>(this->GetParam()); }
 };

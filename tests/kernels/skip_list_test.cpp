@@ -55,10 +55,9 @@ TEST(BackendCoverage, SkipsAreExactlyTheCommittedList) {
 
   std::set<Case> skipped;
   for (const std::string& name : under_test) {
-    const std::unique_ptr<Backend> b = make_backend(name);
     for (int i = 0; i < static_cast<int>(OpId::kCount); ++i)
       for (DType d : kDtypes)
-        if (!b->supports(static_cast<OpId>(i), d))
+        if (!test::backend_supports(name, static_cast<OpId>(i), d))
           skipped.insert({name, op_name(static_cast<OpId>(i)), dtype_name(d)});
   }
 

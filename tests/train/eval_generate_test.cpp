@@ -1,6 +1,7 @@
 // Evaluation (loss, perplexity) and sampling on a small model trained on a learnable synthetic
 // stream: token t+1 = (5 t + 3) mod V with probability 0.7, else one of four neighbours of t.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -40,7 +41,10 @@ Config tiny_config() {
 }
 
 std::string write_stream(const std::string& name, int64_t n, uint64_t seed) {
-  const std::string path = (std::filesystem::temp_directory_path() / ("moe_evalgen_" + name)).string();
+  // Per process: ctest -j runs this file's tests side by side, and truncating a file another
+  // process has mapped kills that one with SIGBUS.
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("moe_evalgen_" + std::to_string(getpid()) + "_" + name)).string();
   std::vector<uint16_t> v;
   int64_t tok = 1;
   for (int64_t i = 0; i < n; ++i) {

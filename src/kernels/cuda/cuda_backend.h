@@ -1,0 +1,27 @@
+// The CUDA backend (kernels/cuda): make_backend("cuda") when moecore is built with -DMOE_CUDA=ON.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/ops.h"
+
+namespace moe {
+
+// GPUs this process can use; 0 (with the reason in *why) on a machine without a GPU or driver.
+int cuda_device_count(std::string* why = nullptr);
+// This process's GPU: its local rank under a launcher (mpirun, srun, torchrun), modulo the GPUs.
+int cuda_local_device();
+// Backend::supports of the cuda backend, known without a GPU: everything but f64.
+bool cuda_supports(OpId op, DType dtype);
+// The most bytes cuda backends of this process held in cudaMalloc'd memory at once (0 if none).
+size_t cuda_peak_allocated_bytes();
+// The datasheet's dense peak of this process's GPU, TFLOP/s: bf16 tensor cores (bf16 = true) or
+// fp32 without tensor cores. H100/H200 SXM 989 / 67, B200 and B300 2250 / 80; 0 for other GPUs.
+double cuda_peak_tflops(bool bf16);
+// The cudaStream_t every op of a cuda backend is enqueued on (fails for another backend).
+void* cuda_stream(Backend& cuda);
+// A backend on cuda_local_device(); fails naming the reason when there is no usable GPU.
+std::unique_ptr<Backend> make_cuda_backend();
+
+}  // namespace moe

@@ -1,0 +1,95 @@
+// Device-side helpers shared by the kernel files: bf16 storage with the CPU's exact rounding,
+// loads and stores by storage type, and reductions whose order depends only on the shape (so a
+// run is bitwise repeatable; no floating-point atomics anywhere).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/context.h"
+
+namespace moe::cuda {
+
+// bf16 storage: the upper half of an IEEE float, rounded to nearest even (core/bf16.h, bit for bit:
+// a NaN stays a quiet NaN).
+struct bf16s {
+  uint16_t bits;
+};
+
+__device__ __forceinline__ uint16_t bf16_round(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+__device__ __forceinline__ float bf16_value(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+
+__device__ __forceinline__ float load(const float* p) { return *p; }
+__device__ __forceinline__ float load(const bf16s* p) { return bf16_value(p->bits); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(bf16s* p, float v) { p->bits = bf16_round(v); }
+// Rounds v as storing it in S would (identity for float).
+__device__ __forceinline__ float rounded_as(float v, const float*) { return v; }
+__device__ __forceinline__ float rounded_as(float v, const bf16s*) { return bf16_value(bf16_round(v)); }
+
+// Records the first device error (see DeviceError); later ones are dropped.
+__device__ __forceinline__ void report_error(DeviceError* err, int code, int value, int64_t index) {
+  if (atomicCAS(&err->code, 0, -1) == 0) {
+    err->value = value;
+    err->index = index;
+    __threadfence_system();
+    atomicExch(&err->code, code);
+  }
+}
+
+// Sum over the block in a fixed tree order (warp shuffles, then the warps' results in order).
+// Every thread gets the total. blockDim.x must be a multiple of 32, at most 1024.
+template <class T> __device__ T block_sum(T v) {
+  __shared__ T warp_part[32];
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();  // warp_part may still be read by a previous call
+  if (lane == 0) warp_part[warp] = v;
+  __syncthreads();
+  T total = 0;
+  for (int w = 0; w < warps; ++w) total += warp_part[w];  // same order in every thread
+  return total;
+}
+
+template <class T> __device__ T block_max(T v) {
+  __shared__ T warp_part[32];
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) warp_part[warp] = v;
+  __syncthreads();
+  T m = warp_part[0];
+  for (int w = 1; w < warps; ++w) m = fmaxf(m, warp_part[w]);
+  return m;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 16) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  return static_cast<unsigned>(b < cap ? b : cap);
+}
+
+// Grid-stride loop over [0, n).
+#define MOE_GRID_LOOP(i, n) \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+}  // namespace moe::cuda

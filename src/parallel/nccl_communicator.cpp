@@ -1,0 +1,217 @@
+// The NCCL communicator (parallel/nccl_communicator.h); the only file that includes <nccl.h>.
+#include "parallel/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <array>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend.h"
+
+namespace moe {
+namespace {
+
+void check_nccl(ncclResult_t r, const char* call) {
+  MOE_CHECK(r == ncclSuccess, "NCCL: ", call, " failed: ", ncclGetErrorString(r), " (", ncclGetLastError(nullptr), ")");
+}
+void check_rt(cudaError_t e, const char* call) {
+  MOE_CHECK(e == cudaSuccess, "NCCL communicator: ", call, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kF32: return ncclFloat32;
+    case DType::kF64: return ncclFloat64;
+    case DType::kBF16: return ncclBfloat16;
+    case DType::kI32: return ncclInt32;
+    case DType::kI64: return ncclInt64;
+  }
+  MOE_FAIL("NCCL: no type for ", dtype_name(t));
+}
+
+// Done when the backend's stream has been told to wait for the operation's event.
+class NcclRequest final : public Request::Impl {
+ public:
+  NcclRequest(cudaStream_t compute, cudaEvent_t done) : compute_(compute), done_(done) {}
+  void wait() override { check_rt(cudaStreamWaitEvent(compute_, done_, 0), "cudaStreamWaitEvent"); }
+  bool test() override {
+    wait();
+    return true;
+  }
+
+ private:
+  cudaStream_t compute_;
+  cudaEvent_t done_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, cudaStream_t compute) : comm_(comm), compute_(compute) {
+    check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount");
+    check_rt(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    for (cudaEvent_t& e : events_) check_rt(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    check_rt(cudaMalloc(&barrier_word_, sizeof(int32_t)), "cudaMalloc");
+    check_rt(cudaMemset(barrier_word_, 0, sizeof(int32_t)), "cudaMemset");
+  }
+  ~NcclCommunicator() override {
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);
+    cudaFree(barrier_word_);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+  Device buffer_device() const override { return Device::kCuda; }
+
+  void group_start() override {
+    MOE_CHECK(!grouped_, "NCCL: group_start inside a group");
+    grouped_ = true;
+    enter();
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+  }
+  void group_end() override {
+    MOE_CHECK(grouped_, "NCCL: group_end without group_start");
+    grouped_ = false;
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    group_done_ = next_event();
+    check_rt(cudaEventRecord(group_done_, stream_), "cudaEventRecord");
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    ncclComm_t sub = nullptr;
+    check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "ncclCommSplit");
+    return std::make_unique<NcclCommunicator>(sub, compute_);
+  }
+
+ protected:
+  Request do_all_reduce_sum(void* buf, size_t count, DType dtype) override {
+    enter();
+    check_nccl(ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, comm_, stream_), "ncclAllReduce");
+    return leave();
+  }
+  Request do_reduce_scatter_sum(const void* send, void* recv, size_t recv_count, DType dtype) override {
+    enter();
+    check_nccl(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), ncclSum, comm_, stream_), "ncclReduceScatter");
+    return leave();
+  }
+  Request do_all_gather(const void* send, void* recv, size_t send_count, DType dtype) override {
+    enter();
+    check_nccl(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, stream_), "ncclAllGather");
+    return leave();
+  }
+  Request do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, const std::vector<int64_t>& send_displs,
+                          void* recv, const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs,
+                          DType dtype) override {
+    enter();
+    const size_t elem = dtype_size(dtype);
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (int p = 0; p < size_; ++p) {
+      const auto i = static_cast<size_t>(p);
+      if (send_counts[i] > 0)
+        check_nccl(ncclSend(static_cast<const char*>(send) + static_cast<size_t>(send_displs[i]) * elem,
+                            static_cast<size_t>(send_counts[i]), nccl_type(dtype), p, comm_, stream_),
+                   "ncclSend");
+      if (recv_counts[i] > 0)
+        check_nccl(ncclRecv(static_cast<char*>(recv) + static_cast<size_t>(recv_displs[i]) * elem,
+                            static_cast<size_t>(recv_counts[i]), nccl_type(dtype), p, comm_, stream_),
+                   "ncclRecv");
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    return leave();
+  }
+  Request do_send(const void* buf, size_t count, DType dtype, int dest, int) override {
+    enter();
+    check_nccl(ncclSend(buf, count, nccl_type(dtype), dest, comm_, stream_), "ncclSend");
+    return leave();
+  }
+  Request do_recv(void* buf, size_t count, DType dtype, int source, int) override {
+    enter();
+    check_nccl(ncclRecv(buf, count, nccl_type(dtype), source, comm_, stream_), "ncclRecv");
+    return leave();
+  }
+  Request do_broadcast(void* buf, size_t count, DType dtype, int root) override {
+    enter();
+    check_nccl(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, stream_), "ncclBroadcast");
+    return leave();
+  }
+  // The one host-blocking call: every rank's stream has reached this point.
+  Request do_barrier() override {
+    enter();
+    check_nccl(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream_), "ncclAllReduce");
+    check_rt(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    return Request();
+  }
+
+ private:
+  static constexpr size_t kEvents = 256;
+
+  cudaEvent_t next_event() { return events_[next_++ % kEvents]; }
+
+  // The communication stream waits for everything the backend's stream has enqueued so far.
+  void enter() {
+    if (grouped_ && entered_in_group_) return;
+    const cudaEvent_t ready = next_event();
+    check_rt(cudaEventRecord(ready, compute_), "cudaEventRecord");
+    check_rt(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+    entered_in_group_ = grouped_;
+  }
+  // Inside a group the operations complete together at group_end: their requests wait for the
+  // group's event, which exists only then, so they wait on the communication stream's tail.
+  Request leave() {
+    if (grouped_) return Request(std::make_unique<GroupRequest>(*this));
+    entered_in_group_ = false;
+    const cudaEvent_t done = next_event();
+    check_rt(cudaEventRecord(done, stream_), "cudaEventRecord");
+    return Request(std::make_unique<NcclRequest>(compute_, done));
+  }
+
+  class GroupRequest final : public Request::Impl {
+   public:
+    explicit GroupRequest(NcclCommunicator& c) : c_(c) {}
+    void wait() override {
+      MOE_CHECK(!c_.grouped_, "NCCL: a request of a group was waited for before group_end");
+      check_rt(cudaStreamWaitEvent(c_.compute_, c_.group_done_, 0), "cudaStreamWaitEvent");
+    }
+    bool test() override {
+      wait();
+      return true;
+    }
+
+   private:
+    NcclCommunicator& c_;
+  };
+
+  ncclComm_t comm_;
+  cudaStream_t compute_, stream_ = nullptr;
+  int rank_ = 0, size_ = 1;
+  std::array<cudaEvent_t, kEvents> events_{};
+  size_t next_ = 0;
+  bool grouped_ = false, entered_in_group_ = false;
+  cudaEvent_t group_done_ = nullptr;
+  int32_t* barrier_word_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_world(Communicator& bootstrap, Backend& cuda) {
+  MOE_CHECK(cuda.device() == Device::kCuda, "NCCL needs train.backend = \"cuda\", not ", cuda.name());
+  ncclUniqueId id{};
+  if (bootstrap.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  bootstrap.broadcast(&id, sizeof id / sizeof(int32_t), DType::kI32, 0);  // 128 bytes
+  ncclComm_t comm = nullptr;
+  check_nccl(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()), "ncclCommInitRank");
+  return std::make_unique<NcclCommunicator>(comm, static_cast<cudaStream_t>(cuda_stream(cuda)));
+}
+
+std::string nccl_version() {
+  int v = 0;
+  check_nccl(ncclGetVersion(&v), "ncclGetVersion");
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+}  // namespace moe

@@ -1,0 +1,199 @@
+// Whole training runs on the cuda backend (label gpu; each test reports Skipped without a GPU):
+// `moecore train --set train.backend=cuda` against the cpu backend and against itself.
+//  - fp32 runs match cpu within the stated bounds; every run repeats bitwise;
+//  - a plain step reads the device exactly once (the strict backend's budget);
+//  - a checkpoint written on the GPU resumes on the CPU and the reverse;
+//  - 200 bf16 steps of the default config on the KJV data follow docs/default_loss_curve.csv.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "model/params.h"
+#include "train/cli_util.h"
+
+namespace moe {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class GpuTrain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no GPU: " << why;
+    root_ = test::fresh_test_dir("gpu_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    test::write_tokens(root_ / "train.bin", 20000);
+    test::write_tokens(root_ / "valid.bin", 2000, 5);
+  }
+  void TearDown() override {
+    if (!root_.empty()) fs::remove_all(root_);
+  }
+
+  test::CliResult train(const std::string& backend, const std::string& extra, const fs::path& out, bool resume = false) {
+    return test::run_cli("train" + test::tiny_model_sets() + " --set train.log_every=1 --set train.backend=" + backend +
+                             " --set data.train_path=" + (root_ / "train.bin").string() +
+                             " --set data.valid_path=" + (root_ / "valid.bin").string() + " --set train.out_dir=" +
+                             out.string() + extra + (resume ? " --resume" : ""),
+                         300);
+  }
+
+  fs::path root_;
+};
+
+std::vector<json> read_metrics(const fs::path& dir) {
+  std::vector<json> out;
+  std::ifstream in(dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+bool measured(const std::string& key) {
+  static const std::set<std::string> k{"tokens_per_s", "tflops", "mfu", "peak_rss_mb", "peak_device_mb", "elapsed_s",
+                                       "pp_bubble_s", "to_host", "to_host_bytes", "to_device", "to_device_bytes",
+                                       "staged_to_host_bytes", "staged_to_device_bytes"};
+  return k.count(key) > 0;
+}
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// fp32 cuda against fp32 cpu, six steps. The kernels compute the same functions in another
+// summation order (and full-fp32 GEMMs, no TF32), so the first step's loss agrees to the golden
+// fp32 tolerance (1e-5 relative); AdamW then amplifies the differences step by step (its update is
+// m/sqrt(v): direction-sensitive for tiny gradients), so later steps are held to 1e-3.
+TEST_F(GpuTrain, Fp32RunMatchesCpu) {
+  const std::string extra = " --set train.steps=6";
+  ASSERT_EQ(train("cpu", extra, root_ / "cpu").status, 0);
+  const test::CliResult g = train("cuda", extra, root_ / "cuda");
+  ASSERT_EQ(g.status, 0) << g.output;
+  const std::vector<json> a = read_metrics(root_ / "cpu"), b = read_metrics(root_ / "cuda");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double la = a[i].at("loss").get<double>(), lb = b[i].at("loss").get<double>();
+    EXPECT_LE(std::fabs(la - lb), (i == 0 ? 1e-5 : 1e-3) * std::fabs(la)) << "step " << i + 1;
+    const double na = a[i].at("grad_norm").get<double>(), nb = b[i].at("grad_norm").get<double>();
+    EXPECT_LE(std::fabs(na - nb), (i == 0 ? 1e-4 : 1e-2) * na) << "grad norm, step " << i + 1;
+  }
+}
+
+// Ten steps twice, fp32 and bf16, with checkpoints: every logged number and the final training
+// state byte for byte (no atomics, fixed reduction orders, cached GEMM algorithms).
+TEST_F(GpuTrain, RepeatsBitwise) {
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const std::string extra = " --set train.steps=10 --set checkpoint.every=5 --set train.precision=" + precision;
+    const fs::path one = root_ / (precision + "_1"), two = root_ / (precision + "_2");
+    const test::CliResult r1 = train("cuda", extra, one), r2 = train("cuda", extra, two);
+    ASSERT_EQ(r1.status, 0) << r1.output;
+    ASSERT_EQ(r2.status, 0) << r2.output;
+    const std::vector<json> a = read_metrics(one), b = read_metrics(two);
+    ASSERT_EQ(a.size(), 10u);
+    ASSERT_EQ(b.size(), 10u);
+    for (size_t i = 0; i < a.size(); ++i)
+      for (const auto& [key, value] : a[i].items()) {
+        if (!measured(key)) {
+          EXPECT_EQ(value, b[i].value(key, json())) << "step " << i + 1 << " field " << key;
+        }
+      }
+    const std::string last = "checkpoints/step_00000010/rank_00000.safetensors";
+    const std::string state = file_bytes(one / last);
+    ASSERT_FALSE(state.empty());
+    EXPECT_TRUE(state == file_bytes(two / last));
+  }
+}
+
+// The strict backend's budget (tests/train/strict_train_test.cpp): one download per plain step,
+// the batch's ids and labels up.
+TEST_F(GpuTrain, APlainStepReadsTheDeviceOnce) {
+  const test::CliResult r = train("cuda", " --set train.steps=4", root_ / "cuda");
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const json& s : read_metrics(root_ / "cuda")) {
+    EXPECT_EQ(s.at("to_host").get<uint64_t>(), 1u) << s.dump();
+    EXPECT_EQ(s.at("to_device").get<uint64_t>(), 2u) << s.dump();
+  }
+}
+
+// A checkpoint moves between devices: nine steps on one backend with a checkpoint at step 4, then
+// steps 5-9 again from that checkpoint on the other backend and on the same one. fp32; the five
+// losses agree to the golden fp32 tolerance (1e-5 relative): the state is the same bytes, only the
+// summation order differs.
+TEST_F(GpuTrain, CheckpointsMoveBetweenCpuAndGpu) {
+  const std::string extra = " --set train.steps=9 --set checkpoint.every=4";
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{{"cuda", "cpu"}, {"cpu", "cuda"}}) {
+    SCOPED_TRACE(from + " -> " + to);
+    const fs::path same = root_ / (from + "_same"), moved = root_ / (from + "_to_" + to);
+    ASSERT_EQ(train(from, extra, same).status, 0);
+    for (const auto& d : fs::directory_iterator(same / "checkpoints"))
+      if (d.path().filename() != "step_00000004") fs::remove_all(d.path());
+    fs::copy(same, moved, fs::copy_options::recursive);
+    const test::CliResult a = train(from, extra, same, true), b = train(to, extra, moved, true);
+    ASSERT_EQ(a.status, 0) << a.output;
+    ASSERT_EQ(b.status, 0) << b.output;
+    ASSERT_NE(b.output.find("resumed from"), std::string::npos) << b.output;
+    const std::vector<json> ma = read_metrics(same), mb = read_metrics(moved);
+    ASSERT_EQ(ma.size(), 9u);
+    ASSERT_EQ(mb.size(), 9u);
+    for (size_t i = 4; i < 9; ++i) {
+      const double la = ma[i].at("loss").get<double>(), lb = mb[i].at("loss").get<double>();
+      EXPECT_LE(std::fabs(la - lb), 1e-5 * std::fabs(la)) << "step " << i + 1;
+    }
+  }
+}
+
+// 200 bf16 steps of configs/default.toml on the KJV data, against the committed fp32 cpu curve:
+// the mean train loss of each 25-step window within 2%.
+TEST(GpuKjv, Bf16DefaultRunFollowsTheCommittedCurve) {
+  std::string why;
+  if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no GPU: " << why;
+  const fs::path data = fs::path(MOE_SOURCE_DIR) / "data" / "kjv";
+  if (!fs::exists(data / "train.bin")) GTEST_SKIP() << "no " << (data / "train.bin") << " (scripts/train_default.sh prepares it)";
+  const fs::path out = test::fresh_test_dir("gpu_kjv");
+  const test::CliResult r = test::run_cli("train --config " + (fs::path(MOE_SOURCE_DIR) / "configs/default.toml").string() +
+                                              " --set train.backend=cuda --set train.precision=bf16 --set train.steps=200"
+                                              " --set train.eval_every=0 --set checkpoint.every=0 --set train.out_dir=" +
+                                              out.string() + " --set data.train_path=" + (data / "train.bin").string() +
+                                              " --set data.valid_path=" + (data / "valid.bin").string(),
+                                          900);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<double> curve;
+  std::ifstream in(fs::path(MOE_SOURCE_DIR) / "docs/default_loss_curve.csv");
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#' || line.rfind("step", 0) == 0) continue;
+    std::stringstream ss(line);
+    std::string step, elapsed, loss;
+    std::getline(ss, step, ',');
+    std::getline(ss, elapsed, ',');
+    std::getline(ss, loss, ',');
+    curve.push_back(std::stod(loss));
+  }
+  const std::vector<json> m = read_metrics(out);
+  ASSERT_EQ(m.size(), 200u);
+  ASSERT_GE(curve.size(), 200u);
+  for (size_t w = 0; w < 200; w += 25) {
+    double a = 0, b = 0;
+    for (size_t i = w; i < w + 25; ++i) {
+      a += m[i].at("loss").get<double>();
+      b += curve[i];
+    }
+    EXPECT_LE(std::fabs(a - b), 0.02 * b) << "steps " << w + 1 << "-" << w + 25 << ": " << a / 25 << " vs " << b / 25;
+  }
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace moe
