@@ -49,8 +49,16 @@ def main():
     reports = sorted(build.rglob("*.ptxas"))
     if not reports:
         sys.exit(f"check_kernels: no ptxas reports under {build} (build with -DMOE_CUDA=ON first)")
-    rows = [r for p in reports for r in parse(p)]
+    rows = []
+    for p in reports:
+        for r in parse(p):
+            r["source"] = p.name.split(".")[0]  # grouped_fwd_sm90.cu.o.ptxas -> grouped_fwd_sm90
+            rows.append(r)
     for r, name in zip(rows, demangle([r["mangled"] for r in rows])):
+        # c++filt leaves CUTLASS's kernels mangled (pack expansions); one configuration per source
+        # file names them.
+        if name.startswith("_Z") and "GemmUniversal" in name:
+            name = f'cutlass::device_kernel<GemmUniversal> of {r["source"]}.cu'
         r["name"] = name
     compiled = sorted({f'{r["arch"]} {r["name"]}' for r in rows})
     if "--write" in sys.argv:

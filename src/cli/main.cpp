@@ -29,6 +29,9 @@
 #include "kernels/ops.h"
 #include "parallel/communicator.h"
 #include "train/bench.h"
+#ifdef MOE_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 #include "train/eval_commands.h"
 #include "train/train_loop.h"
 
@@ -39,7 +42,7 @@ namespace {
 struct Args {
   std::string command, config_path, input, out, from, dtype = "f32", checkpoint, prompt;
   std::vector<std::string> overrides;
-  bool resume = false;
+  bool resume = false, kernels = false;
   int64_t warmup = 3, bench_steps = 10;
   int64_t batches = 0, max_tokens = 200, top_k = 40;
   double temperature = 0.8;
@@ -120,6 +123,7 @@ struct CommandLine {
     sets(bench);
     bench->add_option("--warmup", a.warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
     bench->add_option("--steps", a.bench_steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+    bench->add_flag("--kernels", a.kernels, "instead: the GPU's dense, grouped and attention kernel rates (cuda build)");
 
     app.add_subcommand("help", "print this help");
   }
@@ -227,6 +231,14 @@ int run(int argc, char** argv) {
     if (s.final_valid_loss >= 0) std::cout << ", validation ce " << s.final_valid_loss;
     std::cout << "\n";
     return 0;
+  }
+  if (a.command == "bench" && a.kernels) {
+#ifdef MOE_WITH_CUDA
+    moe::cuda_kernel_bench(std::cout);
+    return 0;
+#else
+    MOE_FAIL("bench --kernels: this moecore was built without CUDA (configure with -DMOE_CUDA=ON)");
+#endif
   }
   if (a.command == "bench") {
     const moe::Config c = resolve(a);

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "kernels/ops.h"
+#include "model/memory.h"
 #include "parallel/communicator.h"
 #include "parallel/process_groups.h"
 #include "train/metrics.h"
@@ -150,6 +151,8 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   r.peak_tflops = peak_tflops(config);
   r.mfu = r.peak_tflops > 0 ? r.tflops / r.peak_tflops : 0;
   r.peak_rss_bytes = peak_rss_bytes();
+  r.peak_device_mb = peak_device_mb();
+  r.estimate_mb = estimate_memory(config).total() / (1024.0 * 1024.0);
   return r;
 }
 
@@ -206,6 +209,9 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
      << std::setprecision(1) << r.to_device_per_step << " to device (" << std::setprecision(0)
      << r.to_device_bytes_per_step << " bytes)\n";
   os << std::setprecision(1) << "peak RSS: " << static_cast<double>(r.peak_rss_bytes) / (1 << 20) << " MiB\n";
+  if (r.peak_device_mb > 0)
+    os << "peak device memory: " << r.peak_device_mb << " MiB (estimate " << r.estimate_mb << " MiB + the backend's "
+       << "fixed scratch and workspace: " << std::setprecision(0) << 100 * r.peak_device_mb / r.estimate_mb << "%)\n";
   os.flags(flags);
 }
 

@@ -43,6 +43,7 @@ struct BenchResult {
   double dnnl_allocs_per_step = 0;     // of which inside oneDNN's primitive execution (-1: unknown)
   std::array<double, PhaseTimer::kNum> phase_allocs{};  // per counted step, by phase
   int64_t peak_rss_bytes = 0;
+  double peak_device_mb = 0, estimate_mb = 0;  // cuda: most device memory held, and estimate_memory's total
   // Host <-> device staging copies per timed step (Backend::transfers), mean.
   double to_host_per_step = 0, to_host_bytes_per_step = 0, to_device_per_step = 0, to_device_bytes_per_step = 0;
 };

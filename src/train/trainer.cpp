@@ -172,7 +172,14 @@ StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, 
   return r;
 }
 
-void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start, StepResult& r) {
+void Trainer::enqueue_step_on_device(const Tensor& ids, const Tensor& labels) {
+  StepResult& r = result_;
+  enqueue_gradients(ids, labels, Tensor(), r, /*counter_from_host=*/false);
+  enqueue_update();
+}
+
+void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start, StepResult& r,
+                                bool counter_from_host) {
   const TrainConfig& tc = config_.train;
   const int64_t local = local_batch();
   check_shape(ids, {local, tc.seq_len}, "step ids");
@@ -193,7 +200,8 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
   const Tensor d_doc = doc_start.data ? on_device(doc_start, batch_doc_) : Tensor();
   // The step's decisions start from the host's count of applied updates (it has read the last
   // step's outcome) and a clear non-finite flag.
-  ops_.fill(stats_.control.slice(kCtlUpdates, kCtlUpdates + 1), static_cast<double>(optim_->steps_taken()));
+  if (counter_from_host)
+    ops_.fill(stats_.control.slice(kCtlUpdates, kCtlUpdates + 1), static_cast<double>(optim_->steps_taken()));
   ops_.fill(stats_.control.slice(kCtlNonfinite, kCtlNonfinite + 1), 0.0);
   model_->zero_grads();
   model_->zero_stats(stats_);

@@ -60,6 +60,10 @@ class Trainer {
   // Both return the trainer's own record (refilled each step, so a step allocates nothing for
   // it); copy it to keep it past the next step.
   const StepResult& step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
+  // A step's device work only -- gradients, decisions, update -- with the update counter kept on
+  // the device and no read of the step's record: what a CUDA graph captures (stream capture of
+  // this call) and replays as the following steps. Host-side counters do not advance.
+  void enqueue_step_on_device(const Tensor& ids, const Tensor& labels);
   // Forward + backward over all micro-batches: losses, gradients (unclipped) and grad norm.
   // A non-finite loss or grad norm sets r.finite = false and r.nonfinite_tensor (no throw).
   StepResult& compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
@@ -117,7 +121,10 @@ class Trainer {
   Tensor on_device(const Tensor& host, OwnedTensor& slot);
   // The pieces of a step: forward/backward/reductions and the device decisions (step_control);
   // the update those decisions gate; the one download and what the host makes of it.
-  void enqueue_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start, StepResult& r);
+  // counter_from_host: the step's update counter starts from the host's count (every eager step);
+  // false leaves it to the device, where step_control advances it (a captured step, replayed).
+  void enqueue_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start, StepResult& r,
+                         bool counter_from_host = true);
   void enqueue_update();
   void read_step(StepResult& r);
   // A non-finite step: "stop" throws naming the step and tensor; "skip" records it.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "kernels/ops.h"
@@ -21,6 +22,8 @@ size_t cuda_peak_allocated_bytes();
 double cuda_peak_tflops(bool bf16);
 // The cudaStream_t every op of a cuda backend is enqueued on (fails for another backend).
 void* cuda_stream(Backend& cuda);
+// `moecore bench --kernels`: dense, grouped and attention kernel rates on this GPU, one row each.
+void cuda_kernel_bench(std::ostream& os);
 // A backend on cuda_local_device(); fails naming the reason when there is no usable GPU.
 std::unique_ptr<Backend> make_cuda_backend();
 

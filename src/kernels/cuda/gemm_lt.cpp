@@ -9,6 +9,8 @@
 
 #include <cublasLt.h>
 
+#include <vector>
+
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/gemm_shapes.h"
 
@@ -109,6 +111,44 @@ void GemmLt::run(cudaStream_t stream, const char* op, bool bf16, bool transa, bo
   check_lt(cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &p.algo, workspace_,
                           workspace_bytes_, stream),
            op);
+}
+
+double GemmLt::best_algorithm_seconds(cudaStream_t stream, bool bf16, bool transa, bool transb, int64_t m, int64_t n,
+                                      int64_t k, const void* A, int64_t lda, const void* B, int64_t ldb, float* C,
+                                      int64_t ldc, int candidates, int reps) {
+  const Plan& p = plan(Key{bf16, transa, transb, m, n, k, lda, ldb, ldc}, "best_algorithm_seconds");
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const uint64_t ws = workspace_bytes_;
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(candidates));
+  int found = 0;
+  check_lt(cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, candidates, results.data(), &found),
+           "algorithm heuristic");
+  cublasLtMatmulPreferenceDestroy(pref);
+  cudaEvent_t t0, t1;
+  MOE_CUDA_CHECK(cudaEventCreate(&t0));
+  MOE_CUDA_CHECK(cudaEventCreate(&t1));
+  const float alpha = 1.0f, beta = 0.0f;
+  double best = 0;
+  for (int i = 0; i < found; ++i) {
+    auto run = [&] {
+      return cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &results[static_cast<size_t>(i)].algo,
+                            workspace_, workspace_bytes_, stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;
+    MOE_CUDA_CHECK(cudaEventRecord(t0, stream));
+    for (int r = 0; r < reps; ++r) check_lt(run(), "benchmark matmul");
+    MOE_CUDA_CHECK(cudaEventRecord(t1, stream));
+    MOE_CUDA_CHECK(cudaEventSynchronize(t1));
+    float ms = 0;
+    MOE_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    const double s = ms * 1e-3 / reps;
+    if (best == 0 || s < best) best = s;
+  }
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  return best;
 }
 
 namespace {

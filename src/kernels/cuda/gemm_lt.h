@@ -25,6 +25,12 @@ class GemmLt {
   void run(cudaStream_t stream, const char* op, bool bf16, bool transa, bool transb, int64_t m, int64_t n, int64_t k,
            const void* A, int64_t lda, const void* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
   size_t cached_plans() const { return plans_.size(); }
+  // For benchmarks: the fastest of up to `candidates` heuristic algorithms for this problem
+  // (each timed over `reps` runs after one warm-up, without our no-split-K restriction), seconds
+  // per run. Synchronizes the stream.
+  double best_algorithm_seconds(cudaStream_t stream, bool bf16, bool transa, bool transb, int64_t m, int64_t n, int64_t k,
+                                const void* A, int64_t lda, const void* B, int64_t ldb, float* C, int64_t ldc,
+                                int candidates, int reps);
 
  private:
   struct Key {

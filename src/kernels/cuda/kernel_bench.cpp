@@ -1,0 +1,131 @@
+// `moecore bench --kernels` on the cuda backend: the ops that dominate a step, timed with device
+// events on problems large enough to pass launch overheads, each against its ceiling:
+//   dense bf16 GEMM through our linear_fwd against the fastest of cuBLASLt's heuristic choices;
+//   grouped bf16 GEMMs (forward, data and weight gradient) at 128, 512 and 2,048 rows per expert
+//   against the dense rate; attention forward and backward (bf16 products, causal).
+// One row per measurement: "kernel | shape | TFLOP/s | note".
+#include <cuda_runtime.h>
+
+#include <iomanip>
+#include <random>
+#include <vector>
+
+#include "core/buffer.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/ops.h"
+
+namespace moe {
+namespace {
+
+// Device tensor filled with N(0, 0.5) values in its dtype (or the given integers).
+Tensor random_tensor(Backend& ops, std::vector<Buffer>& keep, DType dtype, std::initializer_list<int64_t> dims, uint64_t seed) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  keep.emplace_back(ops, static_cast<size_t>(n) * dtype_size(dtype));
+  Tensor t = keep.back().view(dtype, dims);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 0.5f);
+  if (dtype == DType::kBF16) {
+    std::vector<bf16> h(static_cast<size_t>(n));
+    for (bf16& x : h) x = bf16(dist(rng));
+    ops.upload(h.data(), t);
+  } else {
+    std::vector<float> h(static_cast<size_t>(n));
+    for (float& x : h) x = dist(rng);
+    ops.upload(h.data(), t);
+  }
+  ops.synchronize();
+  return t;
+}
+
+template <class F> double seconds_per_run(Backend& ops, F&& f, int reps) {
+  f();  // warm-up: plans, heuristics
+  ops.synchronize();
+  const Event a = ops.record();
+  for (int r = 0; r < reps; ++r) f();
+  const Event b = ops.record();
+  ops.wait(b);
+  return ops.elapsed_seconds(a, b) / reps;
+}
+
+void row(std::ostream& os, const std::string& kernel, const std::string& shape, double tflops, const std::string& note) {
+  os << std::left << std::setw(28) << kernel << std::setw(34) << shape << std::right << std::setw(9) << std::fixed
+     << std::setprecision(1) << tflops << "   " << note << "\n";
+}
+
+}  // namespace
+
+void cuda_kernel_bench(std::ostream& os) {
+  std::unique_ptr<Backend> ops = make_backend("cuda");
+  std::vector<Buffer> keep;
+  os << std::left << std::setw(28) << "kernel" << std::setw(34) << "shape" << std::right << std::setw(9) << "TFLOP/s"
+     << "   note\n";
+
+  // Dense bf16 GEMM, 8192^3: ours (linear_fwd) and cuBLASLt's best heuristic algorithm.
+  const int64_t M = 8192, N = 8192, K = 8192;
+  const Tensor x = random_tensor(*ops, keep, DType::kBF16, {M, K}, 1), w = random_tensor(*ops, keep, DType::kBF16, {N, K}, 2);
+  keep.emplace_back(*ops, static_cast<size_t>(M * N) * 4);
+  const Tensor y = keep.back().view(DType::kF32, {M, N});
+  const double flops = 2.0 * M * N * K;
+  const double ours = seconds_per_run(*ops, [&] { ops->linear_fwd(x, w, y, false); }, 10);
+  keep.emplace_back(*ops, size_t{32} << 20);  // the same workspace size as the backend's own
+  cuda::GemmLt lt(keep.back().data(), size_t{32} << 20);
+  const double best = lt.best_algorithm_seconds(static_cast<cudaStream_t>(cuda_stream(*ops)), true, true, false, N, M, K,
+                                                w.data, K, x.data, K, static_cast<float*>(y.data), N, 16, 10);
+  const double dense = flops / ours * 1e-12;
+  row(os, "dense bf16 GEMM (ours)", "8192 x 8192 x 8192, fp32 out", dense, "linear_fwd: cuBLASLt, no split-K");
+  row(os, "dense bf16 GEMM (cuBLAS best)", "8192 x 8192 x 8192, fp32 out", best > 0 ? flops / best * 1e-12 : 0,
+      "fastest of 16 heuristic algorithms");
+
+  // Grouped bf16 GEMMs: n = 2 x 1024 (an OLMoE expert's gate+up), k = 2048.
+  for (const int64_t rows : {128, 512, 2048}) {
+    const int64_t E = rows >= 2048 ? 8 : 32, R = E * rows, n = 2048, k = 2048;
+    std::vector<int32_t> off(static_cast<size_t>(E + 1));
+    for (int64_t e = 0; e <= E; ++e) off[static_cast<size_t>(e)] = static_cast<int32_t>(e * rows);
+    keep.emplace_back(*ops, off.size() * 4);
+    const Tensor offsets = keep.back().view(DType::kI32, {E + 1});
+    ops->upload(off.data(), offsets);
+    const Tensor gx = random_tensor(*ops, keep, DType::kBF16, {R, k}, 3), gw = random_tensor(*ops, keep, DType::kBF16, {E, n, k}, 4);
+    const Tensor gdy = random_tensor(*ops, keep, DType::kBF16, {R, n}, 5);
+    keep.emplace_back(*ops, static_cast<size_t>(R * n) * 4);
+    const Tensor gy = keep.back().view(DType::kF32, {R, n});
+    keep.emplace_back(*ops, static_cast<size_t>(R * k) * 4);
+    const Tensor gdx = keep.back().view(DType::kF32, {R, k});
+    keep.emplace_back(*ops, static_cast<size_t>(E * n * k) * 4);
+    const Tensor gdw = keep.back().view(DType::kF32, {E, n, k});
+    ops->fill(gdw, 0.0);
+    const double gflops = 2.0 * R * n * k;
+    const std::string shape = std::to_string(E) + " x " + std::to_string(rows) + " rows, " + std::to_string(n) + " x " +
+                              std::to_string(k);
+    const double f = gflops / seconds_per_run(*ops, [&] { ops->grouped_linear_fwd(gx, gw, offsets, gy); }, 10) * 1e-12;
+    const double d = gflops / seconds_per_run(*ops, [&] { ops->grouped_linear_bwd_data(gdy, gw, offsets, gdx); }, 10) * 1e-12;
+    const double g = gflops / seconds_per_run(*ops, [&] { ops->grouped_linear_bwd_weight(gdy, gx, offsets, gdw); }, 10) * 1e-12;
+    auto pct = [&](double v) { return std::to_string(static_cast<int>(100 * v / dense + 0.5)) + "% of dense (ours)"; };
+    row(os, "grouped bf16 GEMM fwd", shape, f, pct(f));
+    row(os, "grouped bf16 GEMM dgrad", shape, d, pct(d));
+    row(os, "grouped bf16 GEMM wgrad", shape, g, pct(g));
+  }
+
+  // Attention: B 2, S 4096, 16 heads of 128, causal, bf16 products (our kernel; cuDNN's SDPA is not yet wired).
+  const int64_t B = 2, S = 4096, H = 16, hd = 128;
+  const Tensor q = random_tensor(*ops, keep, DType::kF32, {B, S, H, hd}, 6), k = random_tensor(*ops, keep, DType::kF32, {B, S, H, hd}, 7);
+  const Tensor v = random_tensor(*ops, keep, DType::kF32, {B, S, H, hd}, 8), dout = random_tensor(*ops, keep, DType::kF32, {B, S, H, hd}, 9);
+  std::vector<Tensor> outs;
+  for (int i = 0; i < 4; ++i) {
+    keep.emplace_back(*ops, static_cast<size_t>(B * S * H * hd) * 4);
+    outs.push_back(keep.back().view(DType::kF32, {B, S, H, hd}));
+  }
+  keep.emplace_back(*ops, static_cast<size_t>(B * H * S) * 4);
+  const Tensor lse = keep.back().view(DType::kF32, {B, H, S});
+  const double attn_fwd_flops = 2.0 * B * H * S * S * hd;  // 4 B H S^2 hd, halved by the causal mask
+  const double fa = attn_fwd_flops / seconds_per_run(*ops, [&] { ops->attention_fwd(q, k, v, outs[0], lse, Tensor(), true); }, 3) * 1e-12;
+  const double ba = 2.5 * attn_fwd_flops /
+                    seconds_per_run(*ops, [&] { ops->attention_bwd(dout, q, k, v, outs[0], lse, outs[1], outs[2], outs[3], Tensor(), true); }, 2) *
+                    1e-12;
+  const std::string ashape = "B2 S4096 H16 hd128 causal";
+  row(os, "attention fwd (ours)", ashape, fa, "bf16 products, fp32 storage");
+  row(os, "attention bwd (ours)", ashape, ba, "2.5x the forward's FLOPs");
+}
+
+}  // namespace moe

@@ -1,0 +1,136 @@
+// Device discipline of a plain training step on the GPU, counted by CUPTI at the driver API (so
+// cuBLASLt, CUTLASS and NCCL calls count too): during steps after the warm-up, no allocation and
+// no free anywhere in the process, exactly one host synchronization per step (the wait for its
+// record), one device-to-host copy (the step's statistics: the strict backend's budget) and two
+// host-to-device copies (ids and labels). Label gpu; Skipped without a GPU or without CUPTI.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "train/trainer.h"
+
+#ifdef MOE_HAVE_CUPTI
+#include <cuda_runtime.h>
+#include <cupti.h>
+#endif
+
+namespace moe {
+namespace {
+
+#ifdef MOE_HAVE_CUPTI
+struct ApiCounts {
+  int64_t alloc = 0, free = 0, sync = 0, d2h = 0, h2d = 0, d2d = 0;
+  std::vector<std::pair<uintptr_t, uintptr_t>> untyped;  // cuMemcpy(Async): (dst, src), classified afterwards
+  std::vector<std::string> names;                        // every counted call, for the failure message
+};
+ApiCounts g_counts;
+bool g_counting = false;
+
+void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain, CUpti_CallbackId cbid, const void* data) {
+  const auto* d = static_cast<const CUpti_CallbackData*>(data);
+  if (!g_counting || d->callbackSite != CUPTI_API_ENTER) return;
+  const std::string_view n(d->functionName);
+  auto has = [&](const char* s) { return n.find(s) != std::string_view::npos; };
+  bool counted = true;
+  if (has("Memcpy")) {
+    if (has("DtoH")) ++g_counts.d2h;
+    else if (has("HtoD")) ++g_counts.h2d;
+    else if (has("DtoD")) ++g_counts.d2d;
+    else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync) {
+      const auto* p = static_cast<const cuMemcpyAsync_params*>(d->functionParams);
+      g_counts.untyped.emplace_back(static_cast<uintptr_t>(p->dst), static_cast<uintptr_t>(p->src));
+    } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemcpy) {
+      const auto* p = static_cast<const cuMemcpy_params*>(d->functionParams);
+      g_counts.untyped.emplace_back(static_cast<uintptr_t>(p->dst), static_cast<uintptr_t>(p->src));
+    }
+  } else if (has("MemAlloc") || has("MemHostAlloc") || has("MemCreate") || has("MemAllocAsync")) {
+    ++g_counts.alloc;
+  } else if (has("MemFree") || has("MemRelease")) {
+    ++g_counts.free;
+  } else if (has("Synchronize")) {
+    ++g_counts.sync;
+  } else {
+    counted = false;
+  }
+  if (counted) g_counts.names.emplace_back(n);
+}
+
+bool on_device(uintptr_t p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(p)) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+#endif
+
+Config tiny_config() {
+  Config c;
+  c.model.vocab_size = 64;
+  c.model.d_model = 64;
+  c.model.n_layers = 2;
+  c.model.n_heads = 4;
+  c.model.n_kv_heads = 2;
+  c.model.num_experts = 8;
+  c.model.top_k = 2;
+  c.model.expert_hidden = 64;
+  c.optim.warmup_steps = 1;
+  c.train.seq_len = 64;
+  c.train.batch_size = 4;
+  c.train.micro_batch_size = 2;
+  c.train.steps = 8;
+  c.train.backend = "cuda";
+  return c;
+}
+
+TEST(Cupti, PlainStepsAllocateNothingAndSyncOnce) {
+  std::string why;
+  if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no GPU: " << why;
+#ifndef MOE_HAVE_CUPTI
+  GTEST_SKIP() << "built without CUPTI (MOE_CUPTI_LIBRARY not found)";
+#else
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    Config c = tiny_config();
+    c.train.precision = precision;
+    std::unique_ptr<Backend> ops = make_backend("cuda");
+    Trainer trainer(c, *ops, DType::kF32);
+    OwnedTensor ids(DType::kI32, {4, 64}), labels(DType::kI32, {4, 64});
+    for (int64_t i = 0; i < 4 * 64; ++i) {
+      ids.as<int32_t>()[i] = static_cast<int32_t>((i * 7) % 64);
+      labels.as<int32_t>()[i] = static_cast<int32_t>((i * 7 + 3) % 64);
+    }
+    for (int s = 0; s < 2; ++s) trainer.step(ids, labels);  // warm-up: GEMM plans, heuristics
+    CUpti_SubscriberHandle sub = nullptr;
+    ASSERT_EQ(cuptiSubscribe(&sub, on_driver_call, nullptr), CUPTI_SUCCESS);
+    ASSERT_EQ(cuptiEnableDomain(1, sub, CUPTI_CB_DOMAIN_DRIVER_API), CUPTI_SUCCESS);
+    g_counts = ApiCounts{};
+    const int steps = 3;
+    g_counting = true;
+    for (int s = 0; s < steps; ++s) trainer.step(ids, labels);
+    g_counting = false;
+    cuptiUnsubscribe(sub);
+    for (const auto& [dst, src] : g_counts.untyped) {
+      const bool d = on_device(dst), s = on_device(src);
+      if (d && s) ++g_counts.d2d;
+      else if (d) ++g_counts.h2d;
+      else if (s) ++g_counts.d2h;
+    }
+    std::string calls;
+    for (const std::string& n : g_counts.names) calls += n + " ";
+    EXPECT_EQ(g_counts.alloc, 0) << calls;
+    EXPECT_EQ(g_counts.free, 0) << calls;
+    EXPECT_EQ(g_counts.sync, steps) << "one wait per step: " << calls;
+    EXPECT_EQ(g_counts.d2h, steps) << "one download per step (the strict backend's budget): " << calls;
+    EXPECT_EQ(g_counts.h2d, 2 * steps) << "ids and labels: " << calls;
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace moe
