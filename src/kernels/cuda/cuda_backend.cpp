@@ -315,7 +315,21 @@ double cuda_peak_tflops(bool bf16) {
   return 0;
 }
 
-bool cuda_supports(OpId, DType dtype) { return dtype != DType::kF64; }
+bool cuda_supports(OpId op, DType dtype) {
+  if (dtype != DType::kF64) return true;
+  // f64 is the reference's precision; only the dtype-agnostic ops take it (step statistics and
+  // control scalars are f64 on every backend).
+  switch (op) {
+    case OpId::fill:
+    case OpId::convert:
+    case OpId::scale:
+    case OpId::axpy:
+    case OpId::sum_to:
+    case OpId::sumsq_to:
+    case OpId::sumsq_segments: return true;
+    default: return false;
+  }
+}
 
 int cuda_device_count(std::string* why) {
   int n = 0;

@@ -13,7 +13,8 @@ namespace moe {
 int cuda_device_count(std::string* why = nullptr);
 // This process's GPU: its local rank under a launcher (mpirun, srun, torchrun), modulo the GPUs.
 int cuda_local_device();
-// Backend::supports of the cuda backend, known without a GPU: everything but f64.
+// Backend::supports of the cuda backend, known without a GPU: everything but f64, which only the
+// dtype-agnostic ops (fill, convert, scale, axpy, sum_to, sumsq_to, sumsq_segments) take.
 bool cuda_supports(OpId op, DType dtype);
 // The most bytes cuda backends of this process held in cudaMalloc'd memory at once (0 if none).
 size_t cuda_peak_allocated_bytes();

@@ -25,10 +25,17 @@ __device__ __forceinline__ uint16_t bf16_round(float f) {
 }
 __device__ __forceinline__ float bf16_value(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
 
+__device__ __forceinline__ double load(const double* p) { return *p; }
+__device__ __forceinline__ void store(double* p, double v) { *p = v; }
 __device__ __forceinline__ float load(const float* p) { return *p; }
 __device__ __forceinline__ float load(const bf16s* p) { return bf16_value(p->bits); }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(bf16s* p, float v) { p->bits = bf16_round(v); }
+// Products and sums rounded separately (no contraction into an FMA), as the reference computes.
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
 // Rounds v as storing it in S would (identity for float).
 __device__ __forceinline__ float rounded_as(float v, const float*) { return v; }
 __device__ __forceinline__ float rounded_as(float v, const bf16s*) { return bf16_value(bf16_round(v)); }

@@ -21,6 +21,15 @@ template <class F> void dispatch_storage(DType t, const char* op, F&& f) {
     fail_dtype(t, op);
   }
 }
+// The dtype-agnostic ops (fill, convert, scale, axpy, sum_to: step statistics and control scalars are
+// f64): f(double*) too.
+template <class F> void dispatch_any(DType t, const char* op, F&& f) {
+  if (t == DType::kF64) {
+    f(static_cast<double*>(nullptr));
+  } else {
+    dispatch_storage(t, op, f);
+  }
+}
 // f32 only (the compute dtype of most ops).
 inline void require_f32(const Tensor& t, const char* op) {
   if (t.dtype != DType::kF32) fail_dtype(t.dtype, op);

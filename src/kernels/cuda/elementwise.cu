@@ -171,20 +171,26 @@ __global__ void sumsq_segments_finish_kernel(const int64_t* seg, int64_t nseg, i
 }
 
 // ---------------------------------------------------------------- axpy, scale, fill, convert
-template <class S> __global__ void axpy_kernel(float a, const S* x, S* y, int64_t n) {
-  MOE_GRID_LOOP(i, n) store(y + i, __fadd_rn(load(y + i), __fmul_rn(a, load(x + i))));
+// C: the arithmetic type (double for f64 data, else float), as the reference computes.
+template <class S> struct Arith { using type = float; };
+template <> struct Arith<double> { using type = double; };
+template <class S> using arith_t = typename Arith<S>::type;
+
+template <class S> __global__ void axpy_kernel(arith_t<S> a, const S* x, S* y, int64_t n) {
+  MOE_GRID_LOOP(i, n) store(y + i, add_rn(static_cast<arith_t<S>>(load(y + i)), mul_rn(a, static_cast<arith_t<S>>(load(x + i)))));
 }
-template <class S> __global__ void scale_kernel(S* x, float a, int64_t n) {
-  MOE_GRID_LOOP(i, n) store(x + i, __fmul_rn(load(x + i), a));
+template <class S> __global__ void scale_kernel(S* x, arith_t<S> a, int64_t n) {
+  MOE_GRID_LOOP(i, n) store(x + i, mul_rn(static_cast<arith_t<S>>(load(x + i)), a));
 }
-template <class S> __global__ void fill_kernel(S* x, float v, int64_t n) {
+template <class S> __global__ void fill_kernel(S* x, arith_t<S> v, int64_t n) {
   MOE_GRID_LOOP(i, n) store(x + i, v);
 }
 __global__ void fill_i32_kernel(int32_t* x, int32_t v, int64_t n) {
   MOE_GRID_LOOP(i, n) x[i] = v;
 }
+// f64 -> bf16 rounds through f32, as the reference (and PyTorch) do.
 template <class A, class B> __global__ void convert_kernel(const A* src, B* dst, int64_t n) {
-  MOE_GRID_LOOP(i, n) store(dst + i, load(src + i));
+  MOE_GRID_LOOP(i, n) store(dst + i, static_cast<arith_t<B>>(load(src + i)));
 }
 
 // x *= control[clip_coef] when clipped and finite: bitwise scale(x, coef).
@@ -379,7 +385,7 @@ void sum_common(Context& ctx, const Tensor& x, const Tensor& out, double scale, 
   const int64_t n = x.numel();
   const int parts = parts_for(n);
   double* partial = ctx.scratch_as<double>(kParts, op);
-  dispatch_storage(x.dtype, op, [&](auto* tag) {
+  dispatch_any(x.dtype, op, [&](auto* tag) {
     using S = std::remove_pointer_t<decltype(tag)>;
     sum_parts_kernel<<<parts, kThreads, 0, ctx.stream>>>(ptr<const S>(x), n, parts, square, partial);
   });
@@ -403,7 +409,7 @@ void sumsq_segments(Context& ctx, const Tensor& x, const Tensor& segments, const
   if (nseg == 0) return;
   MOE_CHECK(nseg <= 65535, op, ": ", nseg, " segments exceed the grid (65535)");
   double* partial = ctx.scratch_as<double>(static_cast<size_t>(nseg * kParts), op);
-  dispatch_storage(x.dtype, op, [&](auto* tag) {
+  dispatch_any(x.dtype, op, [&](auto* tag) {
     using S = std::remove_pointer_t<decltype(tag)>;
     sumsq_segment_parts_kernel<<<dim3(kParts, static_cast<unsigned>(nseg)), kThreads, 0, ctx.stream>>>(
         ptr<const S>(x), n, ptr<const int64_t>(segments), nout, partial, ctx.error);
@@ -421,9 +427,9 @@ void axpy(Context& ctx, double alpha, const Tensor& x, const Tensor& y) {
   check_dtype(y, x.dtype, "axpy y");
   const int64_t n = x.numel();
   if (n == 0) return;
-  dispatch_storage(x.dtype, "axpy", [&](auto* tag) {
+  dispatch_any(x.dtype, "axpy", [&](auto* tag) {
     using S = std::remove_pointer_t<decltype(tag)>;
-    axpy_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(static_cast<float>(alpha), ptr<const S>(x), ptr<S>(y), n);
+    axpy_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(static_cast<arith_t<S>>(alpha), ptr<const S>(x), ptr<S>(y), n);
   });
   check_launch("axpy");
 }
@@ -432,9 +438,9 @@ void scale(Context& ctx, const Tensor& x, double alpha) {
   check_device(x, "scale");
   const int64_t n = x.numel();
   if (n == 0) return;
-  dispatch_storage(x.dtype, "scale", [&](auto* tag) {
+  dispatch_any(x.dtype, "scale", [&](auto* tag) {
     using S = std::remove_pointer_t<decltype(tag)>;
-    scale_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(ptr<S>(x), static_cast<float>(alpha), n);
+    scale_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(ptr<S>(x), static_cast<arith_t<S>>(alpha), n);
   });
   check_launch("scale");
 }
@@ -450,9 +456,9 @@ void fill(Context& ctx, const Tensor& x, double value) {
     return;
   }
   if (n == 0) return;
-  dispatch_storage(x.dtype, "fill", [&](auto* tag) {
+  dispatch_any(x.dtype, "fill", [&](auto* tag) {
     using S = std::remove_pointer_t<decltype(tag)>;
-    fill_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(ptr<S>(x), static_cast<float>(value), n);
+    fill_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(ptr<S>(x), static_cast<arith_t<S>>(value), n);
   });
   check_launch("fill");
 }
@@ -463,9 +469,9 @@ void convert(Context& ctx, const Tensor& src, const Tensor& dst) {
   MOE_CHECK(src.numel() == dst.numel(), "convert: src ", src.shape_str(), " and dst ", dst.shape_str(), " differ in size");
   const int64_t n = src.numel();
   if (n == 0) return;
-  dispatch_storage(src.dtype, "convert src", [&](auto* stag) {
+  dispatch_any(src.dtype, "convert src", [&](auto* stag) {
     using A = std::remove_pointer_t<decltype(stag)>;
-    dispatch_storage(dst.dtype, "convert dst", [&](auto* dtag) {
+    dispatch_any(dst.dtype, "convert dst", [&](auto* dtag) {
       using B = std::remove_pointer_t<decltype(dtag)>;
       convert_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(ptr<const A>(src), ptr<B>(dst), n);
     });
