@@ -29,6 +29,13 @@ set(MOE_CUDA_SM100_GENCODE -gencode=arch=compute_100f,code=sm_100f)
 
 file(GLOB MOE_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/kernels/cuda/*.cu
      ${PROJECT_SOURCE_DIR}/src/kernels/cuda/*.cpp ${PROJECT_SOURCE_DIR}/src/parallel/nccl_*.cpp)
+# cuDNN (optional): its SDPA runs attention with bf16 products; without it our kernel does. Only
+# its headers are needed here: the frontend loads libcudnn and libnvrtc at run time.
+find_path(MOE_CUDNN_INCLUDE cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+if(NOT MOE_CUDNN_INCLUDE)
+  list(FILTER MOE_CUDA_SOURCES EXCLUDE REGEX "sdpa_cudnn")
+  message(STATUS "MOE_CUDA: no cuDNN found: attention runs on our kernels only")
+endif()
 add_library(moe_cuda OBJECT ${MOE_CUDA_SOURCES})
 set_target_properties(moe_cuda PROPERTIES CUDA_ARCHITECTURES OFF POSITION_INDEPENDENT_CODE OFF)
 target_include_directories(moe_cuda PRIVATE ${PROJECT_SOURCE_DIR}/src)
@@ -55,4 +62,9 @@ endforeach()
 target_sources(moecore_lib PRIVATE $<TARGET_OBJECTS:moe_cuda>)
 target_compile_definitions(moecore_lib PUBLIC MOE_WITH_CUDA=1)
 find_library(MOE_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
+if(MOE_CUDNN_INCLUDE)
+  target_compile_definitions(moe_cuda PRIVATE MOE_WITH_CUDNN=1)
+  target_include_directories(moe_cuda SYSTEM PRIVATE ${MOE_CUDNN_INCLUDE})
+  target_link_libraries(moecore_lib PUBLIC ${CMAKE_DL_LIBS})
+endif()
 target_link_libraries(moecore_lib PUBLIC CUDA::cudart CUDA::cublasLt ${MOE_NCCL_LIBRARY})

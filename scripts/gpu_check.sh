@@ -57,13 +57,13 @@ header_version() {  # $1 header path, $2.. macro names -> "a.b.c"
 }
 lt_lib=$(find_lib cublasLt); lt_inc=$(find_header cublasLt.h)
 nccl_lib=$(find_lib nccl); nccl_inc=$(find_header nccl.h)
-cudnn_inc=$(find_header cudnn_version.h)
+cudnn_inc=$(find_header cudnn_version.h); cudnn_lib=$(find_lib cudnn)
 rt_lib=$(find_lib cudart)
 cupti_lib=$(find_lib cupti); cupti_inc=$(find_header cupti.h)
 [ -z "$cupti_lib" ] && for d in "$cuda_root/extras/CUPTI/lib64"; do [ -e "$d/libcupti.so" ] && cupti_lib=$d/libcupti.so; done
 [ -z "$cupti_inc" ] && [ -e "$cuda_root/extras/CUPTI/include/cupti.h" ] && cupti_inc=$cuda_root/extras/CUPTI/include
 [ -n "$lt_inc" ] && say "cuBLAS: $(header_version "$lt_inc/cublas_api.h" CUBLAS_VER_MAJOR CUBLAS_VER_MINOR CUBLAS_VER_PATCH) ($lt_lib)" || say "cuBLAS: MISSING"
-[ -n "$cudnn_inc" ] && say "cuDNN: $(header_version "$cudnn_inc/cudnn_version.h" CUDNN_MAJOR CUDNN_MINOR CUDNN_PATCHLEVEL) (not used yet)" || say "cuDNN: missing (not used yet)"
+[ -n "$cudnn_inc" ] && say "cuDNN: $(header_version "$cudnn_inc/cudnn_version.h" CUDNN_MAJOR CUDNN_MINOR CUDNN_PATCHLEVEL) (${cudnn_lib:-library not found: attention on our kernel})" || say "cuDNN: missing (attention on our kernel)"
 [ -n "$nccl_inc" ] && say "NCCL: $(header_version "$nccl_inc/nccl.h" NCCL_MAJOR NCCL_MINOR NCCL_PATCH) ($nccl_lib)" || say "NCCL: MISSING"
 [ -n "$cupti_lib" ] && [ -n "$cupti_inc" ] && say "CUPTI: $cupti_lib" || say "CUPTI: missing (its test reports Skipped)"
 have nvidia-smi && say "GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
@@ -114,7 +114,7 @@ else
   sys_inc=""; sys_lib=""; mpi_hints=()
 fi
 scripts/cuda_headers.sh .cache/wheels >>"$log" 2>&1 || { say "CUTLASS / cuDNN frontend headers: no wheels in .cache/wheels"; exit 1; }
-export LD_LIBRARY_PATH="${sys_lib:+$sys_lib:}$(dirname "$lt_lib"):$(dirname "$nccl_lib"):$(dirname "${rt_lib:-$lt_lib}")${cupti_lib:+:$(dirname "$cupti_lib")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="${sys_lib:+$sys_lib:}$(dirname "$lt_lib"):$(dirname "$nccl_lib"):$(dirname "${rt_lib:-$lt_lib}")${cupti_lib:+:$(dirname "$cupti_lib")}${cudnn_lib:+:$(dirname "$cudnn_lib")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # ---------------------------------------------------------------- build
 say "== build (build-gpu, $jobs jobs)"
@@ -123,7 +123,7 @@ extra_inc="$sys_inc -isystem $lt_inc -isystem $nccl_inc${cupti_inc:+ -isystem $c
 if [ ! -f build-gpu/build.ninja ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=ON -DMOE_BUILD_BENCH=OFF \
     -DCMAKE_CXX_FLAGS="$extra_inc" -DCMAKE_CUDA_FLAGS="$extra_inc" -DCUDA_cublasLt_LIBRARY="$lt_lib" \
-    -DMOE_NCCL_LIBRARY="$nccl_lib" ${rt_lib:+-DCUDA_cudart_LIBRARY="$rt_lib"} ${cupti_lib:+-DMOE_CUPTI_LIBRARY="$cupti_lib"} \
+    -DMOE_NCCL_LIBRARY="$nccl_lib" ${rt_lib:+-DCUDA_cudart_LIBRARY="$rt_lib"} ${cupti_lib:+-DMOE_CUPTI_LIBRARY="$cupti_lib"} ${cudnn_inc:+-DMOE_CUDNN_INCLUDE="$cudnn_inc"} \
     -DCMAKE_BUILD_RPATH="${sys_lib:+$sys_lib;}$(dirname "$lt_lib");$(dirname "$nccl_lib")" "${mpi_hints[@]}" >>"$log" 2>&1 \
     || { tail -n 30 "$log"; say "configure failed (log: $log)"; exit 1; }
 fi

@@ -7,7 +7,8 @@
 //             queries in order), so no output is written by two warps: no atomics, and a fixed
 //             summation order.
 // With bf16_products, q, k, v and dout are rounded to bf16 as they are loaded (as the reference
-// does); products of bf16 values are exact in fp32, so only the summation order differs.
+// does); products of bf16 values are exact in fp32, so only the summation order differs. In builds
+// with cuDNN, bf16 products without document masking go to cuDNN's SDPA first (sdpa_cudnn.cpp).
 #include <cmath>
 
 #include "kernels/attention_checks.h"
@@ -15,6 +16,9 @@
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/ops.h"
+#ifdef MOE_WITH_CUDNN
+#include "kernels/cuda/sdpa_cudnn.h"
+#endif
 
 namespace moe::cuda {
 namespace {
@@ -239,6 +243,11 @@ void attention_fwd(Context& ctx, const Tensor& q, const Tensor& k, const Tensor&
   check_dtype(lse, q.dtype, "attention_fwd lse");
   const int64_t rows = d.B * d.S * d.H;
   if (rows == 0) return;
+  // An odd head dim has no bf16 pairs: fp32 products, as the cpu kernels compute (bitwise tested).
+  bf16_products = bf16_products && d.hd % 2 == 0;
+#ifdef MOE_WITH_CUDNN
+  if (bf16_products && doc_start.empty() && d.hd % 8 == 0 && ctx.sdpa && ctx.sdpa->forward(ctx, q, k, v, o, lse)) return;
+#endif
   attention_fwd_kernel<<<warp_rows(rows), 32 * kWarpsPerBlock, 0, ctx.stream>>>(
       d, ptr<const float>(q), ptr<const float>(k), ptr<const float>(v), ptr<float>(o), ptr<float>(lse),
       ptr<const int32_t>(doc_start), bf16_products, ctx.error);
@@ -260,6 +269,12 @@ void attention_bwd(Context& ctx, const Tensor& dout, const Tensor& q, const Tens
   for (const Tensor* t : {&dout, &o, &lse, &dq, &dk, &dv}) check_dtype(*t, q.dtype, "attention_bwd");
   const int64_t rows = d.B * d.S * d.H;
   if (rows == 0) return;
+  bf16_products = bf16_products && d.hd % 2 == 0;
+#ifdef MOE_WITH_CUDNN
+  if (bf16_products && doc_start.empty() && d.hd % 8 == 0 && ctx.sdpa &&
+      ctx.sdpa->backward(ctx, dout, q, k, v, o, lse, dq, dk, dv))
+    return;
+#endif
   float* delta = ctx.scratch_as<float>(static_cast<size_t>(rows), "attention_bwd");
   attention_delta_kernel<<<warp_rows(rows), 32 * kWarpsPerBlock, 0, ctx.stream>>>(d, ptr<const float>(dout), ptr<const float>(o),
                                                                                   delta, bf16_products);

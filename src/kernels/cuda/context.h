@@ -12,7 +12,8 @@
 
 namespace moe::cuda {
 
-class GemmLt;  // kernels/cuda/gemm_lt.cpp
+class GemmLt;     // kernels/cuda/gemm_lt.cpp
+class CudnnSdpa;  // kernels/cuda/sdpa_cudnn.cpp (builds with cuDNN only)
 
 // Errors found on the device (an id outside the vocabulary, an expert id outside [0, E)): the
 // first kernel to find one stores its code and value in host-mapped memory (no copy, no sync);
@@ -31,6 +32,7 @@ struct Context {
   int cc_major = 0;          // compute capability: 9 Hopper, 10 Blackwell (picks the grouped GEMM kernels)
   bool tensor_core_grouped = true;  // false: the SIMT grouped kernel everywhere (MOE_CUDA_GROUPED=simt)
   GemmLt* gemm = nullptr;
+  CudnnSdpa* sdpa = nullptr;  // null: no cuDNN in this build, or MOE_CUDA_ATTENTION=ours
   DeviceError* error = nullptr;  // device-visible pointer to host-mapped memory
   // Scratch for the second pass of reductions (partial sums in a fixed order). Ops run in
   // stream order, so one region serves all of them; each op checks its need against the size.

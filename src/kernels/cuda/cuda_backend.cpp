@@ -14,6 +14,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -22,6 +23,9 @@
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm_lt.h"
+#ifdef MOE_WITH_CUDNN
+#include "kernels/cuda/sdpa_cudnn.h"
+#endif
 
 namespace moe {
 namespace cuda {
@@ -121,12 +125,26 @@ class CudaBackend final : public Backend {
     workspace_ = allocate(workspace_bytes_);
     gemm_ = std::make_unique<cuda::GemmLt>(workspace_, workspace_bytes_);
     ctx_.gemm = gemm_.get();
+#ifdef MOE_WITH_CUDNN
+    const char* attention = std::getenv("MOE_CUDA_ATTENTION");
+    MOE_CHECK(!attention || std::string(attention) == "ours" || std::string(attention) == "cudnn", "MOE_CUDA_ATTENTION = \"",
+              attention ? attention : "", "\" (allowed: cudnn, ours)");
+    if (!attention || std::string(attention) == "cudnn") {
+      std::string why;
+      sdpa_ = cuda::CudnnSdpa::load(*this, ctx_.stream, &why);
+      if (!sdpa_) std::fprintf(stderr, "moecore: cuDNN unavailable (%s): attention runs on our kernel\n", why.c_str());
+      ctx_.sdpa = sdpa_.get();
+    }
+#endif
     up_ = std::make_unique<PinnedRing>(env_mb("MOE_CUDA_STAGING_MB", size_t{64} << 20));
     down_ = std::make_unique<PinnedRing>(up_->capacity());
   }
 
   ~CudaBackend() override {
     cudaStreamSynchronize(ctx_.stream);
+#ifdef MOE_WITH_CUDNN
+    sdpa_.reset();
+#endif
     gemm_.reset();
     if (workspace_) deallocate(workspace_, workspace_bytes_);
     if (ctx_.scratch) deallocate(ctx_.scratch, ctx_.scratch_bytes);
@@ -295,6 +313,9 @@ class CudaBackend final : public Backend {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::unique_ptr<cuda::GemmLt> gemm_;
+#ifdef MOE_WITH_CUDNN
+  std::unique_ptr<cuda::CudnnSdpa> sdpa_;
+#endif
   std::unique_ptr<PinnedRing> up_, down_;
   std::deque<Use> up_uses_, down_uses_;
 };

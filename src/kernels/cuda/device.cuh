@@ -40,14 +40,16 @@ __device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(
 __device__ __forceinline__ float rounded_as(float v, const float*) { return v; }
 __device__ __forceinline__ float rounded_as(float v, const bf16s*) { return bf16_value(bf16_round(v)); }
 
-// Records the first device error (see DeviceError); later ones are dropped.
+// Records a device error (see DeviceError) unless one is already recorded. No atomics: the word
+// is host-mapped memory, where device atomics are not guaranteed; two threads failing at once
+// may mix their value and index, which only blurs an error message.
 __device__ __forceinline__ void report_error(DeviceError* err, int code, int value, int64_t index) {
-  if (atomicCAS(&err->code, 0, -1) == 0) {
-    err->value = value;
-    err->index = index;
-    __threadfence_system();
-    atomicExch(&err->code, code);
-  }
+  volatile DeviceError* e = err;
+  if (e->code != 0) return;
+  e->value = value;
+  e->index = index;
+  __threadfence_system();
+  e->code = code;
 }
 
 // Sum over the block in a fixed tree order (warp shuffles, then the warps' results in order).

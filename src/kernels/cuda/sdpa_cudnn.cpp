@@ -1,0 +1,181 @@
+// cuDNN's fused attention (the frontend's SDPA graphs) for attention with bf16 products: causal,
+// grouped-query, scale 1/sqrt(hd), softmax statistics (our lse) from the forward, deterministic
+// backward. Our (B,S,H,hd) layout is cuDNN's (b,h,s,d) with strides {S*H*hd, hd, H*hd, 1}. cuDNN's
+// inputs and outputs are bf16, so q, k, v, o and dout are rounded into bf16 copies and o, dq, dk,
+// dv come back rounded to bf16 (op_list.inc allows that with bf16_products). One graph per shape,
+// built once; a shape cuDNN refuses is remembered and runs on our kernel (attention.cu).
+#include "kernels/cuda/sdpa_cudnn.h"
+
+// cuDNN and NVRTC are loaded at run time (the frontend's dynamic loading): moecore does not need
+// them to start, and without them attention runs on our kernel.
+#define CUDNN_FRONTEND_SKIP_JSON_LIB
+#define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
+#include <cudnn_frontend.h>
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <map>
+#include <tuple>
+
+#include "kernels/cuda/cuda_ops.h"
+
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;  // the frontend's shim resolves every cuDNN call through it
+}  // namespace cudnn_frontend
+
+namespace moe::cuda {
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+void check_cudnn(cudnnStatus_t s, const char* what) {
+  MOE_CHECK(s == CUDNN_STATUS_SUCCESS, "cuDNN: ", what, " failed: ", fe::detail::get_error_string(s));
+}
+
+std::vector<int64_t> strides_bshd(int64_t S, int64_t H, int64_t hd) { return {S * H * hd, hd, H * hd, 1}; }
+
+}  // namespace
+
+struct CudnnSdpa::Graph {
+  std::shared_ptr<fe::graph::Graph> graph;
+  bool ok = false;
+  int64_t workspace = 0;
+};
+
+std::unique_ptr<CudnnSdpa> CudnnSdpa::load(Allocator& device, cudaStream_t stream, std::string* why) {
+  if (!fe::cudnn_dlhandle)
+    for (const char* lib : {"libcudnn.so.9", "libcudnn.so"})
+      if ((fe::cudnn_dlhandle = dlopen(lib, RTLD_NOW | RTLD_GLOBAL))) break;
+  if (!fe::cudnn_dlhandle) {
+    if (why) *why = std::string("cannot load libcudnn.so.9: ") + dlerror();
+    return nullptr;
+  }
+  return std::unique_ptr<CudnnSdpa>(new CudnnSdpa(device, stream));
+}
+
+CudnnSdpa::CudnnSdpa(Allocator& device, cudaStream_t stream) : device_(device) {
+  check_cudnn(fe::detail::create_handle(&handle_), "cudnnCreate");
+  check_cudnn(fe::detail::set_stream(handle_, stream), "cudnnSetStream");
+}
+
+CudnnSdpa::~CudnnSdpa() {
+  graphs_.clear();
+  if (buffer_) device_.deallocate(buffer_, buffer_bytes_);
+  if (handle_) fe::detail::destroy_handle(handle_);
+}
+
+void* CudnnSdpa::buffer(size_t bytes) {
+  if (bytes <= buffer_bytes_) return buffer_;
+  // Grows on the first call of a larger shape (the first training step), never in later steps.
+  if (buffer_) device_.deallocate(buffer_, buffer_bytes_);
+  buffer_ = device_.allocate(bytes);
+  buffer_bytes_ = bytes;
+  return buffer_;
+}
+
+CudnnSdpa::Graph& CudnnSdpa::graph(bool backward, int64_t B, int64_t S, int64_t H, int64_t G, int64_t hd) {
+  const Key key{backward, B, S, H, G, hd};
+  auto it = graphs_.find(key);
+  if (it != graphs_.end()) return *it->second;
+  auto g = std::make_unique<Graph>();
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto tensor = [&](const char* name, int64_t uid, int64_t heads) {
+    return graph->tensor(fe::graph::Tensor_attributes()
+                             .set_name(name)
+                             .set_uid(uid)
+                             .set_dim({B, heads, S, hd})
+                             .set_stride(strides_bshd(S, heads, hd)));
+  };
+  auto q = tensor("Q", kQ, H), k = tensor("K", kK, G), v = tensor("V", kV, G);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  if (!backward) {
+    auto attrs = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_causal_mask(true).set_attn_scale(scale);
+    auto [o, stats] = graph->sdpa(q, k, v, attrs);
+    o->set_output(true).set_uid(kO).set_dim({B, H, S, hd}).set_stride(strides_bshd(S, H, hd));
+    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim({B, H, S, 1}).set_stride({H * S, S, 1, 1});
+  } else {
+    auto o = tensor("O", kO, H), dout = tensor("dO", kDO, H);
+    auto stats = graph->tensor(fe::graph::Tensor_attributes()
+                                   .set_name("Stats")
+                                   .set_uid(kStats)
+                                   .set_dim({B, H, S, 1})
+                                   .set_stride({H * S, S, 1, 1})
+                                   .set_data_type(fe::DataType_t::FLOAT));
+    auto attrs = fe::graph::SDPA_backward_attributes()
+                     .set_name("sdpa_backward")
+                     .set_causal_mask(true)
+                     .set_attn_scale(scale)
+                     .set_deterministic_algorithm(true);
+    auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, dout, stats, attrs);
+    dq->set_output(true).set_uid(kDQ).set_dim({B, H, S, hd}).set_stride(strides_bshd(S, H, hd));
+    dk->set_output(true).set_uid(kDK).set_dim({B, G, S, hd}).set_stride(strides_bshd(S, G, hd));
+    dv->set_output(true).set_uid(kDV).set_dim({B, G, S, hd}).set_stride(strides_bshd(S, G, hd));
+  }
+  fe::error_t built = graph->build(handle_, {fe::HeurMode_t::A});
+  if (built.is_good()) {
+    g->ok = graph->get_workspace_size(g->workspace).is_good();
+    g->graph = graph;
+  }
+  if (!g->ok)
+    std::fprintf(stderr, "moecore: cuDNN SDPA %s unavailable for B=%lld S=%lld H=%lld G=%lld hd=%lld (%s): using our kernel\n",
+                 backward ? "backward" : "forward", static_cast<long long>(B), static_cast<long long>(S),
+                 static_cast<long long>(H), static_cast<long long>(G), static_cast<long long>(hd),
+                 built.is_good() ? "no workspace size" : built.get_message().c_str());
+  return *graphs_.emplace(key, std::move(g)).first->second;
+}
+
+bool CudnnSdpa::forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse) {
+  const int64_t B = q.dim(0), S = q.dim(1), H = q.dim(2), G = k.dim(2), hd = q.dim(3);
+  Graph& g = graph(false, B, S, H, G, hd);
+  if (!g.ok) return false;
+  const int64_t nq = B * S * H * hd, nk = B * S * G * hd;
+  char* p = static_cast<char*>(buffer(static_cast<size_t>(2 * (2 * nq + 2 * nk) + g.workspace + 256)));
+  auto bf = [&](int64_t n, std::initializer_list<int64_t> dims) {
+    Tensor t(p, DType::kBF16, dims, Device::kCuda);
+    p += (n * 2 + 255) / 256 * 256;
+    return t;
+  };
+  const Tensor qb = bf(nq, {nq}), kb = bf(nk, {nk}), vb = bf(nk, {nk}), ob = bf(nq, {nq});
+  convert(ctx, q, qb);
+  convert(ctx, k, kb);
+  convert(ctx, v, vb);
+  std::unordered_map<int64_t, void*> pack{{kQ, qb.data}, {kK, kb.data}, {kV, vb.data}, {kO, ob.data}, {kStats, lse.data}};
+  MOE_CHECK(g.graph->execute(handle_, pack, p).is_good(), "cuDNN SDPA forward failed to execute");
+  convert(ctx, ob, o);
+  return true;
+}
+
+bool CudnnSdpa::backward(Context& ctx, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                         const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const int64_t B = q.dim(0), S = q.dim(1), H = q.dim(2), G = k.dim(2), hd = q.dim(3);
+  Graph& g = graph(true, B, S, H, G, hd);
+  if (!g.ok) return false;
+  const int64_t nq = B * S * H * hd, nk = B * S * G * hd;
+  char* p = static_cast<char*>(buffer(static_cast<size_t>(2 * (4 * nq + 4 * nk) + g.workspace + 256)));
+  auto bf = [&](int64_t n) {
+    Tensor t(p, DType::kBF16, {n}, Device::kCuda);
+    p += (n * 2 + 255) / 256 * 256;
+    return t;
+  };
+  const Tensor qb = bf(nq), ob = bf(nq), db = bf(nq), dqb = bf(nq), kb = bf(nk), vb = bf(nk), dkb = bf(nk), dvb = bf(nk);
+  convert(ctx, q, qb);
+  convert(ctx, k, kb);
+  convert(ctx, v, vb);
+  convert(ctx, o, ob);
+  convert(ctx, dout, db);
+  std::unordered_map<int64_t, void*> pack{{kQ, qb.data},  {kK, kb.data},   {kV, vb.data},   {kO, ob.data},  {kDO, db.data},
+                                          {kStats, lse.data}, {kDQ, dqb.data}, {kDK, dkb.data}, {kDV, dvb.data}};
+  MOE_CHECK(g.graph->execute(handle_, pack, p).is_good(), "cuDNN SDPA backward failed to execute");
+  convert(ctx, dqb, dq);
+  convert(ctx, dkb, dk);
+  convert(ctx, dvb, dv);
+  return true;
+}
+
+}  // namespace moe::cuda
