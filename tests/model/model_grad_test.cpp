@@ -121,7 +121,12 @@ TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
     // With init std 0.3 the model is strongly nonlinear: central differences at h = 1e-5 showed a
     // pure O(h^2) truncation error up to ~1.4e-6 (it fell 11x for h / 3.3). The 5-point stencil's
     // truncation is O(h^4) (~1e-12 at h = 1e-4) and its rounding ~1e-16 |loss| / h ~ 1e-11.
-    const double err = test::fd_check(p, g, loss, 1e-4, 24, /*fourth_order=*/true);
+    double err = test::fd_check(p, g, loss, 1e-4, 24, /*fourth_order=*/true);
+    // Some draws put a per-head QK-norm input or a peri-norm input near zero, where the function
+    // curves so sharply that the stencil's O(h^4) truncation alone exceeds the bound (seen: 4e-5
+    // in 1 of ~100 seeds). Then the estimate is refined by Richardson extrapolation from h and
+    // h/2, which removes that term; a wrong gradient stays wrong at every h.
+    if (err >= 1e-6) err = test::fd_check(p, g, loss, 1e-4, 24, /*fourth_order=*/true, /*extrapolate=*/true);
     EXPECT_FALSE(flipped) << info.name << ": an expert choice flipped under perturbation; re-seed";
     EXPECT_LT(err, 1e-6) << info.name;
   }
