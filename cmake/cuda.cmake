@@ -1,6 +1,6 @@
 # The CUDA backend (src/kernels/cuda) and the NCCL communicator, built with -DMOE_CUDA=ON.
 # Only the CUDA runtime is linked (never libcuda: a CUDA-enabled moecore starts, and passes every
-# cpu test, on a machine without a GPU driver). Header-only CUTLASS and cuDNN frontend come from
+# cpu test, on a machine without a GPU driver); cuBLASLt, NCCL and cuDNN are loaded at run time. Header-only CUTLASS and cuDNN frontend come from
 # the pinned wheels that scripts/cuda_headers.sh unpacks into .cache/cuda-headers.
 enable_language(CUDA)
 find_package(CUDAToolkit 13 REQUIRED)
@@ -61,10 +61,11 @@ endforeach()
 
 target_sources(moecore_lib PRIVATE $<TARGET_OBJECTS:moe_cuda>)
 target_compile_definitions(moecore_lib PUBLIC MOE_WITH_CUDA=1)
-find_library(MOE_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
 if(MOE_CUDNN_INCLUDE)
   target_compile_definitions(moe_cuda PRIVATE MOE_WITH_CUDNN=1)
   target_include_directories(moe_cuda SYSTEM PRIVATE ${MOE_CUDNN_INCLUDE})
   target_link_libraries(moecore_lib PUBLIC ${CMAKE_DL_LIBS})
 endif()
-target_link_libraries(moecore_lib PUBLIC CUDA::cudart CUDA::cublasLt ${MOE_NCCL_LIBRARY})
+# cuBLASLt and NCCL are loaded at run time (src/core/dynamic_library.h); only their headers are
+# needed here.
+target_link_libraries(moecore_lib PUBLIC CUDA::cudart ${CMAKE_DL_LIBS})

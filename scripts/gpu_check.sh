@@ -123,7 +123,7 @@ extra_inc="$sys_inc -isystem $lt_inc -isystem $nccl_inc${cupti_inc:+ -isystem $c
 if [ ! -f build-gpu/build.ninja ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=ON -DMOE_BUILD_BENCH=OFF \
     -DCMAKE_CXX_FLAGS="$extra_inc" -DCMAKE_CUDA_FLAGS="$extra_inc" -DCUDA_cublasLt_LIBRARY="$lt_lib" \
-    -DMOE_NCCL_LIBRARY="$nccl_lib" ${rt_lib:+-DCUDA_cudart_LIBRARY="$rt_lib"} ${cupti_lib:+-DMOE_CUPTI_LIBRARY="$cupti_lib"} ${cudnn_inc:+-DMOE_CUDNN_INCLUDE="$cudnn_inc"} \
+    ${rt_lib:+-DCUDA_cudart_LIBRARY="$rt_lib"} ${cupti_lib:+-DMOE_CUPTI_LIBRARY="$cupti_lib"} ${cudnn_inc:+-DMOE_CUDNN_INCLUDE="$cudnn_inc"} \
     -DCMAKE_BUILD_RPATH="${sys_lib:+$sys_lib;}$(dirname "$lt_lib");$(dirname "$nccl_lib")" "${mpi_hints[@]}" >>"$log" 2>&1 \
     || { tail -n 30 "$log"; say "configure failed (log: $log)"; exit 1; }
 fi

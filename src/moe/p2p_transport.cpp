@@ -32,6 +32,14 @@ P2pExpertTransport::P2pExpertTransport(Communicator& ep, Backend& ops, int64_t n
 void P2pExpertTransport::gather_counts(const Tensor& local_counts, ExchangePlan& plan) {
   const int64_t ep = comm_.size(), E = num_experts_;
   plan.host.resize(static_cast<size_t>(ExchangePlan::words(ep, E)));
+  if (staging_.direct(comm_) && comm_.buffer_device() != Device::kCpu) {
+    // A device communicator (NCCL): the matrix is gathered on the device, then read once.
+    comm_.all_gather(local_counts.data, plan.counts.data, static_cast<size_t>(E), DType::kI32);
+    ops_.download(plan.counts, plan.host.data());  // the one host read of routing, per plan
+    BlockedTimer blocked(blocked_s_);
+    ops_.wait(ops_.record());
+    return;
+  }
   ops_.download(local_counts, local_counts_.data());  // the one host read of routing, per plan
   {
     BlockedTimer blocked(blocked_s_);

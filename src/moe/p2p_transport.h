@@ -12,7 +12,9 @@
 // computed by the reference ep_plan (bitwise the device plan: same integers). Recompute reuses
 // the plan, so it reads nothing.
 // On a backend whose memory the host cannot address the payload is staged: one download of the
-// source rows and one upload of the destination rows per move (counted as staging).
+// source rows and one upload of the destination rows per move (counted as staging), unless the
+// communicator takes device buffers (NCCL on cuda): then the counts are gathered on the device and
+// read once per plan, and the blocks go as grouped ncclSend/ncclRecv between device buffers.
 #pragma once
 
 #include <vector>

@@ -7,13 +7,33 @@
 #include <array>
 #include <vector>
 
+#include "core/dynamic_library.h"
 #include "kernels/cuda/cuda_backend.h"
 
 namespace moe {
 namespace {
 
+// NCCL is loaded at run time (core/dynamic_library.h): calls go through this table.
+#define MOE_NCCL_FUNCTIONS(X) X(ncclAllGather) X(ncclAllReduce) X(ncclBroadcast) X(ncclCommCount) X(ncclCommDestroy) X(ncclCommInitRank) X(ncclCommSplit) X(ncclCommUserRank) X(ncclGetErrorString) X(ncclGetLastError) X(ncclGetUniqueId) X(ncclGetVersion) X(ncclGroupEnd) X(ncclGroupStart) X(ncclRecv) X(ncclReduceScatter) X(ncclSend)
+struct NcclApi {
+#define MOE_DECLARE(f) decltype(&::f) f = nullptr;
+  MOE_NCCL_FUNCTIONS(MOE_DECLARE)
+#undef MOE_DECLARE
+};
+const NcclApi& nccl() {
+  static const NcclApi api = [] {
+    void* h = open_library({"libnccl.so.2", "libnccl.so"}, "NCCL");
+    NcclApi a;
+#define MOE_RESOLVE(f) a.f = reinterpret_cast<decltype(a.f)>(library_symbol(h, #f, "NCCL"));
+    MOE_NCCL_FUNCTIONS(MOE_RESOLVE)
+#undef MOE_RESOLVE
+    return a;
+  }();
+  return api;
+}
+
 void check_nccl(ncclResult_t r, const char* call) {
-  MOE_CHECK(r == ncclSuccess, "NCCL: ", call, " failed: ", ncclGetErrorString(r), " (", ncclGetLastError(nullptr), ")");
+  MOE_CHECK(r == ncclSuccess, "NCCL: ", call, " failed: ", nccl().ncclGetErrorString(r), " (", nccl().ncclGetLastError(nullptr), ")");
 }
 void check_rt(cudaError_t e, const char* call) {
   MOE_CHECK(e == cudaSuccess, "NCCL communicator: ", call, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
@@ -48,8 +68,8 @@ class NcclRequest final : public Request::Impl {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, cudaStream_t compute) : comm_(comm), compute_(compute) {
-    check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
-    check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount");
+    check_nccl(nccl().ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    check_nccl(nccl().ncclCommCount(comm_, &size_), "ncclCommCount");
     check_rt(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     for (cudaEvent_t& e : events_) check_rt(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     check_rt(cudaMalloc(&barrier_word_, sizeof(int32_t)), "cudaMalloc");
@@ -57,7 +77,7 @@ class NcclCommunicator final : public Communicator {
   }
   ~NcclCommunicator() override {
     cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);
+    nccl().ncclCommDestroy(comm_);
     cudaFree(barrier_word_);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     cudaStreamDestroy(stream_);
@@ -72,36 +92,36 @@ class NcclCommunicator final : public Communicator {
     MOE_CHECK(!grouped_, "NCCL: group_start inside a group");
     grouped_ = true;
     enter();
-    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    check_nccl(nccl().ncclGroupStart(), "ncclGroupStart");
   }
   void group_end() override {
     MOE_CHECK(grouped_, "NCCL: group_end without group_start");
     grouped_ = false;
-    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    check_nccl(nccl().ncclGroupEnd(), "ncclGroupEnd");
     group_done_ = next_event();
     check_rt(cudaEventRecord(group_done_, stream_), "cudaEventRecord");
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     ncclComm_t sub = nullptr;
-    check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "ncclCommSplit");
+    check_nccl(nccl().ncclCommSplit(comm_, color, key, &sub, nullptr), "ncclCommSplit");
     return std::make_unique<NcclCommunicator>(sub, compute_);
   }
 
  protected:
   Request do_all_reduce_sum(void* buf, size_t count, DType dtype) override {
     enter();
-    check_nccl(ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, comm_, stream_), "ncclAllReduce");
+    check_nccl(nccl().ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, comm_, stream_), "ncclAllReduce");
     return leave();
   }
   Request do_reduce_scatter_sum(const void* send, void* recv, size_t recv_count, DType dtype) override {
     enter();
-    check_nccl(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), ncclSum, comm_, stream_), "ncclReduceScatter");
+    check_nccl(nccl().ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), ncclSum, comm_, stream_), "ncclReduceScatter");
     return leave();
   }
   Request do_all_gather(const void* send, void* recv, size_t send_count, DType dtype) override {
     enter();
-    check_nccl(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, stream_), "ncclAllGather");
+    check_nccl(nccl().ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, stream_), "ncclAllGather");
     return leave();
   }
   Request do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, const std::vector<int64_t>& send_displs,
@@ -109,40 +129,40 @@ class NcclCommunicator final : public Communicator {
                           DType dtype) override {
     enter();
     const size_t elem = dtype_size(dtype);
-    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    check_nccl(nccl().ncclGroupStart(), "ncclGroupStart");
     for (int p = 0; p < size_; ++p) {
       const auto i = static_cast<size_t>(p);
       if (send_counts[i] > 0)
-        check_nccl(ncclSend(static_cast<const char*>(send) + static_cast<size_t>(send_displs[i]) * elem,
+        check_nccl(nccl().ncclSend(static_cast<const char*>(send) + static_cast<size_t>(send_displs[i]) * elem,
                             static_cast<size_t>(send_counts[i]), nccl_type(dtype), p, comm_, stream_),
                    "ncclSend");
       if (recv_counts[i] > 0)
-        check_nccl(ncclRecv(static_cast<char*>(recv) + static_cast<size_t>(recv_displs[i]) * elem,
+        check_nccl(nccl().ncclRecv(static_cast<char*>(recv) + static_cast<size_t>(recv_displs[i]) * elem,
                             static_cast<size_t>(recv_counts[i]), nccl_type(dtype), p, comm_, stream_),
                    "ncclRecv");
     }
-    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    check_nccl(nccl().ncclGroupEnd(), "ncclGroupEnd");
     return leave();
   }
   Request do_send(const void* buf, size_t count, DType dtype, int dest, int) override {
     enter();
-    check_nccl(ncclSend(buf, count, nccl_type(dtype), dest, comm_, stream_), "ncclSend");
+    check_nccl(nccl().ncclSend(buf, count, nccl_type(dtype), dest, comm_, stream_), "ncclSend");
     return leave();
   }
   Request do_recv(void* buf, size_t count, DType dtype, int source, int) override {
     enter();
-    check_nccl(ncclRecv(buf, count, nccl_type(dtype), source, comm_, stream_), "ncclRecv");
+    check_nccl(nccl().ncclRecv(buf, count, nccl_type(dtype), source, comm_, stream_), "ncclRecv");
     return leave();
   }
   Request do_broadcast(void* buf, size_t count, DType dtype, int root) override {
     enter();
-    check_nccl(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, stream_), "ncclBroadcast");
+    check_nccl(nccl().ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, stream_), "ncclBroadcast");
     return leave();
   }
   // The one host-blocking call: every rank's stream has reached this point.
   Request do_barrier() override {
     enter();
-    check_nccl(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream_), "ncclAllReduce");
+    check_nccl(nccl().ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream_), "ncclAllReduce");
     check_rt(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     return Request();
   }
@@ -201,16 +221,16 @@ class NcclCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_nccl_world(Communicator& bootstrap, Backend& cuda) {
   MOE_CHECK(cuda.device() == Device::kCuda, "NCCL needs train.backend = \"cuda\", not ", cuda.name());
   ncclUniqueId id{};
-  if (bootstrap.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  if (bootstrap.rank() == 0) check_nccl(nccl().ncclGetUniqueId(&id), "ncclGetUniqueId");
   bootstrap.broadcast(&id, sizeof id / sizeof(int32_t), DType::kI32, 0);  // 128 bytes
   ncclComm_t comm = nullptr;
-  check_nccl(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()), "ncclCommInitRank");
+  check_nccl(nccl().ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()), "ncclCommInitRank");
   return std::make_unique<NcclCommunicator>(comm, static_cast<cudaStream_t>(cuda_stream(cuda)));
 }
 
 std::string nccl_version() {
   int v = 0;
-  check_nccl(ncclGetVersion(&v), "ncclGetVersion");
+  check_nccl(nccl().ncclGetVersion(&v), "ncclGetVersion");
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 

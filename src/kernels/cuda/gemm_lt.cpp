@@ -11,11 +11,31 @@
 
 #include <vector>
 
+#include "core/dynamic_library.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/gemm_shapes.h"
 
 namespace moe::cuda {
 namespace {
+
+// cuBLASLt is loaded at run time (core/dynamic_library.h): calls go through this table.
+#define MOE_LT_FUNCTIONS(X) X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmul) X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)
+struct LtApi {
+#define MOE_DECLARE(f) decltype(&::f) f = nullptr;
+  MOE_LT_FUNCTIONS(MOE_DECLARE)
+#undef MOE_DECLARE
+};
+const LtApi& lt() {
+  static const LtApi api = [] {
+    void* h = open_library({"libcublasLt.so.13", "libcublasLt.so"}, "cuBLASLt");
+    LtApi a;
+#define MOE_RESOLVE(f) a.f = reinterpret_cast<decltype(a.f)>(library_symbol(h, #f, "cuBLASLt"));
+    MOE_LT_FUNCTIONS(MOE_RESOLVE)
+#undef MOE_RESOLVE
+    return a;
+  }();
+  return api;
+}
 
 // cuBLASLt alone (without libcublas) has no status strings.
 const char* status_name(cublasStatus_t s) {
@@ -44,17 +64,17 @@ struct GemmLt::Plan {
 };
 
 GemmLt::GemmLt(void* workspace, size_t workspace_bytes) : workspace_(workspace), workspace_bytes_(workspace_bytes) {
-  check_lt(cublasLtCreate(&handle_), "cublasLtCreate");
+  check_lt(lt().cublasLtCreate(&handle_), "cublasLtCreate");
 }
 
 GemmLt::~GemmLt() {
   for (auto& [key, plan] : plans_) {
-    cublasLtMatrixLayoutDestroy(plan->a);
-    cublasLtMatrixLayoutDestroy(plan->b);
-    cublasLtMatrixLayoutDestroy(plan->c);
-    cublasLtMatmulDescDestroy(plan->desc);
+    lt().cublasLtMatrixLayoutDestroy(plan->a);
+    lt().cublasLtMatrixLayoutDestroy(plan->b);
+    lt().cublasLtMatrixLayoutDestroy(plan->c);
+    lt().cublasLtMatmulDescDestroy(plan->desc);
   }
-  if (handle_) cublasLtDestroy(handle_);
+  if (handle_) lt().cublasLtDestroy(handle_);
 }
 
 size_t GemmLt::KeyHash::operator()(const Key& k) const {
@@ -68,29 +88,29 @@ const GemmLt::Plan& GemmLt::plan(const Key& key, const char* op) {
   if (it != plans_.end()) return *it->second;
   auto p = std::make_unique<Plan>();
   const cudaDataType_t in = key.bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  check_lt(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+  check_lt(lt().cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
   const cublasOperation_t ta = key.transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key.transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
-  check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
+  check_lt(lt().cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
+  check_lt(lt().cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
   // Stored shapes (column-major): A is (m,k) or its transpose (k,m); B is (k,n) or (n,k).
   const uint64_t a_rows = static_cast<uint64_t>(key.transa ? key.k : key.m), a_cols = static_cast<uint64_t>(key.transa ? key.m : key.k);
   const uint64_t b_rows = static_cast<uint64_t>(key.transb ? key.n : key.k), b_cols = static_cast<uint64_t>(key.transb ? key.k : key.n);
-  check_lt(cublasLtMatrixLayoutCreate(&p->a, in, a_rows, a_cols, key.lda), "layout A");
-  check_lt(cublasLtMatrixLayoutCreate(&p->b, in, b_rows, b_cols, key.ldb), "layout B");
-  check_lt(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, static_cast<uint64_t>(key.m), static_cast<uint64_t>(key.n), key.ldc),
+  check_lt(lt().cublasLtMatrixLayoutCreate(&p->a, in, a_rows, a_cols, key.lda), "layout A");
+  check_lt(lt().cublasLtMatrixLayoutCreate(&p->b, in, b_rows, b_cols, key.ldb), "layout B");
+  check_lt(lt().cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, static_cast<uint64_t>(key.m), static_cast<uint64_t>(key.n), key.ldc),
            "layout C");
   cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  check_lt(lt().cublasLtMatmulPreferenceCreate(&pref), "preference");
   const uint64_t ws = workspace_bytes_;
   const uint32_t no_split_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split_reduction,
+  check_lt(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
+  check_lt(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split_reduction,
                                                 sizeof no_split_reduction),
            "reduction scheme");
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cublasStatus_t s = lt().cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+  lt().cublasLtMatmulPreferenceDestroy(pref);
   check_lt(s, "algorithm heuristic");
   MOE_CHECK(found > 0, op, ": cuBLASLt has no algorithm for ", key.bf16 ? "bf16" : "f32", " m=", key.m, " n=", key.n,
             " k=", key.k);
@@ -108,7 +128,7 @@ void GemmLt::run(cudaStream_t stream, const char* op, bool bf16, bool transa, bo
     return;
   }
   const Plan& p = plan(Key{bf16, transa, transb, m, n, k, lda, ldb, ldc}, op);
-  check_lt(cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &p.algo, workspace_,
+  check_lt(lt().cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &p.algo, workspace_,
                           workspace_bytes_, stream),
            op);
 }
@@ -118,14 +138,14 @@ double GemmLt::best_algorithm_seconds(cudaStream_t stream, bool bf16, bool trans
                                       int64_t ldc, int candidates, int reps) {
   const Plan& p = plan(Key{bf16, transa, transb, m, n, k, lda, ldb, ldc}, "best_algorithm_seconds");
   cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  check_lt(lt().cublasLtMatmulPreferenceCreate(&pref), "preference");
   const uint64_t ws = workspace_bytes_;
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
+  check_lt(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
   std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(candidates));
   int found = 0;
-  check_lt(cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, candidates, results.data(), &found),
+  check_lt(lt().cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, candidates, results.data(), &found),
            "algorithm heuristic");
-  cublasLtMatmulPreferenceDestroy(pref);
+  lt().cublasLtMatmulPreferenceDestroy(pref);
   cudaEvent_t t0, t1;
   MOE_CUDA_CHECK(cudaEventCreate(&t0));
   MOE_CUDA_CHECK(cudaEventCreate(&t1));
@@ -133,7 +153,7 @@ double GemmLt::best_algorithm_seconds(cudaStream_t stream, bool bf16, bool trans
   double best = 0;
   for (int i = 0; i < found; ++i) {
     auto run = [&] {
-      return cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &results[static_cast<size_t>(i)].algo,
+      return lt().cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &results[static_cast<size_t>(i)].algo,
                             workspace_, workspace_bytes_, stream);
     };
     if (run() != CUBLAS_STATUS_SUCCESS) continue;
