@@ -75,4 +75,12 @@ Tensor Arena::alloc(DType dtype, std::initializer_list<int64_t> dims) {
   return t;
 }
 
+namespace {
+thread_local const char* g_allocation_scope = "";
+}  // namespace
+
+AllocationScope::AllocationScope(const char* what) : previous_(g_allocation_scope) { g_allocation_scope = what; }
+AllocationScope::~AllocationScope() { g_allocation_scope = previous_; }
+const char* AllocationScope::current() { return g_allocation_scope; }
+
 }  // namespace moe

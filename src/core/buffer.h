@@ -26,6 +26,20 @@ class Allocator {
 // Host memory, zero-filled.
 Allocator& host_memory();
 
+// What the allocations made while it lives are for ("the activation arena"), so a device
+// allocator's out-of-memory error can name the component. Nested scopes: the innermost names it.
+class AllocationScope {
+ public:
+  explicit AllocationScope(const char* what);
+  ~AllocationScope();
+  AllocationScope(const AllocationScope&) = delete;
+  AllocationScope& operator=(const AllocationScope&) = delete;
+  static const char* current();  // "" outside any scope
+
+ private:
+  const char* previous_;
+};
+
 class Buffer {
  public:
   Buffer() = default;

@@ -201,7 +201,10 @@ ActivationPlan::ActivationPlan(const ModelConfig& c, const Dims& d, const StageP
     }
     if (pass == 0) {
       bytes_ = alloc.bytes;
-      if (memory) arena_ = Arena(*memory, alloc.bytes);
+      if (memory) {
+        const AllocationScope scope("the activation arena (saved activations and scratch)");
+        arena_ = Arena(*memory, alloc.bytes);
+      }
     }
   }
 }

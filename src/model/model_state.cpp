@@ -13,6 +13,7 @@ ModelState::ModelState(const ModelConfig& config, const ModelShard& shard, int64
   // everything is written before it is read).
   const int64_t N = layout_.total();
   const size_t esize = dtype_size(compute);
+  const AllocationScope scope("parameters, gradients and bf16 operand copies");
   param_mem_ = Buffer(ops, static_cast<size_t>(N) * esize);
   grad_mem_ = Buffer(ops, static_cast<size_t>(N) * esize);
   params_ = bind_weights(layout_, cfg_, param_mem_.view(compute, {N}));

@@ -7,6 +7,7 @@
 #include "core/phase_timer.h"
 #include "kernels/host_view.h"
 #include "kernels/step_control.h"
+#include "model/memory.h"
 #include "optim/schedule.h"
 
 namespace moe {
@@ -44,13 +45,22 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
     o.ep = groups_->ep.get();
     o.ep_capacity_factor = config_.parallel.ep_capacity_factor;
   }
-  model_ = std::make_unique<Transformer>(config_.model, config_.loss, o, ops_);
-  model_->init_params(config_.train.seed);
-  sync_ = std::make_unique<GradSync>(ops_, model_->layout(), groups_, config_.parallel.zero1,
-                                     config_.parallel.overlap_grad_reduce);
-  if (sync_->overlapping()) model_->set_layer_grads_hook([this](int64_t layer) { sync_->layer_done(layer); });
-  optim_ = std::make_unique<AdamW>(ops_, model_->layout(), config_.optim, compute, sync_->owned_ranges());
-  stats_ = model_->make_stats();
+  try {
+    model_ = std::make_unique<Transformer>(config_.model, config_.loss, o, ops_);
+    model_->init_params(config_.train.seed);
+    sync_ = std::make_unique<GradSync>(ops_, model_->layout(), groups_, config_.parallel.zero1,
+                                       config_.parallel.overlap_grad_reduce);
+    if (sync_->overlapping()) model_->set_layer_grads_hook([this](int64_t layer) { sync_->layer_done(layer); });
+    const AllocationScope scope("AdamW moments");
+    optim_ = std::make_unique<AdamW>(ops_, model_->layout(), config_.optim, compute, sync_->owned_ranges());
+    const AllocationScope stats_scope("step statistics");
+    stats_ = model_->make_stats();
+  } catch (const Error& e) {
+    // Out of device memory names the component (the backend's message); add this rank's estimate.
+    if (std::string(e.what()).find("out of device memory") == std::string::npos) throw;
+    MOE_FAIL(e.what(), "; this rank's estimate is ", estimate_memory(config_).total() / (1 << 30),
+             " GiB in all (moecore config lists it by component)");
+  }
   // The learning rate of every optimizer step n = 1 .. steps (+1: a skipped last step still
   // reports one), read on the device by step_control.
   std::vector<double> lr(static_cast<size_t>(config_.train.steps + 2), 0.0);

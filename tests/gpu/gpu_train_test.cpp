@@ -155,6 +155,18 @@ TEST_F(GpuTrain, CheckpointsMoveBetweenCpuAndGpu) {
   }
 }
 
+// A model too large for the GPU: the run ends with an error that names the component being
+// allocated and this rank's estimate, not a bare CUDA error.
+TEST_F(GpuTrain, OutOfDeviceMemoryNamesTheComponentAndTheEstimate) {
+  const test::CliResult r = train("cuda", " --set train.steps=2 --set model.d_model=32768 --set model.n_heads=64"
+                                  " --set model.n_kv_heads=64 --set model.n_layers=64 --set model.expert_hidden=32768",
+                                  root_ / "oom");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("out of device memory allocating"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" for parameters, gradients"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("this rank's estimate is"), std::string::npos) << r.output;
+}
+
 // 200 bf16 steps of configs/default.toml on the KJV data, against the committed fp32 cpu curve:
 // the mean train loss of each 25-step window within 2%.
 TEST(GpuKjv, Bf16DefaultRunFollowsTheCommittedCurve) {

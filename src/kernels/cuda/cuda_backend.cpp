@@ -119,6 +119,7 @@ class CudaBackend final : public Backend {
     MOE_CUDA_CHECK(cudaHostAlloc(&error_host_, sizeof(cuda::DeviceError), cudaHostAllocMapped));
     std::memset(static_cast<void*>(error_host_), 0, sizeof(cuda::DeviceError));
     MOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&ctx_.error), error_host_, 0));
+    const AllocationScope scope("the cuda backend's scratch and cuBLASLt workspace");
     ctx_.scratch_bytes = env_mb("MOE_CUDA_SCRATCH_MB", size_t{64} << 20);
     ctx_.scratch = allocate(ctx_.scratch_bytes);
     workspace_bytes_ = size_t{32} << 20;  // cuBLASLt's recommended workspace on Hopper and Blackwell
@@ -163,8 +164,9 @@ class CudaBackend final : public Backend {
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
-      MOE_FAIL("cuda backend: out of device memory allocating ", bytes >> 20, " MiB on GPU ", ctx_.device, " (",
-               free_b >> 20, " MiB free of ", total_b >> 20, ")");
+      const char* what = AllocationScope::current();
+      MOE_FAIL("cuda backend: out of device memory allocating ", bytes >> 20, " MiB", *what ? " for " : "", what,
+               " on GPU ", ctx_.device, " (", free_b >> 20, " MiB free of ", total_b >> 20, ")");
     }
     MOE_CUDA_CHECK(err);
     count_allocation(static_cast<int64_t>(bytes));

@@ -71,6 +71,7 @@ void* CudnnSdpa::buffer(size_t bytes) {
   if (bytes <= buffer_bytes_) return buffer_;
   // Grows on the first call of a larger shape (the first training step), never in later steps.
   if (buffer_) device_.deallocate(buffer_, buffer_bytes_);
+  const AllocationScope scope("cuDNN attention's bf16 operands and workspace");
   buffer_ = device_.allocate(bytes);
   buffer_bytes_ = bytes;
   return buffer_;
