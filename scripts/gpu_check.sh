@@ -154,7 +154,7 @@ if [ $mode = all ] || [ $mode = bench ]; then
   ceiling=$(awk '/cuBLAS best/ {v = substr($0, 63, 9) + 0; if (v > 0) print v}' build-gpu/kernels.txt | head -n 1)
   bench_row() {  # $1 label, $2 config, rest: --set overrides
     local label=$1 cfg=$2; shift 2
-    local out; out=$(build-gpu/moecore bench --config "$cfg" --warmup 2 --steps 5 "$@" 2>&1)
+    local out; out=$(build-gpu/moecore bench --config "$cfg" --warmup 2 --steps 4 "$@" 2>&1)
     echo "$out" >> "$log"
     local tps mfu mem est
     tps=$(echo "$out" | awk '/tokens\/s \(median\)/ {print $3}')
@@ -173,7 +173,7 @@ if [ $mode = all ] || [ $mode = bench ]; then
   say "== expert scaling (top-4, hidden 1024: constant active parameters)"
   base_tps=""
   for e in 8 16 32 64 128; do
-    out=$(build-gpu/moecore bench --config configs/bench/gpu_coarse.toml --warmup 2 --steps 5 --set model.num_experts=$e \
+    out=$(build-gpu/moecore bench --config configs/bench/gpu_coarse.toml --warmup 1 --steps 3 --set model.num_experts=$e \
           --set model.top_k=4 --set model.expert_hidden=1024 2>&1)
     echo "$out" >> "$log"
     tps=$(echo "$out" | awk '/tokens\/s \(median\)/ {print $3}')
