@@ -158,8 +158,8 @@ TEST_F(GpuTrain, CheckpointsMoveBetweenCpuAndGpu) {
 // A model too large for the GPU: the run ends with an error that names the component being
 // allocated and this rank's estimate, not a bare CUDA error.
 TEST_F(GpuTrain, OutOfDeviceMemoryNamesTheComponentAndTheEstimate) {
-  const test::CliResult r = train("cuda", " --set train.steps=2 --set model.d_model=32768 --set model.n_heads=64"
-                                  " --set model.n_kv_heads=64 --set model.n_layers=64 --set model.expert_hidden=32768",
+  const test::CliResult r = train("cuda", " --set train.steps=2 --set model.d_model=32768 --set model.n_heads=256"
+                                  " --set model.n_kv_heads=256 --set model.n_layers=64 --set model.expert_hidden=32768",
                                   root_ / "oom");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("out of device memory allocating"), std::string::npos) << r.output;
@@ -167,8 +167,9 @@ TEST_F(GpuTrain, OutOfDeviceMemoryNamesTheComponentAndTheEstimate) {
   EXPECT_NE(r.output.find("this rank's estimate is"), std::string::npos) << r.output;
 }
 
-// 200 bf16 steps of configs/default.toml on the KJV data, against the committed fp32 cpu curve:
-// the mean train loss of each 25-step window within 2%.
+// bf16 on the GPU, configs/default.toml on the KJV data (its whole 1,100-step schedule, so the
+// learning rates are the curve's), against the committed fp32 cpu curve: the mean train loss of
+// each 25-step window of the first 200 steps within 2%.
 TEST(GpuKjv, Bf16DefaultRunFollowsTheCommittedCurve) {
   std::string why;
   if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no GPU: " << why;
@@ -176,7 +177,7 @@ TEST(GpuKjv, Bf16DefaultRunFollowsTheCommittedCurve) {
   if (!fs::exists(data / "train.bin")) GTEST_SKIP() << "no " << (data / "train.bin") << " (scripts/train_default.sh prepares it)";
   const fs::path out = test::fresh_test_dir("gpu_kjv");
   const test::CliResult r = test::run_cli("train --config " + (fs::path(MOE_SOURCE_DIR) / "configs/default.toml").string() +
-                                              " --set train.backend=cuda --set train.precision=bf16 --set train.steps=200"
+                                              " --set train.backend=cuda --set train.precision=bf16"
                                               " --set train.eval_every=0 --set checkpoint.every=0 --set train.out_dir=" +
                                               out.string() + " --set data.train_path=" + (data / "train.bin").string() +
                                               " --set data.valid_path=" + (data / "valid.bin").string(),
@@ -194,7 +195,7 @@ TEST(GpuKjv, Bf16DefaultRunFollowsTheCommittedCurve) {
     curve.push_back(std::stod(loss));
   }
   const std::vector<json> m = read_metrics(out);
-  ASSERT_EQ(m.size(), 200u);
+  ASSERT_GE(m.size(), 200u);
   ASSERT_GE(curve.size(), 200u);
   for (size_t w = 0; w < 200; w += 25) {
     double a = 0, b = 0;
