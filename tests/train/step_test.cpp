@@ -9,6 +9,7 @@
 #include "common/test_util.h"
 #include "core/rng.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/host_view.h"
 #include "train/trainer.h"
 
 namespace moe {
@@ -94,6 +95,29 @@ TEST(Step, RepeatsBitwiseWithOneAndTwoThreadsAndAcrossThreadCounts) {
   // Stronger: no reduction depends on the thread count, so 1 and 2 threads agree too.
   EXPECT_EQ(a1.loss_bits, a2.loss_bits);
   EXPECT_EQ(a1.norm_bits, a2.norm_bits);
+}
+
+// The step a CUDA graph captures (tests/gpu/graph_test.cpp): enqueue_step_on_device leaves the update
+// counter to the device, so two of them after two eager steps are steps 3 and 4, bitwise, on the
+// strict backend (whose ops, like a replayed graph, only run in order on the device).
+TEST(Step, DeviceOnlyStepsContinueAsTheNextSteps) {
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    Config c = small_config();
+    c.train.precision = precision;
+    c.train.backend = "strict";
+    std::unique_ptr<Backend> ops_a = make_backend("strict"), ops_b = make_backend("strict");
+    Trainer eager(c, *ops_a, DType::kF32), device_only(c, *ops_b, DType::kF32);
+    OwnedTensor ids, labels;
+    synthetic_batch(c.train.batch_size, c.train.seq_len, c.model.vocab_size, c.train.seed, 0, ids, labels);
+    for (int s = 0; s < 4; ++s) eager.step(ids, labels);
+    for (int s = 0; s < 2; ++s) device_only.step(ids, labels);
+    for (int s = 0; s < 2; ++s) device_only.enqueue_step_on_device(ids, labels);
+    ops_b->synchronize();
+    const HostView a(*ops_a, eager.model().params().flat), b(*ops_b, device_only.model().params().flat);
+    ASSERT_EQ(a.tensor().nbytes(), b.tensor().nbytes());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.tensor().nbytes()), 0);
+  }
 }
 
 TEST(Step, RandomRoutingIsAlsoRepeatable) {
