@@ -6,11 +6,7 @@
 
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define MOE_HD __host__ __device__
-#else
-#define MOE_HD
-#endif
+#include "core/host_device.h"
 
 namespace moe::philox {
 

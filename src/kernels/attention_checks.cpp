@@ -17,4 +17,19 @@ const int32_t* checked_doc_start(const Tensor& doc_start, int64_t B, int64_t S, 
   return ds;
 }
 
+void check_attention_outputs(int64_t B, int64_t S, int64_t H, int64_t hd, const Tensor& o, const Tensor& lse,
+                             bool backward) {
+  // Literal names: this runs in every step, where building a message string would allocate.
+  check_shape(o, {B, S, H, hd}, backward ? "attention_bwd o" : "attention_fwd o");
+  check_shape(lse, {B, H, S}, backward ? "attention_bwd lse" : "attention_fwd lse");
+}
+
+void check_attention_gradients(int64_t B, int64_t S, int64_t H, int64_t G, int64_t hd, const Tensor& dout,
+                               const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  check_shape(dout, {B, S, H, hd}, "attention_bwd dout");
+  check_shape(dq, {B, S, H, hd}, "attention_bwd dq");
+  check_shape(dk, {B, S, G, hd}, "attention_bwd dk");
+  check_shape(dv, {B, S, G, hd}, "attention_bwd dv");
+}
+
 }  // namespace moe

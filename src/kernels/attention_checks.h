@@ -11,4 +11,12 @@ namespace moe {
 // 0 <= doc_start[b,s] <= s (returns its data).
 const int32_t* checked_doc_start(const Tensor& doc_start, int64_t B, int64_t S, const char* op);
 
+// o (B,S,H,hd) and lse (B,H,S) of the forward or (backward) the backward's inputs. Shapes only:
+// dtype and device rules are each backend's.
+void check_attention_outputs(int64_t B, int64_t S, int64_t H, int64_t hd, const Tensor& o, const Tensor& lse,
+                             bool backward);
+// The backward's dout and dq (B,S,H,hd), dk and dv (B,S,G,hd).
+void check_attention_gradients(int64_t B, int64_t S, int64_t H, int64_t G, int64_t hd, const Tensor& dout,
+                               const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
 }  // namespace moe

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpu/small_config.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "train/trainer.h"
 
@@ -69,25 +70,6 @@ bool on_device(uintptr_t p) {
 }
 #endif
 
-Config tiny_config() {
-  Config c;
-  c.model.vocab_size = 64;
-  c.model.d_model = 64;
-  c.model.n_layers = 2;
-  c.model.n_heads = 4;
-  c.model.n_kv_heads = 2;
-  c.model.num_experts = 8;
-  c.model.top_k = 2;
-  c.model.expert_hidden = 64;
-  c.optim.warmup_steps = 1;
-  c.train.seq_len = 64;
-  c.train.batch_size = 4;
-  c.train.micro_batch_size = 2;
-  c.train.steps = 8;
-  c.train.backend = "cuda";
-  return c;
-}
-
 TEST(Cupti, PlainStepsAllocateNothingAndSyncOnce) {
   std::string why;
   if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no GPU: " << why;
@@ -96,8 +78,7 @@ TEST(Cupti, PlainStepsAllocateNothingAndSyncOnce) {
 #else
   for (const std::string precision : {"fp32", "bf16"}) {
     SCOPED_TRACE(precision);
-    Config c = tiny_config();
-    c.train.precision = precision;
+    const Config c = test::small_cuda_config(precision);
     std::unique_ptr<Backend> ops = make_backend("cuda");
     Trainer trainer(c, *ops, DType::kF32);
     OwnedTensor ids(DType::kI32, {4, 64}), labels(DType::kI32, {4, 64});

@@ -9,32 +9,13 @@
 #include <cstring>
 #include <string>
 
+#include "gpu/small_config.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/host_view.h"
 #include "train/trainer.h"
 
 namespace moe {
 namespace {
-
-Config graph_config(const std::string& precision) {
-  Config c;
-  c.model.vocab_size = 64;
-  c.model.d_model = 64;
-  c.model.n_layers = 2;
-  c.model.n_heads = 4;
-  c.model.n_kv_heads = 2;
-  c.model.num_experts = 8;
-  c.model.top_k = 2;
-  c.model.expert_hidden = 64;
-  c.optim.warmup_steps = 2;
-  c.train.seq_len = 64;
-  c.train.batch_size = 4;
-  c.train.micro_batch_size = 2;
-  c.train.steps = 8;
-  c.train.backend = "cuda";
-  c.train.precision = precision;
-  return c;
-}
 
 void check(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
 
@@ -43,7 +24,7 @@ TEST(CudaGraph, OneCapturedStepReplaysAsTheNextStepsBitwise) {
   if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no GPU: " << why;
   for (const std::string precision : {"fp32", "bf16"}) {
     SCOPED_TRACE(precision);
-    const Config c = graph_config(precision);
+    const Config c = test::small_cuda_config(precision);
     std::unique_ptr<Backend> ops_a = make_backend("cuda"), ops_b = make_backend("cuda");
     Trainer eager(c, *ops_a, DType::kF32), graphed(c, *ops_b, DType::kF32);
     OwnedTensor ids(DType::kI32, {4, 64}), labels(DType::kI32, {4, 64});

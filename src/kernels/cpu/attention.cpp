@@ -549,8 +549,7 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    const Tensor& lse, const Tensor& doc_start, bool bf16_products) {
   Dims d = check_attention(q, k, v, "attention_fwd");
   d.doc = checked_doc_start(doc_start, d.B, d.S, "attention_fwd doc_start");
-  check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_fwd o");
-  check_shape(lse, {d.B, d.H, d.S}, "attention_fwd lse");
+  check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/false);
   check_dtype(o, DType::kF32, "attention_fwd o");
   check_dtype(lse, DType::kF32, "attention_fwd lse");
   const float *qp = q.as<float>(), *kp = k.as<float>(), *vp = v.as<float>();
@@ -575,12 +574,8 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
                    const Tensor& dv, const Tensor& doc_start, bool bf16_products) {
   Dims d = check_attention(q, k, v, "attention_bwd");
   d.doc = checked_doc_start(doc_start, d.B, d.S, "attention_bwd doc_start");
-  check_shape(dout, {d.B, d.S, d.H, d.hd}, "attention_bwd dout");
-  check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_bwd o");
-  check_shape(lse, {d.B, d.H, d.S}, "attention_bwd lse");
-  check_shape(dq, {d.B, d.S, d.H, d.hd}, "attention_bwd dq");
-  check_shape(dk, {d.B, d.S, d.G, d.hd}, "attention_bwd dk");
-  check_shape(dv, {d.B, d.S, d.G, d.hd}, "attention_bwd dv");
+  check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/true);
+  check_attention_gradients(d.B, d.S, d.H, d.G, d.hd, dout, dq, dk, dv);
   for (const Tensor* t : {&dout, &o, &lse, &dq, &dk, &dv})
     check_dtype(*t, DType::kF32, "attention_bwd argument");
   const float *dop = dout.as<float>(), *qp = q.as<float>(), *kp = k.as<float>(),

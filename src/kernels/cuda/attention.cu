@@ -237,8 +237,7 @@ void attention_fwd(Context& ctx, const Tensor& q, const Tensor& k, const Tensor&
   for (const Tensor* t : {&q, &k, &v, &o, &lse, &doc_start}) check_device(*t, "attention_fwd");
   const Dims d = check_attention(q, k, v, "attention_fwd");
   check_doc_start(doc_start, d, "attention_fwd doc_start");
-  check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_fwd o");
-  check_shape(lse, {d.B, d.H, d.S}, "attention_fwd lse");
+  check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/false);
   check_dtype(o, q.dtype, "attention_fwd o");
   check_dtype(lse, q.dtype, "attention_fwd lse");
   const int64_t rows = d.B * d.S * d.H;
@@ -260,12 +259,8 @@ void attention_bwd(Context& ctx, const Tensor& dout, const Tensor& q, const Tens
   for (const Tensor* t : {&dout, &q, &k, &v, &o, &lse, &dq, &dk, &dv, &doc_start}) check_device(*t, "attention_bwd");
   const Dims d = check_attention(q, k, v, "attention_bwd");
   check_doc_start(doc_start, d, "attention_bwd doc_start");
-  check_shape(dout, {d.B, d.S, d.H, d.hd}, "attention_bwd dout");
-  check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_bwd o");
-  check_shape(lse, {d.B, d.H, d.S}, "attention_bwd lse");
-  check_shape(dq, {d.B, d.S, d.H, d.hd}, "attention_bwd dq");
-  check_shape(dk, {d.B, d.S, d.G, d.hd}, "attention_bwd dk");
-  check_shape(dv, {d.B, d.S, d.G, d.hd}, "attention_bwd dv");
+  check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/true);
+  check_attention_gradients(d.B, d.S, d.H, d.G, d.hd, dout, dq, dk, dv);
   for (const Tensor* t : {&dout, &o, &lse, &dq, &dk, &dv}) check_dtype(*t, q.dtype, "attention_bwd");
   const int64_t rows = d.B * d.S * d.H;
   if (rows == 0) return;

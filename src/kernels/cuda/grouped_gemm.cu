@@ -32,6 +32,26 @@ __device__ bool find_tile(const int32_t* offsets, int64_t E, int64_t tile, int64
   return false;
 }
 
+using TileA = float[kBK][kBM + 4];
+using TileB = float[kBK][kBN + 4];
+
+// acc (this thread's 4x4 outputs) += the staged tiles' product, over the tile's reduction index in order.
+__device__ __forceinline__ void accumulate_tile(const TileA& As, const TileB& Bs, float (&acc)[4][4], int tx, int ty) {
+#pragma unroll
+  for (int l = 0; l < kBK; ++l) {
+    float av[4], bv[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      av[u] = As[l][ty * 4 + u];
+      bv[u] = Bs[l][tx * 4 + u];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[u][v] = __fmaf_rn(av[u], bv[v], acc[u][v]);
+  }
+}
+
 // C(i, j) = sum_l A(i, l) B(l, j) over one expert's rows:
 //   A(i, l) = a[(row0 + i) * red + l]            (rows of x or dy)
 //   B(l, j) = b[expert * b_expert + l * b_l + j * b_j]
@@ -43,8 +63,8 @@ __global__ void __launch_bounds__(kThreads) grouped_rows_kernel(const S* a, cons
   int64_t expert, row0, row1;
   if (!find_tile(offsets, E, blockIdx.x, expert, row0, row1)) return;
   const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kBN;
-  __shared__ float As[kBK][kBM + 4];
-  __shared__ float Bs[kBK][kBN + 4];
+  __shared__ TileA As;
+  __shared__ TileB Bs;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   float acc[4][4] = {};
   const S* bexp = b + expert * b_expert;
@@ -60,19 +80,7 @@ __global__ void __launch_bounds__(kThreads) grouped_rows_kernel(const S* a, cons
       Bs[l][j] = ll < red && col < cols ? load(bexp + ll * b_l + col * b_j) : 0.0f;
     }
     __syncthreads();
-#pragma unroll
-    for (int l = 0; l < kBK; ++l) {
-      float av[4], bv[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        av[u] = As[l][ty * 4 + u];
-        bv[u] = Bs[l][tx * 4 + u];
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) acc[u][v] = __fmaf_rn(av[u], bv[v], acc[u][v]);
-    }
+    accumulate_tile(As, Bs, acc, tx, ty);
     __syncthreads();
   }
 #pragma unroll
@@ -95,8 +103,8 @@ __global__ void __launch_bounds__(kThreads) grouped_wgrad_kernel(const S* dy, co
   const int64_t e = blockIdx.z, r0 = offsets[e], r1 = offsets[e + 1];
   if (r1 <= r0) return;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kBM, k0 = static_cast<int64_t>(blockIdx.x) * kBN;
-  __shared__ float As[kBK][kBM + 4];
-  __shared__ float Bs[kBK][kBN + 4];
+  __shared__ TileA As;
+  __shared__ TileB Bs;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   float acc[4][4] = {};
   for (int64_t rr = r0; rr < r1; rr += kBK) {
@@ -111,19 +119,7 @@ __global__ void __launch_bounds__(kThreads) grouped_wgrad_kernel(const S* dy, co
       Bs[l][j] = r < r1 && k < K ? load(x + r * K + k) : 0.0f;
     }
     __syncthreads();
-#pragma unroll
-    for (int l = 0; l < kBK; ++l) {
-      float av[4], bv[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        av[u] = As[l][ty * 4 + u];
-        bv[u] = Bs[l][tx * 4 + u];
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) acc[u][v] = __fmaf_rn(av[u], bv[v], acc[u][v]);
-    }
+    accumulate_tile(As, Bs, acc, tx, ty);
     __syncthreads();
   }
   float* out = dw + e * N * K;

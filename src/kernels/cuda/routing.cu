@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/ep_plan_math.h"
 #include "kernels/ops.h"
 #include "kernels/step_control.h"
 
@@ -361,54 +362,15 @@ __global__ void z_finish_kernel(const float* lse, int64_t T, double value_scale,
 }
 
 // ---------------------------------------------------------------- expert parallelism
-// The reference's loops, on one thread: the matrix is ep x E (tiny), and the plan must be exact.
+// The reference's arithmetic (kernels/ep_plan_math.h), on one thread: the matrix is ep x E (tiny).
 __global__ void ep_plan_kernel(const int32_t* c, int64_t ep, int64_t E, int64_t rank, int64_t capacity, int32_t* k,
                                int32_t* lb, int32_t* rb, int32_t* off, int32_t* tot, DeviceError* err) {
-  const int64_t El = E / ep;
   for (int64_t i = 0; i < ep * E; ++i)
     if (c[i] < 0) {
       report_error(err, err_code(OpId::ep_plan), c[i], i);
       return;
     }
-  int64_t routed = 0, dropped = 0;
-  for (int64_t r = 0; r < ep; ++r) {
-    int64_t taken = 0;
-    for (int64_t e = r * El; e < (r + 1) * El; ++e)
-      for (int64_t s = 0; s < ep; ++s) {
-        const int64_t n = c[s * E + e];
-        int64_t keep = n;
-        if (capacity >= 0) {
-          keep = capacity - taken;
-          keep = keep < 0 ? 0 : (keep > n ? n : keep);
-        }
-        k[s * E + e] = static_cast<int32_t>(keep);
-        taken += keep;
-        routed += n;
-        dropped += n - keep;
-      }
-    tot[4 + r] = static_cast<int32_t>(taken);
-  }
-  int64_t row = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    lb[e] = static_cast<int32_t>(row);
-    row += c[rank * E + e];
-  }
-  row = 0;
-  off[0] = 0;
-  for (int64_t e = 0; e < El; ++e) {
-    for (int64_t s = 0; s < ep; ++s) {
-      rb[e * ep + s] = static_cast<int32_t>(row);
-      row += k[s * E + rank * El + e];
-    }
-    off[e + 1] = static_cast<int32_t>(row);
-  }
-  int64_t off_rank = 0;
-  for (int64_t e = 0; e < E; ++e)
-    if (e / El != rank) off_rank += k[rank * E + e];
-  tot[0] = static_cast<int32_t>(row);
-  tot[1] = static_cast<int32_t>(off_rank);
-  tot[2] = static_cast<int32_t>(routed);
-  tot[3] = static_cast<int32_t>(dropped);
+  ep_plan_arrays(c, ep, E, rank, capacity, k, lb, rb, off, tot);
 }
 
 __global__ void step_control_kernel(const double* v, int64_t nv, const double* sq, int64_t nsq, double lm_z_coef,

@@ -146,8 +146,7 @@ void attention_fwd(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, c
       vo(v_in, bf16_products, "attention_fwd");
   const Tensor &q = qo.t, &k = ko.t, &v = vo.t;
   const int32_t* ds = checked_doc_start(doc_start, d.B, d.S, "attention_fwd doc_start");
-  check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_fwd o");
-  check_shape(lse, {d.B, d.H, d.S}, "attention_fwd lse");
+  check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/false);
   check_dtype(o, q.dtype, "attention_fwd o");
   check_dtype(lse, q.dtype, "attention_fwd lse");
   if (q.dtype == DType::kF64)
@@ -165,12 +164,8 @@ void attention_bwd(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in
       vo(v_in, bf16_products, "attention_bwd"), doo(dout_in, bf16_products, "attention_bwd");
   const Tensor &q = qo.t, &k = ko.t, &v = vo.t, &dout = doo.t;
   const int32_t* ds = checked_doc_start(doc_start, d.B, d.S, "attention_bwd doc_start");
-  check_shape(dout, {d.B, d.S, d.H, d.hd}, "attention_bwd dout");
-  check_shape(o, {d.B, d.S, d.H, d.hd}, "attention_bwd o");
-  check_shape(lse, {d.B, d.H, d.S}, "attention_bwd lse");
-  check_shape(dq, {d.B, d.S, d.H, d.hd}, "attention_bwd dq");
-  check_shape(dk, {d.B, d.S, d.G, d.hd}, "attention_bwd dk");
-  check_shape(dv, {d.B, d.S, d.G, d.hd}, "attention_bwd dv");
+  check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/true);
+  check_attention_gradients(d.B, d.S, d.H, d.G, d.hd, dout, dq, dk, dv);
   for (const Tensor* t : {&dout, &o, &lse, &dq, &dk, &dv}) check_dtype(*t, q.dtype, "attention_bwd");
   if (q.dtype == DType::kF64)
     bwd(d, dout.as<double>(), q.as<double>(), k.as<double>(), v.as<double>(), dq.as<double>(),

@@ -1,6 +1,5 @@
 // ep_plan: the expert-parallel exchange plan, from the all-gathered count matrix.
-#include <algorithm>
-
+#include "kernels/ep_plan_math.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe::ref {
@@ -24,45 +23,8 @@ void ep_plan(const Tensor& counts, int64_t rank, int64_t capacity, const Tensor&
   int32_t* tot = totals.as<int32_t>();
   for (int64_t i = 0; i < ep * E; ++i)
     MOE_CHECK(c[i] >= 0, "ep_plan: negative count ", c[i], " (source ", i / E, ", expert ", i % E, ")");
-  // Each receiving rank r keeps rows in its receive order: local expert major, then source rank.
-  int64_t routed = 0, dropped = 0;
-  for (int64_t r = 0; r < ep; ++r) {
-    int64_t taken = 0;
-    for (int64_t e = r * El; e < (r + 1) * El; ++e)
-      for (int64_t s = 0; s < ep; ++s) {
-        const int64_t n = c[s * E + e];
-        const int64_t keep = capacity < 0 ? n : std::clamp<int64_t>(capacity - taken, 0, n);
-        k[s * E + e] = static_cast<int32_t>(keep);
-        taken += keep;
-        routed += n;
-        dropped += n - keep;
-      }
-    tot[4 + r] = static_cast<int32_t>(taken);
-  }
-  int32_t* lb = local_begin.as<int32_t>();
-  int64_t row = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    lb[e] = static_cast<int32_t>(row);
-    row += c[rank * E + e];
-  }
-  int32_t* rb = recv_begin.as<int32_t>();
-  int32_t* off = recv_offsets.as<int32_t>();
-  row = 0;
-  off[0] = 0;
-  for (int64_t e = 0; e < El; ++e) {
-    for (int64_t s = 0; s < ep; ++s) {
-      rb[e * ep + s] = static_cast<int32_t>(row);
-      row += k[s * E + rank * El + e];
-    }
-    off[e + 1] = static_cast<int32_t>(row);
-  }
-  int64_t off_rank = 0;
-  for (int64_t e = 0; e < E; ++e)
-    if (e / El != rank) off_rank += k[rank * E + e];
-  tot[0] = static_cast<int32_t>(row);
-  tot[1] = static_cast<int32_t>(off_rank);
-  tot[2] = static_cast<int32_t>(routed);
-  tot[3] = static_cast<int32_t>(dropped);
+  ep_plan_arrays(c, ep, E, rank, capacity, k, local_begin.as<int32_t>(), recv_begin.as<int32_t>(),
+                 recv_offsets.as<int32_t>(), tot);
 }
 
 }  // namespace moe::ref
