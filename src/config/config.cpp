@@ -138,6 +138,8 @@ const std::vector<Field>& fields() {
         "ZeRO-1: shard the Adam moments over the data-parallel group (experts: expert-data-parallel)");
     add("parallel", "ep_capacity_factor", P(ep_capacity_factor), 0, 1e6, {},
         "expert parallelism: rows each rank's experts keep per MoE layer = ceil(cf x top_k x local tokens), the tail dropped (0 = dropless)");
+    add("parallel", "ep_transport", P(ep_transport), 0, 0, {"p2p", "padded"},
+        "expert parallelism: p2p (messages sized by the plan, one host read of the counts per plan) or padded (fixed slabs per peer, no host read; sends (ep - 1) whole slabs)");
     add("parallel", "stage_layers", P(stage_layers), 0, 0, {}, "layers per pipeline stage, comma-separated (\"\" = balanced)");
     add("parallel", "communicator", P(communicator), 0, 0, {"mpi", "nccl"},
         "what carries tensors between ranks (nccl: device buffers, needs train.backend = \"cuda\")");

@@ -155,6 +155,10 @@ struct ParallelConfig {
   // rows per MoE layer and micro-batch, dropping the tail (local expert, then source rank
   // order). 0 = dropless.
   double ep_capacity_factor = 0;
+  // How expert-parallel rows travel (moe/expert_exchange.h): "p2p" (one message per (rank, local
+  // expert) block, sized by the plan: one host read of the counts per plan) or "padded" (fixed
+  // per-peer slabs through one all-to-all: nothing read on the host, (ep - 1) whole slabs sent).
+  std::string ep_transport = "p2p";
   // Layers per pipeline stage, comma-separated ("1,3"); "" = balanced (parallel/layout.h).
   std::string stage_layers;
   // What carries tensors between ranks: "mpi" (host buffers; staged on a GPU) or "nccl" (device

@@ -57,4 +57,28 @@ MOE_HD inline void ep_plan_arrays(const int32_t* c, int64_t ep, int64_t E, int64
   tot[3] = static_cast<int32_t>(dropped);
 }
 
+// One (peer q, local expert e) block of the ep_slab_copy op on `rank`'s side: rows
+// [row, row + rows) <-> slab q rows [slab_row, slab_row + rows); then `dropped` rows from
+// row + rows (tokens side only) that the op zeroes when copying out of the slabs.
+struct EpSlabBlock {
+  int64_t row = 0, slab_row = 0, rows = 0, dropped = 0;
+};
+MOE_HD inline EpSlabBlock ep_slab_block(const int32_t* c, const int32_t* k, const int32_t* lb, const int32_t* rb,
+                                        int64_t ep, int64_t E, int64_t rank, bool expert_side, int64_t q, int64_t e) {
+  const int64_t El = E / ep;
+  // The block's source rank and first global expert of the destination rank.
+  const int64_t source = expert_side ? q : rank, first = expert_side ? rank * El : q * El;
+  EpSlabBlock b;
+  for (int64_t x = 0; x < e; ++x) b.slab_row += k[source * E + first + x];
+  const int64_t g = first + e;
+  b.rows = k[source * E + g];
+  if (expert_side) {
+    b.row = rb[e * ep + q];
+  } else {
+    b.row = lb[g];
+    b.dropped = c[source * E + g] - b.rows;
+  }
+  return b;
+}
+
 }  // namespace moe

@@ -16,7 +16,7 @@ Tensor ArenaPlan::operator()(DType dtype, std::initializer_list<int64_t> dims) {
 }
 
 Dims model_dims(const ModelConfig& c, int64_t batch, int64_t seq_len, DType compute, bool bf16_operands,
-                int64_t ep, double capacity_factor) {
+                int64_t ep, double capacity_factor, bool padded_exchange) {
   Dims d;
   d.B = batch;
   d.S = seq_len;
@@ -25,6 +25,7 @@ Dims model_dims(const ModelConfig& c, int64_t batch, int64_t seq_len, DType comp
   d.ep = ep;
   d.El = c.num_experts / ep;
   d.Rx = ep > 1 ? expert_rows_bound(d.T, c.top_k, c.num_experts, ep, capacity_factor) : d.R;
+  d.slab_rows = ep > 1 && padded_exchange ? exchange_slab_rows(d.T, c.top_k, c.num_experts, ep, capacity_factor) : 0;
   d.cdt = compute;
   d.adt = bf16_operands ? DType::kBF16 : compute;
   return d;
@@ -152,6 +153,7 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
     s.dscores_TE = A(d.cdt, {T, E});
     s.dlogits_TE = A(d.cdt, {T, E});
     s.mean_prob_E = A(d.cdt, {E});
+    if (d.slab_rows > 0) s.ep_slabs = A(d.cdt, {2 * d.ep * d.slab_rows * D});
   }
   // Operand-dtype copy of any upstream gradient that feeds a GEMM.
   int64_t dy = std::max({T * D, T * H * hd, head_chunk * c.vocab_size, swiglu});

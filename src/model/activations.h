@@ -35,13 +35,15 @@ struct Dims {
   // Expert parallelism: ep ranks share the experts, El = E / ep local experts each; Rx = rows this
   // rank's experts may compute in one micro-batch (R without EP; expert_rows_bound with EP).
   int64_t ep = 1, El = 0, Rx = 0;
+  // The padded expert transport's slab rows per peer (exchange_slab_rows); 0 with the p2p one.
+  int64_t slab_rows = 0;
   DType cdt = DType::kF32;  // compute dtype
   DType adt = DType::kF32;  // GEMM operand dtype
 };
 // The dims of micro-batches of `batch` sequences of seq_len tokens; ep > 1: expert parallelism
 // with that capacity factor (0 = dropless).
 Dims model_dims(const ModelConfig& c, int64_t batch, int64_t seq_len, DType compute, bool bf16_operands,
-                int64_t ep = 1, double capacity_factor = 0);
+                int64_t ep = 1, double capacity_factor = 0, bool padded_exchange = false);
 
 struct AttnActs {
   Tensor rstd_in;          // (T)
@@ -119,6 +121,8 @@ struct FinalNormActs {
 //   dy_operand_N     operand_grad: bf16 copy of a gradient   the GEMMs right after it
 //   logits_CV, row_ce_C, row_z_C   LM-head chunk             the same chunk
 //   mean_prob_E      load_balance_loss                       the step statistics' axpy
+//   ep_slabs         EP, padded transport: the send and the  the same exchange (one move)
+//                    receive slabs, (2, ep, slab_rows, D)
 struct Scratch {
   Tensor dresid_TD, dy_TD, droute_TD, dshared_TD, dnormed_TD, shared_out_TD;
   Tensor dq_BSHd, dk_BSGd, dv_BSGd, do_BSHd;
@@ -132,6 +136,7 @@ struct Scratch {
   Tensor dy_operand_N;             // operand dtype
   Tensor logits_CV, row_ce_C, row_z_C;
   Tensor mean_prob_E;
+  Tensor ep_slabs;                 // compute dtype, 2*ep*slab_rows*D elements; padded transport only
 };
 
 // What one plan covers: a pipeline stage's layers and its in-flight micro-batches.

@@ -19,7 +19,7 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_
 
 MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
                                      bool recompute, int64_t layer_begin, int64_t layer_end, int64_t slots,
-                                     int64_t ep, double capacity_factor, int64_t zero1_dp) {
+                                     int64_t ep, double capacity_factor, int64_t zero1_dp, bool padded_exchange) {
   MemoryEstimate m;
   ModelShard shard;
   shard.layer_begin = layer_begin;
@@ -43,7 +43,7 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   const double T = static_cast<double>(Ti);
   const double H = static_cast<double>(c.n_heads), G = static_cast<double>(c.n_kv_heads), hd = static_cast<double>(c.hd());
   const double Ha = H * hd, Ga = G * hd;
-  const Dims dims = model_dims(c, micro_batch, seq_len, DType::kF32, bf16, ep, capacity_factor);
+  const Dims dims = model_dims(c, micro_batch, seq_len, DType::kF32, bf16, ep, capacity_factor, padded_exchange);
   const ActivationPlan plan(c, dims, StagePlan{layer_begin, layer_end, slots, recompute}, nullptr);
   m.activations = static_cast<double>(plan.bytes());
   // Per layer per token: one MoE layer (a dense one if the model has none), as its own plan.
@@ -73,7 +73,7 @@ MemoryEstimate estimate_memory(const Config& config) {
     const MemoryEstimate m = estimate_stage_memory(config.model, config.train.micro_batch_size, config.train.seq_len,
                                                    config.train.precision == "bf16", config.train.recompute, begin,
                                                    end, pp == 1 ? 1 : std::min(pp - s, micro), pc.ep,
-                                                   pc.ep_capacity_factor, zero1_dp);
+                                                   pc.ep_capacity_factor, zero1_dp, pc.ep_transport == "padded");
     if (m.total() > most.total()) most = m;
   }
   return most;

@@ -38,7 +38,8 @@ MemoryEstimate estimate_memory(const Config& config);
 // (the first stage holds the embedding, the last final norm + LM head).
 MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
                                      bool recompute, int64_t layer_begin, int64_t layer_end, int64_t slots,
-                                     int64_t ep = 1, double capacity_factor = 0, int64_t zero1_dp = 1);
+                                     int64_t ep = 1, double capacity_factor = 0, int64_t zero1_dp = 1,
+                                     bool padded_exchange = false);
 // Human-readable lines ("# memory ..."), bytes and GiB.
 std::string format_memory(const MemoryEstimate& m);
 

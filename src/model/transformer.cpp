@@ -3,6 +3,7 @@
 #include "model/attention_block.h"
 #include "model/dense_ffn.h"
 #include "moe/p2p_transport.h"
+#include "moe/padded_transport.h"
 
 namespace moe {
 
@@ -12,7 +13,8 @@ Dims checked_dims(const ModelConfig& c, const ModelOptions& o) {
   MOE_CHECK(o.compute == DType::kF32 || o.compute == DType::kF64, "compute dtype must be f32 or f64");
   MOE_CHECK(!(o.bf16_operands && o.compute != DType::kF32), "bf16 operands need f32 compute");
   MOE_CHECK(o.pipeline_slots >= 1, "pipeline_slots = ", o.pipeline_slots, " must be at least 1");
-  return model_dims(c, o.batch, o.seq_len, o.compute, o.bf16_operands, o.ep ? o.ep->size() : 1, o.ep_capacity_factor);
+  return model_dims(c, o.batch, o.seq_len, o.compute, o.bf16_operands, o.ep ? o.ep->size() : 1, o.ep_capacity_factor,
+                    o.ep_transport == ExchangeTransportKind::kPadded);
 }
 }  // namespace
 
@@ -35,7 +37,10 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
   layer_end_ = shard.layer_end;
   if (ep > 1) {
     const int64_t M = cfg_.num_moe_layers(), words = ExchangePlan::words(ep, cfg_.num_experts);
-    transport_ = std::make_unique<P2pExpertTransport>(*o.ep, ops, cfg_.num_experts);
+    if (o.ep_transport == ExchangeTransportKind::kPadded)
+      transport_ = std::make_unique<PaddedExpertTransport>(*o.ep, ops, cfg_.num_experts, dims_.slab_rows);
+    else
+      transport_ = std::make_unique<P2pExpertTransport>(*o.ep, ops, cfg_.num_experts);
     exchange_ = std::make_unique<ExpertExchange>(*transport_, ops, cfg_.num_experts,
                                                  expert_capacity(dims_.T, cfg_.top_k, o.ep_capacity_factor));
     // One plan per (activation slot, MoE layer): 1F1B keeps several micro-batches in flight.

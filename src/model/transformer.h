@@ -60,6 +60,7 @@ struct ModelOptions {
   // hold experts [r*E/ep, (r+1)*E/ep) (shard.expert_begin, shard.num_local_experts).
   Communicator* ep = nullptr;
   double ep_capacity_factor = 0;  // 0 = dropless (see parallel.ep_capacity_factor)
+  ExchangeTransportKind ep_transport = ExchangeTransportKind::kP2p;  // parallel.ep_transport
   // Micro-batches whose saved activations a pipeline stage holds at once (1F1B: min(pp - stage,
   // micro-batches)); each slot is a residual stream + per-layer activations, scratch is shared.
   int64_t pipeline_slots = 1;

@@ -50,6 +50,13 @@ int64_t expert_rows_bound(int64_t tokens, int64_t top_k, int64_t num_experts, in
   return rows;
 }
 
+int64_t exchange_slab_rows(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t ep, double capacity_factor) {
+  int64_t rows = tokens * std::min(top_k, num_experts / ep);
+  const int64_t capacity = expert_capacity(tokens, top_k, capacity_factor);
+  if (capacity >= 0) rows = std::min(rows, capacity);
+  return rows;
+}
+
 ExpertExchange::ExpertExchange(ExpertTransport& transport, Backend& ops, int64_t num_experts, int64_t capacity)
     : transport_(transport), ops_(ops), num_experts_(num_experts), capacity_(capacity) {
   MOE_CHECK(num_experts % transport.size() == 0, "num_experts=", num_experts, " is not divisible by ep=",

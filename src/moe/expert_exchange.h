@@ -52,6 +52,15 @@ enum ExchangeTotal : int { kRowsReceived = 0, kRowsSentOffRank = 1, kRowsRouted 
 int64_t expert_rows_bound(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t ep, double capacity_factor);
 // Rows a receiving rank keeps with capacity factor cf > 0: ceil(cf * K * T_local); -1 if cf == 0.
 int64_t expert_capacity(int64_t tokens, int64_t top_k, double capacity_factor);
+// The padded transport's slab: the most kept rows one rank can exchange with one peer, T tokens
+// times at most min(K, El) of the peer's experts each, bounded by the capacity.
+int64_t exchange_slab_rows(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t ep, double capacity_factor);
+
+// How an EP group's rows travel (parallel.ep_transport).
+enum class ExchangeTransportKind : uint8_t {
+  kP2p,     // per-block point-to-point messages sized by the plan, read on the host once per plan
+  kPadded,  // fixed slabs per peer through one all-to-all: no host read of routing
+};
 
 // How an EP group moves rows. Collective: every rank of the group calls in the same order.
 class ExpertTransport {
@@ -64,8 +73,10 @@ class ExpertTransport {
   // Called once ep_plan has written the plan's device tensors.
   virtual void plan_ready(ExchangePlan& plan, int64_t capacity) = 0;
   // to_experts: local (>= T*K, D) rows -> received (>= rows received, D); else the reverse, and
-  // my dropped rows in local are zeroed.
-  virtual void move(const ExchangePlan& plan, const Tensor& local, const Tensor& received, bool to_experts) = 0;
+  // my dropped rows in local are zeroed. workspace: the transport's scratch in the activation
+  // plan (Scratch::ep_slabs; empty when the transport needs none), any dtype.
+  virtual void move(const ExchangePlan& plan, const Tensor& local, const Tensor& received, bool to_experts,
+                    const Tensor& workspace) = 0;
   // Seconds the host spent blocked in this transport, since creation.
   virtual double blocked_seconds() const = 0;
   // Payload bytes staged through the host so far (zero for a device transport).
@@ -85,13 +96,14 @@ class ExpertExchange {
   void make_plan(const Tensor& local_counts, ExchangePlan& plan);
   // local (>= T*K, D): my rows, expert-major over global experts -> received grouped by (local
   // expert, source rank). Dropped rows are not sent.
-  void send_to_experts(const ExchangePlan& plan, const Tensor& local, const Tensor& received) {
-    transport_.move(plan, local, received, true);
+  // workspace: as ExpertTransport::move.
+  void send_to_experts(const ExchangePlan& plan, const Tensor& local, const Tensor& received, const Tensor& workspace) {
+    transport_.move(plan, local, received, true, workspace);
   }
   // The reverse: received rows back into their source's positions in local; my dropped rows in
   // local are zeroed.
-  void return_to_sources(const ExchangePlan& plan, const Tensor& received, const Tensor& local) {
-    transport_.move(plan, local, received, false);
+  void return_to_sources(const ExchangePlan& plan, const Tensor& received, const Tensor& local, const Tensor& workspace) {
+    transport_.move(plan, local, received, false, workspace);
   }
 
  private:

@@ -52,7 +52,7 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
       ops.add_counts(ex.plan->totals, ex.counters);
     }
     a.recv_offsets = ex.plan->recv_offsets;
-    ex.exchange->send_to_experts(*ex.plan, a.xs_act, a.xr_act);
+    ex.exchange->send_to_experts(*ex.plan, a.xs_act, a.xr_act, s.ep_slabs);
     rows = ctx.dims.Rx;
   }
   phase.reset();
@@ -72,7 +72,7 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
   ops.grouped_linear_fwd(ea_act, Wc.exp_down, a.recv_offsets, ys);
   if (ex.exchange) {  // back to the tokens' rank, into their local expert-major rows
     Tensor returned = bf16 ? s.dys_RD : a.ys;  // dys is free during the forward
-    ex.exchange->return_to_sources(*ex.plan, ys, returned);
+    ex.exchange->return_to_sources(*ex.plan, ys, returned, s.ep_slabs);
     ys = returned;
   }
 
@@ -142,7 +142,7 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
   int64_t rows = ctx.dims.R;
   if (ex.exchange) {
     a.recv_offsets = ex.plan->recv_offsets;
-    ex.exchange->send_to_experts(*ex.plan, g, s.dyr_XD);
+    ex.exchange->send_to_experts(*ex.plan, g, s.dyr_XD, s.ep_slabs);
     rows = ctx.dims.Rx;
     g = s.dyr_XD.slice(0, rows);
   }
@@ -167,7 +167,7 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
   Tensor dxs_local = dxs;
   if (ex.exchange) {
     ops.axpy(1.0, dxs_up, dxs);
-    ex.exchange->return_to_sources(*ex.plan, dxs, s.dys_RD);  // dys was sent: free
+    ex.exchange->return_to_sources(*ex.plan, dxs, s.dys_RD, s.ep_slabs);  // dys was sent: free
     dxs_local = s.dys_RD;
   }
   phase.reset();

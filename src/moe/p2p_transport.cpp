@@ -56,7 +56,8 @@ void P2pExpertTransport::plan_ready(ExchangePlan& plan, int64_t capacity) {
   ref::ep_plan(h.counts, comm_.rank(), capacity, h.kept, h.local_begin, h.recv_begin, h.recv_offsets, h.totals);
 }
 
-void P2pExpertTransport::move(const ExchangePlan& plan, const Tensor& local, const Tensor& received, bool to_experts) {
+void P2pExpertTransport::move(const ExchangePlan& plan, const Tensor& local, const Tensor& received, bool to_experts,
+                              const Tensor& /*workspace: none needed*/) {
   const int64_t ep = comm_.size(), E = num_experts_, El = E / ep, me = comm_.rank(), D = local.cols();
   MOE_CHECK(plan.host.size() == static_cast<size_t>(ExchangePlan::words(ep, E)),
             "expert exchange: the plan was not made by this transport");

@@ -33,7 +33,8 @@ class P2pExpertTransport final : public ExpertTransport {
   int64_t rank() const override { return comm_.rank(); }
   void gather_counts(const Tensor& local_counts, ExchangePlan& plan) override;
   void plan_ready(ExchangePlan& plan, int64_t capacity) override;
-  void move(const ExchangePlan& plan, const Tensor& local, const Tensor& received, bool to_experts) override;
+  void move(const ExchangePlan& plan, const Tensor& local, const Tensor& received, bool to_experts,
+            const Tensor& workspace) override;
   double blocked_seconds() const override { return blocked_s_; }
   const TransferStats& staged() const override { return staging_.staged(); }
 

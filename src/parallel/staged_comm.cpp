@@ -78,6 +78,25 @@ void StagedComm::all_gather(Communicator& c, const Tensor& src, const Tensor& ds
   to_device(a_.data(), dst);
 }
 
+void StagedComm::all_to_all(Communicator& c, const Tensor& src, const Tensor& dst) {
+  MOE_CHECK(src.dtype == dst.dtype && src.numel() == dst.numel() && src.numel() % c.size() == 0, "all_to_all: ",
+            src.shape_str(), " -> ", dst.shape_str(), " is not size x chunk over ", c.size(), " ranks");
+  const auto n = static_cast<size_t>(c.size());
+  const int64_t chunk = src.numel() / c.size();
+  counts_.assign(n, chunk);
+  displs_.resize(n);
+  for (size_t q = 0; q < n; ++q) displs_[q] = static_cast<int64_t>(q) * chunk;
+  const char *a = static_cast<const char*>(src.data), *b = static_cast<const char*>(dst.data);
+  MOE_CHECK(a + src.nbytes() <= b || b + dst.nbytes() <= a, "all_to_all: the send and receive buffers overlap");
+  if (direct(c)) {
+    return c.all_to_all_v(src.data, counts_, displs_, dst.data, counts_, displs_, src.dtype);
+  }
+  void* h = to_host(src, b_);
+  if (a_.size() < dst.nbytes()) a_.resize(dst.nbytes());
+  c.all_to_all_v(h, counts_, displs_, a_.data(), counts_, displs_, src.dtype);
+  to_device(a_.data(), dst);
+}
+
 void StagedComm::send(Communicator& c, const Tensor& t, int peer, int tag) {
   if (direct(c)) return c.send(t.data, static_cast<size_t>(t.numel()), t.dtype, peer, tag);
   c.send(to_host(t, a_), static_cast<size_t>(t.numel()), t.dtype, peer, tag);

@@ -25,6 +25,9 @@ class StagedComm {
   void reduce_scatter_sum(Communicator& c, const Tensor& src, const Tensor& dst);
   // src (n) -> dst (size * n); src may lie inside dst.
   void all_gather(Communicator& c, const Tensor& src, const Tensor& dst);
+  // src (size * n) -> dst (size * n): chunk q of src goes to rank q, chunk q of dst came from it
+  // (a fixed-size all-to-all; counted as all_to_all_v). src and dst do not overlap.
+  void all_to_all(Communicator& c, const Tensor& src, const Tensor& dst);
   void send(Communicator& c, const Tensor& t, int peer, int tag);
   void recv(Communicator& c, const Tensor& t, int peer, int tag);
   // Non-blocking send; `host` holds the staged bytes until the request completes (the caller
@@ -43,6 +46,7 @@ class StagedComm {
  private:
   Backend& ops_;
   std::vector<unsigned char> a_, b_;  // reused: no allocation once grown
+  std::vector<int64_t> counts_, displs_;
   TransferStats staged_;
 };
 

@@ -44,6 +44,7 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
     }
     o.ep = groups_->ep.get();
     o.ep_capacity_factor = config_.parallel.ep_capacity_factor;
+    o.ep_transport = config_.parallel.ep_transport == "padded" ? ExchangeTransportKind::kPadded : ExchangeTransportKind::kP2p;
   }
   try {
     model_ = std::make_unique<Transformer>(config_.model, config_.loss, o, ops_);

@@ -16,6 +16,7 @@
 #include "model/memory.h"
 #include "parity_common.h"
 #include "moe/p2p_transport.h"
+#include "moe/padded_transport.h"
 #include "train/trainer.h"
 #include "world.h"
 
@@ -171,7 +172,8 @@ struct EpModel {
   std::unique_ptr<Backend> ops;
   std::unique_ptr<Transformer> model;
 };
-EpModel run_ep_micro_batch(const Config& c, Communicator& ep_comm, bool bf16) {
+EpModel run_ep_micro_batch(const Config& c, Communicator& ep_comm, bool bf16,
+                           ExchangeTransportKind transport = ExchangeTransportKind::kP2p) {
   EpModel r;
   r.ops = make_backend("cpu");
   const int64_t n = ep_comm.size(), El = c.model.num_experts / n, B = 2, S = c.train.seq_len;
@@ -182,6 +184,8 @@ EpModel run_ep_micro_batch(const Config& c, Communicator& ep_comm, bool bf16) {
   o.shard.expert_begin = ep_comm.rank() * El;
   o.shard.num_local_experts = El;
   o.ep = &ep_comm;
+  o.ep_transport = transport;
+  o.ep_capacity_factor = c.parallel.ep_capacity_factor;
   r.model = std::make_unique<Transformer>(c.model, c.loss, o, *r.ops);
   r.model->init_params(c.train.seed);
   std::vector<int32_t> ids, labels;
@@ -264,6 +268,66 @@ TEST(ExpertParallel, SendsExactlyTheOffRankRows) {
     EXPECT_EQ(rec.stats().sent(CommOp::kAllGather),
               moe_layers.size() * static_cast<uint64_t>((n - 1) * c.model.num_experts) * 4);
     EXPECT_EQ(rec.stats().sent(CommOp::kAllToAllV), 0u);
+  }
+}
+
+// The padded transport computes what the p2p one does, bit for bit: the same plan, the same
+// rows in the same places, the same zeros for dropped routes (f64 and bf16 + recompute, dropless
+// and with capacity, EP 2 and EP = world).
+TEST(ExpertParallel, PaddedTransportEqualsP2pBitwise) {
+  const int n = world().size();
+  if (n < 2 || n % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  struct Variant {
+    const char* name;
+    int64_t ep;
+    double capacity_factor;
+    bool bf16;
+  };
+  for (const Variant& v : {Variant{"ep2", 2, 0, false}, Variant{"ep_world_capacity", n, 0.75, false},
+                           Variant{"ep2_bf16_recompute_capacity", 2, 1.0, true}}) {
+    SCOPED_TRACE(v.name);
+    if (n > 2 && v.ep == 2) continue;  // at 4 ranks only EP = world (oversubscribed ranks are slow)
+    Config c = ep_config(n, v.ep);
+    c.train.steps = 4;  // past warm-up, with clipping and the loss-free bias at work
+    c.parallel.ep_capacity_factor = v.capacity_factor;
+    if (v.bf16) {
+      c.train.precision = "bf16";
+      c.train.recompute = true;
+    }
+    const DType compute = v.bf16 ? DType::kF32 : DType::kF64;
+    ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
+    const RunResult p2p = run_distributed(c, g, compute);
+    c.parallel.ep_transport = "padded";
+    const RunResult padded = run_distributed(c, g, compute);
+    EXPECT_EQ(padded.total, p2p.total);
+    EXPECT_EQ(padded.grad_norm, p2p.grad_norm);
+    EXPECT_EQ(padded.params, p2p.params);
+    EXPECT_EQ(padded.dense_hash, p2p.dense_hash);
+  }
+}
+
+// The padded transport's bytes: every move sends (ep - 1) whole slabs of exchange_slab_rows rows
+// (forward inputs and backward output gradients in the operand dtype, the two returns in the
+// compute dtype) as all_to_all_v, whatever the routing; no point-to-point message; the counts
+// all-gathered once per layer as before.
+TEST(ExpertParallel, PaddedTransportSendsWholeSlabs) {
+  const int n = world().size();
+  if (n == 1 || n > 8) GTEST_SKIP() << "needs 2 to 8 ranks";
+  Config c = parity_config();
+  c.parallel.ep_capacity_factor = 0.5;  // slab rows = the capacity, below T * min(K, El)
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    RecordingCommunicator rec(world());
+    EpModel m = run_ep_micro_batch(c, rec, bf16, ExchangeTransportKind::kPadded);
+    const int64_t T = 2 * c.train.seq_len, K = c.model.top_k, E = c.model.num_experts, D = c.model.d_model;
+    const int64_t slab = exchange_slab_rows(T, K, E, n, 0.5);
+    ASSERT_EQ(slab, static_cast<int64_t>(std::ceil(0.5 * static_cast<double>(T * K))));
+    const uint64_t operand = bf16 ? 2 : 4, compute = 4, M = static_cast<uint64_t>(c.model.num_moe_layers());
+    const uint64_t per_dtype = static_cast<uint64_t>((n - 1) * slab * D);
+    EXPECT_EQ(rec.stats().sent(CommOp::kAllToAllV), M * per_dtype * 2 * (operand + compute));
+    EXPECT_EQ(rec.stats().count(CommOp::kAllToAllV), 4 * M);
+    EXPECT_EQ(rec.stats().sent(CommOp::kSend), 0u);
+    EXPECT_EQ(rec.stats().sent(CommOp::kAllGather), M * static_cast<uint64_t>((n - 1) * E) * 4);
   }
 }
 
@@ -361,10 +425,12 @@ TEST(ExpertParallel, ArenaEqualsTheEstimate) {
   const int n = world().size();
   if (n == 1) GTEST_SKIP() << "needs two or more ranks";
   for (double cf : {0.0, 0.75})
-    for (const char* precision : {"fp32", "bf16"}) {
-      SCOPED_TRACE(std::string(precision) + " cf " + std::to_string(cf));
+    for (const char* precision : {"fp32", "bf16"})
+      for (const char* transport : {"p2p", "padded"}) {
+      SCOPED_TRACE(std::string(precision) + " cf " + std::to_string(cf) + " " + transport);
       Config c = ep_config(n, n);
       c.parallel.ep_capacity_factor = cf;
+      c.parallel.ep_transport = transport;
       c.train.precision = precision;
       ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
       std::unique_ptr<Backend> ops = make_backend("cpu");
@@ -372,6 +438,14 @@ TEST(ExpertParallel, ArenaEqualsTheEstimate) {
       const double arena = static_cast<double>(trainer.model().activation_arena_bytes());
       const double estimate = estimate_memory(c).activations;
       EXPECT_EQ(arena, estimate);
+      if (std::string(transport) == "padded") {  // the two slab sets, fp32, 64-byte padded
+        Config p2p = c;
+        p2p.parallel.ep_transport = "p2p";
+        const int64_t T = c.train.micro_batch_size * c.train.seq_len, D = c.model.d_model;
+        const int64_t slab = exchange_slab_rows(T, c.model.top_k, c.model.num_experts, n, cf);
+        const double slabs = static_cast<double>((2 * n * slab * D * 4 + 63) / 64 * 64);
+        EXPECT_EQ(estimate - estimate_memory(p2p).activations, slabs);
+      }
       // Dropless, the worst-case receive buffers cost more than the single process's.
       Config single = c;
       single.parallel = ParallelConfig{};
@@ -469,7 +543,15 @@ TEST(ExpertParallel, ExchangeCostReport) {
     world().barrier();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() / iters;
   };
-  const double p2p = time_it([&] { exchange.send_to_experts(plan, local_t, placed_t); });
+  const double p2p = time_it([&] { exchange.send_to_experts(plan, local_t, placed_t, Tensor()); });
+  // The padded transport: fixed slabs of exchange_slab_rows rows per peer, one all-to-all.
+  const int64_t slab = exchange_slab_rows(R / c.model.top_k, c.model.top_k, E, n, 0);
+  PaddedExpertTransport padded(*g.ep, *ops, E, slab);
+  ExpertExchange padded_exchange(padded, *ops, E, -1);
+  std::vector<float> slabs(static_cast<size_t>(2 * n * slab * D));
+  const Tensor slabs_t(slabs.data(), DType::kF32, {static_cast<int64_t>(slabs.size())});
+  padded_exchange.make_plan(Tensor(counts.data(), DType::kI32, {E}), plan);
+  const double padded_s = time_it([&] { padded_exchange.send_to_experts(plan, local_t, placed_t, slabs_t); });
   const double a2a = time_it([&] {
     g.ep->all_to_all_v(local_rows.data(), sc, sd, by_sender.data(), rc, rd, DType::kF32);
     for (int64_t e = 0; e < El; ++e)
@@ -478,9 +560,9 @@ TEST(ExpertParallel, ExchangeCostReport) {
                     count[s2 * E + me * El + e] * D, placed.data() + recv_begin[e * n + s2] * D);
   });
   std::printf("[rank %d] one dispatch of %lld rows x %lld (received %lld): per-block isend/irecv %.1f us, "
-              "all_to_all_v + placement %.1f us\n",
+              "all_to_all_v + placement %.1f us, padded slabs of %lld rows %.1f us\n",
               world().rank(), static_cast<long long>(R), static_cast<long long>(D),
-              static_cast<long long>(received), p2p * 1e6, a2a * 1e6);
+              static_cast<long long>(received), p2p * 1e6, a2a * 1e6, static_cast<long long>(slab), padded_s * 1e6);
 }
 
 }  // namespace

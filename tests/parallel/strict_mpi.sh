@@ -1,12 +1,12 @@
 #!/bin/bash
 # Device discipline under mpirun: `moecore train` on the strict backend (memory the host cannot
 # read; communication staged through counted host copies) against the cpu backend, for DP=2 with
-# ZeRO-1, DP=2 with EP=2, PP=2 and PP x DP x EP at 4 ranks. Each run: 6 steps with clipping, a
+# ZeRO-1, DP=2 with EP=2 (p2p and padded transports), PP=2 and PP x DP x EP at 4 ranks. Each run: 6 steps with clipping, a
 # skipped NaN step, evaluations, checkpoints; strict once more from its step-2 checkpoint with
 # --resume. Every logged number (time and transfer fields aside) and every rank's final state
 # file must be byte-identical, and a plain step of rank 0 must read the device exactly
 # 1 + (MoE layers it holds x micro-batches, with EP) times: the step's statistics plus the expert
-# exchange's count reads.
+# exchange's count reads (none with parallel.ep_transport = padded).
 # Usage: strict_mpi.sh MOECORE MPIEXEC
 set -u
 moecore=$1 mpiexec=$2
@@ -61,6 +61,8 @@ layout() {  # name, np, expected device reads of a plain step on rank 0, layout 
 # micro-batches per rank: batch 4 / dp 2 / micro 1 = 2; MoE layers on rank 0: 2, or 1 with pp = 2.
 layout dp2_zero1 2 1 --set parallel.dp=2 --set parallel.zero1=true
 layout dp2_ep2 2 5 --set parallel.dp=2 --set parallel.ep=2
+# The padded expert transport reads no routing count on the host: the statistics only.
+layout dp2_ep2_padded 2 1 --set parallel.dp=2 --set parallel.ep=2 --set parallel.ep_transport=padded
 layout pp2 2 1 --set parallel.pp=2
 layout pp2_dp2_ep2 4 3 --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2
 exit $fail

@@ -20,9 +20,10 @@ struct CliResult {
   std::string output;  // stdout and stderr together
 };
 
-inline CliResult run_cli(const std::string& args, int timeout_s = 60) {
-  const std::string cmd = "timeout -s KILL " + std::to_string(timeout_s) + " " + std::string(MOE_BINARY_PATH) + " " +
-                          args + " 2>&1";
+// launcher: a command line the binary runs under ("mpirun -np 2 "), or "".
+inline CliResult run_cli(const std::string& args, int timeout_s = 60, const std::string& launcher = "") {
+  const std::string cmd = "timeout -s KILL " + std::to_string(timeout_s) + " " + launcher + std::string(MOE_BINARY_PATH) +
+                          " " + args + " 2>&1";
   FILE* pipe = ::popen(cmd.c_str(), "r");
   CliResult r;
   char buf[4096];

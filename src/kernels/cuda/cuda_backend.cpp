@@ -349,7 +349,8 @@ bool cuda_supports(OpId op, DType dtype) {
     case OpId::axpy:
     case OpId::sum_to:
     case OpId::sumsq_to:
-    case OpId::sumsq_segments: return true;
+    case OpId::sumsq_segments:
+    case OpId::ep_slab_copy: return true;  // bytes are copied
     default: return false;
   }
 }

@@ -373,6 +373,37 @@ __global__ void ep_plan_kernel(const int32_t* c, int64_t ep, int64_t E, int64_t 
   ep_plan_arrays(c, ep, E, rank, capacity, k, lb, rb, off, tot);
 }
 
+// ep_slab_copy: block (peer q, local expert e) = blockIdx.x is one contiguous run of rows on each
+// side (kernels/ep_plan_math.h), copied as words W by the CTAs of blockIdx.y.
+struct SlabArgs {
+  const int32_t *c, *k, *lb, *rb;
+  int64_t ep, E, rank, S, N, row_bytes;
+  bool expert_side, to_slabs;
+  char *rows, *slabs;
+};
+template <class W> __global__ void ep_slab_copy_kernel(SlabArgs a, DeviceError* err) {
+  __shared__ EpSlabBlock b;
+  const int64_t El = a.E / a.ep, q = blockIdx.x / El, e = blockIdx.x % El;
+  if (threadIdx.x == 0) b = ep_slab_block(a.c, a.k, a.lb, a.rb, a.ep, a.E, a.rank, a.expert_side, q, e);
+  __syncthreads();
+  if (b.rows < 0 || b.dropped < 0 || b.row < 0 || b.slab_row + b.rows > a.S || b.row + b.rows + b.dropped > a.N) {
+    if (threadIdx.x == 0 && blockIdx.y == 0) report_error(err, err_code(OpId::ep_slab_copy), static_cast<int>(b.rows), blockIdx.x);
+    return;
+  }
+  W* row = reinterpret_cast<W*>(a.rows + b.row * a.row_bytes);
+  W* slab = reinterpret_cast<W*>(a.slabs + (q * a.S + b.slab_row) * a.row_bytes);
+  const int64_t words = b.rows * a.row_bytes / static_cast<int64_t>(sizeof(W));
+  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (a.to_slabs) {
+    for (int64_t i = first; i < words; i += step) slab[i] = row[i];
+    return;
+  }
+  for (int64_t i = first; i < words; i += step) row[i] = slab[i];
+  const int64_t zeros = b.dropped * a.row_bytes / static_cast<int64_t>(sizeof(W));
+  for (int64_t i = first; i < zeros; i += step) row[words + i] = W{};
+}
+
 __global__ void step_control_kernel(const double* v, int64_t nv, const double* sq, int64_t nsq, double lm_z_coef,
                                     double lbl_coef, double router_z_coef, double max_norm, const double* lr_table,
                                     int64_t nlr, double* c) {
@@ -651,6 +682,37 @@ void ep_plan(Context& ctx, const Tensor& counts, int64_t rank, int64_t capacity,
                                           ptr<int32_t>(local_begin), ptr<int32_t>(recv_begin), ptr<int32_t>(recv_offsets),
                                           ptr<int32_t>(totals), ctx.error);
   check_launch("ep_plan");
+}
+
+void ep_slab_copy(Context& ctx, const Tensor& counts, const Tensor& kept, const Tensor& local_begin,
+                  const Tensor& recv_begin, int64_t rank, bool expert_side, bool to_slabs, const Tensor& rows,
+                  const Tensor& slabs) {
+  check_all({&counts, &kept, &local_begin, &recv_begin, &rows, &slabs}, "ep_slab_copy");
+  MOE_CHECK(kept.ndim == 2, "ep_slab_copy: kept must be (ep,E), got ", kept.shape_str());
+  const int64_t ep = kept.dim(0), E = kept.dim(1);
+  MOE_CHECK(ep >= 1 && E % ep == 0, "ep_slab_copy: ", E, " experts do not divide over ", ep, " ranks");
+  MOE_CHECK(rank >= 0 && rank < ep, "ep_slab_copy: rank ", rank, " outside the group of ", ep);
+  const int64_t El = E / ep;
+  for (const Tensor* t : {&counts, &kept, &local_begin, &recv_begin}) check_dtype(*t, DType::kI32, "ep_slab_copy");
+  check_shape(counts, {ep, E}, "ep_slab_copy counts");
+  check_shape(local_begin, {E}, "ep_slab_copy local_begin");
+  check_shape(recv_begin, {El, ep}, "ep_slab_copy recv_begin");
+  MOE_CHECK(rows.ndim == 2 && slabs.ndim == 3 && slabs.dim(0) == ep && slabs.dim(2) == rows.cols() &&
+                rows.dtype == slabs.dtype,
+            "ep_slab_copy: rows ", rows.shape_str(), " ", dtype_name(rows.dtype), " and slabs ", slabs.shape_str(), " ",
+            dtype_name(slabs.dtype), " do not match (slabs (", ep, ", S, cols) of the rows' dtype)");
+  SlabArgs a{ptr<const int32_t>(counts), ptr<const int32_t>(kept), ptr<const int32_t>(local_begin),
+             ptr<const int32_t>(recv_begin), ep, E, rank, slabs.dim(1), rows.rows(),
+             rows.cols() * static_cast<int64_t>(dtype_size(rows.dtype)), expert_side, to_slabs,
+             static_cast<char*>(rows.data), static_cast<char*>(slabs.data)};
+  if (ep * El == 0 || a.row_bytes == 0) return;
+  // Each block is one contiguous run: 16-byte words when every run starts on a 16-byte boundary.
+  const bool wide = a.row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(a.rows) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(a.slabs) % 16 == 0;
+  const dim3 grid(static_cast<unsigned>(ep * El), 8);
+  if (wide) ep_slab_copy_kernel<uint4><<<grid, kThreads, 0, ctx.stream>>>(a, ctx.error);
+  else ep_slab_copy_kernel<uint16_t><<<grid, kThreads, 0, ctx.stream>>>(a, ctx.error);
+  check_launch("ep_slab_copy");
 }
 
 void step_control(Context& ctx, const Tensor& values, const Tensor& sumsq, double lm_z_coef, double lbl_coef,
