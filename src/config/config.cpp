@@ -99,6 +99,8 @@ const std::vector<Field>& fields() {
         "cuda: an NVIDIA GPU, in a build with -DMOE_CUDA=ON)");
     add("train", "threads", T(threads), 0, 4096, {}, "CPU threads (0 = all)");
     add("train", "recompute", T(recompute), 0, 0, {}, "recompute each block in backward");
+    add("train", "overlap_host", T(overlap_host), 0, 0, {},
+        "enqueue step n+1 before reading step n's record (the device never waits for the host between steps)");
     add("train", "log_every", T(log_every), 1, 1e15, {}, "steps between log lines");
     add("train", "eval_every", T(eval_every), 0, 1e15, {}, "steps between validations (0 = never)");
     add("train", "eval_batches", T(eval_batches), 1, 1e15, {}, "validation micro-batches");

@@ -108,6 +108,9 @@ struct TrainConfig {
   std::string backend = "cpu";     // cpu | ref
   int64_t threads = 0;             // 0 = all cores
   bool recompute = false;          // recompute each block in backward
+  // The host enqueues step n+1 before it reads step n's record (Trainer::submit): the device
+  // never waits for the host between steps. Drained before evaluations, checkpoints and the end.
+  bool overlap_host = true;
   int64_t log_every = 10;
   int64_t eval_every = 100;
   int64_t eval_batches = 8;

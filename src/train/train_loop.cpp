@@ -212,22 +212,30 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
   GerrymanderDetector gerrymander(gopt);
   std::string stop_reason = "completed";
 
-  for (int64_t step = start.step + 1; step <= tc.steps; ++step) {
-    step_now = step;
-    const int64_t position = start.next_instance + (step - start.step - 1) * tc.batch_size;
-    fill_batch(train, order, position, ids, labels, dp_rank, dp, doc_mask ? &doc.t : nullptr,
-               static_cast<int32_t>(config.data.eos_id));
-    maybe_inject_fault(trainer, step, groups ? groups->world->rank() : 0);
-    const double t_step = now_s();
-    const StepResult& r = trainer.step(ids, labels, doc_mask ? doc.t : Tensor());
+  // train.overlap_host: step n+1 is enqueued before step n's record is read (Trainer::submit),
+  // so a record is handled one step late; before a step that evaluates, checkpoints or ends the
+  // run, the step in flight is drained (collect) so those see exactly that step's state.
+  const bool lag = tc.overlap_host;
+  const CheckpointConfig& cc = config.checkpoint;
+  const auto drains = [&](int64_t step) {
+    return step == tc.steps || (valid && tc.eval_every > 0 && step % tc.eval_every == 0) ||
+           (cc.every > 0 && step % cc.every == 0);
+  };
+  struct InFlight {
+    int64_t step = 0, position = 0;
+  };
+  double t_mark = t_start;  // when the last record was handled (or its step began): step seconds
+  // One step's record: logs, metrics, evaluation, checkpoint. may_end: the step's state is the
+  // model's (nothing in flight), so the time limit may end the run here. Returns true when last.
+  const auto handle = [&](const StepResult& r, int64_t step, int64_t position, bool may_end) -> bool {
     tokens_window += r.tokens;
     summary.steps = step;
     if (!r.skipped) summary.final_train_loss = r.ce;
     const double t = now_s();
     const bool vectors = config.metrics.vectors_every > 0 && step % config.metrics.vectors_every == 0;
-    nlohmann::json j = step_record(r, {t - t_step, elapsed(t)}, flops_per_token, peak, vectors);
+    nlohmann::json j = step_record(r, {t - t_mark, elapsed(t)}, flops_per_token, peak, vectors);
     j["step"] = step;
-    const bool out_of_time = tc.time_limit_s > 0 && t - t_start >= tc.time_limit_s;
+    const bool out_of_time = may_end && tc.time_limit_s > 0 && t - t_start >= tc.time_limit_s;
     const bool last = step == tc.steps || out_of_time;
     if (out_of_time && step < tc.steps) stop_reason = "time_limit";
     if (r.skipped) {
@@ -285,8 +293,53 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
         maybe_save_checkpoint(config, trainer, step, position + tc.batch_size, last, anchor, elapsed(now_s()), log);
     if (!saved.path.empty())
       events.write("checkpoint", {{"step", step}, {"path", saved.path}, {"bytes", saved.bytes}, {"seconds", saved.seconds}});
-    if (last) break;
+    t_mark = now_s();
+    return last;
+  };
+  std::optional<InFlight> flight;
+  const auto flush_in_flight = [&] {  // the record of the step in flight, if any, handled as not last
+    if (!flight) return;
+    const InFlight f = *std::exchange(flight, std::nullopt);
+    if (const StepResult* r = trainer.collect()) handle(*r, f.step, f.position, false);
+  };
+  for (int64_t step = start.step + 1; step <= tc.steps; ++step) {
+    step_now = step;
+    const int64_t position = start.next_instance + (step - start.step - 1) * tc.batch_size;
+    if (flight && tc.time_limit_s > 0 && now_s() - t_start >= tc.time_limit_s) {
+      // Out of time with a step in flight: it is the last (its state is the model's once read).
+      const InFlight f = *std::exchange(flight, std::nullopt);
+      step_now = f.step;
+      if (const StepResult* r = trainer.collect()) handle(*r, f.step, f.position, true);
+      break;
+    }
+    try {
+      fill_batch(train, order, position, ids, labels, dp_rank, dp, doc_mask ? &doc.t : nullptr,
+                 static_cast<int32_t>(config.data.eos_id));
+      maybe_inject_fault(trainer, step, groups ? groups->world->rank() : 0);
+      if (!flight) t_mark = now_s();
+      if (!lag) {
+        if (handle(trainer.step(ids, labels, doc_mask ? doc.t : Tensor()), step, position, true)) break;
+        continue;
+      }
+      step_now = flight ? flight->step : step;  // an error now is most likely the record's being read
+      const StepResult* previous = trainer.submit(ids, labels, doc_mask ? doc.t : Tensor());
+      step_now = step;
+      const std::optional<InFlight> before = std::exchange(flight, InFlight{step, position});
+      if (previous) handle(*previous, before->step, before->position, false);
+    } catch (...) {
+      // The step before this one was enqueued and may be fine: record it before the error ends the run.
+      try {
+        if (trainer.in_flight() && flight && flight->step < step) flush_in_flight();
+      } catch (...) {
+      }
+      throw;
+    }
+    if (drains(step)) {
+      const InFlight f = *std::exchange(flight, std::nullopt);
+      if (handle(*trainer.collect(), f.step, f.position, true)) break;
+    }
   }
+  MOE_CHECK(!trainer.in_flight(), "training loop: a step is still in flight at the end");
   clear_live();
   if (trainer.skipped_steps() > 0) log << trainer.skipped_steps() << " steps skipped for non-finite values\n";
   summary.seconds = now_s() - t_start;

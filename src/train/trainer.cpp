@@ -70,6 +70,20 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
   lr_table_ = OwnedTensor(ops_, DType::kF64, {static_cast<int64_t>(lr.size())});
   ops_.upload(lr.data(), lr_table_.t);
   pipeline_ = std::make_unique<Pipeline>(*model_, groups_ ? groups_->pp.get() : nullptr);
+  // Both record slots at their full size now: a step allocates nothing for its record.
+  const auto layers = static_cast<size_t>(stats_.num_moe_layers), E = static_cast<size_t>(config_.model.num_experts);
+  for (StepSlot& slot : slots_) {
+    slot.host.resize(static_cast<size_t>(stats_.words.numel()));
+    slot.r.lbl.reserve(layers);
+    slot.r.router_z.reserve(layers);
+    slot.r.counts.assign(layers, std::vector<int32_t>(E));
+    slot.r.mean_prob.assign(layers, std::vector<double>(E));
+    if (model_->ep_size() > 1) {
+      slot.r.ep_drop_fraction.reserve(static_cast<size_t>(stats_.exchange.dim(0)));
+      slot.r.ep_rows_received.assign(static_cast<size_t>(stats_.exchange.dim(0)),
+                                     std::vector<int64_t>(static_cast<size_t>(model_->ep_size())));
+    }
+  }
 }
 
 void Trainer::forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out, const Tensor& doc_start) {
@@ -108,16 +122,63 @@ double total_loss(const LossConfig& loss, const StepResult& r) {
 const StepResult& Trainer::step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
   // Everything is enqueued first -- gradients, the step's decisions (step_control) and the
   // update they gate -- and the host reads the outcome once, at the end: no wait inside the step.
+  MOE_CHECK(!in_flight_, "Trainer::step: a submitted step is in flight (collect() it first)");
+  StepSlot& s = slots_[cur_];
+  enqueue_step(ids, labels, doc_start, s);
+  read_step(s);
+  resolve(s.r);
+  return s.r;
+}
+
+const StepResult* Trainer::submit(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
+  StepSlot& s = slots_[cur_];
+  enqueue_step(ids, labels, doc_start, s);
+  StepSlot& prev = slots_[cur_ ^ 1];
+  cur_ ^= 1;
+  if (!in_flight_) {
+    in_flight_ = true;
+    return nullptr;
+  }
+  // The step before: read now, while the device works on this one.
+  read_step(prev);
+  in_flight_ = false;
+  if (!resolve(prev.r)) {
+    // Non-finite, skipped: the device left this step's update out (the sticky flag). Again, now
+    // from the host's count; the first attempt's transfers are the skipped step's.
+    const TransferStats wasted = s.r.transfers, wasted_staged = s.r.staged;
+    enqueue_step(ids, labels, doc_start, s);
+    prev.r.transfers = prev.r.transfers + wasted;
+    prev.r.staged = prev.r.staged + wasted_staged;
+  }
+  in_flight_ = true;
+  return &prev.r;
+}
+
+const StepResult* Trainer::collect() {
+  if (!in_flight_) return nullptr;
+  StepSlot& s = slots_[cur_ ^ 1];
+  read_step(s);
+  in_flight_ = false;
+  resolve(s.r);
+  return &s.r;
+}
+
+void Trainer::enqueue_step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start, StepSlot& s) {
   const TransferStats before = ops_.transfers(), staged_before = staged();
-  StepResult& r = result_;
-  enqueue_gradients(ids, labels, doc_start, r);
+  enqueue_gradients(ids, labels, doc_start, s.r, /*counter_from_host=*/!in_flight_);
   enqueue_update();
-  read_step(r);
-  if (r.finite) optim_->set_steps_taken(optim_->steps_taken() + 1);
-  else handle_nonfinite(r);  // the update ops changed nothing
-  r.staged = staged() - staged_before;
-  r.transfers = ops_.transfers() - before - r.staged;
-  return r;
+  enqueue_record(s);
+  s.r.staged = staged() - staged_before;
+  s.r.transfers = ops_.transfers() - before - s.r.staged;
+}
+
+bool Trainer::resolve(StepResult& r) {
+  if (r.finite) {
+    optim_->set_steps_taken(optim_->steps_taken() + 1);
+    return true;
+  }
+  handle_nonfinite(r);  // the update ops changed nothing
+  return false;
 }
 
 namespace {
@@ -177,15 +238,17 @@ void reset_keeping_capacity(StepResult& r) {
 }  // namespace
 
 StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
-  StepResult& r = result_;
-  enqueue_gradients(ids, labels, doc_start, r);
-  read_step(r);
-  return r;
+  MOE_CHECK(!in_flight_, "Trainer::compute_gradients: a submitted step is in flight (collect() it first)");
+  StepSlot& s = slots_[cur_];
+  enqueue_gradients(ids, labels, doc_start, s.r);
+  enqueue_record(s);
+  read_step(s);
+  return s.r;
 }
 
 void Trainer::enqueue_step_on_device(const Tensor& ids, const Tensor& labels) {
-  StepResult& r = result_;
-  enqueue_gradients(ids, labels, Tensor(), r, /*counter_from_host=*/false);
+  MOE_CHECK(!in_flight_, "Trainer::enqueue_step_on_device: a submitted step is in flight (collect() it first)");
+  enqueue_gradients(ids, labels, Tensor(), slots_[cur_].r, /*counter_from_host=*/false);
   enqueue_update();
 }
 
@@ -197,7 +260,9 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
   check_shape(labels, {local, tc.seq_len}, "step labels");
   if (doc_start.data) check_shape(doc_start, {local, tc.seq_len}, "step doc_start");
   reset_keeping_capacity(r);
-  r.step = optim_->steps_taken() + 1;
+  // With a step in flight the host has not read its outcome yet: numbered as if it were applied
+  // (if it was not, this step is enqueued again: submit()).
+  r.step = optim_->steps_taken() + (in_flight_ ? 2 : 1);
   r.tokens = tc.batch_size * tc.seq_len;
   // The loss is normalized by the loss tokens of the whole global step (not a mean of
   // micro-batch means). Labels live in host memory with the batch: no device sync.
@@ -209,11 +274,12 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
   // The batch as the backend sees it (uploaded unless the backend's memory is the host's).
   const Tensor d_ids = on_device(ids, batch_ids_), d_labels = on_device(labels, batch_labels_);
   const Tensor d_doc = doc_start.data ? on_device(doc_start, batch_doc_) : Tensor();
-  // The step's decisions start from the host's count of applied updates (it has read the last
-  // step's outcome) and a clear non-finite flag.
+  // The step's decisions start from the host's count of applied updates and a clear non-finite
+  // flag once the host has read the last step's outcome; with a step in flight (submit) from the
+  // device's count and flag as that step leaves them, so a non-finite step also stops this one.
   if (counter_from_host)
     ops_.fill(stats_.control.slice(kCtlUpdates, kCtlUpdates + 1), static_cast<double>(optim_->steps_taken()));
-  ops_.fill(stats_.control.slice(kCtlNonfinite, kCtlNonfinite + 1), 0.0);
+  if (!in_flight_) ops_.fill(stats_.control.slice(kCtlNonfinite, kCtlNonfinite + 1), 0.0);
   model_->zero_grads();
   model_->zero_stats(stats_);
   model_->reset_exchange_counts();
@@ -238,7 +304,7 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
   const std::optional<Fault> fault = std::exchange(fault_, std::nullopt);
   if (fault == Fault::kNanGradient) ops_.fill(param_view(model_->layout().entries().front(), model_->grads().flat), std::nan(""));
   if (fault == Fault::kExtraRead) ops_.download(stats_.values.slice(0, 1), &extra_read_);  // lands by the next wait
-  drop_next_wait_ = fault == Fault::kNoWait;
+  drop_next_wait_ = fault == Fault::kNoWait;  // this step's record is read without a wait
   {
     PhaseScope phase(Phase::kOptimizer);  // grad norm and the step's decisions
     sync_->grad_sumsq(model_->grads().flat, stats_.grad_sumsq);
@@ -249,13 +315,19 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
   if (model_->ep_size() > 1) ops_.copy(model_->exchange_counts(), stats_.exchange);
 }
 
-void Trainer::read_step(StepResult& r) {
+void Trainer::enqueue_record(StepSlot& s) {
   // Loss terms, the step's decisions, grad norm sums, expert counts, probabilities and exchange
   // counters: the step's one download.
-  stats_host_.resize(static_cast<size_t>(stats_.words.numel()));  // reused: no allocation per step
-  ops_.download(stats_.words, stats_host_.data());
-  if (!std::exchange(drop_next_wait_, false)) ops_.wait(ops_.record());
-  const char* host = reinterpret_cast<const char*>(stats_host_.data());
+  s.host.resize(static_cast<size_t>(stats_.words.numel()));  // reused: no allocation per step
+  ops_.download(stats_.words, s.host.data());
+  s.done = ops_.record();
+  s.drop_wait = std::exchange(drop_next_wait_, false);
+}
+
+void Trainer::read_step(StepSlot& s) {
+  if (!s.drop_wait) ops_.wait(s.done);
+  StepResult& r = s.r;
+  const char* host = reinterpret_cast<const char*>(s.host.data());
   const auto host_real = [&](const Tensor& t, int64_t i) {  // element i of t's downloaded copy
     const char* p = host + stats_.offset_of(t) + static_cast<size_t>(i) * dtype_size(t.dtype);
     if (t.dtype == DType::kF64) {
@@ -284,7 +356,7 @@ void Trainer::read_step(StepResult& r) {
     probs.resize(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) probs[static_cast<size_t>(e)] = host_real(stats_.mean_prob[static_cast<size_t>(i)], e);
   }
-  if (model_->ep_size() > 1) expert_parallel_stats(r);
+  if (model_->ep_size() > 1) expert_parallel_stats(host, r);
   r.total = host_real(stats_.control, kCtlLoss);
   r.grad_norm = host_real(stats_.control, kCtlGradNorm);
   r.lr = host_real(stats_.control, kCtlLr);
@@ -302,13 +374,12 @@ void Trainer::read_step(StepResult& r) {
   }
 }
 
-void Trainer::expert_parallel_stats(StepResult& r) {
+void Trainer::expert_parallel_stats(const char* host, StepResult& r) {
   // Each EP group counted its own exchanges; the EP groups of a stage are the edp indices, so a
   // sum over the edp group gives the whole stage's rows (same on every rank).
   // The counters, (MoE layers, 4 + ep) i32, arrived with the step's download.
   const size_t ep = static_cast<size_t>(model_->ep_size()), layers = static_cast<size_t>(stats_.exchange.dim(0));
-  const int32_t* counters =
-      reinterpret_cast<const int32_t*>(reinterpret_cast<const char*>(stats_host_.data()) + stats_.offset_of(stats_.exchange));
+  const int32_t* counters = reinterpret_cast<const int32_t*>(host + stats_.offset_of(stats_.exchange));
   std::vector<double>& v = ep_stats_;  // reused: no allocation per step
   v.clear();
   for (size_t m = 0; m < layers; ++m) {

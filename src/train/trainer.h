@@ -60,6 +60,18 @@ class Trainer {
   // Both return the trainer's own record (refilled each step, so a step allocates nothing for
   // it); copy it to keep it past the next step.
   const StepResult& step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
+  // Lagged steps (train.overlap_host): submit() enqueues the step of this batch -- gradients,
+  // decisions, update, the download of its record -- and only then reads the record of the step
+  // before it, which it returns (nullptr when none was in flight). So the host prepares and
+  // enqueues step n+1 while the device runs step n. The non-finite flag stays set on the device
+  // until the host has read it, so a step enqueued behind a non-finite one changes nothing; with
+  // train.on_nonfinite = "skip" submit() then enqueues it again. Either way the run is step()'s,
+  // bit for bit. collect() reads the step in flight (nullptr if none); the batch tensors must stay
+  // unchanged until the next submit() or collect() returns. Evaluation, checkpoints and the other
+  // calls below need no step in flight.
+  const StepResult* submit(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
+  const StepResult* collect();
+  bool in_flight() const { return in_flight_; }
   // A step's device work only -- gradients, decisions, update -- with the update counter kept on
   // the device and no read of the step's record: what a CUDA graph captures (stream capture of
   // this call) and replays as the following steps. Host-side counters do not advance.
@@ -109,10 +121,18 @@ class Trainer {
   ProcessGroups* groups_;
   std::unique_ptr<GradSync> sync_;
   std::vector<MicroBatch> micro_;  // the step's micro-batch views
-  StepResult result_;              // the last step's record
+  // A step's record on its way to the host: the download of the step statistics
+  // (StepStats::words, once per step), the event after it, and what the host makes of them.
+  struct StepSlot {
+    StepResult r;
+    std::vector<int32_t> host;
+    Event done{};
+    bool drop_wait = false;  // Fault::kNoWait
+  };
+  StepSlot slots_[2];  // the step in flight and the one before it (submit)
+  int cur_ = 0;        // the slot the next step's record goes to
+  bool in_flight_ = false;
   std::vector<double> ep_stats_;   // expert-parallel counters on their way to the edp sum
-  std::vector<int32_t> stats_host_;       // the step statistics (StepStats::words), downloaded once per step
-  std::vector<double> grad_sumsq_host_;  // their per-parameter gradient sums of squares
   std::unique_ptr<Pipeline> pipeline_;  // one stage without pipeline parallelism
   StepStats stats_;
   // The batch in the backend's memory (used only when the host cannot address it): the step's
@@ -126,7 +146,13 @@ class Trainer {
   void enqueue_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start, StepResult& r,
                          bool counter_from_host = true);
   void enqueue_update();
-  void read_step(StepResult& r);
+  // The whole step of a batch into slot s: gradients, update, the record's download (its
+  // transfers counted in s.r).
+  void enqueue_step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start, StepSlot& s);
+  void enqueue_record(StepSlot& s);
+  void read_step(StepSlot& s);
+  // After the read: count the update (finite), or handle the non-finite step; true if applied.
+  bool resolve(StepResult& r);
   // A non-finite step: "stop" throws naming the step and tensor; "skip" records it.
   void handle_nonfinite(StepResult& r);
   OwnedTensor lr_table_;  // (steps + 2) f64: the LR of each optimizer step, on the device
@@ -137,7 +163,7 @@ class Trainer {
   int64_t skipped_steps_ = 0;
   std::optional<Fault> fault_;
   double extra_read_ = 0;  // kExtraRead's destination
-  void expert_parallel_stats(StepResult& r);
+  void expert_parallel_stats(const char* host, StepResult& r);  // host: the downloaded statistics
 };
 
 // Total of the loss terms with the configured coefficients.
