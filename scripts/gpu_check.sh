@@ -80,7 +80,7 @@ if [ -z "$need_sysroot" ]; then
     && [ -d /usr/include/CLI ] && [ -d /usr/include/gtest ] && need_sysroot=0
 fi
 if [ $need_sysroot = 1 ]; then
-  if [ ! -f "$sysroot/.stamp" ]; then
+  if [ "$(cat "$sysroot/.stamp" 2>/dev/null)" != "$(ls .cache/debs)" ]; then
     ls .cache/debs/*.deb >/dev/null 2>&1 || { say "no .cache/debs: run scripts/gpu_debs.sh on a machine with network and carry it"; exit 1; }
     rm -rf "$sysroot"; mkdir -p "$sysroot"
     for d in .cache/debs/*.deb; do
@@ -101,14 +101,15 @@ PY
     done
     # Debian's -dev packages link libfoo.so to the versioned runtime with absolute or relative
     # links; relative ones resolve inside the sysroot as they are.
-    touch "$sysroot/.stamp"
+    ls .cache/debs > "$sysroot/.stamp"
   fi
   say "build dependencies: Debian packages unpacked in .cache/sysroot"
   export CMAKE_PREFIX_PATH="$sysroot/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
   sys_inc="-isystem $sysroot/usr/include"
   sys_lib="$sysroot/usr/lib/x86_64-linux-gnu"
   mpi_hints=(-DMPI_SKIP_COMPILER_WRAPPER=ON -DMPI_C_HEADER_DIR="$sys_lib/openmpi/include" -DMPI_C_LIB_NAMES=mpi
-             -DMPI_mpi_LIBRARY="$sys_lib/openmpi/lib/libmpi.so")
+             -DMPI_mpi_LIBRARY="$sys_lib/openmpi/lib/libmpi.so" -DMPIEXEC_EXECUTABLE="$sysroot/usr/bin/orterun")
+  export OPAL_PREFIX="$sysroot/usr"  # Open MPI finds its plugins and help files under the sysroot
 else
   say "build dependencies: the system's"
   sys_inc=""; sys_lib=""; mpi_hints=()
