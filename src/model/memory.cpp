@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "kernels/cuda_memory.h"
 #include "model/activations.h"
 #include "model/params.h"
 
@@ -76,6 +77,19 @@ MemoryEstimate estimate_memory(const Config& config) {
                                                    pc.ep_capacity_factor, zero1_dp, pc.ep_transport == "padded");
     if (m.total() > most.total()) most = m;
   }
+  if (config.train.backend == "cuda") {
+    // The cpu attention's packing is not made on the GPU; the cuda backend's buffers are.
+    const ModelConfig& c = config.model;
+    most.kernel_scratch = 0;
+    most.backend_buffers = static_cast<double>(cuda_scratch_bytes() + kCublasLtWorkspaceBytes);
+    // cuDNN attention (bf16 products, no document masking, head dim a multiple of 8): its one
+    // buffer grows to the backward's size.
+    if (config.train.precision == "bf16" && !config.data.intra_doc_mask && c.hd() % 8 == 0) {
+      const int64_t B = config.train.micro_batch_size, S = config.train.seq_len;
+      most.backend_buffers += static_cast<double>(cudnn_sdpa_buffer_bytes(
+          true, B * S * c.n_heads * c.hd(), B * S * c.n_kv_heads * c.hd(), cudnn_sdpa_backward_workspace_bound(B, c.n_heads, S)));
+    }
+  }
   return most;
 }
 
@@ -95,6 +109,7 @@ std::string format_memory(const MemoryEstimate& m) {
   line("  of which per layer per token (MoE layer)", m.act_per_layer_token);
   line("  of which shared scratch + residual", m.act_shared);
   if (m.kernel_scratch > 0) line("kernel scratch (bf16 attention operands)", m.kernel_scratch);
+  if (m.backend_buffers > 0) line("cuda: scratch, cuBLASLt, cuDNN attention", m.backend_buffers);
   line("total", m.total());
   return o.str();
 }

@@ -18,10 +18,13 @@ struct MemoryEstimate {
   double router_bias = 0;      // loss-free biases: 4 E per MoE layer
   double activations = 0;      // the activation arena: saved activations + shared scratch (= the trainer's arena)
   double kernel_scratch = 0;   // kernel buffers outside the arena that scale with the batch (bf16 attention operands)
+  // train.backend = "cuda": the backend's own buffers (kernel scratch, cuBLASLt workspace) and
+  // cuDNN attention's bf16 copies + workspace (bounded by the Hopper formula, kernels/cuda_memory.h)
+  double backend_buffers = 0;
   double act_per_layer_token = 0;  // arena bytes per layer per token (an MoE layer; dense if no MoE)
   double act_shared = 0;           // the arena less the layers: residual stream, shared scratch, final norm
   double total() const {
-    return params + operand_copies + grads + optimizer + router_bias + activations + kernel_scratch;
+    return params + operand_copies + grads + optimizer + router_bias + activations + kernel_scratch + backend_buffers;
   }
 };
 

@@ -23,6 +23,7 @@
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda_memory.h"
 #ifdef MOE_WITH_CUDNN
 #include "kernels/cuda/sdpa_cudnn.h"
 #endif
@@ -68,15 +69,6 @@ void count_allocation(int64_t bytes) {
   }
 }
 
-size_t env_mb(const char* name, size_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const unsigned long long mb = std::strtoull(v, &end, 10);
-  MOE_CHECK(end && *end == '\0' && mb > 0, name, " = \"", v, "\" is not a positive number of MiB");
-  return static_cast<size_t>(mb) << 20;
-}
-
 // A pinned host ring: bytes [begin, end) in absolute positions, reusable once the stream has
 // passed the event recorded after the copy that used them.
 class PinnedRing {
@@ -120,9 +112,9 @@ class CudaBackend final : public Backend {
     std::memset(static_cast<void*>(error_host_), 0, sizeof(cuda::DeviceError));
     MOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&ctx_.error), error_host_, 0));
     const AllocationScope scope("the cuda backend's scratch and cuBLASLt workspace");
-    ctx_.scratch_bytes = env_mb("MOE_CUDA_SCRATCH_MB", size_t{64} << 20);
+    ctx_.scratch_bytes = cuda_scratch_bytes();
     ctx_.scratch = allocate(ctx_.scratch_bytes);
-    workspace_bytes_ = size_t{32} << 20;  // cuBLASLt's recommended workspace on Hopper and Blackwell
+    workspace_bytes_ = kCublasLtWorkspaceBytes;
     workspace_ = allocate(workspace_bytes_);
     gemm_ = std::make_unique<cuda::GemmLt>(workspace_, workspace_bytes_);
     ctx_.gemm = gemm_.get();
@@ -137,7 +129,7 @@ class CudaBackend final : public Backend {
       ctx_.sdpa = sdpa_.get();
     }
 #endif
-    up_ = std::make_unique<PinnedRing>(env_mb("MOE_CUDA_STAGING_MB", size_t{64} << 20));
+    up_ = std::make_unique<PinnedRing>(env_mib("MOE_CUDA_STAGING_MB", size_t{64} << 20));
     down_ = std::make_unique<PinnedRing>(up_->capacity());
   }
 

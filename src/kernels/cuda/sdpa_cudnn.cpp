@@ -16,8 +16,11 @@
 #include <cstdio>
 #include <map>
 #include <tuple>
+#include <unordered_map>
+#include <utility>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda_memory.h"
 
 namespace cudnn_frontend {
 void* cudnn_dlhandle = nullptr;  // the frontend's shim resolves every cuDNN call through it
@@ -43,6 +46,8 @@ struct CudnnSdpa::Graph {
   std::shared_ptr<fe::graph::Graph> graph;
   bool ok = false;
   int64_t workspace = 0;
+  // The variant pack, its keys inserted once: a call only assigns pointers (no allocation).
+  std::unordered_map<int64_t, void*> pack;
 };
 
 std::unique_ptr<CudnnSdpa> CudnnSdpa::load(Allocator& device, cudaStream_t stream, std::string* why) {
@@ -136,7 +141,7 @@ bool CudnnSdpa::forward(Context& ctx, const Tensor& q, const Tensor& k, const Te
   Graph& g = graph(false, B, S, H, G, hd);
   if (!g.ok) return false;
   const int64_t nq = B * S * H * hd, nk = B * S * G * hd;
-  char* p = static_cast<char*>(buffer(static_cast<size_t>(2 * (2 * nq + 2 * nk) + g.workspace + 256)));
+  char* p = static_cast<char*>(buffer(cudnn_sdpa_buffer_bytes(false, nq, nk, g.workspace)));
   auto bf = [&](int64_t n, std::initializer_list<int64_t> dims) {
     Tensor t(p, DType::kBF16, dims, Device::kCuda);
     p += (n * 2 + 255) / 256 * 256;
@@ -146,8 +151,10 @@ bool CudnnSdpa::forward(Context& ctx, const Tensor& q, const Tensor& k, const Te
   convert(ctx, q, qb);
   convert(ctx, k, kb);
   convert(ctx, v, vb);
-  std::unordered_map<int64_t, void*> pack{{kQ, qb.data}, {kK, kb.data}, {kV, vb.data}, {kO, ob.data}, {kStats, lse.data}};
-  MOE_CHECK(g.graph->execute(handle_, pack, p).is_good(), "cuDNN SDPA forward failed to execute");
+  for (const auto& [uid, ptr] : {std::pair<int64_t, void*>{kQ, qb.data}, {kK, kb.data}, {kV, vb.data}, {kO, ob.data},
+                                 {kStats, lse.data}})
+    g.pack[uid] = ptr;
+  MOE_CHECK(g.graph->execute(handle_, g.pack, p).is_good(), "cuDNN SDPA forward failed to execute");
   convert(ctx, ob, o);
   return true;
 }
@@ -158,7 +165,7 @@ bool CudnnSdpa::backward(Context& ctx, const Tensor& dout, const Tensor& q, cons
   Graph& g = graph(true, B, S, H, G, hd);
   if (!g.ok) return false;
   const int64_t nq = B * S * H * hd, nk = B * S * G * hd;
-  char* p = static_cast<char*>(buffer(static_cast<size_t>(2 * (4 * nq + 4 * nk) + g.workspace + 256)));
+  char* p = static_cast<char*>(buffer(cudnn_sdpa_buffer_bytes(true, nq, nk, g.workspace)));
   auto bf = [&](int64_t n) {
     Tensor t(p, DType::kBF16, {n}, Device::kCuda);
     p += (n * 2 + 255) / 256 * 256;
@@ -170,9 +177,10 @@ bool CudnnSdpa::backward(Context& ctx, const Tensor& dout, const Tensor& q, cons
   convert(ctx, v, vb);
   convert(ctx, o, ob);
   convert(ctx, dout, db);
-  std::unordered_map<int64_t, void*> pack{{kQ, qb.data},  {kK, kb.data},   {kV, vb.data},   {kO, ob.data},  {kDO, db.data},
-                                          {kStats, lse.data}, {kDQ, dqb.data}, {kDK, dkb.data}, {kDV, dvb.data}};
-  MOE_CHECK(g.graph->execute(handle_, pack, p).is_good(), "cuDNN SDPA backward failed to execute");
+  for (const auto& [uid, ptr] : {std::pair<int64_t, void*>{kQ, qb.data}, {kK, kb.data}, {kV, vb.data}, {kO, ob.data},
+                                 {kDO, db.data}, {kStats, lse.data}, {kDQ, dqb.data}, {kDK, dkb.data}, {kDV, dvb.data}})
+    g.pack[uid] = ptr;
+  MOE_CHECK(g.graph->execute(handle_, g.pack, p).is_good(), "cuDNN SDPA backward failed to execute");
   convert(ctx, dqb, dq);
   convert(ctx, dkb, dk);
   convert(ctx, dvb, dv);

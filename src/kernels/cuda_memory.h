@@ -1,0 +1,45 @@
+// Device memory the cuda backend holds beside the model's own buffers, stated once so that the
+// memory estimate (model/memory.cpp, moecore config) counts what the backend allocates
+// (kernels/cuda/cuda_backend.cpp, kernels/cuda/sdpa_cudnn.cpp). No CUDA headers: the estimate is
+// made in every build.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+
+#include "core/check.h"
+
+namespace moe {
+
+// name (MiB, a positive integer) from the environment, or fallback bytes.
+inline size_t env_mib(const char* name, size_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const unsigned long long mb = std::strtoull(v, &end, 10);
+  MOE_CHECK(end && *end == '\0' && mb > 0, name, " = \"", v, "\" is not a positive number of MiB");
+  return static_cast<size_t>(mb) << 20;
+}
+
+// The kernels' shared scratch (MOE_CUDA_SCRATCH_MB, default 64 MiB) and cuBLASLt's workspace.
+inline size_t cuda_scratch_bytes() { return env_mib("MOE_CUDA_SCRATCH_MB", size_t{64} << 20); }
+constexpr size_t kCublasLtWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's recommendation for Hopper and Blackwell
+
+// cuDNN SDPA's one buffer: bf16 copies of q, k, v, o (forward; nq = B*S*H*hd, nk = B*S*G*hd) or
+// of q, o, dO, dQ, k, v, dK, dV (backward), each from a 256-byte boundary, then the graph's workspace.
+inline size_t cudnn_sdpa_buffer_bytes(bool backward, int64_t nq, int64_t nk, int64_t workspace) {
+  const auto padded = [](int64_t n) { return static_cast<size_t>((n * 2 + 255) / 256 * 256); };
+  const size_t copies = backward ? 4 : 2;
+  return copies * (padded(nq) + padded(nk)) + static_cast<size_t>(workspace);
+}
+
+// The deterministic backward's workspace on Hopper: a dP buffer of b * h * ceil64(s_q) *
+// ceil64(s_kv) * 2 bytes (shared/reference/gpu-backend.md); the estimate's bound for cuDNN's own
+// figure, which is known only once the graph is built on the device.
+inline int64_t cudnn_sdpa_backward_workspace_bound(int64_t B, int64_t H, int64_t S) {
+  const int64_t s64 = (S + 63) / 64 * 64;
+  return B * H * s64 * s64 * 2;
+}
+
+}  // namespace moe
