@@ -204,7 +204,7 @@ int run(int argc, char** argv) {
               << "\n# training FLOPs per token (causal attention): " << m.train_flops_per_token(c.train.seq_len)
               << "\n# training FLOPs per token (non-causal convention, 12*L*H*hd*S): "
               << m.train_flops_per_token_noncausal(c.train.seq_len) << "\n"
-              << "# memory estimate (closed form, src/model/memory.cpp; micro-batch of "
+              << "# memory estimate (the trainer's own plans measured, src/model/memory.cpp; micro-batch of "
               << c.train.micro_batch_size << " x " << c.train.seq_len << " tokens, " << c.train.precision
               << (c.train.recompute ? ", block recompute" : "") << "):\n"
               << moe::format_memory(moe::estimate_memory(c));

@@ -76,8 +76,11 @@ TEST(Cupti, PlainStepsAllocateNothingAndSyncOnce) {
 #ifndef MOE_HAVE_CUPTI
   GTEST_SKIP() << "built without CUPTI (MOE_CUPTI_LIBRARY not found)";
 #else
-  for (const std::string precision : {"fp32", "bf16"}) {
-    SCOPED_TRACE(precision);
+  // Eager steps (Trainer::step) and lagged ones (submit, as `moecore train` runs them by default):
+  // the same budget per step.
+  for (const std::string precision : {"fp32", "bf16"})
+    for (const bool lagged : {false, true}) {
+    SCOPED_TRACE(precision + (lagged ? " lagged" : " eager"));
     const Config c = test::small_cuda_config(precision);
     std::unique_ptr<Backend> ops = make_backend("cuda");
     Trainer trainer(c, *ops, DType::kF32);
@@ -86,16 +89,21 @@ TEST(Cupti, PlainStepsAllocateNothingAndSyncOnce) {
       ids.as<int32_t>()[i] = static_cast<int32_t>((i * 7) % 64);
       labels.as<int32_t>()[i] = static_cast<int32_t>((i * 7 + 3) % 64);
     }
-    for (int s = 0; s < 2; ++s) trainer.step(ids, labels);  // warm-up: GEMM plans, heuristics
+    const auto one_step = [&] {
+      if (lagged) trainer.submit(ids, labels);
+      else trainer.step(ids, labels);
+    };
+    for (int s = 0; s < 2; ++s) one_step();  // warm-up: GEMM plans, heuristics (lagged: one in flight)
     CUpti_SubscriberHandle sub = nullptr;
     ASSERT_EQ(cuptiSubscribe(&sub, on_driver_call, nullptr), CUPTI_SUCCESS);
     ASSERT_EQ(cuptiEnableDomain(1, sub, CUPTI_CB_DOMAIN_DRIVER_API), CUPTI_SUCCESS);
     g_counts = ApiCounts{};
     const int steps = 3;
     g_counting = true;
-    for (int s = 0; s < steps; ++s) trainer.step(ids, labels);
+    for (int s = 0; s < steps; ++s) one_step();
     g_counting = false;
     cuptiUnsubscribe(sub);
+    trainer.collect();
     for (const auto& [dst, src] : g_counts.untyped) {
       const bool d = on_device(dst), s = on_device(src);
       if (d && s) ++g_counts.d2d;
