@@ -182,7 +182,7 @@ TEST_P(EpSlabCopy, SimulatedRanksExchangeLikeTheReceiveOrder) {
 
 TEST_P(EpSlabCopy, RefusesBlocksThatDoNotFit) {
   std::vector<int32_t> counts = {3, 1, 2, 2}, kept = counts, lb = {0, 3}, rb = {0, 3};  // ep 2, E 2, rank 0
-  std::vector<float> rows(4 * 2), slabs(2 * 2 * 2);
+  std::vector<float> rows(4 * 2), slabs(2 * 3 * 2);  // room for slabs of up to 3 rows
   const auto err = [&](int64_t n_rows, int64_t S) {
     return test::error_of([&] {
       test::fast().ep_slab_copy(Tensor(counts.data(), DType::kI32, {2, 2}), Tensor(kept.data(), DType::kI32, {2, 2}),
