@@ -20,9 +20,11 @@
 // sent, its expert output is zero (it adds nothing to the combine) and it gets no gradient.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
+#include "core/phase_timer.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
 
@@ -60,6 +62,19 @@ int64_t exchange_slab_rows(int64_t tokens, int64_t top_k, int64_t num_experts, i
 enum class ExchangeTransportKind : uint8_t {
   kP2p,     // per-block point-to-point messages sized by the plan, read on the host once per plan
   kPadded,  // fixed slabs per peer through one all-to-all: no host read of routing
+};
+
+// For transports: adds the seconds of its scope to `total` (the host blocked in communication)
+// and books them to the communication phase.
+class BlockedTimer {
+ public:
+  explicit BlockedTimer(double& total) : total_(total), phase_(Phase::kCommunication) {}
+  ~BlockedTimer() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+
+ private:
+  double& total_;
+  PhaseScope phase_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
 };
 
 // How an EP group moves rows. Collective: every rank of the group calls in the same order.

@@ -1,26 +1,10 @@
 #include "moe/p2p_transport.h"
 
-#include <chrono>
 #include <cstring>
 
-#include "core/phase_timer.h"
 #include "kernels/ref/ref_ops.h"  // the host mirror of the plan: the reference ep_plan
 
 namespace moe {
-namespace {
-
-class BlockedTimer {
- public:
-  explicit BlockedTimer(double& total) : total_(total), phase_(Phase::kCommunication) {}
-  ~BlockedTimer() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
-
- private:
-  double& total_;
-  PhaseScope phase_;
-  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
-};
-
-}  // namespace
 
 P2pExpertTransport::P2pExpertTransport(Communicator& ep, Backend& ops, int64_t num_experts)
     : comm_(ep), ops_(ops), staging_(ops), num_experts_(num_experts) {

@@ -1,9 +1,5 @@
 #include "moe/padded_transport.h"
 
-#include <chrono>
-
-#include "core/phase_timer.h"
-
 namespace moe {
 
 PaddedExpertTransport::PaddedExpertTransport(Communicator& ep, Backend& ops, int64_t num_experts, int64_t slab_rows)
@@ -13,10 +9,8 @@ PaddedExpertTransport::PaddedExpertTransport(Communicator& ep, Backend& ops, int
 }
 
 void PaddedExpertTransport::gather_counts(const Tensor& local_counts, ExchangePlan& plan) {
-  PhaseScope phase(Phase::kCommunication);
-  const auto t0 = std::chrono::steady_clock::now();
+  BlockedTimer blocked(blocked_s_);
   staging_.all_gather(comm_, local_counts, plan.counts.view({plan.counts.numel()}));
-  blocked_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void PaddedExpertTransport::move(const ExchangePlan& plan, const Tensor& local, const Tensor& received,
@@ -39,10 +33,8 @@ void PaddedExpertTransport::move(const ExchangePlan& plan, const Tensor& local, 
   // Packing on the sending side, placing on the receiving side; the tokens' side is the local one.
   ops_.ep_slab_copy(plan.counts, plan.kept, plan.local_begin, plan.recv_begin, me, !to_experts, true, from, send);
   {
-    PhaseScope phase(Phase::kCommunication);
-    const auto t0 = std::chrono::steady_clock::now();
+    BlockedTimer blocked(blocked_s_);
     staging_.all_to_all(comm_, send.view({slab_elems}), recv.view({slab_elems}));
-    blocked_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   ops_.ep_slab_copy(plan.counts, plan.kept, plan.local_begin, plan.recv_begin, me, to_experts, false, to, recv);
 }

@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/ep_checks.h"
 #include "kernels/ep_plan_math.h"
 #include "kernels/ops.h"
 #include "kernels/step_control.h"
@@ -667,17 +668,8 @@ void router_z_loss(Context& ctx, const Tensor& logits, double value_scale, doubl
 void ep_plan(Context& ctx, const Tensor& counts, int64_t rank, int64_t capacity, const Tensor& kept, const Tensor& local_begin,
              const Tensor& recv_begin, const Tensor& recv_offsets, const Tensor& totals) {
   check_all({&counts, &kept, &local_begin, &recv_begin, &recv_offsets, &totals}, "ep_plan");
-  MOE_CHECK(counts.ndim == 2, "ep_plan: counts must be (ep,E), got ", counts.shape_str());
-  const int64_t ep = counts.dim(0), E = counts.dim(1);
-  MOE_CHECK(ep >= 1 && E % ep == 0, "ep_plan: ", E, " experts do not divide over ", ep, " ranks");
-  MOE_CHECK(rank >= 0 && rank < ep, "ep_plan: rank ", rank, " outside the group of ", ep);
-  const int64_t El = E / ep;
-  for (const Tensor* t : {&counts, &kept, &local_begin, &recv_begin, &recv_offsets, &totals}) check_dtype(*t, DType::kI32, "ep_plan");
-  check_shape(kept, {ep, E}, "ep_plan kept");
-  check_shape(local_begin, {E}, "ep_plan local_begin");
-  check_shape(recv_begin, {El, ep}, "ep_plan recv_begin");
-  check_shape(recv_offsets, {El + 1}, "ep_plan recv_offsets");
-  check_shape(totals, {4 + ep}, "ep_plan totals");
+  const EpGroup g = check_ep_plan_args(counts, rank, kept, local_begin, recv_begin, recv_offsets, totals);
+  const int64_t ep = g.ep, E = g.E;
   ep_plan_kernel<<<1, 1, 0, ctx.stream>>>(ptr<const int32_t>(counts), ep, E, rank, capacity, ptr<int32_t>(kept),
                                           ptr<int32_t>(local_begin), ptr<int32_t>(recv_begin), ptr<int32_t>(recv_offsets),
                                           ptr<int32_t>(totals), ctx.error);
@@ -688,19 +680,8 @@ void ep_slab_copy(Context& ctx, const Tensor& counts, const Tensor& kept, const 
                   const Tensor& recv_begin, int64_t rank, bool expert_side, bool to_slabs, const Tensor& rows,
                   const Tensor& slabs) {
   check_all({&counts, &kept, &local_begin, &recv_begin, &rows, &slabs}, "ep_slab_copy");
-  MOE_CHECK(kept.ndim == 2, "ep_slab_copy: kept must be (ep,E), got ", kept.shape_str());
-  const int64_t ep = kept.dim(0), E = kept.dim(1);
-  MOE_CHECK(ep >= 1 && E % ep == 0, "ep_slab_copy: ", E, " experts do not divide over ", ep, " ranks");
-  MOE_CHECK(rank >= 0 && rank < ep, "ep_slab_copy: rank ", rank, " outside the group of ", ep);
-  const int64_t El = E / ep;
-  for (const Tensor* t : {&counts, &kept, &local_begin, &recv_begin}) check_dtype(*t, DType::kI32, "ep_slab_copy");
-  check_shape(counts, {ep, E}, "ep_slab_copy counts");
-  check_shape(local_begin, {E}, "ep_slab_copy local_begin");
-  check_shape(recv_begin, {El, ep}, "ep_slab_copy recv_begin");
-  MOE_CHECK(rows.ndim == 2 && slabs.ndim == 3 && slabs.dim(0) == ep && slabs.dim(2) == rows.cols() &&
-                rows.dtype == slabs.dtype,
-            "ep_slab_copy: rows ", rows.shape_str(), " ", dtype_name(rows.dtype), " and slabs ", slabs.shape_str(), " ",
-            dtype_name(slabs.dtype), " do not match (slabs (", ep, ", S, cols) of the rows' dtype)");
+  const EpGroup g = check_ep_slab_copy_args(counts, kept, local_begin, recv_begin, rank, rows, slabs);
+  const int64_t ep = g.ep, E = g.E, El = E / ep;
   SlabArgs a{ptr<const int32_t>(counts), ptr<const int32_t>(kept), ptr<const int32_t>(local_begin),
              ptr<const int32_t>(recv_begin), ep, E, rank, slabs.dim(1), rows.rows(),
              rows.cols() * static_cast<int64_t>(dtype_size(rows.dtype)), expert_side, to_slabs,
