@@ -3,7 +3,7 @@
 namespace moe {
 
 PaddedExpertTransport::PaddedExpertTransport(Communicator& ep, Backend& ops, int64_t num_experts, int64_t slab_rows)
-    : comm_(ep), ops_(ops), staging_(ops), num_experts_(num_experts), slab_rows_(slab_rows) {
+    : comm_(ep), ops_(ops), staging_(ops), slab_rows_(slab_rows) {
   MOE_CHECK(num_experts % ep.size() == 0, "num_experts=", num_experts, " is not divisible by ep=", ep.size());
   MOE_CHECK(slab_rows > 0, "padded expert transport: slab rows ", slab_rows, " must be positive");
 }

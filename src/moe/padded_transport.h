@@ -45,7 +45,7 @@ class PaddedExpertTransport final : public ExpertTransport {
   Communicator& comm_;
   Backend& ops_;
   StagedComm staging_;
-  int64_t num_experts_, slab_rows_;
+  int64_t slab_rows_;
   double blocked_s_ = 0;
 };
 
