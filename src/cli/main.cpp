@@ -1,4 +1,4 @@
-// moecore command line: train, config, prepare, eval, generate, export-hf, import-hf, bench.
+// moecore command line: train, config, plan, prepare, eval, generate, export-hf, import-hf, bench.
 // Every error reaches the user as one line naming what was wrong; the exit status is non-zero.
 #include <algorithm>
 #include <atomic>
@@ -26,6 +26,7 @@
 #include "checkpoint/safetensors.h"
 #include "data/prepare.h"
 #include "model/memory.h"
+#include "plan/plan.h"
 #include "kernels/ops.h"
 #include "parallel/communicator.h"
 #include "train/bench.h"
@@ -42,7 +43,9 @@ namespace {
 struct Args {
   std::string command, config_path, input, out, from, dtype = "f32", checkpoint, prompt;
   std::vector<std::string> overrides;
-  bool resume = false, kernels = false;
+  bool resume = false, kernels = false, json = false;
+  std::string layout;
+  int64_t ranks_per_node = 0, plan_step = 1;
   int64_t warmup = 3, bench_steps = 10;
   int64_t batches = 0, max_tokens = 200, top_k = 40;
   double temperature = 0.8;
@@ -79,6 +82,18 @@ struct CommandLine {
     CLI::App* cfg = app.add_subcommand("config", "print the resolved config, parameter count, FLOPs and memory estimate");
     config(cfg);
     sets(cfg);
+
+    CLI::App* plan = app.add_subcommand("plan", "memory per stage and communication per step of a parallel layout, "
+                                                "before the run");
+    config(plan);
+    sets(plan);
+    plan->add_option("--layout", a.layout, "the layout to plan instead of [parallel]'s (e.g. dp=4,ep=2,pp=2)")
+        ->type_name("dp=N,ep=N,pp=N");
+    plan->add_option("--ranks-per-node", a.ranks_per_node, "ranks sharing one node's links (0 = all in one node)")
+        ->check(CLI::NonNegativeNumber)->capture_default_str();
+    plan->add_option("--step", a.plan_step, "the optimizer step whose traffic is predicted (uniform routing)")
+        ->check(CLI::PositiveNumber)->capture_default_str();
+    plan->add_flag("--json", a.json, "JSON for scripts (every number at full precision)");
 
     CLI::App* prep = app.add_subcommand("prepare", "byte-level token files (train.bin, valid.bin) and the bigram entropy");
     prep->add_option("--input", a.input, "plain text file")->type_name("TEXT")->required();
@@ -147,7 +162,7 @@ struct CommandLine {
       const std::string cmd = chosen.empty() ? std::string() : chosen.front()->get_name();
       // An unknown first word is an unknown command, not an extra argument.
       if (chosen.empty() && argc >= 2 && argv[1][0] != '-')
-        MOE_FAIL("unknown command '", std::string(argv[1]), "' (commands: train, config, prepare, eval, generate, "
+        MOE_FAIL("unknown command '", std::string(argv[1]), "' (commands: train, config, plan, prepare, eval, generate, "
                  "export-hf, import-hf, bench, help; run 'moecore --help')");
       MOE_FAIL(std::string(e.what()), " (run 'moecore ", cmd.empty() ? std::string() : cmd + " ", "--help')");
     }
@@ -208,6 +223,16 @@ int run(int argc, char** argv) {
               << c.train.micro_batch_size << " x " << c.train.seq_len << " tokens, " << c.train.precision
               << (c.train.recompute ? ", block recompute" : "") << "):\n"
               << moe::format_memory(moe::estimate_memory(c));
+    return 0;
+  }
+  if (a.command == "plan") {
+    moe::Config c = resolve(a);
+    if (!a.layout.empty()) moe::apply_layout_arg(a.layout, c.parallel);
+    moe::PlanOptions o;
+    o.step = a.plan_step;
+    o.ranks_per_node = a.ranks_per_node;
+    const moe::Plan p = moe::make_plan(c, o);
+    std::cout << (a.json ? moe::plan_to_json(c, p) : moe::format_plan(c, p));
     return 0;
   }
   if (a.command == "prepare") {

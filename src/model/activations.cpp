@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "moe/expert_exchange.h"
+#include "moe/exchange_bounds.h"
 
 namespace moe {
 

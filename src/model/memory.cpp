@@ -7,6 +7,8 @@
 #include "kernels/cuda_memory.h"
 #include "model/activations.h"
 #include "model/params.h"
+#include "moe/exchange_bounds.h"
+#include "kernels/step_control.h"
 
 namespace moe {
 
@@ -52,6 +54,15 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   const ActivationPlan one(c, dims, StagePlan{widest, widest + 1, 1, false}, nullptr);
   m.act_per_layer_token = static_cast<double>(one.layer_bytes()) / T;
   m.act_shared = static_cast<double>(plan.bytes() - plan.layer_bytes());
+  // Outside the arena (train/pipeline.cpp, model/transformer.cpp, model/step_stats.cpp).
+  const double D = static_cast<double>(c.d_model), nm = static_cast<double>(c.num_moe_layers());
+  const double E = static_cast<double>(c.num_experts), cdt = 4;
+  if (layer_begin > 0) m.comm_buffers += static_cast<double>(slots) * T * D * cdt;
+  if (ep > 1)
+    m.comm_buffers += 4 * (static_cast<double>(slots) * nm * static_cast<double>(exchange_plan_words(ep, c.num_experts)) +
+                           nm * static_cast<double>(4 + ep));
+  const double P = static_cast<double>(ParamLayout(c).num_global_params());
+  m.step_stats = 8 * (2 + 2 * nm + static_cast<double>(kCtlSize) + P) + nm * E * (cdt + 4) + (ep > 1 ? 4 * nm * static_cast<double>(4 + ep) : 0);
   // bf16 mode: the attention kernel packs q, k, v and dO once per op (kernels/cpu/attention_bf16.h:
   // a bf16 copy, 64 bytes of alignment, and pair rows of ceil(S/2) positions; grow-only per slot,
   // so two slots of q's size and two of k's).
@@ -63,32 +74,38 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   return m;
 }
 
-MemoryEstimate estimate_memory(const Config& config) {
+MemoryEstimate estimate_stage_memory(const Config& config, int64_t stage) {
   const ParallelConfig& pc = config.parallel;
   const int64_t pp = pc.pp, zero1_dp = pc.zero1 ? pc.dp : 1;
-  // Pipeline: the stage that needs the most (1F1B activation slots: min(pp - stage, micro-batches)).
+  // 1F1B activation slots: min(pp - stage, micro-batches).
   const int64_t micro = config.train.batch_size / (config.train.micro_batch_size * pc.dp);
-  MemoryEstimate most;
-  for (int64_t s = 0; s < pp; ++s) {
-    const auto [begin, end] = configured_stage_layers(pc, config.model.n_layers, s);
-    const MemoryEstimate m = estimate_stage_memory(config.model, config.train.micro_batch_size, config.train.seq_len,
-                                                   config.train.precision == "bf16", config.train.recompute, begin,
-                                                   end, pp == 1 ? 1 : std::min(pp - s, micro), pc.ep,
-                                                   pc.ep_capacity_factor, zero1_dp, pc.ep_transport == "padded");
-    if (m.total() > most.total()) most = m;
-  }
+  const auto [begin, end] = configured_stage_layers(pc, config.model.n_layers, stage);
+  MemoryEstimate m = estimate_stage_memory(config.model, config.train.micro_batch_size, config.train.seq_len,
+                                           config.train.precision == "bf16", config.train.recompute, begin, end,
+                                           pp == 1 ? 1 : std::min(pp - stage, micro), pc.ep, pc.ep_capacity_factor,
+                                           zero1_dp, pc.ep_transport == "padded");
   if (config.train.backend == "cuda") {
     // The cpu attention's packing is not made on the GPU; the cuda backend's buffers are.
     const ModelConfig& c = config.model;
-    most.kernel_scratch = 0;
-    most.backend_buffers = static_cast<double>(cuda_scratch_bytes() + kCublasLtWorkspaceBytes);
+    m.kernel_scratch = 0;
+    m.backend_buffers = static_cast<double>(cuda_scratch_bytes() + kCublasLtWorkspaceBytes);
     // cuDNN attention (bf16 products, no document masking, head dim a multiple of 8): its one
     // buffer grows to the backward's size.
     if (config.train.precision == "bf16" && !config.data.intra_doc_mask && c.hd() % 8 == 0) {
       const int64_t B = config.train.micro_batch_size, S = config.train.seq_len;
-      most.backend_buffers += static_cast<double>(cudnn_sdpa_buffer_bytes(
+      m.backend_buffers += static_cast<double>(cudnn_sdpa_buffer_bytes(
           true, B * S * c.n_heads * c.hd(), B * S * c.n_kv_heads * c.hd(), cudnn_sdpa_backward_workspace_bound(B, c.n_heads, S)));
     }
+  }
+  return m;
+}
+
+MemoryEstimate estimate_memory(const Config& config) {
+  // Pipeline: the stage that needs the most.
+  MemoryEstimate most;
+  for (int64_t s = 0; s < config.parallel.pp; ++s) {
+    const MemoryEstimate m = estimate_stage_memory(config, s);
+    if (m.total() > most.total()) most = m;
   }
   return most;
 }
@@ -110,6 +127,8 @@ std::string format_memory(const MemoryEstimate& m) {
   line("  of which shared scratch + residual", m.act_shared);
   if (m.kernel_scratch > 0) line("kernel scratch (bf16 attention operands)", m.kernel_scratch);
   if (m.backend_buffers > 0) line("cuda: scratch, cuBLASLt, cuDNN attention", m.backend_buffers);
+  if (m.comm_buffers > 0) line("pipeline copies, exchange plans", m.comm_buffers);
+  line("step statistics", m.step_stats);
   line("total", m.total());
   return o.str();
 }

@@ -21,10 +21,15 @@ struct MemoryEstimate {
   // train.backend = "cuda": the backend's own buffers (kernel scratch, cuBLASLt workspace) and
   // cuDNN attention's bf16 copies + workspace (bounded by the Hopper formula, kernels/cuda_memory.h)
   double backend_buffers = 0;
+  // Buffers outside the arena: pipeline gradient send copies (stages after the first: one
+  // (T,D) per slot), expert-exchange plans and counters (EP: one plan per slot and MoE layer).
+  double comm_buffers = 0;
+  double step_stats = 0;  // the step's record (StepStats: losses, per-parameter norms, counts)
   double act_per_layer_token = 0;  // arena bytes per layer per token (an MoE layer; dense if no MoE)
   double act_shared = 0;           // the arena less the layers: residual stream, shared scratch, final norm
   double total() const {
-    return params + operand_copies + grads + optimizer + router_bias + activations + kernel_scratch + backend_buffers;
+    return params + operand_copies + grads + optimizer + router_bias + activations + kernel_scratch + backend_buffers +
+           comm_buffers + step_stats;
   }
 };
 
@@ -35,6 +40,9 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_
                                bool recompute, int64_t ep = 1, double capacity_factor = 0);
 // With parallel.* : the rank that needs the most (pipeline stage, expert shard, ZeRO-1 chunk).
 MemoryEstimate estimate_memory(const Config& config);
+// A rank of pipeline stage `stage` under config's [parallel] and [train] (the backend's own
+// buffers included).
+MemoryEstimate estimate_stage_memory(const Config& config, int64_t stage);
 // One rank: pipeline stage layers [layer_begin, layer_end) with `slots` micro-batches of saved
 // activations (train/pipeline.h; scratch shared), 1/ep of the experts, and with zero1_dp > 1
 // the ZeRO-1 moments of one chunk; weights, gradients and AdamW state count what the rank holds

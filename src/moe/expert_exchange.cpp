@@ -5,10 +5,7 @@
 
 namespace moe {
 
-int64_t ExchangePlan::words(int64_t ep, int64_t num_experts) {
-  const int64_t El = num_experts / ep;
-  return 2 * ep * num_experts + num_experts + El * ep + (El + 1) + (4 + ep);
-}
+int64_t ExchangePlan::words(int64_t ep, int64_t num_experts) { return exchange_plan_words(ep, num_experts); }
 
 ExchangePlan ExchangePlan::over(const Tensor& buffer, int64_t ep, int64_t E) {
   MOE_CHECK(buffer.dtype == DType::kI32 && buffer.numel() >= words(ep, E), "exchange plan buffer ",
@@ -35,26 +32,6 @@ int64_t ExchangePlan::host_total(int which) const {
   MOE_CHECK(!host.empty() && which >= 0 && which < totals.numel(), "exchange plan: total ", which,
             " asked of a plan without a host copy");
   return host[host.size() - static_cast<size_t>(totals.numel()) + static_cast<size_t>(which)];
-}
-
-int64_t expert_capacity(int64_t tokens, int64_t top_k, double capacity_factor) {
-  if (capacity_factor <= 0) return -1;
-  return static_cast<int64_t>(std::ceil(capacity_factor * static_cast<double>(top_k * tokens)));
-}
-
-int64_t expert_rows_bound(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t ep, double capacity_factor) {
-  const int64_t local_experts = num_experts / ep;
-  int64_t rows = ep * tokens * std::min(top_k, local_experts);
-  const int64_t capacity = expert_capacity(tokens, top_k, capacity_factor);
-  if (capacity >= 0) rows = std::min(rows, capacity);
-  return rows;
-}
-
-int64_t exchange_slab_rows(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t ep, double capacity_factor) {
-  int64_t rows = tokens * std::min(top_k, num_experts / ep);
-  const int64_t capacity = expert_capacity(tokens, top_k, capacity_factor);
-  if (capacity >= 0) rows = std::min(rows, capacity);
-  return rows;
 }
 
 ExpertExchange::ExpertExchange(ExpertTransport& transport, Backend& ops, int64_t num_experts, int64_t capacity)

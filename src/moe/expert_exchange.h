@@ -27,6 +27,7 @@
 #include "core/phase_timer.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "moe/exchange_bounds.h"
 
 namespace moe {
 
@@ -48,15 +49,6 @@ struct ExchangePlan {
 
 // Indices into ExchangePlan::totals.
 enum ExchangeTotal : int { kRowsReceived = 0, kRowsSentOffRank = 1, kRowsRouted = 2, kRowsDropped = 3, kReceivedPerRank = 4 };
-
-// The most rows one rank's experts may have to compute: every rank of the group routes all its
-// T tokens to this rank (at most min(K, El) distinct experts each), bounded by the capacity.
-int64_t expert_rows_bound(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t ep, double capacity_factor);
-// Rows a receiving rank keeps with capacity factor cf > 0: ceil(cf * K * T_local); -1 if cf == 0.
-int64_t expert_capacity(int64_t tokens, int64_t top_k, double capacity_factor);
-// The padded transport's slab: the most kept rows one rank can exchange with one peer, T tokens
-// times at most min(K, El) of the peer's experts each, bounded by the capacity.
-int64_t exchange_slab_rows(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t ep, double capacity_factor);
 
 // How an EP group's rows travel (parallel.ep_transport).
 enum class ExchangeTransportKind : uint8_t {

@@ -1,0 +1,280 @@
+#include "plan/plan.h"
+
+#include <algorithm>
+#include <map>
+
+#include "core/check.h"
+#include "model/activations.h"
+#include "model/params.h"
+#include "moe/exchange_bounds.h"
+#include "plan/exchange_model.h"
+
+namespace moe {
+
+double PlannedRank::bytes_sent() const {
+  double n = 0;
+  for (const PlannedCollective& c : comm) n += c.bytes;
+  return n;
+}
+
+void apply_layout_arg(const std::string& arg, ParallelConfig& c) {
+  std::map<std::string, int64_t*> keys = {{"dp", &c.dp}, {"ep", &c.ep}, {"pp", &c.pp}};
+  std::map<std::string, bool> seen;
+  size_t at = 0;
+  while (at <= arg.size()) {
+    const size_t comma = std::min(arg.find(',', at), arg.size());
+    const std::string item = arg.substr(at, comma - at);
+    const size_t eq = item.find('=');
+    MOE_CHECK(eq != std::string::npos, "--layout: '", item, "' is not key=value (keys: dp, ep, pp; e.g. dp=4,ep=2,pp=2)");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    MOE_CHECK(keys.count(key), "--layout: unknown key '", key, "' (keys: dp, ep, pp)");
+    MOE_CHECK(!seen[key], "--layout: ", key, " given twice");
+    seen[key] = true;
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    MOE_CHECK(used == value.size() && !value.empty() && v >= 1, "--layout: ", key, "=", value,
+              " is not a positive integer");
+    *keys[key] = v;
+    at = comma + 1;
+  }
+}
+
+namespace {
+
+// The ranks of one of this rank's groups (parallel/layout.h's ordering).
+std::vector<int64_t> group_members(const Layout& L, const RankCoords& me, const std::string& group) {
+  std::vector<int64_t> out;
+  for (int64_t r = 0; r < L.world(); ++r) {
+    const RankCoords x = rank_coords(L, r);
+    const bool in = group == "world" || (group == "dp" && x.pp == me.pp) ||
+                    (group == "ep" && x.pp == me.pp && x.edp == me.edp) ||
+                    (group == "edp" && x.pp == me.pp && x.ep == me.ep) || (group == "pp" && x.dp == me.dp);
+    if (in) out.push_back(r);
+  }
+  return out;
+}
+
+int64_t group_size(const Layout& L, const std::string& group) {
+  if (group == "world") return L.world();
+  if (group == "dp") return L.dp;
+  if (group == "ep") return L.ep;
+  if (group == "edp") return L.edp();
+  return L.pp;
+}
+
+struct RankTraffic {
+  const Config& config;
+  const Layout& L;
+  RankCoords me;
+  int64_t rank, ranks_per_node;
+  std::vector<PlannedCollective> out;
+
+  // One collective on `group` (nothing when the group is this rank alone).
+  void add(const std::string& group, const char* op, const std::string& what, double calls, double bytes,
+           bool exact = true, bool host = false, double received = 0) {
+    if (group_size(L, group) <= 1 || calls == 0) return;
+    std::string link = "node";
+    if (ranks_per_node > 0)
+      for (int64_t r : group_members(L, me, group))
+        if (r / ranks_per_node != rank / ranks_per_node) link = "network";
+    out.push_back({group, op, what, calls, bytes, received, exact, host, link});
+  }
+};
+
+}  // namespace
+
+Plan make_plan(const Config& config, const PlanOptions& options) {
+  config.validate();
+  const ModelConfig& c = config.model;
+  const TrainConfig& t = config.train;
+  const ParallelConfig& pc = config.parallel;
+  MOE_CHECK(options.step >= 1, "plan: step ", options.step, " must be >= 1");
+  MOE_CHECK(options.ranks_per_node >= 0, "plan: ranks per node ", options.ranks_per_node, " must be >= 0");
+  Plan p;
+  p.layout = layout_from_config(pc);
+  const Layout& L = p.layout;
+  validate_layout(L, -1, c.num_experts, c.n_layers);
+  const int64_t T = t.micro_batch_size * t.seq_len, K = c.top_k, E = c.num_experts, D = c.d_model;
+  const int64_t M = t.batch_size / (t.micro_batch_size * pc.dp), nm = c.num_moe_layers();
+  p.micro_batches = M;
+  p.tokens_per_micro = T;
+  p.expert_rows = L.ep > 1 ? expert_rows_bound(T, K, E, L.ep, pc.ep_capacity_factor) : T * K;
+  p.capacity = L.ep > 1 ? expert_capacity(T, K, pc.ep_capacity_factor) : -1;
+  p.exact_comm = c.routing == "uniform" || L.ep == 1;
+  const bool bf16 = t.precision == "bf16", padded = pc.ep_transport == "padded";
+  const double cdt = 4, adt = bf16 ? 2 : 4;  // compute and GEMM-operand bytes per element
+
+  for (int64_t s = 0; s < L.pp; ++s) {
+    PlannedStage st;
+    std::tie(st.layer_begin, st.layer_end) = configured_stage_layers(pc, c.n_layers, s);
+    for (int64_t l = st.layer_begin; l < st.layer_end; ++l) st.moe_layers += c.is_moe_layer(l);
+    st.slots = L.pp == 1 ? 1 : std::min(L.pp - s, M);
+    st.memory = estimate_stage_memory(config, s);
+    // Sized by the expert rows: the same plan measured with none.
+    Dims d = model_dims(c, t.micro_batch_size, t.seq_len, DType::kF32, bf16, L.ep, pc.ep_capacity_factor, padded);
+    const StagePlan sp{st.layer_begin, st.layer_end, st.slots, t.recompute};
+    const double full = static_cast<double>(ActivationPlan(c, d, sp, nullptr).bytes());
+    d.Rx = 0;
+    st.expert_row_buffers = full - static_cast<double>(ActivationPlan(c, d, sp, nullptr).bytes());
+    // Master weights and moments sharded over the replicas (dense over dp, experts over edp).
+    ModelShard shard;
+    shard.layer_begin = st.layer_begin;
+    shard.layer_end = st.layer_end;
+    shard.num_local_experts = E / L.ep;
+    const ParamLayout held(c, shard);
+    const double dense = static_cast<double>(held.dense_end()), experts = static_cast<double>(held.total() - held.dense_end());
+    const double owned = dense / static_cast<double>(L.dp) + experts / static_cast<double>(L.edp());
+    st.total_sharded_master = st.memory.total() - st.memory.params - st.memory.optimizer + 12 * owned;
+    p.stages.push_back(st);
+  }
+
+  // Drops of this step's exchanges (uniform) or expected (other routing), over every EP group.
+  double routed = 0, dropped = 0;
+  for (int64_t r = 0; r < L.world(); ++r) {
+    const RankCoords me = rank_coords(L, r);
+    const PlannedStage& st = p.stages[static_cast<size_t>(me.pp)];
+    RankTraffic tr{config, L, me, r, options.ranks_per_node, {}};
+    const bool first = me.pp == 0, last = me.pp == L.pp - 1;
+    // Trainer::enqueue_gradients: the global batch's loss tokens (host f64).
+    tr.add("dp", "all_reduce", "loss tokens", 1, 8, true, true);
+    // Pipeline::run: (T,D) compute-dtype activations forward, gradients back, stage 0's
+    // end-of-step token to every later stage.
+    const double act = static_cast<double>(M * T * D) * cdt, Md = static_cast<double>(M);
+    if (!last) tr.add("pp", "send", "activations", Md, act);
+    if (!first) tr.add("pp", "recv", "activations", Md, 0, true, false, act);
+    if (!first) tr.add("pp", "send", "activation gradients", Md, act);
+    if (!last) tr.add("pp", "recv", "activation gradients", Md, 0, true, false, act);
+    if (first) tr.add("pp", "send", "end-of-step token", static_cast<double>(L.pp - 1), 4.0 * static_cast<double>(L.pp - 1), true, true);
+    if (!first) tr.add("pp", "recv", "end-of-step token", 1, 0, true, true, 4);
+    // Expert parallelism, per MoE layer and micro-batch: the count matrix once per plan, then
+    // rows out and back in forward and backward, the forward pair again under recompute.
+    if (L.ep > 1 && st.moe_layers > 0) {
+      const double layers = static_cast<double>(st.moe_layers), pairs_fwd = t.recompute ? 2 : 1;
+      tr.add("ep", "all_gather", "routing counts", layers * static_cast<double>(M),
+             layers * static_cast<double>(M * (L.ep - 1) * E) * 4);
+      if (padded) {
+        const double slab = static_cast<double>((L.ep - 1) * exchange_slab_rows(T, K, E, L.ep, pc.ep_capacity_factor) * D);
+        const double n = layers * static_cast<double>(M);
+        const double fwd = n * pairs_fwd;
+        tr.add("ep", "all_to_all_v", "expert dispatch, forward", fwd, fwd * slab * adt, true, false, fwd * slab * adt);
+        tr.add("ep", "all_to_all_v", "expert combine, forward", fwd, fwd * slab * cdt, true, false, fwd * slab * cdt);
+        tr.add("ep", "all_to_all_v", "expert dispatch, backward", n, n * slab * adt, true, false, n * slab * adt);
+        tr.add("ep", "all_to_all_v", "expert combine, backward", n, n * slab * cdt, true, false, n * slab * cdt);
+      } else {
+        double rows_out = 0, rows_back = 0, blocks_out = 0, blocks_back = 0;
+        for (int64_t m = 0; m < M; ++m) {
+          const ExchangeRows x = exchange_rows(config, options.step, me.edp * L.ep, m)[static_cast<size_t>(me.ep)];
+          rows_out += x.dispatched;
+          rows_back += x.returned;
+          blocks_out += static_cast<double>(x.send_blocks);
+          blocks_back += static_cast<double>(x.return_blocks);
+        }
+        // Each move sends my side's blocks and receives the peers' (rows out toward the experts,
+        // rows back to the tokens): forward (again under recompute), then the gradients.
+        const double d = static_cast<double>(D);
+        const bool exact = p.exact_comm;
+        const auto move = [&](const std::string& what, double times, double elem, bool to_experts) {
+          const double sent = to_experts ? rows_out : rows_back, got = to_experts ? rows_back : rows_out;
+          tr.add("ep", "send", what, layers * times * (to_experts ? blocks_out : blocks_back), layers * times * sent * d * elem, exact);
+          tr.add("ep", "recv", what, layers * times * (to_experts ? blocks_back : blocks_out), 0, exact, false,
+                 layers * times * got * d * elem);
+        };
+        move("expert dispatch, forward", pairs_fwd, adt, true);
+        move("expert combine, forward", pairs_fwd, cdt, false);
+        // Backward: output gradients (operand dtype) to the experts, input gradients back.
+        move("expert dispatch, backward", 1, adt, true);
+        move("expert combine, backward", 1, cdt, false);
+      }
+    }
+    // GradSync::reduce_stats over dp, then pp: loss terms (f64), per MoE layer counts (i32) and
+    // mean probabilities (compute dtype) of the whole model.
+    for (const char* g : {"dp", "pp"}) {
+      tr.add(g, "all_reduce", "step statistics", static_cast<double>(1 + 2 * nm),
+             8.0 * static_cast<double>(2 + 2 * nm) + static_cast<double>(nm * E) * (4 + cdt));
+    }
+    // GradSync::reduce_gradients: the dense region over dp, the experts over edp (the layout's
+    // padded regions; ZeRO-1: reduce-scatter, then all-gather of the updated chunks).
+    ModelShard shard;
+    shard.layer_begin = st.layer_begin;
+    shard.layer_end = st.layer_end;
+    shard.num_local_experts = E / L.ep;
+    shard.expert_begin = me.ep * shard.num_local_experts;
+    const ParamLayout held(c, shard, pc.zero1 ? L.dp : 1, pc.zero1 ? L.edp() : 1);
+    const double dense = static_cast<double>(held.dense_end()), experts = static_cast<double>(held.total() - held.dense_end());
+    if (pc.zero1) {
+      const double dp = static_cast<double>(L.dp), edp = static_cast<double>(L.edp());
+      if (dense > 0) tr.add("dp", "reduce_scatter", "dense gradients", 1, (dp - 1) * dense / dp * 4);
+      if (experts > 0) tr.add("edp", "reduce_scatter", "expert gradients", 1, (edp - 1) * experts / edp * 4);
+      if (dense > 0) tr.add("dp", "all_gather", "dense parameters", 1, (dp - 1) * dense / dp * 4);
+      if (experts > 0) tr.add("edp", "all_gather", "expert parameters", 1, (edp - 1) * experts / edp * 4);
+    } else if (pc.overlap_grad_reduce) {
+      // Per layer as its backward ends (dense and expert ranges), then the parameters outside
+      // the layers one by one: the regions' padding is not sent.
+      double dense_calls = 0, dense_elems = 0, expert_calls = 0, expert_elems = 0;
+      std::map<int64_t, bool> dense_layer, expert_layer;
+      for (const ParamInfo& q : held.entries()) {
+        if (q.is_expert) {
+          expert_elems += static_cast<double>(q.numel);
+          expert_layer[q.layer] = true;
+        } else {
+          dense_elems += static_cast<double>(q.numel);
+          if (q.layer < 0) dense_calls += 1;
+          else dense_layer[q.layer] = true;
+        }
+      }
+      dense_calls += static_cast<double>(dense_layer.size());
+      expert_calls += static_cast<double>(expert_layer.size());
+      tr.add("dp", "all_reduce", "dense gradients", dense_calls, dense_elems * 4);
+      tr.add("edp", "all_reduce", "expert gradients", expert_calls, expert_elems * 4);
+    } else {
+      if (dense > 0) tr.add("dp", "all_reduce", "dense gradients", 1, dense * 4);
+      if (experts > 0) tr.add("edp", "all_reduce", "expert gradients", 1, experts * 4);
+    }
+    // GradSync::grad_sumsq: every parameter's sum of squares (f64) over the world.
+    tr.add("world", "all_reduce", "gradient norm sums", 1, 8.0 * static_cast<double>(held.num_global_params()));
+    // Trainer::expert_parallel_stats: the exchange counters of every MoE layer (host f64).
+    if (L.ep > 1) tr.add("edp", "all_reduce", "exchange counters", 1, 8.0 * static_cast<double>(nm * (2 + L.ep)), true, true);
+
+    PlannedRank pr;
+    pr.rank = r;
+    pr.coords = me;
+    pr.comm = std::move(tr.out);
+    // Checkpoint shard (checkpoint/checkpoint.cpp): parameters from their first replica, Adam
+    // moments from their owners (ZeRO-1: the owned chunk's parameter elements), router biases
+    // of the stage's MoE layers from dp rank 0; fp32 throughout.
+    const ParamLayout unpadded(c, shard);
+    double params = 0, moments = 0;
+    for (const ParamInfo& q : unpadded.entries()) {
+      const bool first_replica = q.is_expert ? me.edp == 0 : me.dp == 0;
+      if (first_replica) params += static_cast<double>(q.numel);
+    }
+    if (pc.zero1) {
+      for (const ParamInfo& q : held.entries()) {
+        const int64_t parts = q.is_expert ? L.edp() : L.dp, index = q.is_expert ? me.edp : me.dp;
+        const int64_t begin = q.is_expert ? held.dense_end() : 0, length = q.is_expert ? held.total() - held.dense_end() : held.dense_end();
+        const int64_t lo = begin + index * (length / parts), hi = lo + length / parts;
+        moments += static_cast<double>(std::max<int64_t>(0, std::min(hi, q.offset + q.numel) - std::max(lo, q.offset)));
+      }
+    } else {
+      moments = params;
+    }
+    pr.checkpoint_bytes = 4 * (params + 2 * moments) + (me.dp == 0 ? 4.0 * static_cast<double>(st.moe_layers * E) : 0);
+    p.ranks.push_back(std::move(pr));
+
+    if (L.ep > 1 && me.ep == 0 && st.moe_layers > 0)
+      for (int64_t m = 0; m < M; ++m) {
+        const ExchangeRows x = exchange_rows(config, options.step, me.edp * L.ep, m)[0];
+        routed += x.routed * static_cast<double>(st.moe_layers);
+        dropped += x.dropped * static_cast<double>(st.moe_layers);
+      }
+  }
+  p.drop_fraction = routed > 0 ? dropped / routed : 0;
+  return p;
+}
+
+}  // namespace moe

@@ -1,0 +1,154 @@
+// moecore plan's output: terminal tables and JSON.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "plan/plan.h"
+
+namespace moe {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct MemoryRow {
+  const char* name;
+  double MemoryEstimate::*field;
+};
+constexpr MemoryRow kMemoryRows[] = {
+    {"fp32 master weights", &MemoryEstimate::params},
+    {"bf16 operand copies", &MemoryEstimate::operand_copies},
+    {"fp32 gradients", &MemoryEstimate::grads},
+    {"AdamW moments", &MemoryEstimate::optimizer},
+    {"router biases", &MemoryEstimate::router_bias},
+    {"activations (arena)", &MemoryEstimate::activations},
+    {"kernel scratch", &MemoryEstimate::kernel_scratch},
+    {"backend buffers (cuda)", &MemoryEstimate::backend_buffers},
+    {"pipeline copies, exchange plans", &MemoryEstimate::comm_buffers},
+    {"step statistics", &MemoryEstimate::step_stats},
+};
+
+std::string layout_name(const Layout& L) {
+  return "dp=" + std::to_string(L.dp) + " ep=" + std::to_string(L.ep) + " pp=" + std::to_string(L.pp);
+}
+
+}  // namespace
+
+std::string format_plan(const Config& config, const Plan& plan) {
+  std::ostringstream o;
+  char buf[256];
+  const Layout& L = plan.layout;
+  o << "# moecore plan: " << layout_name(L) << " (world " << L.world() << ", edp " << L.edp() << "), "
+    << plan.micro_batches << " micro-batch(es) of " << plan.tokens_per_micro << " tokens per rank per step, "
+    << config.train.precision << (config.train.recompute ? ", block recompute" : "")
+    << (config.parallel.zero1 ? ", ZeRO-1" : "") << "\n";
+  if (L.ep > 1) {
+    o << "# experts: " << config.model.num_experts / L.ep << " per rank; up to " << plan.expert_rows
+      << " rows per micro-batch (" << (plan.capacity < 0 ? "dropless bound" : "capacity " + std::to_string(plan.capacity))
+      << "); routes dropped " << plan.drop_fraction * 100 << "% ("
+      << (plan.exact_comm ? "exact: uniform routing" : "expected: random routing, normal approximation") << "); "
+      << config.parallel.ep_transport << " transport\n";
+  }
+  o << "\n## memory per rank (GiB)\n";
+  std::snprintf(buf, sizeof buf, "%-44s", "component");
+  o << buf;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlannedStage& st = plan.stages[s];
+    std::snprintf(buf, sizeof buf, " %14s", ("stage " + std::to_string(s) + " [" + std::to_string(st.layer_begin) + "," +
+                                             std::to_string(st.layer_end) + ")").c_str());
+    o << buf;
+  }
+  o << "\n";
+  auto row = [&](const std::string& name, auto value) {
+    std::snprintf(buf, sizeof buf, "%-44s", name.c_str());
+    o << buf;
+    for (const PlannedStage& st : plan.stages) {
+      std::snprintf(buf, sizeof buf, " %14.4f", value(st) / kGiB);
+      o << buf;
+    }
+    o << "\n";
+  };
+  for (const MemoryRow& r : kMemoryRows) {
+    bool any = false;
+    for (const PlannedStage& st : plan.stages) any = any || st.memory.*r.field > 0;
+    if (any) row(r.name, [&](const PlannedStage& st) { return st.memory.*r.field; });
+  }
+  row("  of the arena: sized by the expert rows", [](const PlannedStage& st) { return st.expert_row_buffers; });
+  row("total", [](const PlannedStage& st) { return st.memory.total(); });
+  row("total, master weights sharded too (not in trainer)", [](const PlannedStage& st) { return st.total_sharded_master; });
+  o << "activation slots (1F1B)                     ";
+  for (const PlannedStage& st : plan.stages) {
+    std::snprintf(buf, sizeof buf, " %14lld", static_cast<long long>(st.slots));
+    o << buf;
+  }
+  double checkpoint = 0;
+  for (const PlannedRank& r : plan.ranks) checkpoint += r.checkpoint_bytes;
+  std::snprintf(buf, sizeof buf, "\ncheckpoint: %.4f GiB in all, %.4f GiB from rank 0\n", checkpoint / kGiB,
+                plan.ranks.front().checkpoint_bytes / kGiB);
+  o << buf;
+
+  // Per stage, its rank that sends the most.
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlannedRank* most = nullptr;
+    for (const PlannedRank& r : plan.ranks)
+      if (r.coords.pp == static_cast<int64_t>(s) && (!most || r.bytes_sent() > most->bytes_sent())) most = &r;
+    std::snprintf(buf, sizeof buf, "\n## communication per step: rank %lld (stage %zu, dp %lld, ep %lld), %.3f MB sent\n",
+                  static_cast<long long>(most->rank), s, static_cast<long long>(most->coords.dp),
+                  static_cast<long long>(most->coords.ep), most->bytes_sent() / 1e6);
+    o << buf;
+    std::snprintf(buf, sizeof buf, "%-6s %-15s %-28s %10s %16s %8s\n", "group", "op", "what", "calls", "bytes", "link");
+    o << buf;
+    for (const PlannedCollective& c : most->comm) {
+      std::snprintf(buf, sizeof buf, "%-6s %-15s %-28s %10.0f %16.0f %8s%s\n", c.group.c_str(), c.op.c_str(),
+                    c.what.c_str(), c.calls, c.bytes, c.link.c_str(), c.exact ? "" : "  (expected)");
+      o << buf;
+    }
+  }
+  return o.str();
+}
+
+std::string plan_to_json(const Config& config, const Plan& plan) {
+  using nlohmann::json;
+  json j;
+  const Layout& L = plan.layout;
+  j["layout"] = {{"dp", L.dp}, {"ep", L.ep}, {"pp", L.pp}, {"edp", L.edp()}, {"world", L.world()}};
+  j["precision"] = config.train.precision;
+  j["micro_batches"] = plan.micro_batches;
+  j["tokens_per_micro_batch"] = plan.tokens_per_micro;
+  j["expert_rows"] = plan.expert_rows;
+  j["capacity"] = plan.capacity;
+  j["drop_fraction"] = plan.drop_fraction;
+  j["comm_exact"] = plan.exact_comm;
+  json stages = json::array();
+  for (const PlannedStage& st : plan.stages) {
+    json m;
+    for (const MemoryRow& r : kMemoryRows) m[r.name] = st.memory.*r.field;
+    stages.push_back({{"layers", {st.layer_begin, st.layer_end}},
+                      {"moe_layers", st.moe_layers},
+                      {"slots", st.slots},
+                      {"memory_bytes", m},
+                      {"total_bytes", st.memory.total()},
+                      {"expert_row_buffer_bytes", st.expert_row_buffers},
+                      {"total_bytes_sharded_master", st.total_sharded_master}});
+  }
+  j["stages"] = stages;
+  json ranks = json::array();
+  for (const PlannedRank& r : plan.ranks) {
+    json comm = json::array();
+    for (const PlannedCollective& c : r.comm)
+      comm.push_back({{"group", c.group}, {"op", c.op}, {"what", c.what}, {"calls", c.calls}, {"bytes", c.bytes},
+                      {"exact", c.exact}, {"host", c.host}, {"link", c.link}});
+    ranks.push_back({{"rank", r.rank},
+                     {"pp", r.coords.pp},
+                     {"dp", r.coords.dp},
+                     {"ep", r.coords.ep},
+                     {"edp", r.coords.edp},
+                     {"bytes_sent", r.bytes_sent()},
+                     {"checkpoint_bytes", r.checkpoint_bytes},
+                     {"comm", comm}});
+  }
+  j["ranks"] = ranks;
+  return j.dump(1) + "\n";
+}
+
+}  // namespace moe
