@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <optional>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -26,7 +27,9 @@
 #include "checkpoint/safetensors.h"
 #include "data/prepare.h"
 #include "model/memory.h"
+#include "plan/hardware.h"
 #include "plan/plan.h"
+#include "plan/time_model.h"
 #include "kernels/ops.h"
 #include "parallel/communicator.h"
 #include "train/bench.h"
@@ -44,7 +47,8 @@ struct Args {
   std::string command, config_path, input, out, from, dtype = "f32", checkpoint, prompt;
   std::vector<std::string> overrides;
   bool resume = false, kernels = false, json = false;
-  std::string layout;
+  std::string layout, cluster;
+  bool sweep = false;
   int64_t ranks_per_node = 0, plan_step = 1;
   int64_t warmup = 3, bench_steps = 10;
   int64_t batches = 0, max_tokens = 200, top_k = 40;
@@ -93,6 +97,10 @@ struct CommandLine {
         ->check(CLI::NonNegativeNumber)->capture_default_str();
     plan->add_option("--step", a.plan_step, "the optimizer step whose traffic is predicted (uniform routing)")
         ->check(CLI::PositiveNumber)->capture_default_str();
+    plan->add_option("--cluster", a.cluster, "a preset (cpu, cpu-core, h100, h200, b200, b300, gb200; NAMExN for N ranks) "
+                     "or a cluster file (configs/clusters/): adds the step time")->type_name("NAME|FILE");
+    plan->add_flag("--sweep", a.sweep, "every layout of the cluster's ranks, best first, with why the others do not fit")
+        ->needs(plan->get_option("--cluster"));
     plan->add_flag("--json", a.json, "JSON for scripts (every number at full precision)");
 
     CLI::App* prep = app.add_subcommand("prepare", "byte-level token files (train.bin, valid.bin) and the bigram entropy");
@@ -231,8 +239,37 @@ int run(int argc, char** argv) {
     moe::PlanOptions o;
     o.step = a.plan_step;
     o.ranks_per_node = a.ranks_per_node;
+    std::optional<moe::Cluster> cluster;
+    if (!a.cluster.empty()) {
+      cluster = moe::load_cluster(a.cluster);
+      c.train.backend = cluster->device.backend;  // the backend's own buffers count on its devices
+      if (o.ranks_per_node == 0) o.ranks_per_node = cluster->ranks_per_node;
+      const int64_t world = c.parallel.dp * c.parallel.pp;
+      MOE_CHECK(a.sweep || world == cluster->ranks(), "--cluster ", a.cluster, " has ", cluster->ranks(),
+                " ranks but the layout dp=", c.parallel.dp, " x pp=", c.parallel.pp, " has ", world,
+                " (give --layout, --sweep, or a cluster of that size: NAMEx", world, ")");
+    }
+    std::vector<moe::SweepRow> sweep;
+    if (a.sweep) {
+      sweep = moe::sweep_layouts(c, *cluster, cluster->ranks());
+      // The plan shown in full is the best layout that fits (else the first).
+      const moe::Layout& best = sweep.front().layout;
+      c.parallel.dp = best.dp;
+      c.parallel.ep = best.ep;
+      c.parallel.pp = best.pp;
+      c.parallel.stage_layers.clear();
+    }
     const moe::Plan p = moe::make_plan(c, o);
-    std::cout << (a.json ? moe::plan_to_json(c, p) : moe::format_plan(c, p));
+    std::optional<moe::StepTime> time;
+    if (cluster) time = moe::estimate_step_time(c, p, *cluster);
+    if (a.json) {
+      std::cout << moe::plan_report_json(c, p, cluster ? &*cluster : nullptr, time ? &*time : nullptr,
+                                         a.sweep ? &sweep : nullptr);
+    } else {
+      std::cout << moe::format_plan(c, p);
+      if (time) std::cout << moe::format_step_time(c, p, *cluster, *time);
+      if (a.sweep) std::cout << moe::format_sweep(*cluster, sweep);
+    }
     return 0;
   }
   if (a.command == "prepare") {

@@ -9,6 +9,7 @@
 #include "model/params.h"
 #include "moe/exchange_bounds.h"
 #include "kernels/step_control.h"
+#include "train/pipeline_schedule.h"
 
 namespace moe {
 
@@ -82,7 +83,7 @@ MemoryEstimate estimate_stage_memory(const Config& config, int64_t stage) {
   const auto [begin, end] = configured_stage_layers(pc, config.model.n_layers, stage);
   MemoryEstimate m = estimate_stage_memory(config.model, config.train.micro_batch_size, config.train.seq_len,
                                            config.train.precision == "bf16", config.train.recompute, begin, end,
-                                           pp == 1 ? 1 : std::min(pp - stage, micro), pc.ep, pc.ep_capacity_factor,
+                                           pipeline_slots(pp, stage, micro), pc.ep, pc.ep_capacity_factor,
                                            zero1_dp, pc.ep_transport == "padded");
   if (config.train.backend == "cuda") {
     // The cpu attention's packing is not made on the GPU; the cuda backend's buffers are.

@@ -8,6 +8,7 @@
 #include "model/params.h"
 #include "moe/exchange_bounds.h"
 #include "plan/exchange_model.h"
+#include "train/pipeline_schedule.h"
 
 namespace moe {
 
@@ -113,7 +114,7 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
     PlannedStage st;
     std::tie(st.layer_begin, st.layer_end) = configured_stage_layers(pc, c.n_layers, s);
     for (int64_t l = st.layer_begin; l < st.layer_end; ++l) st.moe_layers += c.is_moe_layer(l);
-    st.slots = L.pp == 1 ? 1 : std::min(L.pp - s, M);
+    st.slots = pipeline_slots(L.pp, s, M);
     st.memory = estimate_stage_memory(config, s);
     // Sized by the expert rows: the same plan measured with none.
     Dims d = model_dims(c, t.micro_batch_size, t.seq_len, DType::kF32, bf16, L.ep, pc.ep_capacity_factor, padded);

@@ -27,19 +27,9 @@
 #include "model/transformer.h"
 #include "parallel/staged_comm.h"
 #include "parallel/communicator.h"
+#include "train/pipeline_schedule.h"
 
 namespace moe {
-
-struct PipelineAction {
-  bool forward = true;
-  int64_t micro = 0;
-  std::string name() const;  // "F3", "B0"
-};
-
-// The canonical 1F1B order of stage `stage` of `stages` over `micro_batches` micro-batches.
-std::vector<PipelineAction> one_f_one_b(int64_t stages, int64_t stage, int64_t micro_batches);
-// Micro-batches whose activations the stage holds at once under 1F1B: min(stages - stage, M).
-int64_t pipeline_slots(int64_t stages, int64_t stage, int64_t micro_batches);
 
 class Pipeline {
  public:

@@ -1,0 +1,222 @@
+#include "plan/time_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/check.h"
+#include "plan/exchange_model.h"
+#include "train/pipeline_schedule.h"
+
+namespace moe {
+
+namespace {
+
+struct Roofline {
+  const DeviceSpec& dev;
+  double peak;       // GEMM operand precision's peak
+  double attn_eff;   // attention's fraction of it
+  double gemm(double m, double n, double k, double peak_flops) const {
+    const double flops = 2 * m * n * k;
+    return flops / (peak_flops * dev.gemm_efficiency.at(flops));
+  }
+  double gemm(double m, double n, double k) const { return gemm(m, n, k, peak); }
+  // One grouped GEMM over `experts` groups of rows_per_expert rows each.
+  double grouped(double rows_per_expert, double experts, double n, double k) const {
+    if (rows_per_expert <= 0) return 0;
+    const double per = 2 * rows_per_expert * n * k;
+    return experts * per / (peak * dev.gemm_efficiency.at(per) * dev.grouped_efficiency.at(rows_per_expert));
+  }
+  double memory(double bytes) const { return bytes / (dev.memory_bytes_per_s * dev.memory_efficiency); }
+};
+
+// One collective call's time on a link: latency + wire bytes at the size-dependent rate.
+double call_time(const LinkSpec& link, double wire_bytes) {
+  if (wire_bytes <= 0) return link.latency_s;
+  return link.latency_s + wire_bytes / (link.bytes_per_s * link.efficiency.at(wire_bytes));
+}
+
+// A planned collective's time per step: calls of equal size; all-reduce moves 2 (n-1)/n of its
+// payload per rank (ring), the other operations' counters already are what leaves the rank.
+double collective_time(const PlannedCollective& c, const Cluster& cl, const Layout& L) {
+  if (c.calls <= 0) return 0;
+  const LinkSpec& link = c.link == "network" ? cl.inter : cl.intra;
+  const double n = static_cast<double>(c.group == "world" ? L.world() : c.group == "dp" ? L.dp : c.group == "ep" ? L.ep
+                                       : c.group == "edp" ? L.edp() : L.pp);
+  const double per_call = c.bytes / c.calls;
+  const double wire = c.op == "all_reduce" ? per_call * 2 * (n - 1) / n : std::max(per_call, c.received / c.calls);
+  return c.calls * call_time(link, wire);
+}
+
+bool is_exchange(const PlannedCollective& c) { return c.group == "ep"; }
+bool is_pipeline(const PlannedCollective& c) { return c.group == "pp" && c.what != "step statistics"; }
+
+}  // namespace
+
+std::vector<TimelineEntry> simulate_1f1b(const std::vector<double>& forward_s, const std::vector<double>& backward_s,
+                                         double transfer_s, int64_t M) {
+  const auto P = static_cast<int64_t>(forward_s.size());
+  MOE_CHECK(P >= 1 && backward_s.size() == forward_s.size() && M >= 1, "simulate_1f1b: ", P, " stages, ", M, " micro-batches");
+  std::vector<std::vector<PipelineAction>> order(static_cast<size_t>(P));
+  for (int64_t s = 0; s < P; ++s) order[static_cast<size_t>(s)] = one_f_one_b(P, s, M);
+  const double unknown = -1;
+  std::vector<std::vector<double>> f_end(static_cast<size_t>(P), std::vector<double>(static_cast<size_t>(M), unknown));
+  std::vector<std::vector<double>> b_end = f_end;
+  std::vector<size_t> next(static_cast<size_t>(P), 0);
+  std::vector<double> free_at(static_cast<size_t>(P), 0);
+  std::vector<TimelineEntry> out;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int64_t s = 0; s < P; ++s) {
+      const auto su = static_cast<size_t>(s);
+      while (next[su] < order[su].size()) {
+        const PipelineAction& a = order[su][next[su]];
+        const auto m = static_cast<size_t>(a.micro);
+        double ready = 0;
+        if (a.forward) {
+          if (s > 0) {
+            if (f_end[su - 1][m] < 0) break;
+            ready = f_end[su - 1][m] + transfer_s;
+          }
+        } else if (s < P - 1) {
+          if (b_end[su + 1][m] < 0) break;
+          ready = b_end[su + 1][m] + transfer_s;
+        }
+        const double start = std::max(ready, free_at[su]);
+        const double end = start + (a.forward ? forward_s[su] : backward_s[su]);
+        (a.forward ? f_end : b_end)[su][m] = end;
+        free_at[su] = end;
+        out.push_back({s, a.micro, a.forward, start, end});
+        ++next[su];
+        progress = true;
+      }
+    }
+  }
+  for (int64_t s = 0; s < P; ++s)
+    MOE_CHECK(next[static_cast<size_t>(s)] == order[static_cast<size_t>(s)].size(), "simulate_1f1b: stage ", s, " stalled");
+  return out;
+}
+
+StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluster& cl) {
+  const ModelConfig& c = config.model;
+  const TrainConfig& t = config.train;
+  const Layout& L = plan.layout;
+  const DeviceSpec& dev = cl.device;
+  const bool bf16 = t.precision == "bf16";
+  const Roofline roof{dev, bf16 ? dev.bf16_flops : dev.fp32_flops, bf16 ? dev.attention_efficiency : dev.attention_efficiency_fp32};
+  const double T = static_cast<double>(plan.tokens_per_micro);
+  const double S = static_cast<double>(t.seq_len), D = static_cast<double>(c.d_model), hd = static_cast<double>(c.hd());
+  const double H = static_cast<double>(c.n_heads), G = static_cast<double>(c.n_kv_heads), E = static_cast<double>(c.num_experts);
+  const double K = static_cast<double>(c.top_k), F = static_cast<double>(c.expert_hidden), V = static_cast<double>(c.vocab_size);
+  const double El = E / static_cast<double>(L.ep), a = bf16 ? 2 : 4;  // operand bytes
+  const double M = static_cast<double>(plan.micro_batches);
+  // Rows one rank's experts compute per micro-batch: all routes of its tokens without EP; with EP
+  // T K on average (the group's tokens spread over the ranks), less the drops.
+  const double rows = T * K * (1 - plan.drop_fraction);
+
+  // Forward time of one layer on one micro-batch, and its memory traffic.
+  const auto layer_forward = [&](bool moe) {
+    double s = roof.gemm(T, H * hd, D) + 2 * roof.gemm(T, G * hd, D) + roof.gemm(T, D, H * hd);
+    s += 2 * T * H * hd * (S + 1) / (roof.peak * roof.attn_eff);  // causal QK^T and PV
+    double bytes = 4 * T * D * 10 + 8 * T * (H + 2 * G) * hd;   // norms, residual adds; QK-norm, RoPE
+    if (moe) {
+      s += roof.gemm(T, E, D, dev.fp32_flops);  // the router runs in fp32
+      s += 3 * roof.grouped(rows / El, El, F, D);
+      if (c.shared_hidden > 0) s += 3 * roof.gemm(T, static_cast<double>(c.shared_hidden), D);
+      bytes += 12 * T * E + rows * D * (2 * a + 4) + 3 * rows * F * a;  // scores, gather, SwiGLU, combine
+    } else {
+      const double Fd = static_cast<double>(c.dense_width());
+      s += 3 * roof.gemm(T, Fd, D);
+      bytes += 3 * T * Fd * a;
+    }
+    return s + roof.memory(bytes);
+  };
+  const auto layer_backward = [&](bool moe) {
+    // Data and weight gradients: twice the forward GEMMs; attention's backward 2.5x its forward.
+    double fwd_attn = 2 * T * H * hd * (S + 1) / (roof.peak * roof.attn_eff);
+    return 2 * (layer_forward(moe) - fwd_attn) + 2.5 * fwd_attn;
+  };
+
+  StepTime out;
+  std::vector<double> fwd, bwd;
+  double transfer = 0;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlannedStage& st = plan.stages[s];
+    StageTime x;
+    for (int64_t l = st.layer_begin; l < st.layer_end; ++l) {
+      x.forward_compute_s += layer_forward(c.is_moe_layer(l));
+      x.backward_compute_s += layer_backward(c.is_moe_layer(l)) + (t.recompute ? layer_forward(c.is_moe_layer(l)) : 0);
+    }
+    if (st.layer_begin == 0) x.backward_compute_s += roof.memory(3 * T * D * 4);  // embedding
+    if (st.layer_end == c.n_layers) x.backward_compute_s += 3 * roof.gemm(T, V, D) + roof.memory(4 * T * V * 4);
+    // The stage's slowest rank's exchanges and sync (ranks of a stage differ in their traffic).
+    double fwd_ex = 0, bwd_ex = 0, sync = 0, xfer = 0;
+    for (const PlannedRank& r : plan.ranks) {
+      if (r.coords.pp != static_cast<int64_t>(s)) continue;
+      double f = 0, b = 0, y = 0, p = 0;
+      for (const PlannedCollective& col : r.comm) {
+        const double time = collective_time(col, cl, L);
+        if (is_exchange(col)) {
+          // Under recompute the plan's forward moves happen twice, the second time inside the
+          // backward; the count gather happens once.
+          const bool move_fwd = col.what.find("forward") != std::string::npos;
+          const double share = move_fwd && t.recompute ? 0.5 : 1;
+          if (col.what == "routing counts" || move_fwd) f += share * time / M;
+          if (!move_fwd && col.what != "routing counts") b += time / M;
+          if (move_fwd && t.recompute) b += share * time / M;
+        } else if (is_pipeline(col)) {
+          if (col.op == "send" && col.what != "end-of-step token") p = std::max(p, time / M);
+        } else {
+          y += time;
+        }
+      }
+      fwd_ex = std::max(fwd_ex, f);
+      bwd_ex = std::max(bwd_ex, b);
+      sync = std::max(sync, y);
+      xfer = std::max(xfer, p);
+    }
+    x.forward_exchange_s = fwd_ex;
+    x.backward_exchange_s = bwd_ex;
+    x.sync_s = sync;
+    x.transfer_s = xfer;
+    transfer = std::max(transfer, xfer);
+    // Optimizer (memory-bound, per held parameter): clip r/w, AdamW's parameter r/w and gradient
+    // read, moments r/w for the owned share, the bf16 refresh, zeroing and the norm's read.
+    const double n = st.memory.params / 4, owned = st.memory.optimizer / 8;
+    x.optimizer_s = roof.memory(n * (8 + 8 + 4 + 4 + 4 + (bf16 ? 6 : 0)) + owned * 16);
+    out.stages.push_back(x);
+    fwd.push_back(x.forward_s());
+    bwd.push_back(x.backward_s());
+  }
+  out.timeline = simulate_1f1b(fwd, bwd, transfer, plan.micro_batches);
+  for (const TimelineEntry& e : out.timeline) out.pipeline_s = std::max(out.pipeline_s, e.end_s);
+  double tail = 0;
+  size_t critical = 0;
+  for (size_t s = 0; s < out.stages.size(); ++s) {
+    StageTime& x = out.stages[s];
+    x.busy_s = M * (x.forward_s() + x.backward_s());
+    x.bubble_s = out.pipeline_s - x.busy_s;
+    if (x.sync_s + x.optimizer_s > tail) {
+      tail = x.sync_s + x.optimizer_s;
+      critical = s;
+    }
+  }
+  out.step_s = out.pipeline_s + tail;
+  const double tokens = static_cast<double>(t.batch_size * t.seq_len);
+  out.tokens_per_s = tokens / out.step_s;
+  out.tokens_per_s_per_device = out.tokens_per_s / static_cast<double>(L.world());
+  out.model_flops_per_token = c.train_flops_per_token(t.seq_len);
+  out.achieved_flops_per_device = out.model_flops_per_token * out.tokens_per_s_per_device;
+  out.mfu = out.achieved_flops_per_device / roof.peak;
+  out.mfu_bf16 = out.achieved_flops_per_device / dev.bf16_flops;
+  out.bubble_fraction = out.pipeline_s > 0 ? out.stages[0].bubble_s / out.pipeline_s : 0;
+  const StageTime& x = out.stages[critical];
+  out.waterfall = {{"compute", M * (x.forward_compute_s + x.backward_compute_s)},
+                   {"expert exchange", M * (x.forward_exchange_s + x.backward_exchange_s)},
+                   {"pipeline bubble", x.bubble_s},
+                   {"gradient and statistics sync", x.sync_s},
+                   {"optimizer", x.optimizer_s}};
+  return out;
+}
+
+}  // namespace moe
