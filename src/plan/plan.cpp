@@ -77,20 +77,27 @@ struct RankTraffic {
 
   // One collective on `group` (nothing when the group is this rank alone).
   void add(const std::string& group, const char* op, const std::string& what, double calls, double bytes,
-           bool exact = true, bool host = false, double received = 0) {
+           bool exact = true, bool host = false, double received = 0, double groups = -1) {
     if (group_size(L, group) <= 1 || calls == 0) return;
     std::string link = "node";
     if (ranks_per_node > 0)
       for (int64_t r : group_members(L, me, group))
         if (r / ranks_per_node != rank / ranks_per_node) link = "network";
-    out.push_back({group, op, what, calls, bytes, received, exact, host, link});
+    out.push_back({group, op, what, calls, groups < 0 ? calls : groups, bytes, received, exact, host, link});
   }
 };
 
 }  // namespace
 
 Plan make_plan(const Config& config, const PlanOptions& options) {
-  config.validate();
+  {
+    // The trainer's checks, except that this build need not have the backend planned for (a
+    // CPU-only build plans GPU clusters).
+    Config checked = config;
+    checked.train.backend = "cpu";
+    if (checked.parallel.communicator == "nccl") checked.parallel.communicator = "mpi";
+    checked.validate();
+  }
   const ModelConfig& c = config.model;
   const TrainConfig& t = config.train;
   const ParallelConfig& pc = config.parallel;
@@ -181,9 +188,11 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
         const bool exact = p.exact_comm;
         const auto move = [&](const std::string& what, double times, double elem, bool to_experts) {
           const double sent = to_experts ? rows_out : rows_back, got = to_experts ? rows_back : rows_out;
-          tr.add("ep", "send", what, layers * times * (to_experts ? blocks_out : blocks_back), layers * times * sent * d * elem, exact);
+          const double moves = layers * times * static_cast<double>(M);
+          tr.add("ep", "send", what, layers * times * (to_experts ? blocks_out : blocks_back), layers * times * sent * d * elem, exact,
+                 false, 0, moves);
           tr.add("ep", "recv", what, layers * times * (to_experts ? blocks_back : blocks_out), 0, exact, false,
-                 layers * times * got * d * elem);
+                 layers * times * got * d * elem, moves);
         };
         move("expert dispatch, forward", pairs_fwd, adt, true);
         move("expert combine, forward", pairs_fwd, cdt, false);

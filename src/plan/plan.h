@@ -23,7 +23,10 @@ struct PlannedCollective {
   std::string group;  // world | dp | ep | edp | pp (parallel/layout.h)
   std::string op;     // comm_op_name: all_reduce, reduce_scatter, all_gather, all_to_all_v, send, recv
   std::string what;   // what it carries ("dense gradients", "expert dispatch, forward", ...)
-  double calls = 0;   // operations per step
+  double calls = 0;   // operations per step (messages, for send and recv)
+  // Of which issued together (an expert move's messages to every peer progress as one grouped
+  // exchange): the time model pays latency and message-size efficiency per group.
+  double groups = 0;
   double bytes = 0;   // payload this rank sends per step (the byte counters' definition)
   double received = 0;  // payload it receives (counted for recv and all_to_all_v only)
   bool exact = true;  // false: an expectation (routing other than "uniform")

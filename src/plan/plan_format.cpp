@@ -136,7 +136,7 @@ std::string plan_to_json(const Config& config, const Plan& plan) {
   for (const PlannedRank& r : plan.ranks) {
     json comm = json::array();
     for (const PlannedCollective& c : r.comm)
-      comm.push_back({{"group", c.group}, {"op", c.op}, {"what", c.what}, {"calls", c.calls}, {"bytes", c.bytes},
+      comm.push_back({{"group", c.group}, {"op", c.op}, {"what", c.what}, {"calls", c.calls}, {"groups", c.groups}, {"bytes", c.bytes}, {"received", c.received},
                       {"exact", c.exact}, {"host", c.host}, {"link", c.link}});
     ranks.push_back({{"rank", r.rank},
                      {"pp", r.coords.pp},

@@ -36,16 +36,17 @@ double call_time(const LinkSpec& link, double wire_bytes) {
   return link.latency_s + wire_bytes / (link.bytes_per_s * link.efficiency.at(wire_bytes));
 }
 
-// A planned collective's time per step: calls of equal size; all-reduce moves 2 (n-1)/n of its
-// payload per rank (ring), the other operations' counters already are what leaves the rank.
+// A planned collective's time per step: groups of equal size; all-reduce moves 2 (n-1)/n of its
+// payload per rank (ring), the other operations' counters already are what leaves the rank. A
+// receive is the other end of a send and costs nothing more.
 double collective_time(const PlannedCollective& c, const Cluster& cl, const Layout& L) {
-  if (c.calls <= 0) return 0;
+  if (c.groups <= 0 || c.op == "recv") return 0;
   const LinkSpec& link = c.link == "network" ? cl.inter : cl.intra;
   const double n = static_cast<double>(c.group == "world" ? L.world() : c.group == "dp" ? L.dp : c.group == "ep" ? L.ep
                                        : c.group == "edp" ? L.edp() : L.pp);
-  const double per_call = c.bytes / c.calls;
-  const double wire = c.op == "all_reduce" ? per_call * 2 * (n - 1) / n : std::max(per_call, c.received / c.calls);
-  return c.calls * call_time(link, wire);
+  const double per_group = c.bytes / c.groups;
+  const double wire = c.op == "all_reduce" ? per_group * 2 * (n - 1) / n : per_group;
+  return c.groups * call_time(link, wire);
 }
 
 bool is_exchange(const PlannedCollective& c) { return c.group == "ep"; }
@@ -195,7 +196,7 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
   for (size_t s = 0; s < out.stages.size(); ++s) {
     StageTime& x = out.stages[s];
     x.busy_s = M * (x.forward_s() + x.backward_s());
-    x.bubble_s = out.pipeline_s - x.busy_s;
+    x.bubble_s = std::max(0.0, out.pipeline_s - x.busy_s);  // rounding: a stage never waits less than nothing
     if (x.sync_s + x.optimizer_s > tail) {
       tail = x.sync_s + x.optimizer_s;
       critical = s;
