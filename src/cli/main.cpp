@@ -11,6 +11,8 @@
 #include <memory>
 #include <iomanip>
 #include <iostream>
+#include <sstream>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -33,6 +35,7 @@
 #include "kernels/ops.h"
 #include "parallel/communicator.h"
 #include "train/bench.h"
+#include "train/calibrate.h"
 #ifdef MOE_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -48,7 +51,7 @@ struct Args {
   std::vector<std::string> overrides;
   bool resume = false, kernels = false, json = false;
   std::string layout, cluster;
-  bool sweep = false;
+  bool sweep = false, calibrate = false;
   int64_t ranks_per_node = 0, plan_step = 1;
   int64_t warmup = 3, bench_steps = 10;
   int64_t batches = 0, max_tokens = 200, top_k = 40;
@@ -147,6 +150,11 @@ struct CommandLine {
     bench->add_option("--warmup", a.warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
     bench->add_option("--steps", a.bench_steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
     bench->add_flag("--kernels", a.kernels, "instead: the GPU's dense, grouped and attention kernel rates (cuda build)");
+    bench->add_flag("--calibrate", a.calibrate, "instead: measure this machine (GEMMs, grouped GEMMs, attention, memory, "
+                    "all-reduces across the ranks) and write a cluster file for moecore plan --cluster");
+    bench->add_option("--cluster", a.cluster, "with --calibrate: the preset or file whose other numbers are kept "
+                      "(default: cpu, or cpu-core under mpirun)")->type_name("NAME|FILE");
+    bench->add_option("--out", a.out, "with --calibrate: the cluster file to write (default calibration.toml)")->type_name("FILE");
 
     app.add_subcommand("help", "print this help");
   }
@@ -302,7 +310,23 @@ int run(int argc, char** argv) {
     MOE_FAIL("bench --kernels: this moecore was built without CUDA (configure with -DMOE_CUDA=ON)");
 #endif
   }
+  if (a.command == "bench" && a.calibrate) {
+    const moe::Config c = resolve(a);
+    moe::CalibrateOptions o;
+    o.base = a.cluster;
+    std::ostringstream log;
+    const std::string text = moe::calibrate_machine(c, o, log);
+    if (moe::launch_rank() == 0) {
+      const std::string out = a.out.empty() ? "calibration.toml" : a.out;
+      std::ofstream f(out);
+      f << text;
+      MOE_CHECK(f.good(), "bench --calibrate: cannot write ", out);
+      std::cout << log.str() << "wrote " << out << " (moecore plan --cluster " << out << ")\n";
+    }
+    return 0;
+  }
   if (a.command == "bench") {
+    MOE_CHECK(a.cluster.empty() && a.out.empty(), "bench: --cluster and --out go with --calibrate");
     const moe::Config c = resolve(a);
     moe::BenchOptions o;
     o.warmup = a.warmup;

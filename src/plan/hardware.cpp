@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <sstream>
 #include <toml++/toml.h>
 
 #include "core/check.h"
@@ -156,6 +157,37 @@ Cluster parse_cluster(const std::string& toml_text, const std::string& source_na
   MOE_CHECK(d.reserved_bytes < d.memory_bytes, source_name, ": device.reserved_gib is not below device.memory_gib");
   c.sources = r.sources();
   return c;
+}
+
+std::string cluster_to_toml(const Cluster& c) {
+  std::ostringstream o;
+  o.precision(17);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const auto quoted = [](const std::string& s) {
+    std::string q = "\"";
+    for (char ch : s) q += ch == '"' || ch == '\\' ? std::string("\\") + ch : std::string(1, ch);
+    return q + "\"";
+  };
+  const auto curve = [&](const Curve& k) {
+    std::ostringstream s;
+    s.precision(17);
+    s << "[";
+    for (size_t i = 0; i < k.points.size(); ++i) s << (i ? ", " : "") << "[" << k.points[i].first << ", " << k.points[i].second << "]";
+    return s.str() + "]";
+  };
+  const DeviceSpec& d = c.device;
+  o << "name = " << quoted(c.name) << "\nnodes = " << c.nodes << "\nranks_per_node = " << c.ranks_per_node << "\n\n[device]\n"
+    << "backend = " << quoted(d.backend) << "\nkind = " << quoted(d.kind) << "\nmemory_gib = " << d.memory_bytes / gib
+    << "\nreserved_gib = " << d.reserved_bytes / gib << "\nbf16_tflops = " << d.bf16_flops / 1e12
+    << "\nfp32_tflops = " << d.fp32_flops / 1e12 << "\nmemory_gbps = " << d.memory_bytes_per_s / 1e9
+    << "\nmemory_efficiency = " << d.memory_efficiency << "\nattention_efficiency = " << d.attention_efficiency
+    << "\nattention_efficiency_fp32 = " << d.attention_efficiency_fp32 << "\ngemm_efficiency = " << curve(d.gemm_efficiency)
+    << "\ngrouped_efficiency = " << curve(d.grouped_efficiency) << "\n\n[network]\nintra_gbps = " << c.intra.bytes_per_s / 1e9
+    << "\nintra_latency_us = " << c.intra.latency_s * 1e6 << "\nintra_efficiency = " << curve(c.intra.efficiency)
+    << "\ninter_gbps = " << c.inter.bytes_per_s / 1e9 << "\ninter_latency_us = " << c.inter.latency_s * 1e6
+    << "\ninter_efficiency = " << curve(c.inter.efficiency) << "\n\n[sources]\n";
+  for (const auto& [k, v] : c.sources) o << quoted(k) << " = " << quoted(v) << "\n";
+  return o.str();
 }
 
 std::vector<std::string> cluster_presets() {

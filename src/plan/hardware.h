@@ -29,7 +29,7 @@ struct DeviceSpec {
   double attention_efficiency = 1;        // attention kernels' fraction of the bf16 peak (bf16 runs)
   double attention_efficiency_fp32 = 1;   // ... of the fp32 peak (fp32 runs)
   Curve gemm_efficiency;      // dense GEMM: fraction of the peak by FLOPs per call (2 m n k)
-  Curve grouped_efficiency;   // grouped expert GEMM: fraction of the dense rate by rows per expert
+  Curve grouped_efficiency;   // grouped expert GEMM: fraction of the dense rate (a GEMM of its whole size) by rows per expert
 };
 
 struct LinkSpec {
@@ -52,6 +52,8 @@ Cluster parse_cluster(const std::string& toml_text, const std::string& source_na
 // A preset name ("h200"; "h200x64": 64 ranks of that node type, nodes = 64 / ranks_per_node) or
 // a path to a cluster file (with "xN" allowed after a preset name only).
 Cluster load_cluster(const std::string& name_or_path);
+// A cluster file that parse_cluster reads back to the same cluster (sources included).
+std::string cluster_to_toml(const Cluster& cluster);
 // The built-in presets' names.
 std::vector<std::string> cluster_presets();
 

@@ -1,4 +1,5 @@
 // moecore plan's output: terminal tables and JSON.
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -49,8 +50,12 @@ std::string format_plan(const Config& config, const Plan& plan) {
       << (plan.exact_comm ? "exact: uniform routing" : "expected: random routing, normal approximation") << "); "
       << config.parallel.ep_transport << " transport\n";
   }
-  o << "\n## memory per rank (GiB)\n";
-  std::snprintf(buf, sizeof buf, "%-44s", "component");
+  double largest = 0;
+  for (const PlannedStage& st : plan.stages) largest = std::max(largest, st.memory.total());
+  const bool mib = largest < kGiB;  // small models read better in MiB
+  const double unit = mib ? 1024.0 * 1024.0 : kGiB;
+  o << "\n## memory per rank (" << (mib ? "MiB" : "GiB") << ")\n";
+  std::snprintf(buf, sizeof buf, "%-52s", "component");
   o << buf;
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlannedStage& st = plan.stages[s];
@@ -60,10 +65,10 @@ std::string format_plan(const Config& config, const Plan& plan) {
   }
   o << "\n";
   auto row = [&](const std::string& name, auto value) {
-    std::snprintf(buf, sizeof buf, "%-44s", name.c_str());
+    std::snprintf(buf, sizeof buf, "%-52s", name.c_str());
     o << buf;
     for (const PlannedStage& st : plan.stages) {
-      std::snprintf(buf, sizeof buf, " %14.4f", value(st) / kGiB);
+      std::snprintf(buf, sizeof buf, " %14.4f", value(st) / unit);
       o << buf;
     }
     o << "\n";
@@ -76,7 +81,8 @@ std::string format_plan(const Config& config, const Plan& plan) {
   row("  of the arena: sized by the expert rows", [](const PlannedStage& st) { return st.expert_row_buffers; });
   row("total", [](const PlannedStage& st) { return st.memory.total(); });
   row("total, master weights sharded too (not in trainer)", [](const PlannedStage& st) { return st.total_sharded_master; });
-  o << "activation slots (1F1B)                     ";
+  std::snprintf(buf, sizeof buf, "%-52s", "activation slots (1F1B)");
+  o << buf;
   for (const PlannedStage& st : plan.stages) {
     std::snprintf(buf, sizeof buf, " %14lld", static_cast<long long>(st.slots));
     o << buf;
@@ -96,11 +102,12 @@ std::string format_plan(const Config& config, const Plan& plan) {
                   static_cast<long long>(most->rank), s, static_cast<long long>(most->coords.dp),
                   static_cast<long long>(most->coords.ep), most->bytes_sent() / 1e6);
     o << buf;
-    std::snprintf(buf, sizeof buf, "%-6s %-15s %-28s %10s %16s %8s\n", "group", "op", "what", "calls", "bytes", "link");
+    std::snprintf(buf, sizeof buf, "%-6s %-15s %-28s %10s %16s %16s %8s\n", "group", "op", "what", "calls", "bytes sent",
+                  "received", "link");
     o << buf;
     for (const PlannedCollective& c : most->comm) {
-      std::snprintf(buf, sizeof buf, "%-6s %-15s %-28s %10.0f %16.0f %8s%s\n", c.group.c_str(), c.op.c_str(),
-                    c.what.c_str(), c.calls, c.bytes, c.link.c_str(), c.exact ? "" : "  (expected)");
+      std::snprintf(buf, sizeof buf, "%-6s %-15s %-28s %10.0f %16.0f %16.0f %8s%s\n", c.group.c_str(), c.op.c_str(),
+                    c.what.c_str(), c.calls, c.bytes, c.received, c.link.c_str(), c.exact ? "" : "  (expected)");
       o << buf;
     }
   }

@@ -21,11 +21,12 @@ struct Roofline {
     return flops / (peak_flops * dev.gemm_efficiency.at(flops));
   }
   double gemm(double m, double n, double k) const { return gemm(m, n, k, peak); }
-  // One grouped GEMM over `experts` groups of rows_per_expert rows each.
+  // One grouped GEMM over `experts` groups of rows_per_expert rows each: the dense rate of a GEMM
+  // of its whole size, scaled by the grouped efficiency at its rows per expert.
   double grouped(double rows_per_expert, double experts, double n, double k) const {
     if (rows_per_expert <= 0) return 0;
-    const double per = 2 * rows_per_expert * n * k;
-    return experts * per / (peak * dev.gemm_efficiency.at(per) * dev.grouped_efficiency.at(rows_per_expert));
+    const double flops = 2 * experts * rows_per_expert * n * k;
+    return flops / (peak * dev.gemm_efficiency.at(flops) * dev.grouped_efficiency.at(rows_per_expert));
   }
   double memory(double bytes) const { return bytes / (dev.memory_bytes_per_s * dev.memory_efficiency); }
 };

@@ -90,9 +90,14 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     const Clock::time_point t0 = Clock::now();
     // As `moecore train` runs them (train.overlap_host): each timed call enqueues a step and
     // reads the one before, so in steady state it lasts one step of the device.
-    if (config.train.overlap_host) trainer.submit(ids.t, labels.t);
-    else trainer.step(ids.t, labels.t);
+    double bubble = 0;
+    if (config.train.overlap_host) {
+      if (const StepResult* prev = trainer.submit(ids.t, labels.t)) bubble = prev->pp_bubble_s;  // the step before
+    } else {
+      bubble = trainer.step(ids.t, labels.t).pp_bubble_s;
+    }
     const Clock::time_point t1 = Clock::now();
+    if (timed) r.pp_bubble_s += bubble;
     if (timed) {
       const TransferStats moved = ops->transfers() - moved_before;
       r.to_host_per_step += static_cast<double>(moved.to_host);
@@ -127,6 +132,7 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   }
   trainer.collect();  // the last step, untimed (the first timed call waited for the warm-up's last)
   r.comm_bytes_per_step /= static_cast<double>(opt.steps);
+  r.pp_bubble_s /= static_cast<double>(opt.steps);
   for (double* x : {&r.to_host_per_step, &r.to_host_bytes_per_step, &r.to_device_per_step, &r.to_device_bytes_per_step})
     *x /= static_cast<double>(opt.steps);
   PhaseTimer::set_thread_alloc_reader(nullptr);
@@ -183,6 +189,8 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   if (r.ranks > 1)
     os << "ranks: " << r.ranks << " (rank 0's phases; communication = time blocked in collectives), "
        << std::setprecision(2) << r.comm_bytes_per_step / 1e6 << " MB sent per step by rank 0\n";
+  if (config.parallel.pp > 1)
+    os << std::setprecision(4) << "pipeline bubble (rank 0, blocked in receives): " << r.pp_bubble_s << " s per step\n";
   os << std::setprecision(2) << "model FLOPs/token (causal): " << r.flops_per_token * 1e-6 << " M\n";
   os << std::setprecision(1) << "model GFLOP/s: " << r.tflops * 1e3 << "  MFU: " << r.mfu * 100 << "% of "
      << r.peak_tflops * 1e3 << " GFLOP/s\n";

@@ -32,6 +32,7 @@ struct BenchResult {
   std::vector<double> fwd_bwd_s;       // the same steps less their optimizer phase
   std::vector<double> cpu_s, cpu_fwd_bwd_s;  // the same in process CPU seconds (all threads)
   double median_step_s = 0, mean_step_s = 0;
+  double pp_bubble_s = 0;              // rank 0's time blocked in pipeline receives, mean per timed step
   double tokens_per_s = 0;             // tokens_per_step / median step time
   double flops_per_token = 0, tflops = 0, peak_tflops = 0, mfu = 0;
   std::array<double, PhaseTimer::kNum> phase_s{};  // mean seconds per timed step, exclusive

@@ -1,0 +1,204 @@
+#include "train/calibrate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <iomanip>
+#include <random>
+#include <vector>
+
+#include "core/buffer.h"
+#include "kernels/ops.h"
+#include "parallel/communicator.h"
+#include "plan/hardware.h"
+
+namespace moe {
+
+namespace {
+
+Tensor random_tensor(Backend& ops, std::vector<Buffer>& keep, DType dtype, std::initializer_list<int64_t> dims, uint64_t seed) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  keep.emplace_back(ops, static_cast<size_t>(n) * dtype_size(dtype));
+  Tensor t = keep.back().view(dtype, dims);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 0.5f);
+  if (dtype == DType::kBF16) {
+    std::vector<bf16> h(static_cast<size_t>(n));
+    for (bf16& x : h) x = bf16(dist(rng));
+    ops.upload(h.data(), t);
+  } else {
+    std::vector<float> h(static_cast<size_t>(n));
+    for (float& x : h) x = dist(rng);
+    ops.upload(h.data(), t);
+  }
+  ops.synchronize();
+  return t;
+}
+
+// Seconds per call of f, repeated (doubling) until the repetitions last min_s; every rank starts
+// each measurement together.
+template <class F> double seconds_per_call(Backend& ops, Communicator& world, double min_s, F&& f) {
+  f();  // warm-up: plans, packing buffers
+  ops.synchronize();
+  std::vector<double> all(static_cast<size_t>(world.size()));
+  for (int64_t reps = 1;; reps *= 2) {
+    world.barrier();
+    const Event a = ops.record();
+    for (int64_t r = 0; r < reps; ++r) f();
+    const Event b = ops.record();
+    ops.wait(b);
+    // Every rank takes the same decision from the slowest rank's time (which sets the pace, as
+    // in a step), so all of them run the same collectives.
+    const double mine = ops.elapsed_seconds(a, b);
+    world.all_gather(&mine, all.data(), 1, DType::kF64);
+    const double t = *std::max_element(all.begin(), all.end());
+    if (t >= min_s || reps >= (int64_t{1} << 20)) return t / static_cast<double>(reps);
+  }
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+std::string calibrate_machine(const Config& config, const CalibrateOptions& opt, std::ostream& log) {
+  std::unique_ptr<Communicator> world = launch_world();
+  const int n = world->size();
+  Cluster c = load_cluster(opt.base.empty() ? (n > 1 ? "cpu-core" : "cpu") : opt.base);
+  std::unique_ptr<Backend> ops = make_backend(config.train.backend);
+  const bool bf16 = config.train.precision == "bf16";
+  const DType adt = bf16 ? DType::kBF16 : DType::kF32;
+  const double peak = bf16 ? c.device.bf16_flops : c.device.fp32_flops;
+  const std::string tag = "calibration: moecore bench --calibrate, " + utc_now() + ", " + std::to_string(n) + " rank(s), " +
+                          config.train.backend + " backend, " + config.train.precision;
+  const bool talk = world->rank() == 0;
+  std::vector<Buffer> keep;
+  log << std::fixed << std::setprecision(3);
+
+  // Dense GEMMs: forward, data and weight gradient of one (M, N, K), as every linear layer runs.
+  Curve gemm;
+  for (const auto& [M, N, K] : std::vector<std::array<int64_t, 3>>{{64, 256, 256}, {256, 512, 512}, {1024, 1024, 512},
+                                                                   {2048, 2048, 1024}}) {
+    keep.clear();
+    const Tensor x = random_tensor(*ops, keep, adt, {M, K}, 1), w = random_tensor(*ops, keep, adt, {N, K}, 2);
+    const Tensor dy = random_tensor(*ops, keep, adt, {M, N}, 3);
+    const Tensor y = random_tensor(*ops, keep, DType::kF32, {M, N}, 4), dx = random_tensor(*ops, keep, DType::kF32, {M, K}, 5);
+    const Tensor dw = random_tensor(*ops, keep, DType::kF32, {N, K}, 6);
+    const double t = seconds_per_call(*ops, *world, opt.min_seconds, [&] {
+      ops->linear_fwd(x, w, y, false);
+      ops->linear_bwd_data(dy, w, dx, false);
+      ops->linear_bwd_weight(dy, x, dw);
+    });
+    const double flops = 2.0 * static_cast<double>(M * N * K);
+    const double eff = std::min(1.0, 3 * flops / t / peak);
+    gemm.points.emplace_back(flops, eff);
+    if (talk) log << "gemm " << M << "x" << N << "x" << K << ": " << 3 * flops / t / 1e9 << " GFLOP/s (" << 100 * eff << "% of peak)\n";
+  }
+  c.device.gemm_efficiency = gemm;
+  c.sources["device.gemm_efficiency"] = tag + ": linear_fwd + bwd_data + bwd_weight at 64x256x256 .. 2048x2048x1024";
+
+  // Grouped expert GEMMs: 8 experts of the config's shape, by rows per expert, against the dense
+  // rate of a GEMM of the same total size (the curve just measured).
+  const int64_t D = config.model.d_model, F = config.model.expert_hidden, G = 8;
+  Curve grouped;
+  for (int64_t rows : {16, 64, 256, 1024}) {
+    keep.clear();
+    const int64_t R = G * rows;
+    const Tensor x = random_tensor(*ops, keep, adt, {R, D}, 7), w = random_tensor(*ops, keep, adt, {G, F, D}, 8);
+    const Tensor dy = random_tensor(*ops, keep, adt, {R, F}, 9), y = random_tensor(*ops, keep, DType::kF32, {R, F}, 10);
+    const Tensor dx = random_tensor(*ops, keep, DType::kF32, {R, D}, 11), dw = random_tensor(*ops, keep, DType::kF32, {G, F, D}, 12);
+    std::vector<int32_t> off(static_cast<size_t>(G + 1));
+    for (int64_t e = 0; e <= G; ++e) off[static_cast<size_t>(e)] = static_cast<int32_t>(e * rows);
+    keep.emplace_back(*ops, off.size() * sizeof(int32_t));
+    const Tensor offsets = keep.back().view(DType::kI32, {G + 1});
+    ops->upload(off.data(), offsets);
+    const double t = seconds_per_call(*ops, *world, opt.min_seconds, [&] {
+      ops->grouped_linear_fwd(x, w, offsets, y);
+      ops->grouped_linear_bwd_data(dy, w, offsets, dx);
+      ops->grouped_linear_bwd_weight(dy, x, offsets, dw);
+    });
+    const double per = 2.0 * static_cast<double>(rows * F * D);
+    const double rate = 3 * static_cast<double>(G) * per / t;
+    const double eff = std::min(1.0, rate / (peak * gemm.at(static_cast<double>(G) * per)));
+    grouped.points.emplace_back(static_cast<double>(rows), eff);
+    if (talk) log << "grouped 8 x " << rows << " rows x " << F << "x" << D << ": " << rate / 1e9 << " GFLOP/s (" << 100 * eff << "% of dense)\n";
+  }
+  c.device.grouped_efficiency = grouped;
+  c.sources["device.grouped_efficiency"] = tag + ": grouped_linear fwd + bwd_data + bwd_weight, 8 experts of " +
+                                           std::to_string(F) + "x" + std::to_string(D) + ", 16 .. 1024 rows each";
+
+  // Attention at the config's shape: forward + backward against 3.5 x the forward's FLOPs.
+  {
+    keep.clear();
+    const int64_t B = config.train.micro_batch_size, S = config.train.seq_len, H = config.model.n_heads;
+    const int64_t Gk = config.model.n_kv_heads, hd = config.model.hd();
+    const Tensor q = random_tensor(*ops, keep, DType::kF32, {B, S, H, hd}, 13), k = random_tensor(*ops, keep, DType::kF32, {B, S, Gk, hd}, 14);
+    const Tensor v = random_tensor(*ops, keep, DType::kF32, {B, S, Gk, hd}, 15), o = random_tensor(*ops, keep, DType::kF32, {B, S, H, hd}, 16);
+    const Tensor lse = random_tensor(*ops, keep, DType::kF32, {B, H, S}, 17), dout = random_tensor(*ops, keep, DType::kF32, {B, S, H, hd}, 18);
+    const Tensor dq = random_tensor(*ops, keep, DType::kF32, {B, S, H, hd}, 19), dk = random_tensor(*ops, keep, DType::kF32, {B, S, Gk, hd}, 20);
+    const Tensor dv = random_tensor(*ops, keep, DType::kF32, {B, S, Gk, hd}, 21);
+    ops->attention_fwd(q, k, v, o, lse, Tensor(), bf16);
+    const double t = seconds_per_call(*ops, *world, opt.min_seconds, [&] {
+      ops->attention_fwd(q, k, v, o, lse, Tensor(), bf16);
+      ops->attention_bwd(dout, q, k, v, o, lse, dq, dk, dv, Tensor(), bf16);
+    });
+    const double fwd = 4.0 * static_cast<double>(B * H * hd) * static_cast<double>(S) * static_cast<double>(S + 1) / 2;
+    const double eff = std::min(1.0, 3.5 * fwd / t / peak);
+    (bf16 ? c.device.attention_efficiency : c.device.attention_efficiency_fp32) = eff;
+    c.sources[bf16 ? "device.attention_efficiency" : "device.attention_efficiency_fp32"] =
+        tag + ": attention_fwd + attention_bwd at B " + std::to_string(B) + ", S " + std::to_string(S) + ", H " +
+        std::to_string(H) + ", G " + std::to_string(Gk) + ", hd " + std::to_string(hd);
+    if (talk) log << "attention: " << 3.5 * fwd / t / 1e9 << " GFLOP/s (" << 100 * eff << "% of peak)\n";
+  }
+
+  // Memory-bound: a streaming y += a x over 64 MiB per operand.
+  {
+    keep.clear();
+    const int64_t N = 16 << 20;
+    const Tensor x = random_tensor(*ops, keep, DType::kF32, {N}, 22), y = random_tensor(*ops, keep, DType::kF32, {N}, 23);
+    const double t = seconds_per_call(*ops, *world, opt.min_seconds, [&] { ops->axpy(1e-3, x, y); });
+    c.device.memory_bytes_per_s = 12.0 * static_cast<double>(N) / t;
+    c.device.memory_efficiency = 1;
+    c.sources["device.memory_gbps"] = tag + ": axpy over 2 x 64 MiB (read x, read and write y)";
+    c.sources["device.memory_efficiency"] = tag + ": 1 (memory_gbps is the measured streaming rate)";
+    if (talk) log << "axpy: " << c.device.memory_bytes_per_s / 1e9 << " GB/s\n";
+  }
+
+  // All-reduces across the ranks (one node): latency from one float, rate by size.
+  if (n > 1) {
+    std::vector<float> buf(size_t{16} << 20, 1.0f);
+    std::vector<std::pair<double, double>> rates;
+    double latency = 0;
+    for (size_t count : {size_t{1}, size_t{16} << 10, size_t{256} << 10, size_t{1} << 20, size_t{4} << 20, size_t{16} << 20}) {
+      const double t = seconds_per_call(*ops, *world, opt.min_seconds / 2, [&] {
+        world->all_reduce_sum(buf.data(), count, DType::kF32);
+      });
+      if (count == 1) {
+        latency = t;
+        continue;
+      }
+      const double wire = 4.0 * static_cast<double>(count) * 2 * (n - 1) / n;
+      rates.emplace_back(wire, wire / std::max(t - latency, 1e-12));
+      if (talk) log << "all_reduce " << 4 * count << " bytes: " << wire / t / 1e9 << " GB/s on the wire\n";
+    }
+    double best = 0;
+    for (const auto& [b, r] : rates) best = std::max(best, r);
+    c.intra.bytes_per_s = best;
+    c.intra.latency_s = latency;
+    c.intra.efficiency.points.clear();
+    for (const auto& [b, r] : rates) c.intra.efficiency.points.emplace_back(b, r / best);
+    c.sources["network.intra_gbps"] = tag + ": the fastest all-reduce rate on the wire (2 (n-1)/n of the payload)";
+    c.sources["network.intra_latency_us"] = tag + ": an all-reduce of one float";
+    c.sources["network.intra_efficiency"] = tag + ": all-reduce of 64 KiB .. 64 MiB, rate / the fastest";
+  }
+  c.name += "-calibrated";
+  return cluster_to_toml(c);
+}
+
+}  // namespace moe
