@@ -29,9 +29,7 @@
 #include "checkpoint/safetensors.h"
 #include "data/prepare.h"
 #include "model/memory.h"
-#include "plan/hardware.h"
-#include "plan/plan.h"
-#include "plan/time_model.h"
+#include "plan/plan_command.h"
 #include "kernels/ops.h"
 #include "parallel/communicator.h"
 #include "train/bench.h"
@@ -242,42 +240,14 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (a.command == "plan") {
-    moe::Config c = resolve(a);
-    if (!a.layout.empty()) moe::apply_layout_arg(a.layout, c.parallel);
-    moe::PlanOptions o;
-    o.step = a.plan_step;
-    o.ranks_per_node = a.ranks_per_node;
-    std::optional<moe::Cluster> cluster;
-    if (!a.cluster.empty()) {
-      cluster = moe::load_cluster(a.cluster);
-      c.train.backend = cluster->device.backend;  // the backend's own buffers count on its devices
-      if (o.ranks_per_node == 0) o.ranks_per_node = cluster->ranks_per_node;
-      const int64_t world = c.parallel.dp * c.parallel.pp;
-      MOE_CHECK(a.sweep || world == cluster->ranks(), "--cluster ", a.cluster, " has ", cluster->ranks(),
-                " ranks but the layout dp=", c.parallel.dp, " x pp=", c.parallel.pp, " has ", world,
-                " (give --layout, --sweep, or a cluster of that size: NAMEx", world, ")");
-    }
-    std::vector<moe::SweepRow> sweep;
-    if (a.sweep) {
-      sweep = moe::sweep_layouts(c, *cluster, cluster->ranks());
-      // The plan shown in full is the best layout that fits (else the first).
-      const moe::Layout& best = sweep.front().layout;
-      c.parallel.dp = best.dp;
-      c.parallel.ep = best.ep;
-      c.parallel.pp = best.pp;
-      c.parallel.stage_layers.clear();
-    }
-    const moe::Plan p = moe::make_plan(c, o);
-    std::optional<moe::StepTime> time;
-    if (cluster) time = moe::estimate_step_time(c, p, *cluster);
-    if (a.json) {
-      std::cout << moe::plan_report_json(c, p, cluster ? &*cluster : nullptr, time ? &*time : nullptr,
-                                         a.sweep ? &sweep : nullptr);
-    } else {
-      std::cout << moe::format_plan(c, p);
-      if (time) std::cout << moe::format_step_time(c, p, *cluster, *time);
-      if (a.sweep) std::cout << moe::format_sweep(*cluster, sweep);
-    }
+    moe::PlanRequest r;
+    r.layout = a.layout;
+    r.cluster = a.cluster;
+    r.ranks_per_node = a.ranks_per_node;
+    r.step = a.plan_step;
+    r.sweep = a.sweep;
+    const moe::PlanReport report = moe::run_plan(resolve(a), r);
+    std::cout << (a.json ? report.json() : report.text());
     return 0;
   }
   if (a.command == "prepare") {

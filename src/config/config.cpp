@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -403,6 +404,23 @@ std::string toml_quote(const std::string& s) {
   return out + "\"";
 }
 
+// The shortest text in fixed or scientific notation that reads back as x.
+std::string shortest_text(double x, bool fixed) {
+#if defined(__EMSCRIPTEN__)
+  // Emscripten 3.1.6's libc++ has no floating-point to_chars: the fewest digits that round-trip.
+  char buf[400];
+  for (int digits = 0; digits <= 340; ++digits) {
+    std::snprintf(buf, sizeof buf, fixed ? "%.*f" : "%.*e", digits, x);
+    if (std::strtod(buf, nullptr) == x) break;
+  }
+  return buf;
+#else
+  char buf[400];
+  const auto res = std::to_chars(buf, buf + sizeof buf, x, fixed ? std::chars_format::fixed : std::chars_format::scientific);
+  return std::string(buf, res.ptr);
+#endif
+}
+
 std::string value_text(Ref ref) {
   std::ostringstream out;
   out.precision(17);
@@ -414,12 +432,8 @@ std::string value_text(Ref ref) {
         else if constexpr (std::is_same_v<T, double>) {
           // The shortest text that reads back as the same double: fixed ("0.003", "500000") for
           // moderate magnitudes, else scientific ("1e-05").
-          char buf[400];
           const double a = std::fabs(*p);
-          const auto res = std::to_chars(buf, buf + sizeof buf, *p,
-                                         a == 0 || (a >= 1e-4 && a < 1e15) ? std::chars_format::fixed
-                                                                           : std::chars_format::scientific);
-          std::string s(buf, res.ptr);
+          std::string s = shortest_text(*p, a == 0 || (a >= 1e-4 && a < 1e15));
           if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
           out << s;
         } else out << *p;

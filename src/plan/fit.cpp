@@ -1,5 +1,6 @@
 #include "plan/fit.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/check.h"
@@ -40,9 +41,12 @@ FitResult fit_cluster(const Cluster& base, const std::vector<FitParameter>& para
     }
     return sum;
   };
-  // Coordinate-wise golden-section search: the model is smooth and monotone in each number.
+  // Coordinate-wise golden-section search from the middle of every range (so the result does not
+  // depend on the values the base file had), until a sweep moves no number by more than 1e-7.
   const double g = (std::sqrt(5.0) - 1) / 2;
-  for (int sweep = 0; sweep < 4; ++sweep)
+  for (const FitParameter& p : params) fit_parameter_ref(r.cluster, p.key) = (p.lo + p.hi) / 2;
+  for (int sweep = 0; sweep < 50; ++sweep) {
+    double moved = 0;
     for (const FitParameter& p : params) {
       double a = p.lo, b = p.hi;
       Cluster c = r.cluster;
@@ -56,9 +60,13 @@ FitResult fit_cluster(const Cluster& base, const std::vector<FitParameter>& para
         if (f1 < f2) b = x2;
         else a = x1;
       }
+      moved = std::max(moved, std::abs(v - fit_parameter_ref(r.cluster, p.key)));
       v = (a + b) / 2;
+      moved = std::max(moved, std::abs(v - fit_parameter_ref(r.cluster, p.key)));
       r.cluster = c;
     }
+    if (moved < 1e-7) break;
+  }
   for (const FitParameter& p : params) r.values.push_back(fit_parameter_ref(r.cluster, p.key));
   r.rms_relative_error = std::sqrt(loss(r.cluster) / static_cast<double>(obs.size()));
   return r;
