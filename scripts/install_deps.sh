@@ -4,7 +4,8 @@ set -euo pipefail
 PKGS=(cmake ninja-build g++ libdnnl-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
       libbenchmark-dev bible-kjv
       openmpi-bin libopenmpi-dev  # the communicator (src/parallel/) and its mpirun tests
-      clang libclang-rt-14-dev libomp-dev)  # the libFuzzer build (CI's fuzz stage)
+      clang libclang-rt-14-dev libomp-dev  # the libFuzzer build (CI's fuzz stage)
+      emscripten chromium)  # the planner's guide page (web/) and its browser test
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

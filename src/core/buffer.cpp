@@ -61,13 +61,15 @@ OwnedTensor::OwnedTensor(Allocator& from, DType dtype, std::initializer_list<int
   t.device = from.device();
 }
 
-size_t Arena::footprint(DType dtype, std::initializer_list<int64_t> dims) {
-  Tensor t(nullptr, dtype, dims);
-  return (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+uint64_t Arena::footprint(DType dtype, std::initializer_list<int64_t> dims) {
+  // 64-bit whatever size_t is: the planner measures plans of many GiB in WebAssembly (32-bit).
+  uint64_t n = dtype_size(dtype);
+  for (int64_t d : dims) n *= static_cast<uint64_t>(d);
+  return (n + kAlign - 1) / kAlign * kAlign;
 }
 
 Tensor Arena::alloc(DType dtype, std::initializer_list<int64_t> dims) {
-  size_t need = footprint(dtype, dims);
+  const auto need = static_cast<size_t>(footprint(dtype, dims));
   MOE_CHECK(used_ + need <= buffer_.bytes(), "arena exhausted: need ", need, " bytes, ",
             buffer_.bytes() - used_, " left of ", buffer_.bytes());
   Tensor t(static_cast<char*>(buffer_.data()) + used_, dtype, dims, buffer_.device());

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <utility>
 
@@ -91,7 +92,7 @@ class Arena {
   Device device() const { return buffer_.device(); }
   void reset() { used_ = 0; }
   // Bytes needed for a tensor, including alignment padding.
-  static size_t footprint(DType dtype, std::initializer_list<int64_t> dims);
+  static uint64_t footprint(DType dtype, std::initializer_list<int64_t> dims);
 
  private:
   Buffer buffer_;

@@ -13,25 +13,26 @@
 namespace moe {
 
 // name (MiB, a positive integer) from the environment, or fallback bytes.
-inline size_t env_mib(const char* name, size_t fallback) {
+inline uint64_t env_mib(const char* name, uint64_t fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
   char* end = nullptr;
   const unsigned long long mb = std::strtoull(v, &end, 10);
   MOE_CHECK(end && *end == '\0' && mb > 0, name, " = \"", v, "\" is not a positive number of MiB");
-  return static_cast<size_t>(mb) << 20;
+  return static_cast<uint64_t>(mb) << 20;
 }
 
 // The kernels' shared scratch (MOE_CUDA_SCRATCH_MB, default 64 MiB) and cuBLASLt's workspace.
-inline size_t cuda_scratch_bytes() { return env_mib("MOE_CUDA_SCRATCH_MB", size_t{64} << 20); }
-constexpr size_t kCublasLtWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's recommendation for Hopper and Blackwell
+inline uint64_t cuda_scratch_bytes() { return env_mib("MOE_CUDA_SCRATCH_MB", uint64_t{64} << 20); }
+constexpr uint64_t kCublasLtWorkspaceBytes = uint64_t{32} << 20;  // cuBLASLt's recommendation for Hopper and Blackwell
 
 // cuDNN SDPA's one buffer: bf16 copies of q, k, v, o (forward; nq = B*S*H*hd, nk = B*S*G*hd) or
 // of q, o, dO, dQ, k, v, dK, dV (backward), each from a 256-byte boundary, then the graph's workspace.
-inline size_t cudnn_sdpa_buffer_bytes(bool backward, int64_t nq, int64_t nk, int64_t workspace) {
-  const auto padded = [](int64_t n) { return static_cast<size_t>((n * 2 + 255) / 256 * 256); };
-  const size_t copies = backward ? 4 : 2;
-  return copies * (padded(nq) + padded(nk)) + static_cast<size_t>(workspace);
+inline uint64_t cudnn_sdpa_buffer_bytes(bool backward, int64_t nq, int64_t nk, int64_t workspace) {
+  // 64-bit whatever size_t is: the memory estimate also runs as 32-bit WebAssembly (the planner).
+  const auto padded = [](int64_t n) { return static_cast<uint64_t>((n * 2 + 255) / 256 * 256); };
+  const uint64_t copies = backward ? 4 : 2;
+  return copies * (padded(nq) + padded(nk)) + static_cast<uint64_t>(workspace);
 }
 
 // The deterministic backward's workspace on Hopper: a dP buffer of b * h * ceil64(s_q) *

@@ -8,8 +8,8 @@ namespace moe {
 
 Tensor ArenaPlan::operator()(DType dtype, std::initializer_list<int64_t> dims) {
   bytes += Arena::footprint(dtype, dims);
-  size_t n = dtype_size(dtype);
-  for (int64_t d : dims) n *= static_cast<size_t>(d);
+  uint64_t n = dtype_size(dtype);
+  for (int64_t d : dims) n *= static_cast<uint64_t>(d);
   tensor_bytes += n;
   if (arena) return arena->alloc(dtype, dims);
   return Tensor(nullptr, dtype, dims);

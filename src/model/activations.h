@@ -25,8 +25,9 @@ namespace moe {
 // Hands out tensors from an arena, or only counts bytes (measure pass) when arena is null.
 struct ArenaPlan {
   Arena* arena = nullptr;
-  size_t bytes = 0;         // arena bytes, 64-byte padded per tensor
-  size_t tensor_bytes = 0;  // the tensors' own bytes
+  // 64-bit whatever size_t is (the planner runs as 32-bit WebAssembly too).
+  uint64_t bytes = 0;         // arena bytes, 64-byte padded per tensor
+  uint64_t tensor_bytes = 0;  // the tensors' own bytes
   Tensor operator()(DType dtype, std::initializer_list<int64_t> dims);
 };
 
@@ -154,9 +155,9 @@ class ActivationPlan {
   ActivationPlan(ActivationPlan&&) = default;
   ActivationPlan& operator=(ActivationPlan&&) = default;
 
-  size_t bytes() const { return bytes_; }                    // the arena, padding included
-  size_t saved_tensor_bytes() const { return saved_bytes_; }  // kept for backward: residual + layers
-  size_t layer_bytes() const { return layer_bytes_; }         // the arena bytes of the layers' activations
+  uint64_t bytes() const { return bytes_; }                    // the arena, padding included
+  uint64_t saved_tensor_bytes() const { return saved_bytes_; }  // kept for backward: residual + layers
+  uint64_t layer_bytes() const { return layer_bytes_; }         // the arena bytes of the layers' activations
   int64_t slots() const { return static_cast<int64_t>(resid_.size()); }
   int64_t head_chunk() const { return head_chunk_; }
   // (T,D) the residual stream into stage layer l of a slot; l = layer_end: after the last layer.
@@ -178,7 +179,7 @@ class ActivationPlan {
   StagePlan stage_;
   int64_t head_chunk_ = 0;
   Arena arena_;
-  size_t bytes_ = 0, saved_bytes_ = 0, layer_bytes_ = 0;
+  uint64_t bytes_ = 0, saved_bytes_ = 0, layer_bytes_ = 0;
   std::vector<std::vector<Tensor>> resid_;     // [slot][stage layer, and after the last]
   std::vector<std::vector<LayerActs>> acts_;   // [slot][stage layer]; recompute: one, [0][0]
   LayerActs recompute_dense_;  // recompute in a stage with dense and MoE layers: dense FFN buffers

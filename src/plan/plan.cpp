@@ -47,17 +47,19 @@ void apply_layout_arg(const std::string& arg, ParallelConfig& c) {
 
 namespace {
 
-// The ranks of one of this rank's groups (parallel/layout.h's ordering).
-std::vector<int64_t> group_members(const Layout& L, const RankCoords& me, const std::string& group) {
-  std::vector<int64_t> out;
-  for (int64_t r = 0; r < L.world(); ++r) {
-    const RankCoords x = rank_coords(L, r);
-    const bool in = group == "world" || (group == "dp" && x.pp == me.pp) ||
-                    (group == "ep" && x.pp == me.pp && x.edp == me.edp) ||
-                    (group == "edp" && x.pp == me.pp && x.ep == me.ep) || (group == "pp" && x.dp == me.dp);
-    if (in) out.push_back(r);
-  }
-  return out;
+// The first and last rank of one of this rank's groups and the stride between its members
+// (parallel/layout.h's ordering: dp and ep groups are contiguous, edp strides by ep within the
+// stage, pp by dp, the world is everyone).
+struct GroupSpan {
+  int64_t first = 0, last = 0;
+};
+GroupSpan group_span(const Layout& L, const RankCoords& me, const std::string& group) {
+  const int64_t stage0 = me.pp * L.dp;
+  if (group == "world") return {0, L.world() - 1};
+  if (group == "dp") return {stage0, stage0 + L.dp - 1};
+  if (group == "ep") return {stage0 + me.edp * L.ep, stage0 + me.edp * L.ep + L.ep - 1};
+  if (group == "edp") return {stage0 + me.ep, stage0 + me.ep + (L.edp() - 1) * L.ep};
+  return {me.dp, me.dp + (L.pp - 1) * L.dp};  // pp
 }
 
 int64_t group_size(const Layout& L, const std::string& group) {
@@ -79,10 +81,10 @@ struct RankTraffic {
   void add(const std::string& group, const char* op, const std::string& what, double calls, double bytes,
            bool exact = true, bool host = false, double received = 0, double groups = -1) {
     if (group_size(L, group) <= 1 || calls == 0) return;
+    // Members are increasing in rank, so the group stays in one node iff its first and last do.
     std::string link = "node";
-    if (ranks_per_node > 0)
-      for (int64_t r : group_members(L, me, group))
-        if (r / ranks_per_node != rank / ranks_per_node) link = "network";
+    const GroupSpan g = group_span(L, me, group);
+    if (ranks_per_node > 0 && g.first / ranks_per_node != g.last / ranks_per_node) link = "network";
     out.push_back({group, op, what, calls, groups < 0 ? calls : groups, bytes, received, exact, host, link});
   }
 };
@@ -141,6 +143,18 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
     p.stages.push_back(st);
   }
 
+  // The parameter layouts of a stage's ranks (the same sizes and offsets for every EP rank: only
+  // which experts differs), built once per stage: as the trainer pads them (ZeRO-1 chunks) and
+  // unpadded (what a checkpoint writes).
+  std::vector<ParamLayout> held_of, unpadded_of;
+  for (const PlannedStage& st : p.stages) {
+    ModelShard shard;
+    shard.layer_begin = st.layer_begin;
+    shard.layer_end = st.layer_end;
+    shard.num_local_experts = E / L.ep;
+    held_of.emplace_back(c, shard, pc.zero1 ? L.dp : 1, pc.zero1 ? L.edp() : 1);
+    unpadded_of.emplace_back(c, shard);
+  }
   // Drops of this step's exchanges (uniform) or expected (other routing), over every EP group.
   double routed = 0, dropped = 0;
   for (int64_t r = 0; r < L.world(); ++r) {
@@ -209,12 +223,7 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
     }
     // GradSync::reduce_gradients: the dense region over dp, the experts over edp (the layout's
     // padded regions; ZeRO-1: reduce-scatter, then all-gather of the updated chunks).
-    ModelShard shard;
-    shard.layer_begin = st.layer_begin;
-    shard.layer_end = st.layer_end;
-    shard.num_local_experts = E / L.ep;
-    shard.expert_begin = me.ep * shard.num_local_experts;
-    const ParamLayout held(c, shard, pc.zero1 ? L.dp : 1, pc.zero1 ? L.edp() : 1);
+    const ParamLayout& held = held_of[static_cast<size_t>(me.pp)];
     const double dense = static_cast<double>(held.dense_end()), experts = static_cast<double>(held.total() - held.dense_end());
     if (pc.zero1) {
       const double dp = static_cast<double>(L.dp), edp = static_cast<double>(L.edp());
@@ -257,7 +266,7 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
     // Checkpoint shard (checkpoint/checkpoint.cpp): parameters from their first replica, Adam
     // moments from their owners (ZeRO-1: the owned chunk's parameter elements), router biases
     // of the stage's MoE layers from dp rank 0; fp32 throughout.
-    const ParamLayout unpadded(c, shard);
+    const ParamLayout& unpadded = unpadded_of[static_cast<size_t>(me.pp)];
     double params = 0, moments = 0;
     for (const ParamInfo& q : unpadded.entries()) {
       const bool first_replica = q.is_expert ? me.edp == 0 : me.dp == 0;
