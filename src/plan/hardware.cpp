@@ -139,6 +139,7 @@ Cluster parse_cluster(const std::string& toml_text, const std::string& source_na
             "\" is not one of cpu, cuda");
   d.memory_bytes = r.number("device", "memory_gib", 1e-3, 1e6) * gib;
   d.reserved_bytes = r.number("device", "reserved_gib", 0, 1e6) * gib;
+  d.process_bytes = r.number("device", "process_mib", 0, 1e9) * 1024.0 * 1024.0;
   d.bf16_flops = r.number("device", "bf16_tflops", 1e-6, 1e6) * 1e12;
   d.fp32_flops = r.number("device", "fp32_tflops", 1e-6, 1e6) * 1e12;
   d.memory_bytes_per_s = r.number("device", "memory_gbps", 1e-3, 1e6) * 1e9;
@@ -154,7 +155,8 @@ Cluster parse_cluster(const std::string& toml_text, const std::string& source_na
   c.inter.latency_s = r.number("network", "inter_latency_us", 0, 1e6) * 1e-6;
   c.inter.efficiency = r.curve("network", "inter_efficiency", 1e-3, 1);
   r.finish();
-  MOE_CHECK(d.reserved_bytes < d.memory_bytes, source_name, ": device.reserved_gib is not below device.memory_gib");
+  MOE_CHECK(d.reserved_bytes + d.process_bytes < d.memory_bytes, source_name,
+            ": device.reserved_gib + device.process_mib is not below device.memory_gib");
   c.sources = r.sources();
   return c;
 }
@@ -178,7 +180,8 @@ std::string cluster_to_toml(const Cluster& c) {
   const DeviceSpec& d = c.device;
   o << "name = " << quoted(c.name) << "\nnodes = " << c.nodes << "\nranks_per_node = " << c.ranks_per_node << "\n\n[device]\n"
     << "backend = " << quoted(d.backend) << "\nkind = " << quoted(d.kind) << "\nmemory_gib = " << d.memory_bytes / gib
-    << "\nreserved_gib = " << d.reserved_bytes / gib << "\nbf16_tflops = " << d.bf16_flops / 1e12
+    << "\nreserved_gib = " << d.reserved_bytes / gib << "\nprocess_mib = " << d.process_bytes / (1024.0 * 1024.0)
+    << "\nbf16_tflops = " << d.bf16_flops / 1e12
     << "\nfp32_tflops = " << d.fp32_flops / 1e12 << "\nmemory_gbps = " << d.memory_bytes_per_s / 1e9
     << "\nmemory_efficiency = " << d.memory_efficiency << "\nattention_efficiency = " << d.attention_efficiency
     << "\nattention_efficiency_fp32 = " << d.attention_efficiency_fp32 << "\ngemm_efficiency = " << curve(d.gemm_efficiency)

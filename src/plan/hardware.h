@@ -23,6 +23,7 @@ struct DeviceSpec {
   std::string backend = "cpu";  // train.backend the ranks run (memory: the backend's own buffers)
   double memory_bytes = 0;    // usable by one rank
   double reserved_bytes = 0;  // context, communicator and allocator slack, off the top
+  double process_bytes = 0;   // what one rank's process holds before it plans anything (code, libraries, runtime)
   double bf16_flops = 0, fp32_flops = 0;  // dense peak FLOP/s
   double memory_bytes_per_s = 0;          // peak memory bandwidth
   double memory_efficiency = 1;           // memory-bound kernels' fraction of it

@@ -11,7 +11,7 @@ std::vector<SweepRow> sweep_layouts(const Config& config, const Cluster& cluster
   MOE_CHECK(world >= 1, "sweep: ", world, " ranks");
   const ModelConfig& c = config.model;
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  const double usable = cluster.device.memory_bytes - cluster.device.reserved_bytes;
+  const double usable = cluster.device.memory_bytes - cluster.device.reserved_bytes - cluster.device.process_bytes;
   std::vector<SweepRow> rows;
   for (int64_t pp = 1; pp <= std::min(world, c.n_layers); ++pp) {
     if (world % pp != 0) continue;

@@ -92,7 +92,8 @@ std::string plan_report_json(const Config& config, const Plan& plan, const Clust
   if (cluster)
     j["cluster"] = {{"name", cluster->name}, {"nodes", cluster->nodes}, {"ranks_per_node", cluster->ranks_per_node},
                     {"device", cluster->device.kind}, {"memory_bytes", cluster->device.memory_bytes},
-                    {"reserved_bytes", cluster->device.reserved_bytes}, {"sources", cluster->sources}};
+                    {"reserved_bytes", cluster->device.reserved_bytes}, {"process_bytes", cluster->device.process_bytes},
+                    {"sources", cluster->sources}};
   if (time) j["time"] = time_json(*time);
   if (sweep) {
     nlohmann::json rows = nlohmann::json::array();

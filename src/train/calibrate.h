@@ -14,7 +14,7 @@ namespace moe {
 
 struct CalibrateOptions {
   std::string base;         // preset or file whose other numbers are kept ("" = cpu, or cpu-core with ranks)
-  double min_seconds = 0.1;  // each measurement repeats until it lasts this long
+  double min_seconds = 0.1;  // each measurement repeats until it lasts this long, then twice more: the fastest round counts
 };
 
 // Collective under mpirun (every rank measures at once, so shared memory bandwidth and cores are

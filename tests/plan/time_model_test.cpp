@@ -153,6 +153,7 @@ backend = "cpu"
 kind = "test"
 memory_gib = 1
 reserved_gib = 0
+process_mib = 10
 bf16_tflops = 1
 fp32_tflops = 0.5
 memory_gbps = 10
@@ -171,7 +172,7 @@ inter_efficiency = [[1, 1.0]]
 [sources]
 )";
   std::string cited;
-  for (const char* k : {"nodes", "ranks_per_node", "device.memory_gib", "device.reserved_gib", "device.bf16_tflops",
+  for (const char* k : {"nodes", "ranks_per_node", "device.memory_gib", "device.reserved_gib", "device.process_mib", "device.bf16_tflops",
                         "device.fp32_tflops", "device.memory_gbps", "device.memory_efficiency",
                         "device.attention_efficiency", "device.attention_efficiency_fp32", "device.gemm_efficiency",
                         "device.grouped_efficiency", "network.intra_gbps", "network.intra_latency_us",
@@ -242,6 +243,7 @@ TEST(Sweep, RanksFittingLayoutsAndSaysWhyOthersFail) {
     }
   ASSERT_LT(lo, hi);
   tiny.device.reserved_bytes = 0;
+  tiny.device.process_bytes = 0;
   tiny.device.memory_bytes = (lo + hi) / 2;
   rows = sweep_layouts(c, tiny, 4);
   // pp * dp = 4, ep dividing dp and the 8 experts: dp 4 (ep 1, 2, 4), dp 2 (ep 1, 2), dp 1.
