@@ -48,7 +48,7 @@ struct Args {
   std::string command, config_path, input, out, from, dtype = "f32", checkpoint, prompt;
   std::vector<std::string> overrides;
   bool resume = false, kernels = false, json = false;
-  std::string layout, cluster;
+  std::string layout, cluster, overlap_ep;
   bool sweep = false, calibrate = false;
   int64_t ranks_per_node = 0, plan_step = 1;
   int64_t warmup = 3, bench_steps = 10;
@@ -102,6 +102,8 @@ struct CommandLine {
                      "or a cluster file (configs/clusters/): adds the step time")->type_name("NAME|FILE");
     plan->add_flag("--sweep", a.sweep, "every layout of the cluster's ranks, best first, with why the others do not fit")
         ->needs(plan->get_option("--cluster"));
+    plan->add_option("--overlap-ep", a.overlap_ep, "expert exchange overlapped with compute (not in the trainer): "
+                     "hidden fraction and grouped-GEMM slowdown, e.g. 0.72,0.25")->type_name("HIDDEN,SLOWDOWN");
     plan->add_flag("--json", a.json, "JSON for scripts (every number at full precision)");
 
     CLI::App* prep = app.add_subcommand("prepare", "byte-level token files (train.bin, valid.bin) and the bigram entropy");
@@ -246,6 +248,19 @@ int run(int argc, char** argv) {
     r.ranks_per_node = a.ranks_per_node;
     r.step = a.plan_step;
     r.sweep = a.sweep;
+    if (!a.overlap_ep.empty()) {
+      const size_t comma = a.overlap_ep.find(',');
+      try {
+        MOE_CHECK(comma != std::string::npos, "");
+        size_t u1 = 0, u2 = 0;
+        const std::string h = a.overlap_ep.substr(0, comma), d = a.overlap_ep.substr(comma + 1);
+        r.overlap.exchange_hidden = std::stod(h, &u1);
+        r.overlap.grouped_slowdown = std::stod(d, &u2);
+        MOE_CHECK(u1 == h.size() && u2 == d.size(), "");
+      } catch (const std::exception&) {
+        MOE_FAIL("--overlap-ep ", a.overlap_ep, ": expected HIDDEN,SLOWDOWN (two numbers, e.g. 0.72,0.25)");
+      }
+    }
     const moe::PlanReport report = moe::run_plan(resolve(a), r);
     std::cout << (a.json ? report.json() : report.text());
     return 0;

@@ -9,6 +9,7 @@
 
 #include "config/config.h"
 #include "plan/hardware.h"
+#include "plan/time_model.h"
 
 namespace moe {
 
@@ -27,7 +28,7 @@ struct FitParameter {
 
 double& fit_parameter_ref(Cluster& cluster, const std::string& key);
 // Tokens/s per device the model predicts for an observation's config on this cluster.
-double predict_tokens_per_device(const Config& config, const Cluster& cluster);
+double predict_tokens_per_device(const Config& config, const Cluster& cluster, const OverlapModel& overlap = {});
 
 struct FitResult {
   Cluster cluster;  // with the fitted numbers

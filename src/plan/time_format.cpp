@@ -63,7 +63,7 @@ nlohmann::json time_json(const StepTime& t) {
   for (const StageTime& x : t.stages)
     stages.push_back({{"forward_compute_s", x.forward_compute_s}, {"forward_exchange_s", x.forward_exchange_s},
                       {"backward_compute_s", x.backward_compute_s}, {"backward_exchange_s", x.backward_exchange_s},
-                      {"transfer_s", x.transfer_s}, {"busy_s", x.busy_s}, {"bubble_s", x.bubble_s},
+                      {"transfer_s", x.transfer_s}, {"grouped_s", x.grouped_s}, {"busy_s", x.busy_s}, {"bubble_s", x.bubble_s},
                       {"sync_s", x.sync_s}, {"optimizer_s", x.optimizer_s}});
   nlohmann::json timeline = nlohmann::json::array();
   for (const TimelineEntry& e : t.timeline)

@@ -99,7 +99,9 @@ std::vector<TimelineEntry> simulate_1f1b(const std::vector<double>& forward_s, c
   return out;
 }
 
-StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluster& cl) {
+StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluster& cl, const OverlapModel& overlap) {
+  MOE_CHECK(overlap.exchange_hidden >= 0 && overlap.exchange_hidden <= 1 && overlap.grouped_slowdown >= 0,
+            "overlap: the hidden fraction must be in [0, 1] and the slowdown >= 0");
   const ModelConfig& c = config.model;
   const TrainConfig& t = config.train;
   const Layout& L = plan.layout;
@@ -116,14 +118,16 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
   // T K on average (the group's tokens spread over the ranks), less the drops.
   const double rows = T * K * (1 - plan.drop_fraction);
 
-  // Forward time of one layer on one micro-batch, and its memory traffic.
-  const auto layer_forward = [&](bool moe) {
+  // Forward time of one layer on one micro-batch (and, into *grouped, its grouped expert GEMMs').
+  const auto layer_forward = [&](bool moe, double* grouped) {
     double s = roof.gemm(T, H * hd, D) + 2 * roof.gemm(T, G * hd, D) + roof.gemm(T, D, H * hd);
     s += 2 * T * H * hd * (S + 1) / (roof.peak * roof.attn_eff);  // causal QK^T and PV
     double bytes = 4 * T * D * 10 + 8 * T * (H + 2 * G) * hd;   // norms, residual adds; QK-norm, RoPE
     if (moe) {
       s += roof.gemm(T, E, D, dev.fp32_flops);  // the router runs in fp32
-      s += 3 * roof.grouped(rows / El, El, F, D);
+      const double g = 3 * roof.grouped(rows / El, El, F, D);
+      s += g;
+      if (grouped) *grouped += g;
       if (c.shared_hidden > 0) s += 3 * roof.gemm(T, static_cast<double>(c.shared_hidden), D);
       bytes += 12 * T * E + rows * D * (2 * a + 4) + 3 * rows * F * a;  // scores, gather, SwiGLU, combine
     } else {
@@ -133,10 +137,13 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
     }
     return s + roof.memory(bytes);
   };
-  const auto layer_backward = [&](bool moe) {
+  const auto layer_backward = [&](bool moe, double* grouped) {
     // Data and weight gradients: twice the forward GEMMs; attention's backward 2.5x its forward.
-    double fwd_attn = 2 * T * H * hd * (S + 1) / (roof.peak * roof.attn_eff);
-    return 2 * (layer_forward(moe) - fwd_attn) + 2.5 * fwd_attn;
+    const double fwd_attn = 2 * T * H * hd * (S + 1) / (roof.peak * roof.attn_eff);
+    double g = 0;
+    const double f = layer_forward(moe, &g);
+    if (grouped) *grouped += 2 * g;
+    return 2 * (f - fwd_attn) + 2.5 * fwd_attn;
   };
 
   StepTime out;
@@ -146,8 +153,9 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
     const PlannedStage& st = plan.stages[s];
     StageTime x;
     for (int64_t l = st.layer_begin; l < st.layer_end; ++l) {
-      x.forward_compute_s += layer_forward(c.is_moe_layer(l));
-      x.backward_compute_s += layer_backward(c.is_moe_layer(l)) + (t.recompute ? layer_forward(c.is_moe_layer(l)) : 0);
+      const bool moe = c.is_moe_layer(l);
+      x.forward_compute_s += layer_forward(moe, &x.grouped_s);
+      x.backward_compute_s += layer_backward(moe, &x.grouped_s) + (t.recompute ? layer_forward(moe, &x.grouped_s) : 0);
     }
     if (st.layer_begin == 0) x.backward_compute_s += roof.memory(3 * T * D * 4);  // embedding
     if (st.layer_end == c.n_layers) x.backward_compute_s += 3 * roof.gemm(T, V, D) + roof.memory(4 * T * V * 4);
@@ -176,6 +184,16 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
       bwd_ex = std::max(bwd_ex, b);
       sync = std::max(sync, y);
       xfer = std::max(xfer, p);
+    }
+    // Overlap (not in the trainer): part of each exchange hidden behind compute, the grouped GEMMs
+    // that run beside it slowed down (split between forward and backward as their shares).
+    if (overlap.exchange_hidden > 0 && fwd_ex + bwd_ex > 0) {
+      const double slower = overlap.grouped_slowdown * x.grouped_s;
+      const double f_share = x.forward_compute_s / (x.forward_compute_s + x.backward_compute_s);
+      x.forward_compute_s += slower * f_share;
+      x.backward_compute_s += slower * (1 - f_share);
+      fwd_ex *= 1 - overlap.exchange_hidden;
+      bwd_ex *= 1 - overlap.exchange_hidden;
     }
     x.forward_exchange_s = fwd_ex;
     x.backward_exchange_s = bwd_ex;
