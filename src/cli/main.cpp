@@ -50,7 +50,7 @@ struct Args {
   bool resume = false, kernels = false, json = false;
   std::string layout, cluster, overlap_ep;
   bool sweep = false, calibrate = false;
-  int64_t ranks_per_node = 0, plan_step = 1;
+  int64_t ranks_per_node = 0, plan_step = 1, interleave = 1;
   int64_t warmup = 3, bench_steps = 10;
   int64_t batches = 0, max_tokens = 200, top_k = 40;
   double temperature = 0.8;
@@ -104,6 +104,8 @@ struct CommandLine {
         ->needs(plan->get_option("--cluster"));
     plan->add_option("--overlap-ep", a.overlap_ep, "expert exchange overlapped with compute (not in the trainer): "
                      "hidden fraction and grouped-GEMM slowdown, e.g. 0.72,0.25")->type_name("HIDDEN,SLOWDOWN");
+    plan->add_option("--interleave", a.interleave, "model chunks per pipeline stage: the interleaved 1F1B schedule "
+                     "(not in the trainer; timing only)")->check(CLI::PositiveNumber)->capture_default_str();
     plan->add_flag("--json", a.json, "JSON for scripts (every number at full precision)");
 
     CLI::App* prep = app.add_subcommand("prepare", "byte-level token files (train.bin, valid.bin) and the bigram entropy");
@@ -248,14 +250,15 @@ int run(int argc, char** argv) {
     r.ranks_per_node = a.ranks_per_node;
     r.step = a.plan_step;
     r.sweep = a.sweep;
+    r.time.interleave = a.interleave;
     if (!a.overlap_ep.empty()) {
       const size_t comma = a.overlap_ep.find(',');
       try {
         MOE_CHECK(comma != std::string::npos, "");
         size_t u1 = 0, u2 = 0;
         const std::string h = a.overlap_ep.substr(0, comma), d = a.overlap_ep.substr(comma + 1);
-        r.overlap.exchange_hidden = std::stod(h, &u1);
-        r.overlap.grouped_slowdown = std::stod(d, &u2);
+        r.time.overlap.exchange_hidden = std::stod(h, &u1);
+        r.time.overlap.grouped_slowdown = std::stod(d, &u2);
         MOE_CHECK(u1 == h.size() && u2 == d.size(), "");
       } catch (const std::exception&) {
         MOE_FAIL("--overlap-ep ", a.overlap_ep, ": expected HIDDEN,SLOWDOWN (two numbers, e.g. 0.72,0.25)");

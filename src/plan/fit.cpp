@@ -19,13 +19,13 @@ double& fit_parameter_ref(Cluster& c, const std::string& key) {
            "device.gemm_plateau, network.intra_plateau, network.inter_plateau)");
 }
 
-double predict_tokens_per_device(const Config& config, const Cluster& cluster, const OverlapModel& overlap) {
+double predict_tokens_per_device(const Config& config, const Cluster& cluster, const TimeOptions& options) {
   Config c = config;
   c.train.backend = cluster.device.backend;
   PlanOptions o;
   o.ranks_per_node = cluster.ranks_per_node;
   const Plan plan = make_plan(c, o);
-  return estimate_step_time(c, plan, cluster, overlap).tokens_per_s_per_device;
+  return estimate_step_time(c, plan, cluster, options).tokens_per_s_per_device;
 }
 
 FitResult fit_cluster(const Cluster& base, const std::vector<FitParameter>& params, const std::vector<Observation>& obs) {

@@ -28,7 +28,7 @@ struct FitParameter {
 
 double& fit_parameter_ref(Cluster& cluster, const std::string& key);
 // Tokens/s per device the model predicts for an observation's config on this cluster.
-double predict_tokens_per_device(const Config& config, const Cluster& cluster, const OverlapModel& overlap = {});
+double predict_tokens_per_device(const Config& config, const Cluster& cluster, const TimeOptions& options = {});
 
 struct FitResult {
   Cluster cluster;  // with the fitted numbers

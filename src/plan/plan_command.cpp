@@ -21,7 +21,7 @@ PlanReport run_plan(Config c, const PlanRequest& a) {
               " (give --layout, --sweep, or a cluster of that size: NAMEx", world, ")");
   }
   if (a.sweep) {
-    r.sweep = sweep_layouts(c, *r.cluster, r.cluster->ranks(), a.overlap);
+    r.sweep = sweep_layouts(c, *r.cluster, r.cluster->ranks(), a.time);
     // The plan shown in full is the best layout that fits (else the first).
     const Layout& best = r.sweep.front().layout;
     c.parallel.dp = best.dp;
@@ -30,7 +30,7 @@ PlanReport run_plan(Config c, const PlanRequest& a) {
     c.parallel.stage_layers.clear();
   }
   r.plan = make_plan(c, o);
-  if (r.cluster) r.time = estimate_step_time(c, r.plan, *r.cluster, a.overlap);
+  if (r.cluster) r.time = estimate_step_time(c, r.plan, *r.cluster, a.time);
   r.config = c;
   return r;
 }

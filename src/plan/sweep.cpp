@@ -8,7 +8,7 @@
 namespace moe {
 
 std::vector<SweepRow> sweep_layouts(const Config& config, const Cluster& cluster, int64_t world,
-                                    const OverlapModel& overlap) {
+                                    const TimeOptions& options) {
   MOE_CHECK(world >= 1, "sweep: ", world, " ranks");
   const ModelConfig& c = config.model;
   const double gib = 1024.0 * 1024.0 * 1024.0;
@@ -35,7 +35,7 @@ std::vector<SweepRow> sweep_layouts(const Config& config, const Cluster& cluster
           if (plan.stages[s].memory.total() > plan.stages[worst].memory.total()) worst = s;
         const MemoryEstimate& m = plan.stages[worst].memory;
         row.peak_bytes = m.total();
-        row.time = estimate_step_time(x, plan, cluster, overlap);
+        row.time = estimate_step_time(x, plan, cluster, options);
         row.fits = m.total() <= usable;
         if (!row.fits) {
           // Name the largest component as what binds.

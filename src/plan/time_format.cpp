@@ -67,7 +67,7 @@ nlohmann::json time_json(const StepTime& t) {
                       {"sync_s", x.sync_s}, {"optimizer_s", x.optimizer_s}});
   nlohmann::json timeline = nlohmann::json::array();
   for (const TimelineEntry& e : t.timeline)
-    timeline.push_back({{"stage", e.stage}, {"micro", e.micro}, {"forward", e.forward}, {"start_s", e.start_s}, {"end_s", e.end_s}});
+    timeline.push_back({{"stage", e.stage}, {"micro", e.micro}, {"chunk", e.chunk}, {"forward", e.forward}, {"start_s", e.start_s}, {"end_s", e.end_s}});
   nlohmann::json waterfall = nlohmann::json::array();
   for (const auto& [name, s] : t.waterfall) waterfall.push_back({{"what", name}, {"s", s}});
   return {{"stages", stages},

@@ -6,7 +6,7 @@
 
 #include "core/check.h"
 #include "plan/exchange_model.h"
-#include "train/pipeline_schedule.h"
+#include "plan/pipeline_sim.h"
 
 namespace moe {
 
@@ -55,51 +55,8 @@ bool is_pipeline(const PlannedCollective& c) { return c.group == "pp" && c.what 
 
 }  // namespace
 
-std::vector<TimelineEntry> simulate_1f1b(const std::vector<double>& forward_s, const std::vector<double>& backward_s,
-                                         double transfer_s, int64_t M) {
-  const auto P = static_cast<int64_t>(forward_s.size());
-  MOE_CHECK(P >= 1 && backward_s.size() == forward_s.size() && M >= 1, "simulate_1f1b: ", P, " stages, ", M, " micro-batches");
-  std::vector<std::vector<PipelineAction>> order(static_cast<size_t>(P));
-  for (int64_t s = 0; s < P; ++s) order[static_cast<size_t>(s)] = one_f_one_b(P, s, M);
-  const double unknown = -1;
-  std::vector<std::vector<double>> f_end(static_cast<size_t>(P), std::vector<double>(static_cast<size_t>(M), unknown));
-  std::vector<std::vector<double>> b_end = f_end;
-  std::vector<size_t> next(static_cast<size_t>(P), 0);
-  std::vector<double> free_at(static_cast<size_t>(P), 0);
-  std::vector<TimelineEntry> out;
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int64_t s = 0; s < P; ++s) {
-      const auto su = static_cast<size_t>(s);
-      while (next[su] < order[su].size()) {
-        const PipelineAction& a = order[su][next[su]];
-        const auto m = static_cast<size_t>(a.micro);
-        double ready = 0;
-        if (a.forward) {
-          if (s > 0) {
-            if (f_end[su - 1][m] < 0) break;
-            ready = f_end[su - 1][m] + transfer_s;
-          }
-        } else if (s < P - 1) {
-          if (b_end[su + 1][m] < 0) break;
-          ready = b_end[su + 1][m] + transfer_s;
-        }
-        const double start = std::max(ready, free_at[su]);
-        const double end = start + (a.forward ? forward_s[su] : backward_s[su]);
-        (a.forward ? f_end : b_end)[su][m] = end;
-        free_at[su] = end;
-        out.push_back({s, a.micro, a.forward, start, end});
-        ++next[su];
-        progress = true;
-      }
-    }
-  }
-  for (int64_t s = 0; s < P; ++s)
-    MOE_CHECK(next[static_cast<size_t>(s)] == order[static_cast<size_t>(s)].size(), "simulate_1f1b: stage ", s, " stalled");
-  return out;
-}
-
-StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluster& cl, const OverlapModel& overlap) {
+StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluster& cl, const TimeOptions& options) {
+  const OverlapModel& overlap = options.overlap;
   MOE_CHECK(overlap.exchange_hidden >= 0 && overlap.exchange_hidden <= 1 && overlap.grouped_slowdown >= 0,
             "overlap: the hidden fraction must be in [0, 1] and the slowdown >= 0");
   const ModelConfig& c = config.model;
@@ -208,7 +165,7 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
     fwd.push_back(x.forward_s());
     bwd.push_back(x.backward_s());
   }
-  out.timeline = simulate_1f1b(fwd, bwd, transfer, plan.micro_batches);
+  out.timeline = simulate_interleaved(fwd, bwd, transfer, plan.micro_batches, options.interleave);
   for (const TimelineEntry& e : out.timeline) out.pipeline_s = std::max(out.pipeline_s, e.end_s);
   double tail = 0;
   size_t critical = 0;

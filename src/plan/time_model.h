@@ -14,6 +14,7 @@
 
 #include "config/config.h"
 #include "plan/hardware.h"
+#include "plan/pipeline_sim.h"
 #include "plan/plan.h"
 
 namespace moe {
@@ -24,6 +25,11 @@ namespace moe {
 struct OverlapModel {
   double exchange_hidden = 0;
   double grouped_slowdown = 0;
+};
+
+struct TimeOptions {
+  OverlapModel overlap;
+  int64_t interleave = 1;  // model chunks per stage (interleaved 1F1B; not in the trainer)
 };
 
 struct StageTime {
@@ -38,12 +44,6 @@ struct StageTime {
   double optimizer_s = 0;  // clipping, AdamW, the bf16 refresh (memory-bound)
   double forward_s() const { return forward_compute_s + forward_exchange_s; }
   double backward_s() const { return backward_compute_s + backward_exchange_s; }
-};
-
-struct TimelineEntry {
-  int64_t stage = 0, micro = 0;
-  bool forward = true;
-  double start_s = 0, end_s = 0;
 };
 
 struct StepTime {
@@ -61,13 +61,7 @@ struct StepTime {
 };
 
 StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluster& cluster,
-                            const OverlapModel& overlap = {});
-
-// The 1F1B schedule of `stages` stages over M micro-batches with per-stage forward and backward
-// times and a transfer time between neighbours: every action starts when its stage is free and
-// its input has arrived. Entries in execution order per stage.
-std::vector<TimelineEntry> simulate_1f1b(const std::vector<double>& forward_s, const std::vector<double>& backward_s,
-                                         double transfer_s, int64_t micro_batches);
+                            const TimeOptions& options = {});
 
 // Layouts of `world` ranks the trainer accepts for this config (pp divides world and is at most
 // n_layers, ep divides dp and num_experts, the batch splits), each planned and timed, best first;
@@ -80,7 +74,7 @@ struct SweepRow {
   StepTime time;
 };
 std::vector<SweepRow> sweep_layouts(const Config& config, const Cluster& cluster, int64_t world,
-                                    const OverlapModel& overlap = {});
+                                    const TimeOptions& options = {});
 
 // plan_to_json's object with the cluster, the step time and the sweep (each optional) added.
 std::string plan_report_json(const Config& config, const Plan& plan, const Cluster* cluster, const StepTime* time,

@@ -143,7 +143,7 @@ TEST(PublishedRuns, ThroughputAfterFittingTwoNumbersOnV1AndV3) {
   // V6: two-batch overlap, with the report's own measurements as the overlap model (72% of the
   // exchange hidden, grouped GEMMs 25% slower beside it). Tolerance: 3 points on the change
   // (set after a first computation of this row, so it is not a blind prediction).
-  const double v6 = predict_tokens_per_device(published("olmo3_v1_e32.toml"), c4, OverlapModel{0.72, 0.25});
+  const double v6 = predict_tokens_per_device(published("olmo3_v1_e32.toml"), c4, TimeOptions{OverlapModel{0.72, 0.25}, 1});
   // V13 on B200 with the fitted numbers carried over (same tensor cores, same NVLink).
   Cluster b200 = load_cluster("b200x8");
   for (size_t i = 0; i < fitted.size(); ++i) fit_parameter_ref(b200, fitted[i].key) = fit.values[i];

@@ -286,3 +286,46 @@ TEST(StepTime, JsonCarriesTimeAndSweep) {
 
 }  // namespace
 }  // namespace moe
+
+namespace moe {
+namespace {
+
+// Interleaved 1F1B (not in the trainer): equal stages and no transfer give the textbook
+// M (f + b) + (P - 1)(f + b) / v and stage 0's bubble (P - 1) / (v M + P - 1); every virtual
+// stage's dependencies hold; v = 1 is the trainer's 1F1B.
+TEST(SimulateInterleaved, ClosedFormAndDependencies) {
+  for (int64_t P : {2, 4})
+    for (int64_t v : {1, 2, 3})
+      for (int64_t M : {P, 2 * P, 4 * P}) {
+        const std::vector<double> f(static_cast<size_t>(P), 1.0), b(static_cast<size_t>(P), 2.0);
+        const std::vector<TimelineEntry> tl = simulate_interleaved(f, b, 0.0, M, v);
+        double end = 0, busy0 = 0;
+        std::map<std::tuple<int64_t, bool, int64_t>, TimelineEntry> at;  // (virtual stage, fwd, micro)
+        for (const TimelineEntry& e : tl) {
+          end = std::max(end, e.end_s);
+          if (e.stage == 0) busy0 += e.end_s - e.start_s;
+          at[{e.chunk * P + e.stage, e.forward, e.micro}] = e;
+        }
+        const double Pd = static_cast<double>(P), Md = static_cast<double>(M), vd = static_cast<double>(v);
+        EXPECT_NEAR(end, Md * 3 + (Pd - 1) * 3 / vd, 1e-9) << P << " " << v << " " << M;
+        EXPECT_NEAR((end - busy0) / end, (Pd - 1) / (vd * Md + Pd - 1), 1e-12);
+        EXPECT_EQ(tl.size(), static_cast<size_t>(2 * P * M * v));
+        for (int64_t vs = 0; vs < P * v; ++vs)
+          for (int64_t m = 0; m < M; ++m) {
+            if (vs > 0) {
+              EXPECT_GE(at.at(std::make_tuple(vs, true, m)).start_s, at.at(std::make_tuple(vs - 1, true, m)).end_s - 1e-12);
+            }
+            if (vs < P * v - 1) {
+              EXPECT_GE(at.at(std::make_tuple(vs, false, m)).start_s, at.at(std::make_tuple(vs + 1, false, m)).end_s - 1e-12);
+            }
+          }
+        if (v == 1) {
+          const std::vector<TimelineEntry> plain = simulate_1f1b(f, b, 0.0, M);
+          EXPECT_EQ(plain.size(), tl.size());
+        }
+      }
+  EXPECT_THROW(simulate_interleaved({1, 1}, {1, 1}, 0, 3, 2), Error);  // M not a multiple of P
+}
+
+}  // namespace
+}  // namespace moe
