@@ -140,6 +140,7 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
     const double dense = static_cast<double>(held.dense_end()), experts = static_cast<double>(held.total() - held.dense_end());
     const double owned = dense / static_cast<double>(L.dp) + experts / static_cast<double>(L.edp());
     st.total_sharded_master = st.memory.total() - st.memory.params - st.memory.optimizer + 12 * owned;
+    if (t.backend == "cuda") st.checkpoint_host_bytes = st.memory.params + st.memory.optimizer;
     p.stages.push_back(st);
   }
 

@@ -51,6 +51,9 @@ struct PlannedStage {
   double total_sharded_master = 0;
   // Sized by the expert rows (Rx): the arena less the same plan with no expert rows.
   double expert_row_buffers = 0;
+  // Host memory a checkpoint save stages on a rank whose backend memory the host cannot address
+  // (cuda: copies of the parameters and the moments it holds); 0 on cpu, where it writes in place.
+  double checkpoint_host_bytes = 0;
 };
 
 struct PlanOptions {

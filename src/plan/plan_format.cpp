@@ -89,9 +89,15 @@ std::string format_plan(const Config& config, const Plan& plan) {
   }
   double checkpoint = 0;
   for (const PlannedRank& r : plan.ranks) checkpoint += r.checkpoint_bytes;
-  std::snprintf(buf, sizeof buf, "\ncheckpoint: %.4f GiB in all, %.4f GiB from rank 0\n", checkpoint / kGiB,
-                plan.ranks.front().checkpoint_bytes / kGiB);
+  double host = 0;
+  for (const PlannedStage& st : plan.stages) host = std::max(host, st.checkpoint_host_bytes);
+  std::snprintf(buf, sizeof buf, "\ncheckpoint: %.4f GiB in all, %.4f GiB from rank 0%s", checkpoint / kGiB,
+                plan.ranks.front().checkpoint_bytes / kGiB, host > 0 ? "" : "\n");
   o << buf;
+  if (host > 0) {
+    std::snprintf(buf, sizeof buf, "; %.4f GiB of host memory per rank to stage it (cuda)\n", host / kGiB);
+    o << buf;
+  }
 
   // Per stage, its rank that sends the most.
   for (size_t s = 0; s < plan.stages.size(); ++s) {
@@ -136,6 +142,7 @@ std::string plan_to_json(const Config& config, const Plan& plan) {
                       {"memory_bytes", m},
                       {"total_bytes", st.memory.total()},
                       {"expert_row_buffer_bytes", st.expert_row_buffers},
+                      {"checkpoint_host_bytes", st.checkpoint_host_bytes},
                       {"total_bytes_sharded_master", st.total_sharded_master}});
   }
   j["stages"] = stages;

@@ -28,6 +28,9 @@ std::string format_step_time(const Config& config, const Plan& plan, const Clust
                 "%.2f TFLOP/s per device; MFU %.1f%% of the %s peak, %.1f%% of bf16's (Olmo-core 3's convention)\n",
                 t.step_s, t.pipeline_s, 100 * t.bubble_fraction, t.tokens_per_s, t.tokens_per_s_per_device,
                 t.achieved_flops_per_device / 1e12, 100 * t.mfu, config.train.precision.c_str(), 100 * t.mfu_bf16);
+  o << buf;
+  std::snprintf(buf, sizeof buf, "checkpoint save: %.2f s (the largest shard at %.2f GB/s per rank)\n", t.checkpoint_save_s,
+                cl.device.storage_bytes_per_s / 1e9);
   o << buf << "where the step goes (critical stage):";
   for (const auto& [name, s] : t.waterfall) {
     std::snprintf(buf, sizeof buf, " %s %.1f ms;", name.c_str(), 1e3 * s);
@@ -81,7 +84,8 @@ nlohmann::json time_json(const StepTime& t) {
           {"achieved_flops_per_device", t.achieved_flops_per_device},
           {"mfu", t.mfu},
           {"mfu_bf16", t.mfu_bf16},
-          {"bubble_fraction", t.bubble_fraction}};
+          {"bubble_fraction", t.bubble_fraction},
+          {"checkpoint_save_s", t.checkpoint_save_s}};
 }
 
 }  // namespace

@@ -187,6 +187,8 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
   out.mfu = out.achieved_flops_per_device / roof.peak;
   out.mfu_bf16 = out.achieved_flops_per_device / dev.bf16_flops;
   out.bubble_fraction = out.pipeline_s > 0 ? out.stages[0].bubble_s / out.pipeline_s : 0;
+  for (const PlannedRank& r : plan.ranks)
+    out.checkpoint_save_s = std::max(out.checkpoint_save_s, r.checkpoint_bytes / dev.storage_bytes_per_s);
   const StageTime& x = out.stages[critical];
   out.waterfall = {{"compute", M * (x.forward_compute_s + x.backward_compute_s)},
                    {"expert exchange", M * (x.forward_exchange_s + x.backward_exchange_s)},

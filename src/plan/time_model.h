@@ -57,6 +57,7 @@ struct StepTime {
   double mfu = 0;        // against the device's peak for train.precision
   double mfu_bf16 = 0;   // against the bf16 peak (Olmo-core 3's convention, whatever the precision)
   double bubble_fraction = 0;  // stage 0's idle share of the pipeline
+  double checkpoint_save_s = 0;  // the slowest rank's shard at the device's storage rate
   std::vector<std::pair<std::string, double>> waterfall;  // where the step's time goes (critical stage)
 };
 

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
+#include <unistd.h>
 #include <fstream>
 #include <string>
 #include <iomanip>
@@ -192,6 +194,30 @@ std::string calibrate_machine(const Config& config, const CalibrateOptions& opt,
     c.sources["device.memory_gbps"] = tag + ": axpy over 2 x 64 MiB (read x, read and write y)";
     c.sources["device.memory_efficiency"] = tag + ": 1 (memory_gbps is the measured streaming rate)";
     if (talk) log << "axpy: " << c.device.memory_bytes_per_s / 1e9 << " GB/s\n";
+  }
+
+  // Checkpoint writes: 128 MiB per rank, all ranks at once, fsync'd (as a save does), in the
+  // current directory.
+  {
+    const std::string path = ".moecore-calibrate-" + std::to_string(world->rank()) + ".tmp";
+    std::vector<char> data(size_t{128} << 20, 'x');
+    world->barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      FILE* f = std::fopen(path.c_str(), "wb");
+      MOE_CHECK(f, "bench --calibrate: cannot write ", path, " in the current directory");
+      const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+      std::fclose(f);
+      std::remove(path.c_str());
+      MOE_CHECK(ok, "bench --calibrate: writing ", path, " failed");
+    }
+    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<double> all(static_cast<size_t>(n));
+    world->all_gather(&t, all.data(), 1, DType::kF64);
+    t = *std::max_element(all.begin(), all.end());
+    c.device.storage_bytes_per_s = static_cast<double>(data.size()) / t;
+    c.sources["device.storage_gbps"] = tag + ": 128 MiB written and fsync'd per rank, all ranks at once, in the current directory";
+    if (talk) log << "storage: " << c.device.storage_bytes_per_s / 1e9 << " GB/s per rank\n";
   }
 
   // All-reduces across the ranks (one node): latency from one float, rate by size.
