@@ -1,7 +1,9 @@
 #include "plan/exchange_model.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "core/check.h"
 #include "kernels/ep_plan_math.h"
 #include "moe/exchange_bounds.h"
 
@@ -24,22 +26,56 @@ std::vector<int32_t> uniform_expert_counts(int64_t base, int64_t tokens, int64_t
   return counts;
 }
 
-double expected_drop_fraction_random(const Config& c) {
-  const int64_t ep = c.parallel.ep, E = c.model.num_experts, K = c.model.top_k;
+double expected_drop_fraction_random(const Config& c) { return expected_drop_fraction_skewed(c, 0); }
+
+double expected_drop_fraction_skewed(const Config& c, double skew) {
+  const int64_t ep = c.parallel.ep, E = c.model.num_experts, K = c.model.top_k, El = E / ep;
   const int64_t T = c.train.micro_batch_size * c.train.seq_len;
   const int64_t capacity = expert_capacity(T, K, c.parallel.ep_capacity_factor);
+  MOE_CHECK(skew >= 0 && std::isfinite(skew), "skewed routing: exponent ", skew, " must be >= 0");
   if (ep <= 1 || capacity < 0) return 0;
-  // Rows one rank receives: over the group's ep T tokens, each a hypergeometric draw of its K
-  // experts among E, El of them this rank's.
-  const double El = static_cast<double>(E / ep), Ed = static_cast<double>(E), Kd = static_cast<double>(K);
-  const double p = El / Ed, n = static_cast<double>(ep * T);
-  const double mean = n * Kd * p;
-  const double var = n * Kd * p * (1 - p) * (Ed > 1 ? (Ed - Kd) / (Ed - 1) : 0);
-  if (var <= 0) return mean > static_cast<double>(capacity) ? (mean - static_cast<double>(capacity)) / mean : 0;
-  const double sd = std::sqrt(var), z = (static_cast<double>(capacity) - mean) / sd;
-  const double pdf = std::exp(-0.5 * z * z) / std::sqrt(2 * M_PI), upper = 0.5 * std::erfc(z / std::sqrt(2.0));
-  const double excess = sd * pdf - (static_cast<double>(capacity) - mean) * upper;  // E[(X - cap)+]
-  return excess / mean;
+  // Inclusion probabilities pi_e = 1 - exp(-lambda w_e), sum K (bisection on lambda); uniform
+  // weights give K / E exactly.
+  std::vector<double> w(static_cast<size_t>(E)), pi(w.size());
+  for (int64_t e = 0; e < E; ++e) w[static_cast<size_t>(e)] = std::pow(static_cast<double>(e + 1), -skew);
+  const auto inclusion = [&](double lambda) {
+    double sum = 0;
+    for (size_t e = 0; e < w.size(); ++e) sum += pi[e] = 1 - std::exp(-lambda * w[e]);
+    return sum;
+  };
+  if (skew == 0) {
+    std::fill(pi.begin(), pi.end(), static_cast<double>(K) / static_cast<double>(E));
+  } else {
+    double lo = 0, hi = 1;
+    while (inclusion(hi) < static_cast<double>(K)) hi *= 2;
+    for (int it = 0; it < 200; ++it) {
+      const double mid = (lo + hi) / 2;
+      (inclusion(mid) < static_cast<double>(K) ? lo : hi) = mid;
+    }
+    inclusion((lo + hi) / 2);
+  }
+  // Per rank: over the group's ep T tokens, mean and variance of the rows it receives. The
+  // variance scale (E - El) / (E - 1) turns the sum of independent inclusions into the
+  // hypergeometric variance at skew 0.
+  const double n = static_cast<double>(ep * T), Ed = static_cast<double>(E), cap = static_cast<double>(capacity);
+  const double scale = E > 1 ? (Ed - static_cast<double>(El)) / (Ed - 1) : 0;
+  double dropped = 0;
+  for (int64_t r = 0; r < ep; ++r) {
+    double m = 0, v = 0;
+    for (int64_t e = r * El; e < (r + 1) * El; ++e) {
+      m += pi[static_cast<size_t>(e)];
+      v += pi[static_cast<size_t>(e)] * (1 - pi[static_cast<size_t>(e)]);
+    }
+    const double mean = n * m, var = n * v * scale;
+    if (var <= 0) {
+      dropped += std::max(0.0, mean - cap);
+      continue;
+    }
+    const double sd = std::sqrt(var), z = (cap - mean) / sd;
+    const double pdf = std::exp(-0.5 * z * z) / std::sqrt(2 * M_PI), upper = 0.5 * std::erfc(z / std::sqrt(2.0));
+    dropped += sd * pdf - (cap - mean) * upper;  // E[(X - cap)+]
+  }
+  return dropped / (n * static_cast<double>(K));
 }
 
 std::vector<ExchangeRows> exchange_rows(const Config& c, int64_t step, int64_t group_dp_begin, int64_t micro) {

@@ -41,4 +41,11 @@ std::vector<ExchangeRows> exchange_rows(const Config& c, int64_t step, int64_t g
 // case): rows a rank receives ~ normal with the hypergeometric mean and variance. 0 if dropless.
 double expected_drop_fraction_random(const Config& c);
 
+// The same under skewed routing: each token picks K distinct experts with weights (e + 1)^-skew
+// (expert 0 the most popular; experts sit on ranks in id order, so the hottest share rank 0, the
+// worst placement). Each expert's chance to be among a token's K is approximated by
+// 1 - exp(-lambda w_e) with lambda making them sum to K; a rank's rows are normal with those means
+// and variances (scaled to the hypergeometric at skew 0, where this is the random case exactly).
+double expected_drop_fraction_skewed(const Config& c, double skew);
+
 }  // namespace moe

@@ -145,6 +145,8 @@ Cluster parse_cluster(const std::string& toml_text, const std::string& source_na
   d.memory_bytes_per_s = r.number("device", "memory_gbps", 1e-3, 1e6) * 1e9;
   d.memory_efficiency = r.number("device", "memory_efficiency", 1e-3, 1);
   d.storage_bytes_per_s = r.number("device", "storage_gbps", 1e-6, 1e6) * 1e9;
+  d.timing_spread = r.number("device", "timing_spread", 0, 10);
+  d.power_capped_gemm = r.number("device", "power_capped_gemm", 1e-3, 1);
   d.attention_efficiency = r.number("device", "attention_efficiency", 1e-3, 1);
   d.attention_efficiency_fp32 = r.number("device", "attention_efficiency_fp32", 1e-3, 1);
   d.gemm_efficiency = r.curve("device", "gemm_efficiency", 1e-3, 1);
@@ -184,7 +186,7 @@ std::string cluster_to_toml(const Cluster& c) {
     << "\nreserved_gib = " << d.reserved_bytes / gib << "\nprocess_mib = " << d.process_bytes / (1024.0 * 1024.0)
     << "\nbf16_tflops = " << d.bf16_flops / 1e12
     << "\nfp32_tflops = " << d.fp32_flops / 1e12 << "\nmemory_gbps = " << d.memory_bytes_per_s / 1e9
-    << "\nmemory_efficiency = " << d.memory_efficiency << "\nstorage_gbps = " << d.storage_bytes_per_s / 1e9 << "\nattention_efficiency = " << d.attention_efficiency
+    << "\nmemory_efficiency = " << d.memory_efficiency << "\nstorage_gbps = " << d.storage_bytes_per_s / 1e9 << "\ntiming_spread = " << d.timing_spread << "\npower_capped_gemm = " << d.power_capped_gemm << "\nattention_efficiency = " << d.attention_efficiency
     << "\nattention_efficiency_fp32 = " << d.attention_efficiency_fp32 << "\ngemm_efficiency = " << curve(d.gemm_efficiency)
     << "\ngrouped_efficiency = " << curve(d.grouped_efficiency) << "\n\n[network]\nintra_gbps = " << c.intra.bytes_per_s / 1e9
     << "\nintra_latency_us = " << c.intra.latency_s * 1e6 << "\nintra_efficiency = " << curve(c.intra.efficiency)

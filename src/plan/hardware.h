@@ -28,6 +28,8 @@ struct DeviceSpec {
   double memory_bytes_per_s = 0;          // peak memory bandwidth
   double memory_efficiency = 1;           // memory-bound kernels' fraction of it
   double storage_bytes_per_s = 0;         // one rank's checkpoint writes (fsync'd) to its store
+  double power_capped_gemm = 1;  // GEMM rate under the power cap, as a fraction of the uncapped (1: no source gives one)
+  double timing_spread = 0;  // relative spread of the calibration's repeated measurements (error bars; 0 = unknown)
   double attention_efficiency = 1;        // attention kernels' fraction of the bf16 peak (bf16 runs)
   double attention_efficiency_fp32 = 1;   // ... of the fp32 peak (fp32 runs)
   Curve gemm_efficiency;      // dense GEMM: fraction of the peak by FLOPs per call (2 m n k)

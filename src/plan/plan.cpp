@@ -294,6 +294,8 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
       }
   }
   p.drop_fraction = routed > 0 ? dropped / routed : 0;
+  if (L.ep > 1 && p.capacity >= 0)
+    for (double skew : {0.0, 0.5, 1.0}) p.skewed_drops.emplace_back(skew, expected_drop_fraction_skewed(config, skew));
   return p;
 }
 

@@ -68,6 +68,10 @@ struct Plan {
   int64_t expert_rows = 0;     // Rx: rows a rank's experts may compute per micro-batch
   int64_t capacity = -1;       // kept rows per receiving rank (-1: dropless)
   double drop_fraction = 0;    // of the routes, this step (uniform) or expected (random routing)
+  // With EP and a capacity: expected drops if the routing were skewed, (skew, fraction) for
+  // Zipf-like expert popularity (exchange_model.h); what the capacity costs a router that is not
+  // balanced.
+  std::vector<std::pair<double, double>> skewed_drops;
   bool exact_comm = true;
   std::vector<PlannedStage> stages;
   std::vector<PlannedRank> ranks;  // every rank of the world, in rank order

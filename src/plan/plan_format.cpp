@@ -49,6 +49,15 @@ std::string format_plan(const Config& config, const Plan& plan) {
       << "); routes dropped " << plan.drop_fraction * 100 << "% ("
       << (plan.exact_comm ? "exact: uniform routing" : "expected: random routing, normal approximation") << "); "
       << config.parallel.ep_transport << " transport\n";
+    if (!plan.skewed_drops.empty()) {
+      o << "# expected drops at this capacity if routing were random (skew 0) or skewed (expert e's weight (e+1)^-skew):";
+      for (const auto& [skew, f] : plan.skewed_drops) {
+        char b[64];
+        std::snprintf(b, sizeof b, " skew %.1f %.3g%%;", skew, 100 * f);
+        o << b;
+      }
+      o << "\n";
+    }
   }
   double largest = 0;
   for (const PlannedStage& st : plan.stages) largest = std::max(largest, st.memory.total());
@@ -132,6 +141,8 @@ std::string plan_to_json(const Config& config, const Plan& plan) {
   j["capacity"] = plan.capacity;
   j["drop_fraction"] = plan.drop_fraction;
   j["comm_exact"] = plan.exact_comm;
+  j["skewed_drops"] = json::array();
+  for (const auto& [skew, f] : plan.skewed_drops) j["skewed_drops"].push_back({{"skew", skew}, {"drop_fraction", f}});
   json stages = json::array();
   for (const PlannedStage& st : plan.stages) {
     json m;

@@ -1,7 +1,9 @@
 // moecore plan --cluster: the step-time tables and the layout sweep.
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
 
 #include "plan/time_model.h"
 
@@ -24,9 +26,10 @@ std::string format_step_time(const Config& config, const Plan& plan, const Clust
     o << buf;
   }
   std::snprintf(buf, sizeof buf,
-                "step %.4f s (pipeline %.4f s, bubble %.1f%% of it); %.1f tokens/s, %.1f per device; "
+                "step %.4f s%s (pipeline %.4f s, bubble %.1f%% of it); %.1f tokens/s, %.1f per device; "
                 "%.2f TFLOP/s per device; MFU %.1f%% of the %s peak, %.1f%% of bf16's (Olmo-core 3's convention)\n",
-                t.step_s, t.pipeline_s, 100 * t.bubble_fraction, t.tokens_per_s, t.tokens_per_s_per_device,
+                t.step_s, t.step_spread > 0 ? (" +- " + std::to_string(static_cast<int>(std::lround(100 * t.step_spread))) + "% (calibration spread)").c_str() : "",
+                t.pipeline_s, 100 * t.bubble_fraction, t.tokens_per_s, t.tokens_per_s_per_device,
                 t.achieved_flops_per_device / 1e12, 100 * t.mfu, config.train.precision.c_str(), 100 * t.mfu_bf16);
   o << buf;
   std::snprintf(buf, sizeof buf, "checkpoint save: %.2f s (the largest shard at %.2f GB/s per rank)\n", t.checkpoint_save_s,
@@ -78,6 +81,7 @@ nlohmann::json time_json(const StepTime& t) {
           {"waterfall", waterfall},
           {"pipeline_s", t.pipeline_s},
           {"step_s", t.step_s},
+          {"step_spread", t.step_spread},
           {"tokens_per_s", t.tokens_per_s},
           {"tokens_per_s_per_device", t.tokens_per_s_per_device},
           {"model_flops_per_token", t.model_flops_per_token},

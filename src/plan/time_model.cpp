@@ -16,9 +16,10 @@ struct Roofline {
   const DeviceSpec& dev;
   double peak;       // GEMM operand precision's peak
   double attn_eff;   // attention's fraction of it
+  double cap = 1;    // the power cap's factor on GEMM rates (1: uncapped)
   double gemm(double m, double n, double k, double peak_flops) const {
     const double flops = 2 * m * n * k;
-    return flops / (peak_flops * dev.gemm_efficiency.at(flops));
+    return flops / (peak_flops * dev.gemm_efficiency.at(flops) * cap);
   }
   double gemm(double m, double n, double k) const { return gemm(m, n, k, peak); }
   // One grouped GEMM over `experts` groups of rows_per_expert rows each: the dense rate of a GEMM
@@ -26,7 +27,7 @@ struct Roofline {
   double grouped(double rows_per_expert, double experts, double n, double k) const {
     if (rows_per_expert <= 0) return 0;
     const double flops = 2 * experts * rows_per_expert * n * k;
-    return flops / (peak * dev.gemm_efficiency.at(flops) * dev.grouped_efficiency.at(rows_per_expert));
+    return flops / (peak * dev.gemm_efficiency.at(flops) * cap * dev.grouped_efficiency.at(rows_per_expert));
   }
   double memory(double bytes) const { return bytes / (dev.memory_bytes_per_s * dev.memory_efficiency); }
 };
@@ -64,7 +65,8 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
   const Layout& L = plan.layout;
   const DeviceSpec& dev = cl.device;
   const bool bf16 = t.precision == "bf16";
-  const Roofline roof{dev, bf16 ? dev.bf16_flops : dev.fp32_flops, bf16 ? dev.attention_efficiency : dev.attention_efficiency_fp32};
+  const Roofline roof{dev, bf16 ? dev.bf16_flops : dev.fp32_flops, bf16 ? dev.attention_efficiency : dev.attention_efficiency_fp32,
+                      options.power_capped ? dev.power_capped_gemm : 1.0};
   const double T = static_cast<double>(plan.tokens_per_micro);
   const double S = static_cast<double>(t.seq_len), D = static_cast<double>(c.d_model), hd = static_cast<double>(c.hd());
   const double H = static_cast<double>(c.n_heads), G = static_cast<double>(c.n_kv_heads), E = static_cast<double>(c.num_experts);
@@ -179,6 +181,9 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
     }
   }
   out.step_s = out.pipeline_s + tail;
+  // Error bar: every measured rate may be as far off as the calibration's rounds were from each
+  // other, so the step as well (to first order).
+  out.step_spread = dev.timing_spread;
   const double tokens = static_cast<double>(t.batch_size * t.seq_len);
   out.tokens_per_s = tokens / out.step_s;
   out.tokens_per_s_per_device = out.tokens_per_s / static_cast<double>(L.world());

@@ -30,6 +30,7 @@ struct OverlapModel {
 struct TimeOptions {
   OverlapModel overlap;
   int64_t interleave = 1;  // model chunks per stage (interleaved 1F1B; not in the trainer)
+  bool power_capped = false;  // GEMMs at the device's power-capped rate
 };
 
 struct StageTime {
@@ -51,6 +52,7 @@ struct StepTime {
   std::vector<TimelineEntry> timeline;  // every stage's forwards and backwards, simulated
   double pipeline_s = 0;                // first forward to last backward
   double step_s = 0;
+  double step_spread = 0;  // relative error bar from the calibration's spread (0: unknown)
   double tokens_per_s = 0, tokens_per_s_per_device = 0;
   double model_flops_per_token = 0;  // 6 x active + causal attention (ModelConfig)
   double achieved_flops_per_device = 0;

@@ -46,7 +46,7 @@ Tensor random_tensor(Backend& ops, std::vector<Buffer>& keep, DType dtype, std::
 // slows a round down; moecore bench's fastest step is compared with the plan the same way). Every
 // rank starts each round together and takes the same decisions from the slowest rank's time
 // (which sets the pace, as in a step), so all of them run the same collectives.
-template <class F> double seconds_per_call(Backend& ops, Communicator& world, double min_s, F&& f) {
+template <class F> double seconds_per_call(Backend& ops, Communicator& world, double min_s, std::vector<double>& spreads, F&& f) {
   f();  // warm-up: plans, packing buffers
   ops.synchronize();
   std::vector<double> all(static_cast<size_t>(world.size()));
@@ -63,7 +63,13 @@ template <class F> double seconds_per_call(Backend& ops, Communicator& world, do
   int64_t reps = 1;
   double best = round(reps);
   while (best < min_s && reps < (int64_t{1} << 20)) best = round(reps *= 2);
-  for (int i = 0; i < 2; ++i) best = std::min(best, round(reps));
+  double worst = best;
+  for (int i = 0; i < 2; ++i) {
+    const double t = round(reps);
+    best = std::min(best, t);
+    worst = std::max(worst, t);
+  }
+  spreads.push_back(worst / best - 1);  // for the error bars
   return best / static_cast<double>(reps);
 }
 
@@ -88,6 +94,7 @@ std::string calibrate_machine(const Config& config, const CalibrateOptions& opt,
                           config.train.backend + " backend, " + config.train.precision;
   const bool talk = world->rank() == 0;
   std::vector<Buffer> keep;
+  std::vector<double> spreads;  // (slowest - fastest) / fastest of each measurement's three rounds
   log << std::fixed << std::setprecision(3);
 
   const auto process_memory = [&] {
@@ -115,7 +122,7 @@ std::string calibrate_machine(const Config& config, const CalibrateOptions& opt,
     const Tensor dy = random_tensor(*ops, keep, adt, {M, N}, 3);
     const Tensor y = random_tensor(*ops, keep, DType::kF32, {M, N}, 4), dx = random_tensor(*ops, keep, DType::kF32, {M, K}, 5);
     const Tensor dw = random_tensor(*ops, keep, DType::kF32, {N, K}, 6);
-    const double t = seconds_per_call(*ops, *world, opt.min_seconds, [&] {
+    const double t = seconds_per_call(*ops, *world, opt.min_seconds, spreads, [&] {
       ops->linear_fwd(x, w, y, false);
       ops->linear_bwd_data(dy, w, dx, false);
       ops->linear_bwd_weight(dy, x, dw);
@@ -144,7 +151,7 @@ std::string calibrate_machine(const Config& config, const CalibrateOptions& opt,
     keep.emplace_back(*ops, off.size() * sizeof(int32_t));
     const Tensor offsets = keep.back().view(DType::kI32, {G + 1});
     ops->upload(off.data(), offsets);
-    const double t = seconds_per_call(*ops, *world, opt.min_seconds, [&] {
+    const double t = seconds_per_call(*ops, *world, opt.min_seconds, spreads, [&] {
       ops->grouped_linear_fwd(x, w, offsets, y);
       ops->grouped_linear_bwd_data(dy, w, offsets, dx);
       ops->grouped_linear_bwd_weight(dy, x, offsets, dw);
@@ -170,7 +177,7 @@ std::string calibrate_machine(const Config& config, const CalibrateOptions& opt,
     const Tensor dq = random_tensor(*ops, keep, DType::kF32, {B, S, H, hd}, 19), dk = random_tensor(*ops, keep, DType::kF32, {B, S, Gk, hd}, 20);
     const Tensor dv = random_tensor(*ops, keep, DType::kF32, {B, S, Gk, hd}, 21);
     ops->attention_fwd(q, k, v, o, lse, Tensor(), bf16);
-    const double t = seconds_per_call(*ops, *world, opt.min_seconds, [&] {
+    const double t = seconds_per_call(*ops, *world, opt.min_seconds, spreads, [&] {
       ops->attention_fwd(q, k, v, o, lse, Tensor(), bf16);
       ops->attention_bwd(dout, q, k, v, o, lse, dq, dk, dv, Tensor(), bf16);
     });
@@ -188,7 +195,7 @@ std::string calibrate_machine(const Config& config, const CalibrateOptions& opt,
     keep.clear();
     const int64_t N = 16 << 20;
     const Tensor x = random_tensor(*ops, keep, DType::kF32, {N}, 22), y = random_tensor(*ops, keep, DType::kF32, {N}, 23);
-    const double t = seconds_per_call(*ops, *world, opt.min_seconds, [&] { ops->axpy(1e-3, x, y); });
+    const double t = seconds_per_call(*ops, *world, opt.min_seconds, spreads, [&] { ops->axpy(1e-3, x, y); });
     c.device.memory_bytes_per_s = 12.0 * static_cast<double>(N) / t;
     c.device.memory_efficiency = 1;
     c.sources["device.memory_gbps"] = tag + ": axpy over 2 x 64 MiB (read x, read and write y)";
@@ -226,7 +233,7 @@ std::string calibrate_machine(const Config& config, const CalibrateOptions& opt,
     std::vector<std::pair<double, double>> rates;
     double latency = 0;
     for (size_t count : {size_t{1}, size_t{16} << 10, size_t{256} << 10, size_t{1} << 20, size_t{4} << 20, size_t{16} << 20}) {
-      const double t = seconds_per_call(*ops, *world, opt.min_seconds / 2, [&] {
+      const double t = seconds_per_call(*ops, *world, opt.min_seconds / 2, spreads, [&] {
         world->all_reduce_sum(buf.data(), count, DType::kF32);
       });
       if (count == 1) {
@@ -248,6 +255,11 @@ std::string calibrate_machine(const Config& config, const CalibrateOptions& opt,
     c.sources["network.intra_efficiency"] = tag + ": all-reduce of 64 KiB .. 64 MiB, rate / the fastest";
   }
   keep.clear();
+  // The median measurement's spread: one noisy measurement should not set every error bar.
+  std::sort(spreads.begin(), spreads.end());
+  c.device.timing_spread = spreads.empty() ? 0 : spreads[spreads.size() / 2];
+  c.sources["device.timing_spread"] = tag + ": the median over the measurements of (slowest - fastest) / fastest of its three rounds";
+  if (talk) log << "spread of the rounds (median): " << 100 * c.device.timing_spread << "%\n";
   c.name += "-calibrated";
   return cluster_to_toml(c);
 }

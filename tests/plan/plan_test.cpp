@@ -7,6 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -220,6 +223,51 @@ TEST(PlanExchange, RandomRoutingDropsMatchASimulation) {
     EXPECT_NEAR(predicted, simulated, std::max(0.1 * simulated, 1e-5)) << "cf " << cf;
     if (std::getenv("MOE_VERBOSE")) std::printf("cf %.2f: predicted %.6g simulated %.6g\n", cf, predicted, simulated);
     EXPECT_GT(simulated, 0);
+  }
+}
+
+// Skewed routing's drops against a Monte Carlo of the same router: K distinct experts drawn one
+// after another with weights (e + 1)^-skew among those left (a Plackett-Luce top-K). Tolerance:
+// 15% of the simulated fraction, for the inclusion-probability approximation; skew 0 must give
+// the random-routing figure exactly.
+TEST(PlanExchange, SkewedRoutingDropsMatchASimulation) {
+  Config c = small({"parallel.dp=4", "parallel.ep=4", "model.num_experts=32", "model.top_k=4", "train.seq_len=256",
+                    "train.micro_batch_size=2", "train.batch_size=8", "parallel.ep_capacity_factor=1.25"});
+  EXPECT_DOUBLE_EQ(expected_drop_fraction_skewed(c, 0), expected_drop_fraction_random(c));
+  const int64_t ep = 4, E = 32, K = 4, El = E / ep, T = 512;
+  const int64_t cap = expert_capacity(T, K, 1.25);
+  for (double skew : {0.5, 1.0}) {
+    std::mt19937_64 rng(99);
+    std::uniform_real_distribution<double> u(0, 1);
+    double dropped = 0, routed = 0;
+    for (int trial = 0; trial < 100; ++trial) {
+      std::vector<int64_t> per_rank(static_cast<size_t>(ep), 0);
+      for (int64_t t = 0; t < ep * T; ++t) {
+        std::vector<double> w(static_cast<size_t>(E));
+        for (int64_t e = 0; e < E; ++e) w[static_cast<size_t>(e)] = std::pow(static_cast<double>(e + 1), -skew);
+        for (int64_t j = 0; j < K; ++j) {
+          double total = 0;
+          for (double x : w) total += x;
+          double r = u(rng) * total;
+          int64_t e = 0;
+          while (e < E - 1 && (r -= w[static_cast<size_t>(e)]) > 0) ++e;
+          if (w[static_cast<size_t>(e)] == 0) {  // rounding at the end: the last expert left
+            e = E - 1;
+            while (w[static_cast<size_t>(e)] == 0) --e;
+          }
+          w[static_cast<size_t>(e)] = 0;
+          ++per_rank[static_cast<size_t>(e / El)];
+        }
+      }
+      for (int64_t r : per_rank) {
+        routed += static_cast<double>(r);
+        dropped += static_cast<double>(std::max<int64_t>(0, r - cap));
+      }
+    }
+    const double simulated = dropped / routed, predicted = expected_drop_fraction_skewed(c, skew);
+    if (std::getenv("MOE_VERBOSE")) std::printf("skew %.1f: predicted %.6g simulated %.6g\n", skew, predicted, simulated);
+    EXPECT_GT(simulated, 0.01) << "skew " << skew;
+    EXPECT_NEAR(predicted, simulated, 0.15 * simulated) << "skew " << skew;
   }
 }
 

@@ -159,6 +159,8 @@ fp32_tflops = 0.5
 memory_gbps = 10
 memory_efficiency = 1
 storage_gbps = 1
+timing_spread = 0.05
+power_capped_gemm = 1
 attention_efficiency = 0.5
 attention_efficiency_fp32 = 0.5
 gemm_efficiency = [[1e6, 0.5], [1e9, 1.0]]
@@ -174,7 +176,7 @@ inter_efficiency = [[1, 1.0]]
 )";
   std::string cited;
   for (const char* k : {"nodes", "ranks_per_node", "device.memory_gib", "device.reserved_gib", "device.process_mib", "device.bf16_tflops",
-                        "device.fp32_tflops", "device.memory_gbps", "device.memory_efficiency", "device.storage_gbps",
+                        "device.fp32_tflops", "device.memory_gbps", "device.memory_efficiency", "device.storage_gbps", "device.timing_spread", "device.power_capped_gemm",
                         "device.attention_efficiency", "device.attention_efficiency_fp32", "device.gemm_efficiency",
                         "device.grouped_efficiency", "network.intra_gbps", "network.intra_latency_us",
                         "network.intra_efficiency", "network.inter_gbps", "network.inter_latency_us",
