@@ -12,6 +12,14 @@
 
 namespace moe {
 
+int64_t group_size(const Layout& L, const std::string& group) {
+  if (group == "world") return L.world();
+  if (group == "dp") return L.dp;
+  if (group == "ep") return L.ep;
+  if (group == "edp") return L.edp();
+  return L.pp;
+}
+
 double PlannedRank::bytes_sent() const {
   double n = 0;
   for (const PlannedCollective& c : comm) n += c.bytes;
@@ -62,13 +70,6 @@ GroupSpan group_span(const Layout& L, const RankCoords& me, const std::string& g
   return {me.dp, me.dp + (L.pp - 1) * L.dp};  // pp
 }
 
-int64_t group_size(const Layout& L, const std::string& group) {
-  if (group == "world") return L.world();
-  if (group == "dp") return L.dp;
-  if (group == "ep") return L.ep;
-  if (group == "edp") return L.edp();
-  return L.pp;
-}
 
 struct RankTraffic {
   const Config& config;

@@ -78,6 +78,9 @@ struct Plan {
   const PlannedStage& stage_of(const PlannedRank& r) const { return stages[static_cast<size_t>(r.coords.pp)]; }
 };
 
+// Ranks in a group of this layout: "world", "dp", "ep", "edp" or "pp" (parallel/layout.h).
+int64_t group_size(const Layout& layout, const std::string& group);
+
 // "dp=4,ep=2,pp=2" (any order, each at most once; missing keys keep the config's) into c.parallel.
 // Errors name the bad entry.
 void apply_layout_arg(const std::string& arg, ParallelConfig& c);

@@ -44,8 +44,7 @@ double call_time(const LinkSpec& link, double wire_bytes) {
 double collective_time(const PlannedCollective& c, const Cluster& cl, const Layout& L) {
   if (c.groups <= 0 || c.op == "recv") return 0;
   const LinkSpec& link = c.link == "network" ? cl.inter : cl.intra;
-  const double n = static_cast<double>(c.group == "world" ? L.world() : c.group == "dp" ? L.dp : c.group == "ep" ? L.ep
-                                       : c.group == "edp" ? L.edp() : L.pp);
+  const double n = static_cast<double>(group_size(L, c.group));
   const double per_group = c.bytes / c.groups;
   const double wire = c.op == "all_reduce" ? per_group * 2 * (n - 1) / n : per_group;
   return c.groups * call_time(link, wire);

@@ -14,32 +14,13 @@
 
 #include "core/buffer.h"
 #include "kernels/ops.h"
+#include "kernels/random_tensor.h"
 #include "parallel/communicator.h"
 #include "plan/hardware.h"
 
 namespace moe {
 
 namespace {
-
-Tensor random_tensor(Backend& ops, std::vector<Buffer>& keep, DType dtype, std::initializer_list<int64_t> dims, uint64_t seed) {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  keep.emplace_back(ops, static_cast<size_t>(n) * dtype_size(dtype));
-  Tensor t = keep.back().view(dtype, dims);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 0.5f);
-  if (dtype == DType::kBF16) {
-    std::vector<bf16> h(static_cast<size_t>(n));
-    for (bf16& x : h) x = bf16(dist(rng));
-    ops.upload(h.data(), t);
-  } else {
-    std::vector<float> h(static_cast<size_t>(n));
-    for (float& x : h) x = dist(rng);
-    ops.upload(h.data(), t);
-  }
-  ops.synchronize();
-  return t;
-}
 
 // Seconds per call of f: repeated (doubling) until the repetitions last min_s, then that many
 // repetitions twice more, and the fastest of the three rounds kept (a shared machine only ever

@@ -44,10 +44,6 @@ std::map<Key, Traffic> snapshot(const ProcessGroups& g) {
   return out;
 }
 
-int64_t group_size(const Layout& L, const std::string& g) {
-  return g == "world" ? L.world() : g == "dp" ? L.dp : g == "ep" ? L.ep : g == "edp" ? L.edp() : L.pp;
-}
-
 struct Case {
   std::string name;
   int world;

@@ -23,28 +23,15 @@
 #include "moe/exchange_bounds.h"
 #include "plan/exchange_model.h"
 #include "plan/plan.h"
+#include "plan_test_util.h"
 #include "train/cli_util.h"
 
 namespace moe {
 namespace {
 
-Config small(std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"model.vocab_size=96", "model.d_model=32", "model.n_layers=4", "model.n_heads=4",
-                                "model.n_kv_heads=2", "model.n_dense_layers=1", "model.num_experts=8", "model.top_k=2",
-                                "model.expert_hidden=24", "train.seq_len=16", "train.micro_batch_size=2",
-                                "train.batch_size=8"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return parse_config("", o);
-}
+Config small(const std::vector<std::string>& extra = {}) { return test::small_plan_config(2, extra); }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 // One process: the plan's memory is the estimate, component by component, and its activations
 // are the arena a Transformer of that config carves.

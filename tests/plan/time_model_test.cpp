@@ -15,29 +15,16 @@
 #include "core/check.h"
 #include "plan/hardware.h"
 #include "plan/plan.h"
+#include "plan_test_util.h"
 #include "plan/time_model.h"
 #include "train/pipeline_schedule.h"
 
 namespace moe {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
-Config small(std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"model.vocab_size=96", "model.d_model=32", "model.n_layers=4", "model.n_heads=4",
-                                "model.n_kv_heads=2", "model.n_dense_layers=1", "model.num_experts=8", "model.top_k=2",
-                                "model.expert_hidden=24", "train.seq_len=16", "train.micro_batch_size=1",
-                                "train.batch_size=8"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return parse_config("", o);
-}
+Config small(const std::vector<std::string>& extra = {}) { return test::small_plan_config(1, extra); }
 
 // Equal stages, no transfer: the pipeline takes (M + P - 1)(f + b), stage 0 idles (P - 1)(f + b)
 // of it, the textbook bubble (P - 1) / (M + P - 1). With transfers between stages, and unequal

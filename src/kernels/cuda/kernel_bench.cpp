@@ -14,30 +14,10 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/ops.h"
+#include "kernels/random_tensor.h"
 
 namespace moe {
 namespace {
-
-// Device tensor filled with N(0, 0.5) values in its dtype (or the given integers).
-Tensor random_tensor(Backend& ops, std::vector<Buffer>& keep, DType dtype, std::initializer_list<int64_t> dims, uint64_t seed) {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  keep.emplace_back(ops, static_cast<size_t>(n) * dtype_size(dtype));
-  Tensor t = keep.back().view(dtype, dims);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 0.5f);
-  if (dtype == DType::kBF16) {
-    std::vector<bf16> h(static_cast<size_t>(n));
-    for (bf16& x : h) x = bf16(dist(rng));
-    ops.upload(h.data(), t);
-  } else {
-    std::vector<float> h(static_cast<size_t>(n));
-    for (float& x : h) x = dist(rng);
-    ops.upload(h.data(), t);
-  }
-  ops.synchronize();
-  return t;
-}
 
 template <class F> double seconds_per_run(Backend& ops, F&& f, int reps) {
   f();  // warm-up: plans, heuristics
