@@ -120,43 +120,42 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
   const bool bf16 = t.precision == "bf16", padded = pc.ep_transport == "padded";
   const double cdt = 4, adt = bf16 ? 2 : 4;  // compute and GEMM-operand bytes per element
 
+  // Per stage: its memory, and the parameter layouts of its ranks (the same sizes and offsets for
+  // every EP rank: only which experts differs), as the trainer pads them (ZeRO-1 chunks) and
+  // unpadded (what a checkpoint writes).
+  std::vector<ParamLayout> held_of, unpadded_of;
   for (int64_t s = 0; s < L.pp; ++s) {
     PlannedStage st;
     std::tie(st.layer_begin, st.layer_end) = configured_stage_layers(pc, c.n_layers, s);
     for (int64_t l = st.layer_begin; l < st.layer_end; ++l) st.moe_layers += c.is_moe_layer(l);
     st.slots = pipeline_slots(L.pp, s, M);
     st.memory = estimate_stage_memory(config, s);
-    // Sized by the expert rows: the same plan measured with none.
+    // Sized by the expert rows: the arena less the same plan measured with none.
     Dims d = model_dims(c, t.micro_batch_size, t.seq_len, DType::kF32, bf16, L.ep, pc.ep_capacity_factor, padded);
-    const StagePlan sp{st.layer_begin, st.layer_end, st.slots, t.recompute};
-    const double full = static_cast<double>(ActivationPlan(c, d, sp, nullptr).bytes());
     d.Rx = 0;
-    st.expert_row_buffers = full - static_cast<double>(ActivationPlan(c, d, sp, nullptr).bytes());
-    // Master weights and moments sharded over the replicas (dense over dp, experts over edp).
-    ModelShard shard;
-    shard.layer_begin = st.layer_begin;
-    shard.layer_end = st.layer_end;
-    shard.num_local_experts = E / L.ep;
-    const ParamLayout held(c, shard);
-    const double dense = static_cast<double>(held.dense_end()), experts = static_cast<double>(held.total() - held.dense_end());
-    const double owned = dense / static_cast<double>(L.dp) + experts / static_cast<double>(L.edp());
-    st.total_sharded_master = st.memory.total() - st.memory.params - st.memory.optimizer + 12 * owned;
-    if (t.backend == "cuda") st.checkpoint_host_bytes = st.memory.params + st.memory.optimizer;
-    p.stages.push_back(st);
-  }
-
-  // The parameter layouts of a stage's ranks (the same sizes and offsets for every EP rank: only
-  // which experts differs), built once per stage: as the trainer pads them (ZeRO-1 chunks) and
-  // unpadded (what a checkpoint writes).
-  std::vector<ParamLayout> held_of, unpadded_of;
-  for (const PlannedStage& st : p.stages) {
+    st.expert_row_buffers =
+        st.memory.activations -
+        static_cast<double>(ActivationPlan(c, d, StagePlan{st.layer_begin, st.layer_end, st.slots, t.recompute}, nullptr).bytes());
     ModelShard shard;
     shard.layer_begin = st.layer_begin;
     shard.layer_end = st.layer_end;
     shard.num_local_experts = E / L.ep;
     held_of.emplace_back(c, shard, pc.zero1 ? L.dp : 1, pc.zero1 ? L.edp() : 1);
     unpadded_of.emplace_back(c, shard);
+    // Master weights and moments sharded over the replicas (dense over dp, experts over edp).
+    const ParamLayout& whole = unpadded_of.back();
+    const double dense = static_cast<double>(whole.dense_end()), experts = static_cast<double>(whole.total() - whole.dense_end());
+    const double owned = dense / static_cast<double>(L.dp) + experts / static_cast<double>(L.edp());
+    st.total_sharded_master = st.memory.total() - st.memory.params - st.memory.optimizer + 12 * owned;
+    if (t.backend == "cuda") st.checkpoint_host_bytes = st.memory.params + st.memory.optimizer;
+    p.stages.push_back(st);
   }
+
+  // Every EP group's exchange rows, per micro-batch: they depend on the group's data-parallel
+  // ranks only (not on the stage), so each is computed once.
+  std::vector<std::vector<std::vector<ExchangeRows>>> rows_of(static_cast<size_t>(L.ep > 1 ? L.edp() : 0));
+  for (int64_t g = 0; g < static_cast<int64_t>(rows_of.size()); ++g)
+    for (int64_t m = 0; m < M; ++m) rows_of[static_cast<size_t>(g)].push_back(exchange_rows(config, options.step, g * L.ep, m));
   // Drops of this step's exchanges (uniform) or expected (other routing), over every EP group.
   double routed = 0, dropped = 0;
   for (int64_t r = 0; r < L.world(); ++r) {
@@ -192,7 +191,7 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
       } else {
         double rows_out = 0, rows_back = 0, blocks_out = 0, blocks_back = 0;
         for (int64_t m = 0; m < M; ++m) {
-          const ExchangeRows x = exchange_rows(config, options.step, me.edp * L.ep, m)[static_cast<size_t>(me.ep)];
+          const ExchangeRows& x = rows_of[static_cast<size_t>(me.edp)][static_cast<size_t>(m)][static_cast<size_t>(me.ep)];
           rows_out += x.dispatched;
           rows_back += x.returned;
           blocks_out += static_cast<double>(x.send_blocks);
@@ -289,7 +288,7 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
 
     if (L.ep > 1 && me.ep == 0 && st.moe_layers > 0)
       for (int64_t m = 0; m < M; ++m) {
-        const ExchangeRows x = exchange_rows(config, options.step, me.edp * L.ep, m)[0];
+        const ExchangeRows& x = rows_of[static_cast<size_t>(me.edp)][static_cast<size_t>(m)][0];
         routed += x.routed * static_cast<double>(st.moe_layers);
         dropped += x.dropped * static_cast<double>(st.moe_layers);
       }

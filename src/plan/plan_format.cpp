@@ -1,10 +1,9 @@
 // moecore plan's output: terminal tables and JSON.
 #include <algorithm>
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "plan/plan.h"
+#include "plan/plan_json.h"
 
 namespace moe {
 
@@ -129,7 +128,9 @@ std::string format_plan(const Config& config, const Plan& plan) {
   return o.str();
 }
 
-std::string plan_to_json(const Config& config, const Plan& plan) {
+std::string plan_to_json(const Config& config, const Plan& plan) { return plan_json(config, plan).dump(1) + "\n"; }
+
+nlohmann::json plan_json(const Config& config, const Plan& plan) {
   using nlohmann::json;
   json j;
   const Layout& L = plan.layout;
@@ -173,7 +174,7 @@ std::string plan_to_json(const Config& config, const Plan& plan) {
                      {"comm", comm}});
   }
   j["ranks"] = ranks;
-  return j.dump(1) + "\n";
+  return j;
 }
 
 }  // namespace moe

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 
+#include "plan/plan_json.h"
 #include "plan/time_model.h"
 
 namespace moe {
@@ -96,7 +97,7 @@ nlohmann::json time_json(const StepTime& t) {
 
 std::string plan_report_json(const Config& config, const Plan& plan, const Cluster* cluster, const StepTime* time,
                              const std::vector<SweepRow>* sweep) {
-  nlohmann::json j = nlohmann::json::parse(plan_to_json(config, plan));
+  nlohmann::json j = plan_json(config, plan);
   if (cluster)
     j["cluster"] = {{"name", cluster->name}, {"nodes", cluster->nodes}, {"ranks_per_node", cluster->ranks_per_node},
                     {"device", cluster->device.kind}, {"memory_bytes", cluster->device.memory_bytes},
