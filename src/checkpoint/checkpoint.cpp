@@ -90,6 +90,9 @@ const char* st_dtype(DType t) {
     case DType::kBF16: return "BF16";
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
+    case DType::kE4M3: return "F8_E4M3";
+    case DType::kE5M2: return "F8_E5M2";
+    case DType::kE8M0: return "F8_E8M0";
   }
   return "?";
 }

@@ -16,7 +16,9 @@ size_t element_size(const std::string& dtype) {
   if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
   if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
   if (dtype == "BF16" || dtype == "F16" || dtype == "I16" || dtype == "U16") return 2;
-  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2") return 1;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2" ||
+      dtype == "F8_E8M0")
+    return 1;
   return 0;
 }
 
@@ -120,6 +122,11 @@ std::string SafetensorsFile::meta(const std::string& key) const {
   return it->second;
 }
 
+std::span<const unsigned char> SafetensorsFile::bytes(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  return {data_.data() + e.begin, e.end - e.begin};
+}
+
 OwnedTensor SafetensorsFile::read(const std::string& name, DType dtype) const {
   const SafetensorsEntry& e = entry(name);
   MOE_CHECK(e.shape.size() <= 4, "'", name, "' has rank ", e.shape.size());
@@ -138,6 +145,9 @@ OwnedTensor SafetensorsFile::read(const std::string& name, DType dtype) const {
       case DType::kBF16: out.as<bf16>()[i] = bf16(static_cast<float>(v)); break;
       case DType::kI32: out.as<int32_t>()[i] = static_cast<int32_t>(v); break;
       case DType::kI64: out.as<int64_t>()[i] = static_cast<int64_t>(v); break;
+      case DType::kE4M3:
+      case DType::kE5M2:
+      case DType::kE8M0: MOE_FAIL("'", name, "': FP8 tensors are read as bytes (SafetensorsFile::bytes)");
     }
   }
   return out;

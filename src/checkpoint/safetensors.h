@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,6 +42,8 @@ class SafetensorsFile {
   const SafetensorsEntry& entry(const std::string& name) const;
   // The tensor converted to dtype (floats: F64/F32/BF16/F16 sources; ints: I32/I64 sources).
   OwnedTensor read(const std::string& name, DType dtype) const;
+  // The tensor's raw little-endian bytes as stored (any dtype).
+  std::span<const unsigned char> bytes(const std::string& name) const;
   std::string meta(const std::string& key) const;
   const std::string& path() const { return path_; }
 

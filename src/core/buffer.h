@@ -77,6 +77,7 @@ struct OwnedTensor {
   OwnedTensor(Allocator& from, DType dtype, std::initializer_list<int64_t> dims);
   operator const Tensor&() const { return t; }
   template <class T> T* as() const { return t.as<T>(); }
+  uint8_t* bytes() const { return t.bytes(); }
 };
 
 // Bump allocator over one Buffer. Plan sizes with a dry run (measure mode), then allocate.

@@ -11,6 +11,9 @@ size_t dtype_size(DType t) {
     case DType::kBF16: return 2;
     case DType::kI32: return 4;
     case DType::kI64: return 8;
+    case DType::kE4M3:
+    case DType::kE5M2:
+    case DType::kE8M0: return 1;
   }
   return 0;
 }
@@ -22,6 +25,9 @@ const char* dtype_name(DType t) {
     case DType::kBF16: return "bf16";
     case DType::kI32: return "i32";
     case DType::kI64: return "i64";
+    case DType::kE4M3: return "e4m3";
+    case DType::kE5M2: return "e5m2";
+    case DType::kE8M0: return "e8m0";
   }
   return "?";
 }

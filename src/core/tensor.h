@@ -14,7 +14,9 @@
 
 namespace moe {
 
-enum class DType : uint8_t { kF32, kF64, kBF16, kI32, kI64 };  // kI64: offsets past 2^31 (segment tables)
+// kI64: offsets past 2^31 (segment tables). kE4M3, kE5M2: FP8 element codes, kE8M0: their
+// block scales (core/mxfp8.h), each one byte.
+enum class DType : uint8_t { kF32, kF64, kBF16, kI32, kI64, kE4M3, kE5M2, kE8M0 };
 // Where a tensor's bytes live. kCpu: host memory the host may read. kStrict: memory of the
 // strict test backend (kernels/strict), which the host cannot dereference; kCuda: GPU memory.
 enum class Device : uint8_t { kCpu, kStrict, kCuda };
@@ -64,6 +66,13 @@ struct Tensor {
     MOE_CHECK(device == Device::kCpu, "host access to a ", device_name(device), " tensor ", shape_str(),
               " (device memory is read through Backend::download)");
     return static_cast<T*>(data);
+  }
+  // Host access to a one-byte tensor's bytes (FP8 codes, E8M0 scales), as as() checks it.
+  uint8_t* bytes() const {
+    MOE_CHECK(dtype_size(dtype) == 1, "tensor has dtype ", dtype_name(dtype), ", accessed as bytes");
+    MOE_CHECK(device == Device::kCpu, "host access to a ", device_name(device), " tensor ", shape_str(),
+              " (device memory is read through Backend::download)");
+    return static_cast<uint8_t*>(data);
   }
   // Same memory, new shape with the same number of elements.
   Tensor view(std::initializer_list<int64_t> dims) const;

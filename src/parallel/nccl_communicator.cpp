@@ -46,6 +46,9 @@ ncclDataType_t nccl_type(DType t) {
     case DType::kBF16: return ncclBfloat16;
     case DType::kI32: return ncclInt32;
     case DType::kI64: return ncclInt64;
+    case DType::kE4M3:  // MXFP8 payloads move as bytes; nothing reduces them
+    case DType::kE5M2:
+    case DType::kE8M0: return ncclUint8;
   }
   MOE_FAIL("NCCL: no type for ", dtype_name(t));
 }

@@ -35,6 +35,9 @@ double get(const Tensor& t, int64_t i) {
     case DType::kBF16: return static_cast<float>(static_cast<const bf16*>(t.data)[i]);
     case DType::kI32: return static_cast<const int32_t*>(t.data)[i];
     case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(t.data)[i]);
+    case DType::kE4M3:  // MXFP8 codes and scales: the byte itself
+    case DType::kE5M2:
+    case DType::kE8M0: return static_cast<const uint8_t*>(t.data)[i];
   }
   return 0;
 }
@@ -46,6 +49,11 @@ void set(const Tensor& t, int64_t i, double value) {
     case DType::kBF16: static_cast<bf16*>(t.data)[i] = bf16(static_cast<float>(value)); break;
     case DType::kI32: static_cast<int32_t*>(t.data)[i] = static_cast<int32_t>(value); break;
     case DType::kI64: static_cast<int64_t*>(t.data)[i] = static_cast<int64_t>(value); break;
+    case DType::kE4M3:  // the byte; anything else (poison's NaN) becomes 0xff, a NaN in all three
+    case DType::kE5M2:
+    case DType::kE8M0:
+      static_cast<uint8_t*>(t.data)[i] = value >= 0 && value <= 255 ? static_cast<uint8_t>(value) : 0xff;
+      break;
   }
 }
 

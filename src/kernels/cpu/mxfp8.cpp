@@ -1,0 +1,273 @@
+// CPU MXFP8 ops. Quantization runs the shared block function (kernels/mx_blocks.h) over blocks in
+// parallel: the bytes are the reference's by construction and do not depend on the thread count
+// (the statistics are counts and a max).
+//
+// GEMMs: this CPU has no FP8 arithmetic, so the operands are dequantized into bf16 and the
+// existing bf16 GEMMs (oneDNN's vdpbf16ps kernels, fp32 accumulation; kernels/cpu/gemm.cpp) run
+// on them. A dequantized element is an exact bf16 and the product of two an exact fp32 only in a
+// range of scales (core/mxfp8.h: bf16_exact_*, product_exact_*: the instruction reads bf16
+// subnormals as zero and flushes subnormal products). A K-block whose scales (over the group's
+// rows of a and of b) leave that range is zeroed in the bf16 copies and summed instead in fp32:
+// the 32 products of the raw elements (exact in fp32), times 2^(s_a + s_b). So every product is
+// the exact product of the dequantized operands, and only the fp32 summation order differs from
+// the f64 reference. Real activations and weights never leave the range (their scales sit near
+// 2^0); tests/kernels/mxfp8_test.cpp crosses every boundary.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/mx_blocks.h"
+#include "kernels/mx_checks.h"
+
+namespace moe::cpu {
+namespace {
+
+constexpr int64_t kParallelBlocks = 256;  // fewer blocks run on the calling thread
+
+void check_host(std::initializer_list<const Tensor*> ts, const char* what) {
+  for (const Tensor* t : ts)
+    MOE_CHECK(t->data == nullptr || t->device == Device::kCpu, what, ": tensor ", t->shape_str(),
+              " is not on the host");
+}
+
+// Per-thread statistics, combined after the loop (sums of counts and a max: order-free).
+template <class Body>
+mx::BlockStats parallel_blocks(int64_t count, Body body) {
+  std::vector<mx::BlockStats> per(static_cast<size_t>(std::max(1, omp_get_max_threads())));
+#pragma omp parallel for schedule(static) if (count >= kParallelBlocks)
+  for (int64_t i = 0; i < count; ++i) body(i, per[static_cast<size_t>(omp_get_thread_num())]);
+  mx::BlockStats all;
+  for (const auto& s : per) all.add(s);
+  return all;
+}
+
+template <class T>
+mx::BlockStats quantize(const T* x, const MxQuantizeShape& s, bool columnwise, mx::Elem e,
+                        mx::ScaleRule rule, uint8_t* codes, uint8_t* scales) {
+  const int64_t lines = columnwise ? s.c : s.n;         // lines of blocks per matrix
+  const int64_t nb = (columnwise ? s.n : s.c) / mx::kBlock;
+  const int64_t mat = s.n * s.c;
+  return parallel_blocks(s.groups * lines, [&](int64_t gl, mx::BlockStats& st) {
+    const int64_t g = gl / lines, l = gl % lines;
+    const T* xg = x + g * mat;
+    uint8_t* cg = codes + g * mat;
+    uint8_t* sg = scales + g * mat / mx::kBlock;
+    for (int64_t j = 0; j < nb; ++j) {
+      if (!columnwise)
+        sg[l * nb + j] = mx::quantize_block(xg + l * s.c + j * mx::kBlock, 1, e, rule,
+                                            cg + l * s.c + j * mx::kBlock, 1, st);
+      else
+        sg[l * nb + j] = mx::quantize_block(xg + j * mx::kBlock * s.c + l, s.c, e, rule,
+                                            cg + l * s.n + j * mx::kBlock, 1, st);
+    }
+  });
+}
+
+// 2^(s-127) for a scale inside the exact range (a normal fp32).
+float scale_f32(uint8_t s) { return mx::bits_float(static_cast<uint32_t>(s) << 23); }
+
+}  // namespace
+
+void mx_quantize(const Tensor& x, bool columnwise, int rule, const Tensor& codes, const Tensor& scales,
+                 const Tensor& stats) {
+  const MxQuantizeShape s = check_mx_quantize_args(x, columnwise, rule, codes, scales, stats);
+  check_host({&x, &codes, &scales, &stats}, "mx_quantize");
+  const mx::Elem e = mx_elem(codes, "mx_quantize");
+  const mx::ScaleRule r = mx_rule(rule, "mx_quantize");
+  auto* c = static_cast<uint8_t*>(codes.data);
+  auto* sc = static_cast<uint8_t*>(scales.data);
+  mx::BlockStats st;
+  if (x.dtype == DType::kF64) st = quantize(x.as<double>(), s, columnwise, e, r, c, sc);
+  else if (x.dtype == DType::kF32) st = quantize(x.as<float>(), s, columnwise, e, r, c, sc);
+  else st = quantize(x.as<bf16>(), s, columnwise, e, r, c, sc);
+  if (stats.data) mx::update_stats(stats.as<double>(), st);
+}
+
+void mx_dequantize(const Tensor& codes, const Tensor& scales, const Tensor& y) {
+  check_mx_dequantize_args(codes, scales, y);
+  check_host({&codes, &scales, &y}, "mx_dequantize");
+  const mx::DecodeTable& table = mx::decode_table(mx_elem(codes, "mx_dequantize"));
+  const auto* c = static_cast<const uint8_t*>(codes.data);
+  const auto* s = static_cast<const uint8_t*>(scales.data);
+  const int64_t blocks = codes.numel() / mx::kBlock;
+  parallel_blocks(blocks, [&](int64_t b, mx::BlockStats&) {
+    const double scale = mx::scale_value(s[b]);
+    for (int64_t i = b * mx::kBlock; i < (b + 1) * mx::kBlock; ++i) {
+      const double v = static_cast<double>(table.v[c[i]]) * scale;
+      if (y.dtype == DType::kF64) y.as<double>()[i] = v;
+      else if (y.dtype == DType::kF32) y.as<float>()[i] = static_cast<float>(v);
+      else y.as<bf16>()[i] = bf16(static_cast<float>(v));
+    }
+  });
+}
+
+// ---------------------------------------------------------------- GEMMs
+namespace {
+
+struct Operand {
+  const uint8_t* codes;
+  const uint8_t* scales;
+  mx::Elem elem;
+};
+
+// The dequantized bf16 operands and the per-(group, K-block) flags, grown once and reused.
+struct Scratch {
+  std::vector<bf16> a, b;
+  std::vector<uint8_t> exact;  // groups x kb: 1 where the bf16 path is exact
+};
+Scratch& scratch() {
+  static Scratch s;
+  return s;
+}
+std::mutex& gemm_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+// Whether K-block j of a's rows [r0, r1) and b's rows [0, n) (scales at leading dimension kb)
+// stays in the exact bf16 range.
+bool block_exact(const Operand& a, int64_t r0, int64_t r1, const Operand& b, int64_t n, int64_t kb,
+                 int64_t j) {
+  int amin = 255, amax = 0, bmin = 255, bmax = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    amin = std::min<int>(amin, a.scales[r * kb + j]);
+    amax = std::max<int>(amax, a.scales[r * kb + j]);
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    bmin = std::min<int>(bmin, b.scales[r * kb + j]);
+    bmax = std::max<int>(bmax, b.scales[r * kb + j]);
+  }
+  const int bias = mx::kScaleBias;
+  return amin - bias >= mx::bf16_exact_min(a.elem) && amax - bias <= mx::bf16_exact_max(a.elem) &&
+         bmin - bias >= mx::bf16_exact_min(b.elem) && bmax - bias <= mx::bf16_exact_max(b.elem) &&
+         amin + bmin - 2 * bias >= mx::product_exact_min(a.elem, b.elem) &&
+         amax + bmax - 2 * bias <= mx::product_exact_max(a.elem, b.elem);
+}
+
+// rows x k codes -> bf16, the blocks whose flag (exact[j]) is 0 written as zeros.
+void dequantize_bf16(const Operand& x, int64_t rows, int64_t k, const uint8_t* exact, bf16* out) {
+  const mx::DecodeTable& table = mx::decode_table(x.elem);
+  const int64_t kb = k / mx::kBlock;
+  parallel_blocks(rows, [&](int64_t r, mx::BlockStats&) {
+    for (int64_t j = 0; j < kb; ++j) {
+      bf16* o = out + r * k + j * mx::kBlock;
+      const uint8_t* c = x.codes + r * k + j * mx::kBlock;
+      if (!exact[j]) {
+        std::fill(o, o + mx::kBlock, bf16(0.0f));
+        continue;
+      }
+      const float scale = scale_f32(x.scales[r * kb + j]);
+      for (int i = 0; i < mx::kBlock; ++i) o[i] = bf16(table.v[c[i]] * scale);  // exact
+    }
+  });
+}
+
+// y(rows, n) += the blocks not flagged exact, in fp32: per block the raw elements' products
+// (exact), summed, times 2^(s_a + s_b); blocks in increasing order per output.
+void add_inexact_blocks(const Operand& a, const Operand& b, int64_t rows, int64_t n, int64_t k,
+                        const uint8_t* exact, float* y) {
+  const int64_t kb = k / mx::kBlock;
+  bool any = false;
+  for (int64_t j = 0; j < kb; ++j) any |= !exact[j];
+  if (!any) return;
+  const mx::DecodeTable& ta = mx::decode_table(a.elem);
+  const mx::DecodeTable& tb = mx::decode_table(b.elem);
+  parallel_blocks(rows, [&](int64_t r, mx::BlockStats&) {
+    for (int64_t col = 0; col < n; ++col) {
+      float acc = y[r * n + col];
+      for (int64_t j = 0; j < kb; ++j) {
+        if (exact[j]) continue;
+        const uint8_t* ca = a.codes + r * k + j * mx::kBlock;
+        const uint8_t* cb = b.codes + col * k + j * mx::kBlock;
+        float part = 0;
+        for (int i = 0; i < mx::kBlock; ++i) part += ta.v[ca[i]] * tb.v[cb[i]];
+        const uint8_t sa = a.scales[r * kb + j], sb = b.scales[col * kb + j];
+        acc += (sa == mx::kScaleNaN || sb == mx::kScaleNaN)
+                   ? NAN
+                   : std::ldexp(part, static_cast<int>(sa) + static_cast<int>(sb) - 2 * mx::kScaleBias);
+      }
+      y[r * n + col] = acc;
+    }
+  });
+}
+
+Tensor host_view(void* data, DType dtype, std::initializer_list<int64_t> shape) {
+  Tensor t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = Device::kCpu;
+  t.ndim = static_cast<int>(shape.size());
+  int i = 0;
+  for (int64_t d : shape) t.shape[i++] = d;
+  return t;
+}
+
+Operand operand(const Tensor& codes, const Tensor& scales, const char* what) {
+  return {static_cast<const uint8_t*>(codes.data), static_cast<const uint8_t*>(scales.data),
+          mx_elem(codes, what)};
+}
+
+}  // namespace
+
+void mx_linear(const Tensor& a, const Tensor& a_scales, const Tensor& b, const Tensor& b_scales,
+               const Tensor& y, bool accumulate) {
+  const MxGemmShape s = check_mx_linear_args(a, a_scales, b, b_scales, y, false);
+  check_host({&a, &a_scales, &b, &b_scales, &y}, "mx_linear");
+  const Operand oa = operand(a, a_scales, "mx_linear"), ob = operand(b, b_scales, "mx_linear");
+  const int64_t kb = s.k / mx::kBlock;
+  if (s.m == 0 || s.n == 0) return;
+  std::lock_guard<std::mutex> lock(gemm_mutex());
+  Scratch& sc = scratch();
+  sc.exact.resize(static_cast<size_t>(kb));
+  for (int64_t j = 0; j < kb; ++j) sc.exact[j] = block_exact(oa, 0, s.m, ob, s.n, kb, j);
+  sc.a.resize(static_cast<size_t>(s.m * s.k));
+  sc.b.resize(static_cast<size_t>(s.n * s.k));
+  dequantize_bf16(oa, s.m, s.k, sc.exact.data(), sc.a.data());
+  dequantize_bf16(ob, s.n, s.k, sc.exact.data(), sc.b.data());
+  linear_fwd(host_view(sc.a.data(), DType::kBF16, {s.m, s.k}),
+             host_view(sc.b.data(), DType::kBF16, {s.n, s.k}), y, accumulate);
+  add_inexact_blocks(oa, ob, s.m, s.n, s.k, sc.exact.data(), y.as<float>());
+}
+
+void mx_grouped_linear(const Tensor& a, const Tensor& a_scales, const Tensor& b, const Tensor& b_scales,
+                       const Tensor& offsets, const Tensor& y) {
+  const MxGemmShape s = check_mx_grouped_linear_args(a, a_scales, b, b_scales, offsets, y, false);
+  check_host({&a, &a_scales, &b, &b_scales, &offsets, &y}, "mx_grouped_linear");
+  const Operand oa = operand(a, a_scales, "mx_grouped_linear");
+  const Operand ob = operand(b, b_scales, "mx_grouped_linear");
+  const int32_t* off = offsets.as<int32_t>();
+  MOE_CHECK(off[0] == 0 && off[s.groups] <= s.m, "mx_grouped_linear: offsets must run from 0 to at most ",
+            s.m, " rows");
+  const int64_t kb = s.k / mx::kBlock, rows = off[s.groups];
+  if (rows == 0 || s.n == 0) return;
+  std::lock_guard<std::mutex> lock(gemm_mutex());
+  Scratch& sc = scratch();
+  sc.exact.resize(static_cast<size_t>(s.groups * kb));
+  sc.a.resize(static_cast<size_t>(s.m * s.k));  // the row capacity, so a new load allocates nothing
+  sc.b.resize(static_cast<size_t>(s.groups * s.n * s.k));
+  for (int64_t g = 0; g < s.groups; ++g) {
+    MOE_CHECK(off[g] <= off[g + 1], "mx_grouped_linear: offsets[", g + 1, "] = ", off[g + 1],
+              " is below offsets[", g, "]");
+    uint8_t* ex = sc.exact.data() + g * kb;
+    const Operand bg{ob.codes + g * s.n * s.k, ob.scales + g * s.n * kb, ob.elem};
+    for (int64_t j = 0; j < kb; ++j) ex[j] = off[g] == off[g + 1] || block_exact(oa, off[g], off[g + 1], bg, s.n, kb, j);
+    const Operand ag{oa.codes + off[g] * s.k, oa.scales + off[g] * kb, oa.elem};
+    dequantize_bf16(ag, off[g + 1] - off[g], s.k, ex, sc.a.data() + off[g] * s.k);
+    dequantize_bf16(bg, s.n, s.k, ex, sc.b.data() + g * s.n * s.k);
+  }
+  grouped_linear_fwd(host_view(sc.a.data(), DType::kBF16, {s.m, s.k}),
+                     host_view(sc.b.data(), DType::kBF16, {s.groups, s.n, s.k}), offsets, y);
+  for (int64_t g = 0; g < s.groups; ++g) {
+    const Operand ag{oa.codes + off[g] * s.k, oa.scales + off[g] * kb, oa.elem};
+    const Operand bg{ob.codes + g * s.n * s.k, ob.scales + g * s.n * kb, ob.elem};
+    add_inexact_blocks(ag, bg, off[g + 1] - off[g], s.n, s.k, sc.exact.data() + g * kb,
+                       y.as<float>() + off[g] * s.n);
+  }
+}
+
+}  // namespace moe::cpu

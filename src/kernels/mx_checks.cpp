@@ -1,0 +1,117 @@
+#include "kernels/mx_checks.h"
+
+#include "core/check.h"
+
+namespace moe {
+namespace {
+
+void check_block_multiple(int64_t len, const char* what, const char* dim) {
+  MOE_CHECK(len % mx::kBlock == 0, what, ": ", dim, " = ", len, " is not a multiple of the ",
+            mx::kBlock, "-value MXFP8 block");
+}
+
+void check_float_out(const Tensor& y, bool allow_f64, const char* what) {
+  MOE_CHECK(y.dtype == DType::kF32 || (allow_f64 && y.dtype == DType::kF64), what, ": y has dtype ",
+            dtype_name(y.dtype), ", expected f32", allow_f64 ? " or f64" : "");
+}
+
+}  // namespace
+
+mx::Elem mx_elem(const Tensor& codes, const char* what) {
+  MOE_CHECK(codes.dtype == DType::kE4M3 || codes.dtype == DType::kE5M2, what, ": codes have dtype ",
+            dtype_name(codes.dtype), ", expected e4m3 or e5m2");
+  return codes.dtype == DType::kE4M3 ? mx::Elem::kE4M3 : mx::Elem::kE5M2;
+}
+
+mx::ScaleRule mx_rule(int rule, const char* what) {
+  MOE_CHECK(rule == 0 || rule == 1, what, ": scale rule ", rule, ", expected 0 (rceil) or 1 (floor)");
+  return rule == 0 ? mx::ScaleRule::kRceil : mx::ScaleRule::kFloor;
+}
+
+MxQuantizeShape check_mx_quantize_args(const Tensor& x, bool columnwise, int rule, const Tensor& codes,
+                                       const Tensor& scales, const Tensor& stats) {
+  const char* what = "mx_quantize";
+  mx_rule(rule, what);
+  mx_elem(codes, what);
+  MOE_CHECK(x.dtype == DType::kF32 || x.dtype == DType::kF64 || x.dtype == DType::kBF16, what,
+            ": x has dtype ", dtype_name(x.dtype), ", expected f32, f64 or bf16");
+  MOE_CHECK(x.ndim == 2 || (x.ndim == 3 && columnwise), what, ": x has shape ", x.shape_str(),
+            ", expected (N,C)", columnwise ? " or (G,N,C)" : "");
+  MxQuantizeShape s;
+  if (x.ndim == 3) s.groups = x.shape[0];
+  s.n = x.shape[x.ndim - 2];
+  s.c = x.shape[x.ndim - 1];
+  check_dtype(scales, DType::kE8M0, what);
+  if (!columnwise) {
+    check_block_multiple(s.c, what, "C");
+    check_shape(codes, {s.n, s.c}, "mx_quantize codes");
+    check_shape(scales, {s.n, s.c / mx::kBlock}, "mx_quantize scales");
+  } else {
+    check_block_multiple(s.n, what, "N");
+    if (x.ndim == 3) {
+      check_shape(codes, {s.groups, s.c, s.n}, "mx_quantize codes");
+      check_shape(scales, {s.groups, s.c, s.n / mx::kBlock}, "mx_quantize scales");
+    } else {
+      check_shape(codes, {s.c, s.n}, "mx_quantize codes");
+      check_shape(scales, {s.c, s.n / mx::kBlock}, "mx_quantize scales");
+    }
+  }
+  if (stats.data != nullptr) {
+    check_dtype(stats, DType::kF64, "mx_quantize stats");
+    check_shape(stats, {4}, "mx_quantize stats");
+  }
+  return s;
+}
+
+void check_mx_dequantize_args(const Tensor& codes, const Tensor& scales, const Tensor& y) {
+  const char* what = "mx_dequantize";
+  mx_elem(codes, what);
+  MOE_CHECK(codes.ndim == 2, what, ": codes have shape ", codes.shape_str(), ", expected (N,C)");
+  check_block_multiple(codes.shape[1], what, "C");
+  check_dtype(scales, DType::kE8M0, what);
+  check_shape(scales, {codes.shape[0], codes.shape[1] / mx::kBlock}, "mx_dequantize scales");
+  MOE_CHECK(y.dtype == DType::kF32 || y.dtype == DType::kF64 || y.dtype == DType::kBF16, what,
+            ": y has dtype ", dtype_name(y.dtype), ", expected f32, f64 or bf16");
+  check_shape(y, {codes.shape[0], codes.shape[1]}, "mx_dequantize y");
+}
+
+MxGemmShape check_mx_linear_args(const Tensor& a, const Tensor& a_scales, const Tensor& b,
+                                 const Tensor& b_scales, const Tensor& y, bool allow_f64) {
+  const char* what = "mx_linear";
+  mx_elem(a, what);
+  mx_elem(b, what);
+  MOE_CHECK(a.ndim == 2 && b.ndim == 2 && a.shape[1] == b.shape[1], what, ": a ", a.shape_str(),
+            " and b ", b.shape_str(), " must be (M,K) and (N,K)");
+  MxGemmShape s{1, a.shape[0], b.shape[0], a.shape[1]};
+  check_block_multiple(s.k, what, "K");
+  check_dtype(a_scales, DType::kE8M0, what);
+  check_dtype(b_scales, DType::kE8M0, what);
+  check_shape(a_scales, {s.m, s.k / mx::kBlock}, "mx_linear a_scales");
+  check_shape(b_scales, {s.n, s.k / mx::kBlock}, "mx_linear b_scales");
+  check_float_out(y, allow_f64, what);
+  check_shape(y, {s.m, s.n}, "mx_linear y");
+  return s;
+}
+
+MxGemmShape check_mx_grouped_linear_args(const Tensor& a, const Tensor& a_scales, const Tensor& b,
+                                         const Tensor& b_scales, const Tensor& offsets, const Tensor& y,
+                                         bool allow_f64) {
+  const char* what = "mx_grouped_linear";
+  mx_elem(a, what);
+  mx_elem(b, what);
+  MOE_CHECK(a.ndim == 2 && b.ndim == 3 && a.shape[1] == b.shape[2], what, ": a ", a.shape_str(),
+            " and b ", b.shape_str(), " must be (R,K) and (E,N,K)");
+  MxGemmShape s{b.shape[0], a.shape[0], b.shape[1], a.shape[1]};
+  check_block_multiple(s.k, what, "K");
+  check_dtype(a_scales, DType::kE8M0, what);
+  check_dtype(b_scales, DType::kE8M0, what);
+  check_shape(a_scales, {s.m, s.k / mx::kBlock}, "mx_grouped_linear a_scales");
+  check_shape(b_scales, {s.groups, s.n, s.k / mx::kBlock}, "mx_grouped_linear b_scales");
+  check_dtype(offsets, DType::kI32, "mx_grouped_linear offsets");
+  check_shape(offsets, {s.groups + 1}, "mx_grouped_linear offsets");
+  check_float_out(y, allow_f64, what);
+  check_shape(y, {s.m, s.n}, "mx_grouped_linear y");
+  return s;
+}
+
+}  // namespace moe
