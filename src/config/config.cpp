@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "core/check.h"
+#include "core/mxfp8.h"
 #include "core/user_path.h"
 
 namespace moe {
@@ -94,7 +95,8 @@ const std::vector<Field>& fields() {
     add("train", "batch_size", T(batch_size), 1, 1 << 24, {}, "sequences per optimizer step");
     add("train", "micro_batch_size", T(micro_batch_size), 1, 1 << 24, {}, "sequences per forward/backward");
     add("train", "seed", T(seed), 0, 1.8e19, {}, "seed of every random draw");
-    add("train", "precision", T(precision), 0, 0, {"fp32", "bf16"}, "GEMM compute precision");
+    add("train", "precision", T(precision), 0, 0, {"fp32", "bf16", "mxfp8"},
+        "GEMM compute precision (mxfp8: bf16, with MXFP8 GEMMs where the [mxfp8] section says)");
     add("train", "backend", T(backend), 0, 0, {"cpu", "ref", "strict", "cuda"},
         "kernel backend (strict: the cpu kernels behind memory the host cannot read, to test device discipline; "
         "cuda: an NVIDIA GPU, in a build with -DMOE_CUDA=ON)");
@@ -120,6 +122,12 @@ const std::vector<Field>& fields() {
     add("data", "bos_id", D(bos_id), -1, 2147483647, {}, "beginning-of-sequence id for the Hugging Face export (-1 = none; never inserted)");
     add("data", "intra_doc_mask", D(intra_doc_mask), 0, 0, {}, "mask attention across documents (needs data.eos_id)");
 #undef D
+#define MX(name) [](Config& c) -> Ref { return &c.mxfp8.name; }
+    add("mxfp8", "experts", MX(experts), 0, 0, {}, "train.precision = mxfp8: the routed experts' forward and data-gradient GEMMs in MXFP8");
+    add("mxfp8", "dispatch", MX(dispatch), 0, 0, {}, "mxfp8 with EP: send the experts' input rows quantized (33/32 bytes per value)");
+    add("mxfp8", "scale_rule", MX(scale_rule), 0, 0, {"rceil", "floor"}, "block scale: rceil (round the scale up: no overflow) or floor (OCP)");
+    add("mxfp8", "grad_format", MX(grad_format), 0, 0, {"e4m3", "e5m2"}, "element format of the output gradients in MXFP8 data gradients");
+#undef MX
 #define X(name) [](Config& c) -> Ref { return &c.metrics.name; }
     add("metrics", "peak_tflops", X(peak_tflops), 0, kInf, {}, "peak TFLOP/s for MFU (0 = on cpu this machine's measured 0.235 fp32 / 0.470 bf16; on cuda the GPU's dense datasheet peak: H100/H200 989 bf16 / 67 fp32, B200/B300 2250 / 80)");
     add("metrics", "vectors_every", X(vectors_every), 0, 1e15, {}, "steps between per-expert f/P vectors (0 = never)");
@@ -494,6 +502,18 @@ void Config::validate() const {
     MOE_CHECK(optim.decay_steps >= 1 && optim.decay_steps <= train.steps - optim.warmup_steps,
               "optim.decay_steps = ", optim.decay_steps, " must be in [1, steps - warmup_steps = ",
               train.steps - optim.warmup_steps, "] for the wsd schedule");
+  if (train.precision == "mxfp8") {
+    MOE_CHECK(train.backend != "cuda", "train.precision = \"mxfp8\" runs on the cpu (and strict) backend for now: "
+              "the MXFP8 CUDA kernels are not written yet");
+    MOE_CHECK(!mxfp8.dispatch || mxfp8.experts, "mxfp8.dispatch = true needs mxfp8.experts = true (the payload is "
+              "the expert GEMM's own quantized operand)");
+    if (mxfp8.experts && model.num_moe_layers() > 0) {
+      MOE_CHECK(model.d_model % mx::kBlock == 0, "model.d_model = ", model.d_model, " is not a multiple of ", mx::kBlock,
+                ", the MXFP8 block (train.precision = \"mxfp8\", mxfp8.experts = true)");
+      MOE_CHECK(model.expert_hidden % mx::kBlock == 0, "model.expert_hidden = ", model.expert_hidden,
+                " is not a multiple of ", mx::kBlock, ", the MXFP8 block (train.precision = \"mxfp8\", mxfp8.experts = true)");
+    }
+  }
   if (train.backend == "ref")
     MOE_CHECK(train.precision == "fp32", "train.precision = \"", train.precision,
               "\" needs train.backend = \"cpu\" (the reference backend has no bf16 GEMMs)");

@@ -104,7 +104,7 @@ struct TrainConfig {
   int64_t batch_size = 16;        // sequences per optimizer step
   int64_t micro_batch_size = 8;   // sequences per forward/backward
   uint64_t seed = 1234;
-  std::string precision = "fp32";  // fp32 | bf16
+  std::string precision = "fp32";  // fp32 | bf16 | mxfp8 (bf16, MXFP8 where [mxfp8] says)
   std::string backend = "cpu";     // cpu | ref
   int64_t threads = 0;             // 0 = all cores
   bool recompute = false;          // recompute each block in backward
@@ -175,8 +175,18 @@ inline std::pair<int64_t, int64_t> configured_stage_layers(const ParallelConfig&
   return stage_layers_from_counts(c.stage_layers, c.pp, n_layers, stage);
 }
 
+// Where train.precision = "mxfp8" quantizes (core/mxfp8.h; as Olmo-core 3's switches). Everything
+// else runs as in bf16 mode.
+struct MxConfig {
+  bool experts = true;        // the routed experts' GEMMs (forward, data gradient); weight gradients bf16
+  bool dispatch = true;       // EP: the experts' input rows cross the wire quantized (needs experts)
+  std::string scale_rule = "rceil";  // rceil (NVIDIA's recipe) | floor (the OCP rule)
+  std::string grad_format = "e4m3";  // e4m3 | e5m2: the output gradients' elements in data gradients
+};
+
 struct Config {
   ModelConfig model;
+  MxConfig mxfp8;
   LossConfig loss;
   OptimConfig optim;
   TrainConfig train;

@@ -15,6 +15,13 @@ void check_float_out(const Tensor& y, bool allow_f64, const char* what) {
             dtype_name(y.dtype), ", expected f32", allow_f64 ? " or f64" : "");
 }
 
+void check_row_end(const Tensor& row_end, const char* what) {
+  if (row_end.data == nullptr) return;
+  check_dtype(row_end, DType::kI32, what);
+  MOE_CHECK(row_end.ndim == 1 && row_end.shape[0] >= 1, what, ": row_end has shape ", row_end.shape_str(),
+            ", expected (n >= 1)");
+}
+
 }  // namespace
 
 mx::Elem mx_elem(const Tensor& codes, const char* what) {
@@ -28,8 +35,15 @@ mx::ScaleRule mx_rule(int rule, const char* what) {
   return rule == 0 ? mx::ScaleRule::kRceil : mx::ScaleRule::kFloor;
 }
 
+int64_t mx_row_limit(const Tensor& row_end, int64_t n, const char* what) {
+  if (row_end.data == nullptr) return n;
+  const int64_t r = row_end.as<int32_t>()[row_end.shape[0] - 1];
+  MOE_CHECK(r >= 0 && r <= n, what, ": row_end = ", r, " outside [0, ", n, "]");
+  return r;
+}
+
 MxQuantizeShape check_mx_quantize_args(const Tensor& x, bool columnwise, int rule, const Tensor& codes,
-                                       const Tensor& scales, const Tensor& stats) {
+                                       const Tensor& scales, const Tensor& stats, const Tensor& row_end) {
   const char* what = "mx_quantize";
   mx_rule(rule, what);
   mx_elem(codes, what);
@@ -60,11 +74,14 @@ MxQuantizeShape check_mx_quantize_args(const Tensor& x, bool columnwise, int rul
     check_dtype(stats, DType::kF64, "mx_quantize stats");
     check_shape(stats, {4}, "mx_quantize stats");
   }
+  check_row_end(row_end, what);
+  MOE_CHECK(row_end.data == nullptr || !columnwise, what, ": row_end is for row-wise quantization only");
   return s;
 }
 
-void check_mx_dequantize_args(const Tensor& codes, const Tensor& scales, const Tensor& y) {
+void check_mx_dequantize_args(const Tensor& codes, const Tensor& scales, const Tensor& y, const Tensor& row_end) {
   const char* what = "mx_dequantize";
+  check_row_end(row_end, what);
   mx_elem(codes, what);
   MOE_CHECK(codes.ndim == 2, what, ": codes have shape ", codes.shape_str(), ", expected (N,C)");
   check_block_multiple(codes.shape[1], what, "C");

@@ -18,9 +18,12 @@ struct MxQuantizeShape {
   int64_t groups = 1, n = 0, c = 0;  // x is groups x (n, c)
 };
 MxQuantizeShape check_mx_quantize_args(const Tensor& x, bool columnwise, int rule, const Tensor& codes,
-                                       const Tensor& scales, const Tensor& stats);
+                                       const Tensor& scales, const Tensor& stats, const Tensor& row_end);
 // mx_dequantize: codes (N,C), scales (N,C/32), y (N,C).
-void check_mx_dequantize_args(const Tensor& codes, const Tensor& scales, const Tensor& y);
+void check_mx_dequantize_args(const Tensor& codes, const Tensor& scales, const Tensor& y, const Tensor& row_end);
+// The rows an op covers: all n, or row_end's last element (host-addressable row_end only; checked
+// to lie in [0, n]).
+int64_t mx_row_limit(const Tensor& row_end, int64_t n, const char* what);
 
 struct MxGemmShape {
   int64_t groups = 1, m = 0, n = 0, k = 0;  // grouped: m = rows R, groups = E

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/mxfp8.h"
 #include "moe/exchange_bounds.h"
 
 namespace moe {
@@ -15,9 +16,20 @@ Tensor ArenaPlan::operator()(DType dtype, std::initializer_list<int64_t> dims) {
   return Tensor(nullptr, dtype, dims);
 }
 
+MxMode mx_mode(const Config& config) {
+  MxMode m;
+  if (config.train.precision != "mxfp8") return m;
+  m.experts = config.mxfp8.experts;
+  m.dispatch = config.mxfp8.experts && config.mxfp8.dispatch;
+  m.rule = config.mxfp8.scale_rule == "floor" ? 1 : 0;
+  m.grad_elem = config.mxfp8.grad_format == "e5m2" ? DType::kE5M2 : DType::kE4M3;
+  return m;
+}
+
 Dims model_dims(const ModelConfig& c, int64_t batch, int64_t seq_len, DType compute, bool bf16_operands,
-                int64_t ep, double capacity_factor, bool padded_exchange) {
+                int64_t ep, double capacity_factor, bool padded_exchange, const MxMode& mx) {
   Dims d;
+  d.mx = mx;
   d.B = batch;
   d.S = seq_len;
   d.T = batch * seq_len;
@@ -85,13 +97,20 @@ void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, 
     f.offsets = A(DType::kI32, {E + 1});
     f.sorted_slot = A(DType::kI32, {R});
     f.slot_pos = A(DType::kI32, {R});
-    f.xs_act = A(d.adt, {R, D});
-    f.xr_act = f.xs_act;
     f.recv_offsets = f.offsets;  // with EP: the exchange plan's (set per forward)
-    if (d.ep > 1) f.xr_act = A(d.adt, {d.Rx, D});
+    if (d.mx.experts) {  // the GEMMs' inputs saved quantized (the gathered rows are scratch)
+      f.xr_q = A(DType::kE4M3, {d.Rx, D});
+      f.xr_qs = A(DType::kE8M0, {d.Rx, D / mx::kBlock});
+      f.ea_q = A(DType::kE4M3, {d.Rx, F});
+      f.ea_qs = A(DType::kE8M0, {d.Rx, F / mx::kBlock});
+    } else {
+      f.xs_act = A(d.adt, {R, D});
+      f.xr_act = f.xs_act;
+      if (d.ep > 1) f.xr_act = A(d.adt, {d.Rx, D});
+      f.ea_act = A(d.adt, {d.Rx, F});
+    }
     f.eg = A(d.adt, {d.Rx, F});
     f.eu = A(d.adt, {d.Rx, F});
-    f.ea_act = A(d.adt, {d.Rx, F});
     f.ys = A(d.adt, {R, D});
   }
   if (peri) {
@@ -154,6 +173,21 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
     s.dlogits_TE = A(d.cdt, {T, E});
     s.mean_prob_E = A(d.cdt, {E});
     if (d.slab_rows > 0) s.ep_slabs = A(d.cdt, {2 * d.ep * d.slab_rows * D});
+    if (d.mx.experts) {
+      const int64_t F = c.expert_hidden, b = mx::kBlock;
+      s.mx_xs_RD = A(d.adt, {R, D});
+      if (ep && d.mx.dispatch) {
+        s.mx_xs_q = A(DType::kE4M3, {R, D});
+        s.mx_xs_qs = A(DType::kE8M0, {R, D / b});
+      } else if (ep) {
+        s.mx_xr_XD = A(d.adt, {Rx, D});
+      }
+      s.mx_dy_q = A(d.mx.grad_elem, {Rx, D});
+      s.mx_dy_qs = A(DType::kE8M0, {Rx, D / b});
+      s.mx_dh_q = A(d.mx.grad_elem, {Rx, F});
+      s.mx_dh_qs = A(DType::kE8M0, {Rx, F / b});
+      s.mx_deq_W = A(d.adt, {Rx * std::max(D, F)});
+    }
   }
   // Operand-dtype copy of any upstream gradient that feeds a GEMM.
   int64_t dy = std::max({T * D, T * H * hd, head_chunk * c.vocab_size, swiglu});

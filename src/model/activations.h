@@ -31,6 +31,15 @@ struct ArenaPlan {
   Tensor operator()(DType dtype, std::initializer_list<int64_t> dims);
 };
 
+// MXFP8 in the routed experts (train.precision = "mxfp8", config [mxfp8]; moe/mx_experts.h).
+struct MxMode {
+  bool experts = false;            // the expert GEMMs' forward and data gradient in MXFP8
+  bool dispatch = false;           // EP: the quantized input rows are what crosses the wire
+  int rule = 0;                    // mx::ScaleRule: 0 rceil, 1 floor
+  DType grad_elem = DType::kE4M3;  // the output gradients' elements in the data gradients
+};
+MxMode mx_mode(const Config& config);
+
 struct Dims {
   int64_t B = 0, S = 0, T = 0, R = 0;
   // Expert parallelism: ep ranks share the experts, El = E / ep local experts each; Rx = rows this
@@ -40,11 +49,12 @@ struct Dims {
   int64_t slab_rows = 0;
   DType cdt = DType::kF32;  // compute dtype
   DType adt = DType::kF32;  // GEMM operand dtype
+  MxMode mx;                // MXFP8 (then adt is bf16 with f32 compute)
 };
 // The dims of micro-batches of `batch` sequences of seq_len tokens; ep > 1: expert parallelism
 // with that capacity factor (0 = dropless).
 Dims model_dims(const ModelConfig& c, int64_t batch, int64_t seq_len, DType compute, bool bf16_operands,
-                int64_t ep = 1, double capacity_factor = 0, bool padded_exchange = false);
+                int64_t ep = 1, double capacity_factor = 0, bool padded_exchange = false, const MxMode& mx = {});
 
 struct AttnActs {
   Tensor rstd_in;          // (T)
@@ -80,6 +90,11 @@ struct FfnActs {
                            // exchange plan, model state); else = offsets
   Tensor eg, eu;           // (Rx,F) saved in the operand dtype
   Tensor ea_act;           // (Rx,F)
+  // MXFP8 experts, instead of xs_act / xr_act / ea_act (saved for the weight gradients, which
+  // read them dequantized): the received rows and the down projection's input, quantized
+  // row-wise (e4m3 codes, e8m0 scales per 32 values).
+  Tensor xr_q, xr_qs;      // (Rx,D), (Rx,D/32)
+  Tensor ea_q, ea_qs;      // (Rx,F), (Rx,F/32)
   Tensor ys;               // (R,D) expert outputs (returned to their tokens), saved in the operand dtype
   Tensor out;              // (T,D) FFN output (peri only: input of ffn_out_norm)
   Tensor rstd_out;         // (T) (peri only)
@@ -138,6 +153,16 @@ struct Scratch {
   Tensor logits_CV, row_ce_C, row_z_C;
   Tensor mean_prob_E;
   Tensor ep_slabs;                 // compute dtype, 2*ep*slab_rows*D elements; padded transport only
+  // MXFP8 experts (moe/mx_experts.cpp): the gathered rows before quantization, the quantized send
+  // buffer (EP with dispatch) or the bf16 receive buffer (EP without), the quantized output
+  // gradient and SwiGLU gradient of the data gradients, and one bf16 buffer the weight gradients
+  // dequantize their saved operand into.
+  Tensor mx_xs_RD;                 // operand dtype
+  Tensor mx_xs_q, mx_xs_qs;        // (R,D), (R,D/32)
+  Tensor mx_xr_XD;                 // operand dtype
+  Tensor mx_dy_q, mx_dy_qs;        // (Rx,D), (Rx,D/32) in the gradient element
+  Tensor mx_dh_q, mx_dh_qs;        // (Rx,F), (Rx,F/32) in the gradient element
+  Tensor mx_deq_W;                 // operand dtype, Rx * max(D,F)
 };
 
 // What one plan covers: a pipeline stage's layers and its in-flight micro-batches.

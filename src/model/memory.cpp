@@ -6,6 +6,7 @@
 
 #include "kernels/cuda_memory.h"
 #include "model/activations.h"
+#include "model/model_state.h"
 #include "model/params.h"
 #include "moe/exchange_bounds.h"
 #include "kernels/step_control.h"
@@ -23,7 +24,8 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t micro_batch, int64_
 
 MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
                                      bool recompute, int64_t layer_begin, int64_t layer_end, int64_t slots,
-                                     int64_t ep, double capacity_factor, int64_t zero1_dp, bool padded_exchange) {
+                                     int64_t ep, double capacity_factor, int64_t zero1_dp, bool padded_exchange,
+                                     const MxMode& mx) {
   MemoryEstimate m;
   ModelShard shard;
   shard.layer_begin = layer_begin;
@@ -47,7 +49,7 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   const double T = static_cast<double>(Ti);
   const double H = static_cast<double>(c.n_heads), G = static_cast<double>(c.n_kv_heads), hd = static_cast<double>(c.hd());
   const double Ha = H * hd, Ga = G * hd;
-  const Dims dims = model_dims(c, micro_batch, seq_len, DType::kF32, bf16, ep, capacity_factor, padded_exchange);
+  const Dims dims = model_dims(c, micro_batch, seq_len, DType::kF32, bf16, ep, capacity_factor, padded_exchange, mx);
   const ActivationPlan plan(c, dims, StagePlan{layer_begin, layer_end, slots, recompute}, nullptr);
   m.activations = static_cast<double>(plan.bytes());
   // Per layer per token: one MoE layer (a dense one if the model has none), as its own plan.
@@ -64,6 +66,18 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
                            nm * static_cast<double>(4 + ep));
   const double P = static_cast<double>(ParamLayout(c).num_global_params());
   m.step_stats = 8 * (2 + 2 * nm + static_cast<double>(kCtlSize) + P) + nm * E * (cdt + 4) + (ep > 1 ? 4 * nm * static_cast<double>(4 + ep) : 0);
+  if (mx.experts && nm > 0) {
+    int64_t local_moe = 0;
+    for (int64_t l = layer_begin; l < layer_end; ++l) local_moe += c.is_moe_layer(l) ? 1 : 0;
+    m.mx_caches = static_cast<double>(local_moe * mx_expert_cache_bytes(c, c.num_experts / ep));
+    m.step_stats += 2 * 8 * 8 * nm;  // the quantization statistics: the record's and the model's
+    // The cpu MXFP8 GEMMs' grow-only bf16 operands: the widest row operand (Rx, max(D,F)) and
+    // one layer's local experts (El, F, D).
+    if (local_moe > 0) {
+      const double F = static_cast<double>(c.expert_hidden);
+      m.kernel_scratch += 2 * static_cast<double>(dims.Rx) * std::max(D, F) + 2 * static_cast<double>(dims.El) * F * D;
+    }
+  }
   // bf16 mode: the attention kernel packs q, k, v and dO once per op (kernels/cpu/attention_bf16.h:
   // a bf16 copy, 64 bytes of alignment, and pair rows of ceil(S/2) positions; grow-only per slot,
   // so two slots of q's size and two of k's).
@@ -82,9 +96,9 @@ MemoryEstimate estimate_stage_memory(const Config& config, int64_t stage) {
   const int64_t micro = config.train.batch_size / (config.train.micro_batch_size * pc.dp);
   const auto [begin, end] = configured_stage_layers(pc, config.model.n_layers, stage);
   MemoryEstimate m = estimate_stage_memory(config.model, config.train.micro_batch_size, config.train.seq_len,
-                                           config.train.precision == "bf16", config.train.recompute, begin, end,
+                                           config.train.precision != "fp32", config.train.recompute, begin, end,
                                            pipeline_slots(pp, stage, micro), pc.ep, pc.ep_capacity_factor,
-                                           zero1_dp, pc.ep_transport == "padded");
+                                           zero1_dp, pc.ep_transport == "padded", mx_mode(config));
   if (config.train.backend == "cuda") {
     // The cpu attention's packing is not made on the GPU; the cuda backend's buffers are.
     const ModelConfig& c = config.model;
@@ -92,7 +106,7 @@ MemoryEstimate estimate_stage_memory(const Config& config, int64_t stage) {
     m.backend_buffers = static_cast<double>(cuda_scratch_bytes() + kCublasLtWorkspaceBytes);
     // cuDNN attention (bf16 products, no document masking, head dim a multiple of 8): its one
     // buffer grows to the backward's size.
-    if (config.train.precision == "bf16" && !config.data.intra_doc_mask && c.hd() % 8 == 0) {
+    if (config.train.precision != "fp32" && !config.data.intra_doc_mask && c.hd() % 8 == 0) {
       const int64_t B = config.train.micro_batch_size, S = config.train.seq_len;
       m.backend_buffers += static_cast<double>(cudnn_sdpa_buffer_bytes(
           true, B * S * c.n_heads * c.hd(), B * S * c.n_kv_heads * c.hd(), cudnn_sdpa_backward_workspace_bound(B, c.n_heads, S)));
@@ -120,13 +134,14 @@ std::string format_memory(const MemoryEstimate& m) {
   };
   line("parameters (fp32 master)", m.params);
   if (m.operand_copies > 0) line("bf16 operand copies", m.operand_copies);
+  if (m.mx_caches > 0) line("MXFP8 expert weight caches", m.mx_caches);
   line("gradients (fp32)", m.grads);
   line("AdamW state (2 x fp32)", m.optimizer);
   if (m.router_bias > 0) line("router biases", m.router_bias);
   line("activations (arena, one micro-batch)", m.activations);
   line("  of which per layer per token (MoE layer)", m.act_per_layer_token);
   line("  of which shared scratch + residual", m.act_shared);
-  if (m.kernel_scratch > 0) line("kernel scratch (bf16 attention operands)", m.kernel_scratch);
+  if (m.kernel_scratch > 0) line("kernel scratch (bf16 operands)", m.kernel_scratch);
   if (m.backend_buffers > 0) line("cuda: scratch, cuBLASLt, cuDNN attention", m.backend_buffers);
   if (m.comm_buffers > 0) line("pipeline copies, exchange plans", m.comm_buffers);
   line("step statistics", m.step_stats);

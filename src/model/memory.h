@@ -7,17 +7,21 @@
 #include <string>
 
 #include "config/config.h"
+#include "model/activations.h"
 
 namespace moe {
 
 struct MemoryEstimate {
   double params = 0;           // fp32 master weights: 4 N
   double operand_copies = 0;   // bf16 GEMM operand copies (bf16 mode): 2 N
+  double mx_caches = 0;        // MXFP8 experts: 2 x 33/32 bytes per local expert weight (two orientations)
   double grads = 0;            // fp32 gradients: 4 N
   double optimizer = 0;        // AdamW first and second moments: 2 x 4 N
   double router_bias = 0;      // loss-free biases: 4 E per MoE layer
   double activations = 0;      // the activation arena: saved activations + shared scratch (= the trainer's arena)
-  double kernel_scratch = 0;   // kernel buffers outside the arena that scale with the batch (bf16 attention operands)
+  // Kernel buffers outside the arena that scale with the batch: the bf16 attention operands, and
+  // the cpu MXFP8 GEMMs' dequantized bf16 operands (kernels/cpu/mxfp8.cpp).
+  double kernel_scratch = 0;
   // train.backend = "cuda": the backend's own buffers (kernel scratch, cuBLASLt workspace) and
   // cuDNN attention's bf16 copies + workspace (bounded by the Hopper formula, kernels/cuda_memory.h)
   double backend_buffers = 0;
@@ -28,7 +32,7 @@ struct MemoryEstimate {
   double act_per_layer_token = 0;  // arena bytes per layer per token (an MoE layer; dense if no MoE)
   double act_shared = 0;           // the arena less the layers: residual stream, shared scratch, final norm
   double total() const {
-    return params + operand_copies + grads + optimizer + router_bias + activations + kernel_scratch + backend_buffers +
+    return params + operand_copies + mx_caches + grads + optimizer + router_bias + activations + kernel_scratch + backend_buffers +
            comm_buffers + step_stats;
   }
 };
@@ -50,7 +54,7 @@ MemoryEstimate estimate_stage_memory(const Config& config, int64_t stage);
 MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
                                      bool recompute, int64_t layer_begin, int64_t layer_end, int64_t slots,
                                      int64_t ep = 1, double capacity_factor = 0, int64_t zero1_dp = 1,
-                                     bool padded_exchange = false);
+                                     bool padded_exchange = false, const MxMode& mx = {});
 // Human-readable lines ("# memory ..."), bytes and GiB.
 std::string format_memory(const MemoryEstimate& m);
 

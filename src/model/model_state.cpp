@@ -1,14 +1,46 @@
 #include "model/model_state.h"
 
+#include <algorithm>
+#include <tuple>
+
 #include "core/fnv1a.h"
+#include "core/mxfp8.h"
 #include "core/rng.h"
 #include "kernels/host_view.h"
 
 namespace moe {
 
+int64_t mx_expert_cache_bytes(const ModelConfig& c, int64_t local_experts) {
+  const int64_t per_weight = local_experts * c.expert_hidden * c.d_model;
+  return 3 * 2 * (per_weight + per_weight / mx::kBlock);
+}
+
+namespace {
+// Carves a layer's MXFP8 caches out of `at` (bytes), advancing it.
+MxExpertWeights carve_mx(char*& at, Device device, int64_t El, int64_t F, int64_t D) {
+  auto take = [&](DType dt, std::initializer_list<int64_t> dims) {
+    Tensor t(at, dt, dims, device);
+    at += t.nbytes();
+    return t;
+  };
+  const int64_t b = mx::kBlock;
+  MxExpertWeights w;
+  for (auto [q, qs, t, ts, N, K] : {std::tuple{&w.gate_q, &w.gate_qs, &w.gate_t, &w.gate_ts, F, D},
+                                    std::tuple{&w.up_q, &w.up_qs, &w.up_t, &w.up_ts, F, D},
+                                    std::tuple{&w.down_q, &w.down_qs, &w.down_t, &w.down_ts, D, F}}) {
+    *q = take(DType::kE4M3, {El, N, K});
+    *qs = take(DType::kE8M0, {El, N, K / b});
+    *t = take(DType::kE4M3, {El, K, N});
+    *ts = take(DType::kE8M0, {El, K, N / b});
+  }
+  return w;
+}
+}  // namespace
+
 ModelState::ModelState(const ModelConfig& config, const ModelShard& shard, int64_t dense_chunks,
-                       int64_t expert_chunks, DType compute, bool bf16_operands, Backend& ops)
-    : cfg_(config), ops_(ops), layout_(config, shard, dense_chunks, expert_chunks), compute_(compute) {
+                       int64_t expert_chunks, DType compute, bool bf16_operands, Backend& ops, int mx_rule)
+    : cfg_(config), ops_(ops), layout_(config, shard, dense_chunks, expert_chunks), compute_(compute),
+      mx_rule_(mx_rule) {
   // In the backend's memory (zero-filled on the host backends; others leave it undefined, so
   // everything is written before it is read).
   const int64_t N = layout_.total();
@@ -26,6 +58,19 @@ ModelState::ModelState(const ModelConfig& config, const ModelShard& shard, int64
   }
   for (int64_t m = 0; m < cfg_.num_moe_layers(); ++m)
     router_bias_.emplace_back(ops, compute, std::initializer_list<int64_t>{cfg_.num_experts});
+  if (mx_rule_ >= 0) {
+    const ModelShard& held = layout_.shard();  // -1s resolved
+    const int64_t El = held.num_local_experts;
+    int64_t layers = 0;
+    for (int64_t l = held.layer_begin; l < held.layer_end; ++l) layers += cfg_.is_moe_layer(l) ? 1 : 0;
+    const AllocationScope mx_scope("MXFP8 expert weight caches");
+    mx_mem_ = Buffer(ops, static_cast<size_t>(std::max<int64_t>(1, layers * mx_expert_cache_bytes(cfg_, El))));
+    mx_.resize(static_cast<size_t>(cfg_.n_layers));
+    char* at = static_cast<char*>(mx_mem_.data());
+    for (int64_t l = held.layer_begin; l < held.layer_end; ++l)
+      if (cfg_.is_moe_layer(l))
+        mx_[static_cast<size_t>(l)] = carve_mx(at, ops.device(), El, cfg_.expert_hidden, cfg_.d_model);
+  }
 }
 
 void ModelState::init_params(uint64_t seed) {
@@ -56,6 +101,23 @@ void ModelState::init_params(uint64_t seed) {
 
 void ModelState::refresh_operand_weights() {
   if (operands_.flat.data != params_.flat.data) ops_.convert(params_.flat, operands_.flat);
+  for (size_t l = 0; l < mx_.size(); ++l) {
+    const MxExpertWeights& q = mx_[l];
+    if (q.gate_q.empty()) continue;
+    const LayerWeights& w = params_.layers[l];
+    const std::pair<const Tensor*, const Tensor*> pairs[] = {{&w.exp_gate, &q.gate_q}, {&w.exp_up, &q.up_q},
+                                                              {&w.exp_down, &q.down_q}};
+    const Tensor* t[] = {&q.gate_t, &q.up_t, &q.down_t};
+    const Tensor* ts[] = {&q.gate_ts, &q.up_ts, &q.down_ts};
+    const Tensor* qs[] = {&q.gate_qs, &q.up_qs, &q.down_qs};
+    for (int i = 0; i < 3; ++i) {
+      const Tensor& master = *pairs[i].first;  // (El,N,K)
+      const int64_t El = master.shape[0], N = master.shape[1], K = master.shape[2];
+      ops_.mx_quantize(master.view({El * N, K}), false, mx_rule_, pairs[i].second->view({El * N, K}),
+                       qs[i]->view({El * N, K / mx::kBlock}), Tensor(), Tensor());
+      ops_.mx_quantize(master, true, mx_rule_, *t[i], *ts[i], Tensor(), Tensor());
+    }
+  }
 }
 
 void ModelState::zero_grads() { ops_.fill(grads_.flat, 0.0); }

@@ -12,19 +12,37 @@
 
 namespace moe {
 
+// MXFP8 copies of one MoE layer's local expert weights (train.precision = "mxfp8"), quantized from
+// the fp32 masters after every update, each in both orientations (one cannot be made from the
+// other): "q" quantized along the forward's reduction (K-major for the forward), "t" along the
+// data gradient's, stored transposed (K-major for the data gradient). Codes e4m3, scales e8m0.
+//   gate, up (El,F,D):  q (El,F,D) + (El,F,D/32)    t (El,D,F) + (El,D,F/32)
+//   down (El,D,F):      q (El,D,F) + (El,D,F/32)    t (El,F,D) + (El,F,D/32)
+struct MxExpertWeights {
+  Tensor gate_q, gate_qs, gate_t, gate_ts;
+  Tensor up_q, up_qs, up_t, up_ts;
+  Tensor down_q, down_qs, down_t, down_ts;
+};
+// Bytes of the MXFP8 caches of one MoE layer holding `local_experts` experts: two copies of
+// 33/32 bytes per expert weight.
+int64_t mx_expert_cache_bytes(const ModelConfig& c, int64_t local_experts);
+
 // One layer's weights as the step reads them: master weights (norms, router), their GEMM operand
-// copies (= the masters in fp32 mode) and the gradients they accumulate into.
+// copies (= the masters in fp32 mode), the gradients they accumulate into, and the MXFP8 expert
+// copies (MoE layers with MXFP8 experts; else null).
 struct LayerParams {
   const LayerWeights& w;
   const LayerWeights& op;
   LayerWeights& grad;
+  const MxExpertWeights* mx = nullptr;
 };
 
 class ModelState {
  public:
   // dense_chunks / expert_chunks: ZeRO-1 chunking of the flat regions (model/params.h).
+  // mx_rule >= 0: MXFP8 expert caches quantized with that scale rule (mx::ScaleRule); -1: none.
   ModelState(const ModelConfig& config, const ModelShard& shard, int64_t dense_chunks, int64_t expert_chunks,
-             DType compute, bool bf16_operands, Backend& ops);
+             DType compute, bool bf16_operands, Backend& ops, int mx_rule = -1);
 
   const ParamLayout& layout() const { return layout_; }
   Weights& params() { return params_; }
@@ -33,13 +51,14 @@ class ModelState {
   std::vector<OwnedTensor>& router_bias() { return router_bias_; }
   LayerParams layer(int64_t l) {
     const auto i = static_cast<size_t>(l);
-    return {params_.layers[i], operands_.layers[i], grads_.layers[i]};
+    return {params_.layers[i], operands_.layers[i], grads_.layers[i], mx_.empty() ? nullptr : &mx_[i]};
   }
 
   // OLMo-style init: truncated normal (+-3 std) for matrices, ones for norms; each element a
   // pure function of (seed, parameter name, element index).
   void init_params(uint64_t seed);
-  // After the master weights change: refresh the bf16 operand copies (no-op in fp32 mode).
+  // After the master weights change: refresh the bf16 operand copies (no-op in fp32 mode) and
+  // the MXFP8 expert caches.
   void refresh_operand_weights();
   void zero_grads();
 
@@ -48,8 +67,10 @@ class ModelState {
   Backend& ops_;
   ParamLayout layout_;
   DType compute_;
-  Buffer param_mem_, grad_mem_, operand_mem_;
+  Buffer param_mem_, grad_mem_, operand_mem_, mx_mem_;
   Weights params_, grads_, operands_;  // operands_ = params_ in fp32 mode
+  int mx_rule_ = -1;
+  std::vector<MxExpertWeights> mx_;    // per model layer (filled for local MoE layers); empty: none
   std::vector<OwnedTensor> router_bias_;
 };
 

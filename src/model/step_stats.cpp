@@ -4,12 +4,12 @@
 
 namespace moe {
 
-StepStats make_step_stats(Backend& ops, int64_t M, int64_t E, int64_t P, int64_t ep, DType compute) {
+StepStats make_step_stats(Backend& ops, int64_t M, int64_t E, int64_t P, int64_t ep, DType compute, bool quant) {
   StepStats s;
   s.num_moe_layers = M;
-  const int64_t X = ep > 1 ? M * (4 + ep) : 0;
+  const int64_t X = ep > 1 ? M * (4 + ep) : 0, Q = quant ? M * 8 : 0;
   // Widest elements first, so every section is aligned.
-  const size_t values_bytes = static_cast<size_t>(2 + 2 * M + kCtlSize + P) * sizeof(double);
+  const size_t values_bytes = static_cast<size_t>(2 + 2 * M + kCtlSize + P + Q) * sizeof(double);
   const size_t prob_bytes = static_cast<size_t>(M * E) * dtype_size(compute);
   const size_t count_bytes = static_cast<size_t>(M * E) * sizeof(int32_t);
   const size_t bytes = values_bytes + prob_bytes + count_bytes + static_cast<size_t>(X) * sizeof(int32_t);
@@ -20,6 +20,7 @@ StepStats make_step_stats(Backend& ops, int64_t M, int64_t E, int64_t P, int64_t
   s.values = Tensor(base, DType::kF64, {2 + 2 * M}, dev);
   s.control = Tensor(base + static_cast<size_t>(2 + 2 * M) * sizeof(double), DType::kF64, {kCtlSize}, dev);
   s.grad_sumsq = Tensor(base + static_cast<size_t>(2 + 2 * M + kCtlSize) * sizeof(double), DType::kF64, {P}, dev);
+  if (Q > 0) s.quant = Tensor(base + static_cast<size_t>(2 + 2 * M + kCtlSize + P) * sizeof(double), DType::kF64, {M, 8}, dev);
   for (int64_t m = 0; m < M; ++m) {
     s.mean_prob.emplace_back(base + values_bytes + static_cast<size_t>(m * E) * dtype_size(compute), compute,
                              std::initializer_list<int64_t>{E}, dev);

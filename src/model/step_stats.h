@@ -17,6 +17,8 @@ struct StepStats {
   Tensor control;     // (kCtlSize) f64: the step's decisions (kernels/step_control.h), made on the device
   Tensor grad_sumsq;  // (num_global_params) f64: each parameter's gradient sum of squares (GradSync)
   Tensor exchange;    // (MoE layers, 4 + ep) i32 with EP: the exchange counters (copied in), else empty
+  Tensor quant;       // (MoE layers, 8) f64 with MXFP8 experts: this rank's quantization statistics
+                      // (Transformer::quant_stats, copied in), else empty
   std::vector<Tensor> counts;     // per MoE layer, (E) i32, step total tokens per expert (summed over micro-batches)
   std::vector<Tensor> mean_prob;  // per MoE layer, (E) compute dtype, token-weighted mean over the step
   int64_t num_moe_layers = 0;
@@ -31,7 +33,7 @@ struct StepStats {
 // One StepStats for M MoE layers of E experts, P global parameters, an EP group of ep ranks
 // (1: no exchange counters); mean_prob in the compute dtype.
 StepStats make_step_stats(Backend& ops, int64_t num_moe_layers, int64_t num_experts, int64_t num_global_params,
-                          int64_t ep, DType compute);
+                          int64_t ep, DType compute, bool quant_stats = false);
 // Zeroes the loss terms, counts and probabilities (the rest is overwritten each step).
 void zero_step_stats(Backend& ops, StepStats& stats);
 

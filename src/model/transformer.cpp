@@ -13,8 +13,10 @@ Dims checked_dims(const ModelConfig& c, const ModelOptions& o) {
   MOE_CHECK(o.compute == DType::kF32 || o.compute == DType::kF64, "compute dtype must be f32 or f64");
   MOE_CHECK(!(o.bf16_operands && o.compute != DType::kF32), "bf16 operands need f32 compute");
   MOE_CHECK(o.pipeline_slots >= 1, "pipeline_slots = ", o.pipeline_slots, " must be at least 1");
+  MOE_CHECK(!o.mx.experts || o.bf16_operands || o.compute == DType::kF64,
+            "MXFP8 experts run with bf16 operands elsewhere (f32 compute) or on the f64 reference path");
   return model_dims(c, o.batch, o.seq_len, o.compute, o.bf16_operands, o.ep ? o.ep->size() : 1, o.ep_capacity_factor,
-                    o.ep_transport == ExchangeTransportKind::kPadded);
+                    o.ep_transport == ExchangeTransportKind::kPadded, o.mx);
 }
 }  // namespace
 
@@ -27,7 +29,8 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
       recompute_(o.recompute),
       seed_(o.seed),
       moe_index_base_(config.n_dense_layers),
-      state_(config, o.shard, o.dense_chunks, o.expert_chunks, o.compute, o.bf16_operands, ops) {
+      state_(config, o.shard, o.dense_chunks, o.expert_chunks, o.compute, o.bf16_operands, ops,
+             o.mx.experts ? o.mx.rule : -1) {
   const ModelShard& shard = layout().shard();
   const int64_t ep = dims_.ep;
   MOE_CHECK(shard.num_local_experts * ep == cfg_.num_experts && (ep == 1 || shard.expert_begin == o.ep->rank() * shard.num_local_experts),
@@ -55,6 +58,10 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
     exchange_counts_ = OwnedTensor(ops, DType::kI32, {M, 4 + ep});
     reset_exchange_counts();
   }
+  if (o.mx.experts && cfg_.num_moe_layers() > 0) {
+    quant_stats_ = OwnedTensor(ops, DType::kF64, {cfg_.num_moe_layers(), 8});
+    reset_quant_stats();
+  }
   plan_ = ActivationPlan(cfg_, dims_, StagePlan{layer_begin_, layer_end_, o.pipeline_slots, recompute_}, &ops);
 }
 
@@ -62,9 +69,13 @@ void Transformer::reset_exchange_counts() {
   if (!exchange_counts_.t.empty()) ops_.fill(exchange_counts_.t, 0.0);
 }
 
+void Transformer::reset_quant_stats() {
+  if (!quant_stats_.t.empty()) ops_.fill(quant_stats_.t, 0.0);
+}
+
 StepStats Transformer::make_stats() const {
   return make_step_stats(ops_, cfg_.num_moe_layers(), cfg_.num_experts, state_.layout().num_global_params(), dims_.ep,
-                         dims_.cdt);
+                         dims_.cdt, !quant_stats_.t.empty());
 }
 
 void Transformer::zero_stats(StepStats& s) const { zero_step_stats(ops_, s); }
@@ -96,6 +107,7 @@ void Transformer::layer_forward(const SublayerContext& ctx, int64_t slot, int64_
   if (cfg_.router_bias_gamma > 0) routing.router_bias = router_bias()[static_cast<size_t>(m)].t;
   routing.seed = seed_;
   routing.token_base = mb.scales.token_base;
+  if (!quant_stats_.t.empty() && !recomputing) routing.quant_stats = quant_stats_.t.slice(m, m + 1).view({8});
   moe_ffn_forward(ctx, p, routing, exchange_step(slot, m, recomputing), a.x_mid, a.ffn, x_out);
 }
 
@@ -113,6 +125,7 @@ void Transformer::layer_backward(const SublayerContext& ctx, int64_t slot, int64
     out.router_z = stats.router_z(m);
     out.mean_prob = stats.mean_prob[static_cast<size_t>(m)];
     out.counts = stats.counts[static_cast<size_t>(m)];
+    if (!quant_stats_.t.empty()) out.quant_stats = quant_stats_.t.slice(m, m + 1).view({8});
     moe_ffn_backward(ctx, p, exchange_step(slot, m, true), out, a.x_mid, a.ffn);
   } else {
     dense_ffn_backward(ctx, p, a.x_mid, plan_.dense_ffn(slot, l));

@@ -64,6 +64,7 @@ struct ModelOptions {
   // Micro-batches whose saved activations a pipeline stage holds at once (1F1B: min(pp - stage,
   // micro-batches)); each slot is a residual stream + per-layer activations, scratch is shared.
   int64_t pipeline_slots = 1;
+  MxMode mx;  // MXFP8 experts (train.precision = "mxfp8"): model/activations.h, moe/mx_experts.h
 };
 
 class Transformer {
@@ -136,6 +137,11 @@ class Transformer {
   // the last reset (recompute re-runs are not counted); and their reset.
   const Tensor& exchange_counts() const { return exchange_counts_.t; }
   void reset_exchange_counts();
+  // MXFP8 experts: each MoE layer's quantization statistics since the last reset, (MoE layers,
+  // 8) f64 on the device (forward then backward, each as the mx_quantize op's: max |x|,
+  // saturated, underflowed, values; recompute re-runs are not counted); empty otherwise.
+  const Tensor& quant_stats() const { return quant_stats_.t; }
+  void reset_quant_stats();
   int64_t ep_size() const { return dims_.ep; }
   const ExpertExchange* exchange() const { return exchange_.get(); }  // nullptr without EP
   // Bytes of saved activations per token (all layers), for the report.
@@ -179,6 +185,7 @@ class Transformer {
   Buffer plan_mem_;                               // every plan's i32 words, on the device
   std::vector<std::vector<ExchangePlan>> plans_;  // [activation slot][MoE layer]
   OwnedTensor exchange_counts_;
+  OwnedTensor quant_stats_;  // MXFP8 experts only
 };
 
 }  // namespace moe

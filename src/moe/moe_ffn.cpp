@@ -1,15 +1,38 @@
 #include "moe/moe_ffn.h"
 
+#include <functional>
 #include <optional>
 
 #include "core/phase_timer.h"
 #include "core/rng.h"
 #include "model/dense_ffn.h"
+#include "moe/mx_experts.h"
 
 namespace moe {
 namespace {
 // The router kernels' kind codes (kernels/op_list.inc).
 int score_kind(ScoreFunc f) { return f == ScoreFunc::kSigmoid ? 1 : 0; }
+
+// The experts' GEMMs over the received rows a.xr_act (rows of them), in the operand dtype. bf16
+// mode: the GEMMs write fp32 scratch, one SwiGLU pass saves bf16 g, u and the product (as in
+// swiglu_mlp_forward). Returns the outputs, in the compute dtype with EP (the combine reads it).
+Tensor bf16_experts_forward(const SublayerContext& ctx, const LayerParams& p, bool ep, int64_t rows, FfnActs& a) {
+  Backend& ops = ctx.ops;
+  Scratch& s = ctx.scratch;
+  const LayerWeights& Wc = p.op;
+  const bool bf16 = ctx.bf16_operands();
+  const int64_t F = a.eg.dim(1);
+  const Tensor xr = a.xr_act.slice(0, rows);
+  const Tensor eg = bf16 ? rows_view(s.gate_f32_W, rows, F) : a.eg.slice(0, rows);
+  const Tensor eu = bf16 ? rows_view(s.up_f32_W, rows, F) : a.eu.slice(0, rows);
+  ops.grouped_linear_fwd(xr, Wc.exp_gate, a.recv_offsets, eg);
+  ops.grouped_linear_fwd(xr, Wc.exp_up, a.recv_offsets, eu);
+  const Tensor ea_act = a.ea_act.slice(0, rows);
+  ops.swiglu_fwd(eg, eu, ea_act, bf16 ? a.eg.slice(0, rows) : Tensor(), bf16 ? a.eu.slice(0, rows) : Tensor());
+  const Tensor ys = bf16 || ep ? s.ys_f32_XD.slice(0, rows) : a.ys;
+  ops.grouped_linear_fwd(ea_act, Wc.exp_down, a.recv_offsets, ys);
+  return ys;
+}
 }  // namespace
 
 void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const MoeRouting& routing,
@@ -37,8 +60,10 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
   phase.emplace(Phase::kPermute);
   ops.moe_plan(a.expert_idx, a.counts, a.offsets, a.sorted_slot, a.slot_pos);
 
-  // Routed experts over the permuted rows.
-  ops.moe_gather(h_act, a.sorted_slot, a.xs_act);
+  // Routed experts over the permuted rows (MXFP8: gathered into scratch, saved quantized).
+  const bool mx = ctx.dims.mx.experts;
+  const Tensor xs = mx ? s.mx_xs_RD : a.xs_act;
+  ops.moe_gather(h_act, a.sorted_slot, xs);
   // Expert parallelism: rows travel to the ranks of their experts, arriving grouped by local
   // expert (then source rank); the plan's recv_offsets are the grouped GEMM's offsets over them.
   // Recompute re-runs the forward with the same routing: it reuses the stored plan.
@@ -52,24 +77,13 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
       ops.add_counts(ex.plan->totals, ex.counters);
     }
     a.recv_offsets = ex.plan->recv_offsets;
-    ex.exchange->send_to_experts(*ex.plan, a.xs_act, a.xr_act, s.ep_slabs);
+    if (!mx) ex.exchange->send_to_experts(*ex.plan, a.xs_act, a.xr_act, s.ep_slabs);
     rows = ctx.dims.Rx;
   }
   phase.reset();
   phase.emplace(Phase::kExpertGemm);
-  // bf16 mode: the GEMMs write fp32 scratch, one SwiGLU pass saves bf16 g, u and the product
-  // (as in swiglu_mlp_forward).
-  const int64_t F = a.eg.dim(1);
-  const Tensor xr = a.xr_act.slice(0, rows);
-  Tensor eg = bf16 ? rows_view(s.gate_f32_W, rows, F) : a.eg.slice(0, rows);
-  Tensor eu = bf16 ? rows_view(s.up_f32_W, rows, F) : a.eu.slice(0, rows);
-  ops.grouped_linear_fwd(xr, Wc.exp_gate, a.recv_offsets, eg);
-  ops.grouped_linear_fwd(xr, Wc.exp_up, a.recv_offsets, eu);
-  const Tensor ea_act = a.ea_act.slice(0, rows);
-  ops.swiglu_fwd(eg, eu, ea_act, bf16 ? a.eg.slice(0, rows) : Tensor(), bf16 ? a.eu.slice(0, rows) : Tensor());
-  // With EP the outputs go back in the compute dtype: the combine reads that dtype.
-  Tensor ys = bf16 || ex.exchange ? s.ys_f32_XD.slice(0, rows) : a.ys;
-  ops.grouped_linear_fwd(ea_act, Wc.exp_down, a.recv_offsets, ys);
+  Tensor ys = mx ? mx_experts_forward(ctx, *p.mx, ex, xs, routing.quant_stats, a) : Tensor();
+  if (!mx) ys = bf16_experts_forward(ctx, p, ex.exchange != nullptr, rows, a);
   if (ex.exchange) {  // back to the tokens' rank, into their local expert-major rows
     Tensor returned = bf16 ? s.dys_RD : a.ys;  // dys is free during the forward
     ex.exchange->return_to_sources(*ex.plan, ys, returned, s.ep_slabs);
@@ -146,24 +160,32 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
     rows = ctx.dims.Rx;
     g = s.dyr_XD.slice(0, rows);
   }
-  const int64_t F = a.eg.dim(1);
-  Tensor da = rows_view(s.dact_W, rows, F);
-  // dg and du go straight into GEMM operands (bf16 over their own fp32 scratch in bf16 mode).
-  const Tensor dg = ctx.grad_operand_store(s.dgate_W, rows, F, rows_view(s.dgate_W, rows, F));
-  const Tensor du = ctx.grad_operand_store(s.dup_W, rows, F, rows_view(s.dup_W, rows, F));
-  const Tensor xr = a.xr_act.slice(0, rows), dxs = s.dxs_XD.slice(0, rows);
-  ops.grouped_linear_bwd_data(g, Wc.exp_down, a.recv_offsets, da);
-  ops.grouped_linear_bwd_weight(g, a.ea_act.slice(0, rows), a.recv_offsets, dW.exp_down);
-  ops.swiglu_bwd(da, a.eg.slice(0, rows), a.eu.slice(0, rows), dg, du);
-  ops.grouped_linear_bwd_data(dg, Wc.exp_gate, a.recv_offsets, dxs);
-  ops.grouped_linear_bwd_weight(dg, xr, a.recv_offsets, dW.exp_gate);
-  if (!ex.exchange) {
+  const Tensor dxs = s.dxs_XD.slice(0, rows);
+  const Tensor dxs_up = ex.exchange ? s.dxs_up_XD.slice(0, rows) : dxs;
+  // Without EP the gate's input gradient is gathered back before the up one overwrites it.
+  const std::function<void()> gather_back = [&] {
+    if (ex.exchange) return;
     PhaseScope permute(Phase::kPermute);
     ops.moe_gather_bwd(dxs, a.slot_pos, s.dnormed_TD);
+  };
+  if (ctx.dims.mx.experts) {
+    mx_experts_backward(ctx, *p.mx, dW, g, out.quant_stats, a, dxs, dxs_up, gather_back);
+  } else {
+    const int64_t F = a.eg.dim(1);
+    const Tensor da = rows_view(s.dact_W, rows, F);
+    // dg and du go straight into GEMM operands (bf16 over their own fp32 scratch in bf16 mode).
+    const Tensor dg = ctx.grad_operand_store(s.dgate_W, rows, F, rows_view(s.dgate_W, rows, F));
+    const Tensor du = ctx.grad_operand_store(s.dup_W, rows, F, rows_view(s.dup_W, rows, F));
+    const Tensor xr = a.xr_act.slice(0, rows);
+    ops.grouped_linear_bwd_data(g, Wc.exp_down, a.recv_offsets, da);
+    ops.grouped_linear_bwd_weight(g, a.ea_act.slice(0, rows), a.recv_offsets, dW.exp_down);
+    ops.swiglu_bwd(da, a.eg.slice(0, rows), a.eu.slice(0, rows), dg, du);
+    ops.grouped_linear_bwd_data(dg, Wc.exp_gate, a.recv_offsets, dxs);
+    ops.grouped_linear_bwd_weight(dg, xr, a.recv_offsets, dW.exp_gate);
+    gather_back();
+    ops.grouped_linear_bwd_data(du, Wc.exp_up, a.recv_offsets, dxs_up);
+    ops.grouped_linear_bwd_weight(du, xr, a.recv_offsets, dW.exp_up);
   }
-  const Tensor dxs_up = ex.exchange ? s.dxs_up_XD.slice(0, rows) : dxs;
-  ops.grouped_linear_bwd_data(du, Wc.exp_up, a.recv_offsets, dxs_up);
-  ops.grouped_linear_bwd_weight(du, xr, a.recv_offsets, dW.exp_up);
   Tensor dxs_local = dxs;
   if (ex.exchange) {
     ops.axpy(1.0, dxs_up, dxs);

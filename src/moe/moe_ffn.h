@@ -8,7 +8,8 @@
 // their experts and the outputs come back before the combine; backward moves the gradients the
 // same two ways. Routing, the plan, the combine and the router losses stay on the tokens' rank.
 // Backward mirrors it and injects the load-balancing and router z-loss gradients into the
-// router, weighted by this micro-batch's share of the step's tokens.
+// router, weighted by this micro-batch's share of the step's tokens. With MXFP8 experts the grouped
+// GEMMs are moe/mx_experts.h's.
 #pragma once
 
 #include "model/model_state.h"
@@ -23,6 +24,8 @@ struct MoeRouting {
   Tensor router_bias;      // (E) loss-free balancing bias, or empty
   uint64_t seed = 0;       // random routing draws
   int64_t token_base = 0;  // global index of the micro-batch's first token
+  Tensor quant_stats;      // MXFP8: (8) f64 quantization statistics of the step (moe/mx_experts.h),
+                           // or empty (no MXFP8, or a recomputed forward: counted once)
 };
 
 // Expert parallelism for one (activation slot, MoE layer); exchange == nullptr: none.
@@ -40,6 +43,7 @@ struct MoeLossOutputs {
   Tensor lbl, router_z;   // (1) f64 step statistics
   Tensor mean_prob;       // (E) token-weighted mean router probabilities over the step
   Tensor counts;          // (E) i32 tokens per expert over the step
+  Tensor quant_stats;     // MXFP8: (8) f64, as MoeRouting::quant_stats; else empty
 };
 
 void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const MoeRouting& routing,

@@ -117,7 +117,9 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
   p.expert_rows = L.ep > 1 ? expert_rows_bound(T, K, E, L.ep, pc.ep_capacity_factor) : T * K;
   p.capacity = L.ep > 1 ? expert_capacity(T, K, pc.ep_capacity_factor) : -1;
   p.exact_comm = c.routing == "uniform" || L.ep == 1;
-  const bool bf16 = t.precision == "bf16", padded = pc.ep_transport == "padded";
+  const bool bf16 = t.precision != "fp32", padded = pc.ep_transport == "padded";
+  // MXFP8 dispatch: the forward's rows go as e4m3 codes, then their e8m0 scales (two moves).
+  const bool mx_dispatch = mx_mode(config).dispatch;
   const double cdt = 4, adt = bf16 ? 2 : 4;  // compute and GEMM-operand bytes per element
 
   // Per stage: its memory, and the parameter layouts of its ranks (the same sizes and offsets for
@@ -131,7 +133,8 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
     st.slots = pipeline_slots(L.pp, s, M);
     st.memory = estimate_stage_memory(config, s);
     // Sized by the expert rows: the arena less the same plan measured with none.
-    Dims d = model_dims(c, t.micro_batch_size, t.seq_len, DType::kF32, bf16, L.ep, pc.ep_capacity_factor, padded);
+    Dims d = model_dims(c, t.micro_batch_size, t.seq_len, DType::kF32, bf16, L.ep, pc.ep_capacity_factor, padded,
+                        mx_mode(config));
     d.Rx = 0;
     st.expert_row_buffers =
         st.memory.activations -
@@ -184,7 +187,13 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
         const double slab = static_cast<double>((L.ep - 1) * exchange_slab_rows(T, K, E, L.ep, pc.ep_capacity_factor) * D);
         const double n = layers * static_cast<double>(M);
         const double fwd = n * pairs_fwd;
-        tr.add("ep", "all_to_all_v", "expert dispatch, forward", fwd, fwd * slab * adt, true, false, fwd * slab * adt);
+        if (mx_dispatch) {
+          tr.add("ep", "all_to_all_v", "expert dispatch, forward (MXFP8 codes)", fwd, fwd * slab, true, false, fwd * slab);
+          tr.add("ep", "all_to_all_v", "expert dispatch, forward (MXFP8 scales)", fwd, fwd * slab / 32, true, false,
+                 fwd * slab / 32);
+        } else {
+          tr.add("ep", "all_to_all_v", "expert dispatch, forward", fwd, fwd * slab * adt, true, false, fwd * slab * adt);
+        }
         tr.add("ep", "all_to_all_v", "expert combine, forward", fwd, fwd * slab * cdt, true, false, fwd * slab * cdt);
         tr.add("ep", "all_to_all_v", "expert dispatch, backward", n, n * slab * adt, true, false, n * slab * adt);
         tr.add("ep", "all_to_all_v", "expert combine, backward", n, n * slab * cdt, true, false, n * slab * cdt);
@@ -209,7 +218,12 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
           tr.add("ep", "recv", what, layers * times * (to_experts ? blocks_back : blocks_out), 0, exact, false,
                  layers * times * got * d * elem, moves);
         };
-        move("expert dispatch, forward", pairs_fwd, adt, true);
+        if (mx_dispatch) {
+          move("expert dispatch, forward (MXFP8 codes)", pairs_fwd, 1, true);
+          move("expert dispatch, forward (MXFP8 scales)", pairs_fwd, 1.0 / 32, true);
+        } else {
+          move("expert dispatch, forward", pairs_fwd, adt, true);
+        }
         move("expert combine, forward", pairs_fwd, cdt, false);
         // Backward: output gradients (operand dtype) to the experts, input gradients back.
         move("expert dispatch, backward", 1, adt, true);

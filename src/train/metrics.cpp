@@ -54,9 +54,10 @@ int64_t peak_rss_bytes() {
 double peak_tflops(const Config& config) {
   if (config.metrics.peak_tflops > 0) return config.metrics.peak_tflops;
 #ifdef MOE_WITH_CUDA
-  if (config.train.backend == "cuda") return cuda_peak_tflops(config.train.precision == "bf16");
+  // mxfp8 against the bf16 peak, as Olmo-core 3 and the vendors report it.
+  if (config.train.backend == "cuda") return cuda_peak_tflops(config.train.precision != "fp32");
 #endif
-  return config.train.precision == "bf16" ? 0.470 : 0.235;
+  return config.train.precision != "fp32" ? 0.470 : 0.235;
 }
 
 double peak_device_mb() {
@@ -171,6 +172,20 @@ nlohmann::json step_record(const StepResult& r, const StepTiming& timing, double
   if (!r.ep_drop_fraction.empty()) {  // expert parallelism, per MoE layer
     j["ep_drop_fraction"] = r.ep_drop_fraction;
     j["ep_rows_received"] = r.ep_rows_received;
+  }
+  if (!r.mx_quant.empty()) {  // MXFP8 experts, per MoE layer on rank 0: fractions of the values quantized
+    for (const auto& [key, at] : {std::pair{"fwd", 0}, std::pair{"bwd", 4}}) {
+      std::vector<double> amax, saturated, underflow;
+      for (const auto& q : r.mx_quant) {
+        const double n = std::max(q[at + 3], 1.0);
+        amax.push_back(q[at]);
+        saturated.push_back(q[at + 1] / n);
+        underflow.push_back(q[at + 2] / n);
+      }
+      j[std::string("mx_") + key + "_amax"] = amax;
+      j[std::string("mx_") + key + "_saturated"] = saturated;
+      j[std::string("mx_") + key + "_underflow"] = underflow;
+    }
   }
   if (with_vectors) {
     j["f"] = r.counts;

@@ -20,7 +20,9 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
             " ranks, but this is a single process (launch with mpirun -np ", layout.world(), ")");
   ModelOptions o;
   o.compute = compute;
-  o.bf16_operands = config_.train.precision == "bf16";
+  // mxfp8: bf16 operands around the MXFP8 expert GEMMs (the f64 reference path keeps f64).
+  o.bf16_operands = config_.train.precision == "bf16" || (config_.train.precision == "mxfp8" && compute == DType::kF32);
+  o.mx = mx_mode(config_);
   skip_nonfinite_ = config_.train.on_nonfinite == "skip";
   const ParamLayout whole(config_.model);
   for (const ParamInfo& p : whole.entries()) global_param_names_.push_back(p.name);
@@ -233,6 +235,8 @@ void reset_keeping_capacity(StepResult& r) {
   fresh.lbl.clear();
   fresh.router_z.clear();
   fresh.ep_drop_fraction.clear();
+  fresh.mx_quant.swap(r.mx_quant);
+  fresh.mx_quant.clear();
   r = std::move(fresh);  // counts, mean_prob, ep_rows_received: resized and refilled in place
 }
 }  // namespace
@@ -283,6 +287,7 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
   model_->zero_grads();
   model_->zero_stats(stats_);
   model_->reset_exchange_counts();
+  model_->reset_quant_stats();
   const int64_t mbs = tc.micro_batch_size, num_micro = local / mbs, global_micro = tc.batch_size / mbs;
   std::vector<MicroBatch>& micro = micro_;  // reused: no allocation per step
   micro.resize(static_cast<size_t>(num_micro));
@@ -313,6 +318,7 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
                       config_.optim.max_grad_norm, lr_table_.t, stats_.control);
   }
   if (model_->ep_size() > 1) ops_.copy(model_->exchange_counts(), stats_.exchange);
+  if (!stats_.quant.empty()) ops_.copy(model_->quant_stats(), stats_.quant);
 }
 
 void Trainer::enqueue_record(StepSlot& s) {
@@ -357,6 +363,11 @@ void Trainer::read_step(StepSlot& s) {
     for (int64_t e = 0; e < E; ++e) probs[static_cast<size_t>(e)] = host_real(stats_.mean_prob[static_cast<size_t>(i)], e);
   }
   if (model_->ep_size() > 1) expert_parallel_stats(host, r);
+  for (int64_t m = 0; m < (stats_.quant.empty() ? 0 : stats_.quant.dim(0)); ++m) {
+    std::array<double, 8> q;
+    for (int i = 0; i < 8; ++i) q[static_cast<size_t>(i)] = host_real(stats_.quant, m * 8 + i);
+    r.mx_quant.push_back(q);
+  }
   r.total = host_real(stats_.control, kCtlLoss);
   r.grad_norm = host_real(stats_.control, kCtlGradNorm);
   r.lr = host_real(stats_.control, kCtlLr);

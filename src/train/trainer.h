@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <optional>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,10 @@ struct StepResult {
   // EP rank r's experts computed (summed over r's replicas).
   std::vector<double> ep_drop_fraction;
   std::vector<std::vector<int64_t>> ep_rows_received;
+  // MXFP8 experts, per MoE layer on this rank: the step's quantizations, forward (inputs, SwiGLU
+  // output) then backward (output and SwiGLU gradients): largest |x|, saturated values, values
+  // that underflowed to zero, values (mx_quantize's statistics).
+  std::vector<std::array<double, 8>> mx_quant;
   double grad_norm = 0;     // before clipping
   double lr = 0;
   bool clipped = false;

@@ -118,7 +118,7 @@ struct MxMatrix {
 
 MxMatrix quantized(const Tensor& x, Elem e) {
   MxMatrix m(e, x.shape[0], x.shape[1]);
-  ref::mx_quantize(x, false, 0, m.codes, m.scales, Tensor{});
+  ref::mx_quantize(x, false, 0, m.codes, m.scales, Tensor{}, Tensor{});
   return m;
 }
 
@@ -146,8 +146,8 @@ void expect_close(const Tensor& y, const Tensor& exact, const Tensor& abs_sum, i
 OwnedTensor abs_products(const MxMatrix& a, const MxMatrix& b) {
   const int64_t m = a.codes.t.shape[0], n = b.codes.t.shape[0], k = a.codes.t.shape[1];
   OwnedTensor da(DType::kF64, {m, k}), db(DType::kF64, {n, k}), out(DType::kF64, {m, n});
-  ref::mx_dequantize(a.codes, a.scales, da);
-  ref::mx_dequantize(b.codes, b.scales, db);
+  ref::mx_dequantize(a.codes, a.scales, da, Tensor{});
+  ref::mx_dequantize(b.codes, b.scales, db, Tensor{});
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double s = 0;
@@ -283,7 +283,7 @@ TEST(MxGemmThreads, ResultsDoNotDependOnTheThreadCount) {
     OwnedTensor y(DType::kF32, {300, 96});
     cpu::mx_linear(a.codes, a.scales, b.codes, b.scales, y, false);
     OwnedTensor rc(DType::kE4M3, {300, 128}), rs(DType::kE8M0, {300, 4}), st(DType::kF64, {4});
-    cpu::mx_quantize(x, false, 0, rc, rs, st);
+    cpu::mx_quantize(x, false, 0, rc, rs, st, Tensor{});
     std::vector<unsigned char> bytes(static_cast<const unsigned char*>(y.t.data),
                                      static_cast<const unsigned char*>(y.t.data) + y.t.nbytes());
     bytes.insert(bytes.end(), rc.bytes(), rc.bytes() + rc.t.nbytes());

@@ -117,7 +117,7 @@ MOE_BACKEND_SUITE(MxFixture);
 TEST_P(MxFixture, QuantizedBytesAreTorchaosBitForBit) {
   MOE_SKIP_UNLESS_SUPPORTED(OpId::mx_quantize, DType::kF32);
   check_fixture([](const Tensor& x, bool col, int rule, const Tensor& codes, const Tensor& scales) {
-    test::fast().mx_quantize(x, col, rule, codes, scales, Tensor{});
+    test::fast().mx_quantize(x, col, rule, codes, scales, Tensor{}, Tensor{});
   });
 }
 
@@ -134,7 +134,7 @@ TEST_P(MxFixture, DequantizedValuesAreTorchaos) {
     const OwnedTensor scales = bytes_tensor(f, p + "scales", DType::kE8M0);
     const OwnedTensor want = bytes_tensor(f, name, DType::kF32);
     OwnedTensor got(DType::kF32, {codes.t.shape[0], codes.t.shape[1]});
-    test::fast().mx_dequantize(codes, scales, got);
+    test::fast().mx_dequantize(codes, scales, got, Tensor{});
     int64_t bad = 0;
     for (int64_t i = 0; i < want.t.numel(); ++i) {
       const float g = got.as<float>()[i], w = want.as<float>()[i];
@@ -182,7 +182,7 @@ TEST_P(MxFixture, StatisticsCountSaturationAndUnderflow) {
   for (int rule : {0, 1}) {
     OwnedTensor codes(DType::kE4M3, {2, 32}), scales(DType::kE8M0, {2, 1}), stats(DType::kF64, {4});
     stats.as<double>()[0] = 2.0;  // stats[0] is a running max: 500 replaces it
-    test::fast().mx_quantize(x, false, rule, codes, scales, stats);
+    test::fast().mx_quantize(x, false, rule, codes, scales, stats, Tensor{});
     const double* s = stats.as<double>();
     EXPECT_EQ(s[0], 500.0);
     EXPECT_EQ(s[1], rule == 1 ? 1.0 : 0.0) << "rule " << rule;
@@ -198,13 +198,13 @@ TEST_P(MxFixture, ColumnwiseOf3dWeightsIsEachMatrixTransposed) {
   const int64_t G = 3, N = 64, C = 40;
   OwnedTensor x = test::random_tensor(DType::kF32, {G, N, C}, 7);
   OwnedTensor codes(DType::kE4M3, {G, C, N}), scales(DType::kE8M0, {G, C, N / 32});
-  test::fast().mx_quantize(x, true, 0, codes, scales, Tensor{});
+  test::fast().mx_quantize(x, true, 0, codes, scales, Tensor{}, Tensor{});
   for (int64_t g = 0; g < G; ++g) {
     OwnedTensor xt(DType::kF32, {C, N});
     for (int64_t n = 0; n < N; ++n)
       for (int64_t c = 0; c < C; ++c) xt.as<float>()[c * N + n] = x.as<float>()[(g * N + n) * C + c];
     OwnedTensor want(DType::kE4M3, {C, N}), want_s(DType::kE8M0, {C, N / 32});
-    ref::mx_quantize(xt, false, 0, want, want_s, Tensor{});
+    ref::mx_quantize(xt, false, 0, want, want_s, Tensor{}, Tensor{});
     EXPECT_EQ(std::memcmp(want.t.data, codes.bytes() + g * C * N, C * N), 0) << g;
     EXPECT_EQ(std::memcmp(want_s.t.data, scales.bytes() + g * C * N / 32, C * N / 32), 0) << g;
   }
@@ -212,17 +212,17 @@ TEST_P(MxFixture, ColumnwiseOf3dWeightsIsEachMatrixTransposed) {
 
 TEST(MxFormat, RefQuantizesTheFixtureToo) {
   check_fixture([](const Tensor& x, bool col, int rule, const Tensor& codes, const Tensor& scales) {
-    ref::mx_quantize(x, col, rule, codes, scales, Tensor{});
+    ref::mx_quantize(x, col, rule, codes, scales, Tensor{}, Tensor{});
   });
 }
 
 TEST(MxFormat, BadShapesNameTheDimension) {
   OwnedTensor x(DType::kF32, {4, 48});
   OwnedTensor codes(DType::kE4M3, {4, 48}), scales(DType::kE8M0, {4, 1});
-  const std::string err = test::error_of([&] { ref::mx_quantize(x, false, 0, codes, scales, Tensor{}); });
+  const std::string err = test::error_of([&] { ref::mx_quantize(x, false, 0, codes, scales, Tensor{}, Tensor{}); });
   EXPECT_NE(err.find("C = 48 is not a multiple of the 32-value MXFP8 block"), std::string::npos) << err;
   OwnedTensor wrong(DType::kBF16, {4, 48});
-  const std::string err2 = test::error_of([&] { ref::mx_quantize(x, false, 0, wrong, scales, Tensor{}); });
+  const std::string err2 = test::error_of([&] { ref::mx_quantize(x, false, 0, wrong, scales, Tensor{}, Tensor{}); });
   EXPECT_NE(err2.find("expected e4m3 or e5m2"), std::string::npos) << err2;
 }
 

@@ -47,9 +47,9 @@ mx::BlockStats parallel_blocks(int64_t count, Body body) {
 }
 
 template <class T>
-mx::BlockStats quantize(const T* x, const MxQuantizeShape& s, bool columnwise, mx::Elem e,
+mx::BlockStats quantize(const T* x, const MxQuantizeShape& s, int64_t rows, bool columnwise, mx::Elem e,
                         mx::ScaleRule rule, uint8_t* codes, uint8_t* scales) {
-  const int64_t lines = columnwise ? s.c : s.n;         // lines of blocks per matrix
+  const int64_t lines = columnwise ? s.c : rows;        // lines of blocks per matrix
   const int64_t nb = (columnwise ? s.n : s.c) / mx::kBlock;
   const int64_t mat = s.n * s.c;
   return parallel_blocks(s.groups * lines, [&](int64_t gl, mx::BlockStats& st) {
@@ -74,27 +74,28 @@ float scale_f32(uint8_t s) { return mx::bits_float(static_cast<uint32_t>(s) << 2
 }  // namespace
 
 void mx_quantize(const Tensor& x, bool columnwise, int rule, const Tensor& codes, const Tensor& scales,
-                 const Tensor& stats) {
-  const MxQuantizeShape s = check_mx_quantize_args(x, columnwise, rule, codes, scales, stats);
-  check_host({&x, &codes, &scales, &stats}, "mx_quantize");
+                 const Tensor& stats, const Tensor& row_end) {
+  const MxQuantizeShape s = check_mx_quantize_args(x, columnwise, rule, codes, scales, stats, row_end);
+  check_host({&x, &codes, &scales, &stats, &row_end}, "mx_quantize");
+  const int64_t rows = mx_row_limit(row_end, s.n, "mx_quantize");
   const mx::Elem e = mx_elem(codes, "mx_quantize");
   const mx::ScaleRule r = mx_rule(rule, "mx_quantize");
   auto* c = static_cast<uint8_t*>(codes.data);
   auto* sc = static_cast<uint8_t*>(scales.data);
   mx::BlockStats st;
-  if (x.dtype == DType::kF64) st = quantize(x.as<double>(), s, columnwise, e, r, c, sc);
-  else if (x.dtype == DType::kF32) st = quantize(x.as<float>(), s, columnwise, e, r, c, sc);
-  else st = quantize(x.as<bf16>(), s, columnwise, e, r, c, sc);
+  if (x.dtype == DType::kF64) st = quantize(x.as<double>(), s, rows, columnwise, e, r, c, sc);
+  else if (x.dtype == DType::kF32) st = quantize(x.as<float>(), s, rows, columnwise, e, r, c, sc);
+  else st = quantize(x.as<bf16>(), s, rows, columnwise, e, r, c, sc);
   if (stats.data) mx::update_stats(stats.as<double>(), st);
 }
 
-void mx_dequantize(const Tensor& codes, const Tensor& scales, const Tensor& y) {
-  check_mx_dequantize_args(codes, scales, y);
-  check_host({&codes, &scales, &y}, "mx_dequantize");
+void mx_dequantize(const Tensor& codes, const Tensor& scales, const Tensor& y, const Tensor& row_end) {
+  check_mx_dequantize_args(codes, scales, y, row_end);
+  check_host({&codes, &scales, &y, &row_end}, "mx_dequantize");
   const mx::DecodeTable& table = mx::decode_table(mx_elem(codes, "mx_dequantize"));
   const auto* c = static_cast<const uint8_t*>(codes.data);
   const auto* s = static_cast<const uint8_t*>(scales.data);
-  const int64_t blocks = codes.numel() / mx::kBlock;
+  const int64_t blocks = mx_row_limit(row_end, codes.shape[0], "mx_dequantize") * codes.shape[1] / mx::kBlock;
   parallel_blocks(blocks, [&](int64_t b, mx::BlockStats&) {
     const double scale = mx::scale_value(s[b]);
     for (int64_t i = b * mx::kBlock; i < (b + 1) * mx::kBlock; ++i) {

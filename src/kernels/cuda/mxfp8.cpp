@@ -13,10 +13,12 @@ namespace {
 }
 }  // namespace
 
-void mx_quantize(Context&, const Tensor&, bool, int, const Tensor&, const Tensor&, const Tensor&) {
+void mx_quantize(Context&, const Tensor&, bool, int, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   unsupported("mx_quantize");
 }
-void mx_dequantize(Context&, const Tensor&, const Tensor&, const Tensor&) { unsupported("mx_dequantize"); }
+void mx_dequantize(Context&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  unsupported("mx_dequantize");
+}
 void mx_linear(Context&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool) {
   unsupported("mx_linear");
 }

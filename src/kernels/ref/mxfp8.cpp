@@ -18,7 +18,7 @@ void check_host(std::initializer_list<const Tensor*> ts, const char* what) {
 }
 
 template <class T>
-void quantize(const T* x, const MxQuantizeShape& s, bool columnwise, mx::Elem e, mx::ScaleRule rule,
+void quantize(const T* x, const MxQuantizeShape& s, int64_t rows, bool columnwise, mx::Elem e, mx::ScaleRule rule,
               uint8_t* codes, uint8_t* scales, mx::BlockStats& st) {
   const int64_t nb = (columnwise ? s.n : s.c) / mx::kBlock;
   for (int64_t g = 0; g < s.groups; ++g) {
@@ -26,7 +26,7 @@ void quantize(const T* x, const MxQuantizeShape& s, bool columnwise, mx::Elem e,
     uint8_t* cg = codes + g * s.n * s.c;
     uint8_t* sg = scales + g * s.n * s.c / mx::kBlock;
     if (!columnwise) {
-      for (int64_t r = 0; r < s.n; ++r)
+      for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < nb; ++j)
           sg[r * nb + j] = mx::quantize_block(xg + r * s.c + j * mx::kBlock, 1, e, rule,
                                               cg + r * s.c + j * mx::kBlock, 1, st);
@@ -68,27 +68,28 @@ void with_out_type(const Tensor& y, F&& f) {
 }  // namespace
 
 void mx_quantize(const Tensor& x, bool columnwise, int rule, const Tensor& codes, const Tensor& scales,
-                 const Tensor& stats) {
-  const MxQuantizeShape s = check_mx_quantize_args(x, columnwise, rule, codes, scales, stats);
-  check_host({&x, &codes, &scales, &stats}, "mx_quantize");
+                 const Tensor& stats, const Tensor& row_end) {
+  const MxQuantizeShape s = check_mx_quantize_args(x, columnwise, rule, codes, scales, stats, row_end);
+  check_host({&x, &codes, &scales, &stats, &row_end}, "mx_quantize");
+  const int64_t rows = mx_row_limit(row_end, s.n, "mx_quantize");
   const mx::Elem e = mx_elem(codes, "mx_quantize");
   const mx::ScaleRule r = mx_rule(rule, "mx_quantize");
   mx::BlockStats st;
   auto* c = static_cast<uint8_t*>(codes.data);
   auto* sc = static_cast<uint8_t*>(scales.data);
-  if (x.dtype == DType::kF64) quantize(x.as<double>(), s, columnwise, e, r, c, sc, st);
-  else if (x.dtype == DType::kF32) quantize(x.as<float>(), s, columnwise, e, r, c, sc, st);
-  else quantize(x.as<bf16>(), s, columnwise, e, r, c, sc, st);
+  if (x.dtype == DType::kF64) quantize(x.as<double>(), s, rows, columnwise, e, r, c, sc, st);
+  else if (x.dtype == DType::kF32) quantize(x.as<float>(), s, rows, columnwise, e, r, c, sc, st);
+  else quantize(x.as<bf16>(), s, rows, columnwise, e, r, c, sc, st);
   if (stats.data) mx::update_stats(stats.as<double>(), st);
 }
 
-void mx_dequantize(const Tensor& codes, const Tensor& scales, const Tensor& y) {
-  check_mx_dequantize_args(codes, scales, y);
-  check_host({&codes, &scales, &y}, "mx_dequantize");
+void mx_dequantize(const Tensor& codes, const Tensor& scales, const Tensor& y, const Tensor& row_end) {
+  check_mx_dequantize_args(codes, scales, y, row_end);
+  check_host({&codes, &scales, &y, &row_end}, "mx_dequantize");
   const mx::Elem e = mx_elem(codes, "mx_dequantize");
   const auto* c = static_cast<const uint8_t*>(codes.data);
   const auto* s = static_cast<const uint8_t*>(scales.data);
-  const int64_t n = codes.numel();
+  const int64_t n = mx_row_limit(row_end, codes.shape[0], "mx_dequantize") * codes.shape[1];
   for (int64_t i = 0; i < n; ++i) {
     const double v = mx::dequantize(c[i], s[i / mx::kBlock], e);
     if (y.dtype == DType::kF64) y.as<double>()[i] = v;
