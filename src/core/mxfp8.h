@@ -70,18 +70,14 @@ MOE_HD inline uint8_t encode(float f, Elem e) {
   uint32_t u = float_bits(f);
   const uint32_t sign = u & 0x80000000u;
   u ^= sign;
-  uint8_t code;
-  if (u > 0x7f800000u) {
-    code = 0x7f;
-  } else if (u < static_cast<uint32_t>(127 + 1 - bias) << 23) {  // below the smallest normal
-    const uint32_t denorm = static_cast<uint32_t>(127 - bias + shift + 1) << 23;
-    code = static_cast<uint8_t>(float_bits(bits_float(u) + bits_float(denorm)) - denorm);
-  } else {
-    const uint32_t odd = (u >> shift) & 1u;
-    u += (static_cast<uint32_t>(bias - 127) << 23) + ((1u << (shift - 1)) - 1) + odd;
-    code = static_cast<uint8_t>(u >> shift);
-  }
-  return static_cast<uint8_t>(code | (sign >> 24));
+  // Both paths computed and one selected, so the loops over blocks vectorize (no branches).
+  const uint32_t odd = (u >> shift) & 1u;
+  const uint32_t normal = (u + (static_cast<uint32_t>(bias - 127) << 23) + ((1u << (shift - 1)) - 1) + odd) >> shift;
+  const uint32_t denorm = static_cast<uint32_t>(127 - bias + shift + 1) << 23;
+  const uint32_t sub = float_bits(bits_float(u) + bits_float(denorm)) - denorm;
+  const uint32_t min_normal = static_cast<uint32_t>(127 + 1 - bias) << 23;
+  const uint32_t code = u > 0x7f800000u ? 0x7fu : (u < min_normal ? sub : normal);
+  return static_cast<uint8_t>((code & 0xffu) | (sign >> 24));
 }
 
 // FP8 code -> its exact value (E4M3: 0x7f/0xff are NaN; E5M2: 0x7c/0xfc Inf, above them NaN).
@@ -133,21 +129,27 @@ MOE_HD inline double scale_value(uint8_t s) {
   return s == kScaleNaN ? NAN : std::ldexp(1.0, static_cast<int>(s) - kScaleBias);
 }
 
-// One value of a block whose scale is s, scaled (not yet clamped).
+// What a block's values are multiplied by before clamping and rounding, for scale s.
+// rceil: 2^(127-s), except s = 0 (1, as TransformerEngine's exp2f_rcp and torchao: the clamped
+// 2^-127 scale leaves the values as they are) and s = 254 (amax Inf: 2^-127). A NaN block (s =
+// 255) does not multiply: its codes are all 0x7f (see scaled()).
+// floor: x / 2^(s-127) as a multiply by the exact reciprocal 2^(127-s) (2^127 for s = 0; 2^-127,
+// a subnormal, for s = 254): the same correctly rounded result, and it vectorizes. s = 255
+// divides by +Inf (its bit pattern), as the rule's arithmetic gives, i.e. multiplies by 0: finite
+// values become zeros of their sign, NaN and Inf become NaN; the NaN scale decides anyway.
+MOE_HD inline float reciprocal(uint8_t s, ScaleRule rule) {
+  if (s == kScaleNaN) return rule == ScaleRule::kRceil ? NAN : 0.0f;
+  if (s == 254) return bits_float(1u << 22);  // 2^-127
+  if (s == 0 && rule == ScaleRule::kRceil) return 1.0f;
+  return bits_float(static_cast<uint32_t>(254 - s) << 23);
+}
+
+// One value of a block whose scale is s, scaled (not yet clamped). Under rceil a NaN block's
+// values all become the reciprocal's (positive) NaN, whatever their own sign (torchao: the NaN
+// descale is the multiply's NaN operand).
 MOE_HD inline float scaled(float x, uint8_t s, ScaleRule rule) {
-  if (rule == ScaleRule::kRceil) {
-    // A NaN block's values all become the reciprocal's (positive) NaN, whatever their own sign
-    // (torchao: the NaN descale is the multiply's NaN operand).
-    if (s == kScaleNaN) return NAN;
-    const float rcp = s == 254 ? bits_float(1u << 22)  // 2^-127
-                : s == 0   ? 1.0f
-                           : bits_float(static_cast<uint32_t>(254 - s) << 23);
-    return x * rcp;
-  }
-  // s = 255 divides by +Inf (its bit pattern), as the rule's arithmetic gives: finite values
-  // become zeros, a NaN stays NaN; the block's NaN scale decides its value anyway.
-  const float divisor = s == 0 ? bits_float(1u << 22) : bits_float(static_cast<uint32_t>(s) << 23);
-  return x / divisor;
+  if (s == kScaleNaN && rule == ScaleRule::kRceil) return NAN;
+  return x * reciprocal(s, rule);
 }
 
 // Saturation: clamped to the element's largest finite magnitude (NaN compares false: stays NaN).

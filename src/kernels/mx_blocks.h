@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "core/bf16.h"
 #include "core/mxfp8.h"
@@ -30,33 +31,42 @@ inline float load(const float* p) { return *p; }
 inline float load(const double* p) { return static_cast<float>(*p); }
 inline float load(const bf16* p) { return static_cast<float>(*p); }
 
-// Quantizes the kBlock values x[0], x[stride], ... into codes[0], codes[code_stride], ...;
-// returns the block's scale.
+// Quantizes the kBlock consecutive values x[0..31] into codes[0..31]; returns the block's scale.
+// The per-value work is a multiply, a clamp and encode's selects: the loops vectorize.
 template <class T>
-uint8_t quantize_block(const T* x, int64_t stride, Elem e, ScaleRule rule, uint8_t* codes,
-                       int64_t code_stride, BlockStats& st) {
+uint8_t quantize_block(const T* x, Elem e, ScaleRule rule, uint8_t* codes, BlockStats& st) {
   float v[kBlock];
-  float amax = 0;
-  bool nan = false;
+  for (int i = 0; i < kBlock; ++i) v[i] = load(x + i);
+  // |x| as bits: for non-negative floats the integer order is the value order (NaN above Inf).
+  uint32_t bits[kBlock];
+  std::memcpy(bits, v, sizeof bits);
+  uint32_t amax_bits = 0, finite_bits = 0;
   for (int i = 0; i < kBlock; ++i) {
-    v[i] = load(x + i * stride);
-    const float a = std::fabs(v[i]);
-    nan |= std::isnan(a);
-    amax = a > amax ? a : amax;
-    if (std::isfinite(a)) st.amax = std::fmax(st.amax, static_cast<double>(a));
+    const uint32_t a = bits[i] & 0x7fffffffu;
+    const uint32_t finite = a < 0x7f800000u ? a : 0u;
+    amax_bits = a > amax_bits ? a : amax_bits;
+    finite_bits = finite > finite_bits ? finite : finite_bits;
   }
-  const uint8_t s = block_scale(nan ? NAN : amax, e, rule);
-  const float m = elem_max(e);
-  for (int i = 0; i < kBlock; ++i) {
-    const float y = scaled(v[i], s, rule);
-    const uint8_t c = encode(clamp_elem(y, e), e);
-    codes[i * code_stride] = c;
-    if (s != kScaleNaN) {  // a NaN block is NaN: neither saturated nor underflowed
-      st.saturated += std::fabs(y) > m ? 1 : 0;
-      st.underflow += (v[i] != 0 && (c & 0x7f) == 0) ? 1 : 0;
-    }
-  }
+  const bool nan = amax_bits > 0x7f800000u;
+  const float amax = bits_float(amax_bits);
+  st.amax = std::fmax(st.amax, static_cast<double>(bits_float(finite_bits)));
   st.values += kBlock;
+  const uint8_t s = block_scale(nan ? NAN : amax, e, rule);
+  if (s == kScaleNaN) {  // a NaN block: NaN codes (rceil) or its values times 0 (floor); not counted
+    for (int i = 0; i < kBlock; ++i) codes[i] = quantize(v[i], s, e, rule);
+    return s;
+  }
+  const float rcp = reciprocal(s, rule), m = elem_max(e);
+  int saturated = 0, underflow = 0;
+  for (int i = 0; i < kBlock; ++i) {
+    const float y = v[i] * rcp;
+    const uint8_t c = encode(clamp_elem(y, e), e);
+    codes[i] = c;
+    saturated += std::fabs(y) > m ? 1 : 0;
+    underflow += (v[i] != 0 && (c & 0x7f) == 0) ? 1 : 0;
+  }
+  st.saturated += saturated;
+  st.underflow += underflow;
   return s;
 }
 

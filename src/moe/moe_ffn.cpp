@@ -1,6 +1,5 @@
 #include "moe/moe_ffn.h"
 
-#include <functional>
 #include <optional>
 
 #include "core/phase_timer.h"
@@ -162,14 +161,8 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
   }
   const Tensor dxs = s.dxs_XD.slice(0, rows);
   const Tensor dxs_up = ex.exchange ? s.dxs_up_XD.slice(0, rows) : dxs;
-  // Without EP the gate's input gradient is gathered back before the up one overwrites it.
-  const std::function<void()> gather_back = [&] {
-    if (ex.exchange) return;
-    PhaseScope permute(Phase::kPermute);
-    ops.moe_gather_bwd(dxs, a.slot_pos, s.dnormed_TD);
-  };
   if (ctx.dims.mx.experts) {
-    mx_experts_backward(ctx, *p.mx, dW, g, out.quant_stats, a, dxs, dxs_up, gather_back);
+    mx_experts_backward(ctx, *p.mx, dW, g, out.quant_stats, a, dxs, dxs_up);
   } else {
     const int64_t F = a.eg.dim(1);
     const Tensor da = rows_view(s.dact_W, rows, F);
@@ -182,7 +175,10 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
     ops.swiglu_bwd(da, a.eg.slice(0, rows), a.eu.slice(0, rows), dg, du);
     ops.grouped_linear_bwd_data(dg, Wc.exp_gate, a.recv_offsets, dxs);
     ops.grouped_linear_bwd_weight(dg, xr, a.recv_offsets, dW.exp_gate);
-    gather_back();
+    if (!ex.exchange) {  // gathered back before the up gradient overwrites it
+      PhaseScope permute(Phase::kPermute);
+      ops.moe_gather_bwd(dxs, a.slot_pos, s.dnormed_TD);
+    }
     ops.grouped_linear_bwd_data(du, Wc.exp_up, a.recv_offsets, dxs_up);
     ops.grouped_linear_bwd_weight(du, xr, a.recv_offsets, dW.exp_up);
   }

@@ -1,8 +1,7 @@
 #include "moe/mx_experts.h"
 
-#include <functional>
-
 #include "core/mxfp8.h"
+#include "core/phase_timer.h"
 
 namespace moe {
 namespace {
@@ -53,8 +52,7 @@ Tensor mx_experts_forward(const SublayerContext& ctx, const MxExpertWeights& w, 
 }
 
 void mx_experts_backward(const SublayerContext& ctx, const MxExpertWeights& w, LayerWeights& dW,
-                         const Tensor& g, const Tensor& stats, FfnActs& a, const Tensor& dxs, const Tensor& dxs_up,
-                         const std::function<void()>& gather_back) {
+                         const Tensor& g, const Tensor& stats, FfnActs& a, const Tensor& dxs, const Tensor& dxs_up) {
   Backend& ops = ctx.ops;
   Scratch& s = ctx.scratch;
   const Dims& d = ctx.dims;
@@ -85,7 +83,10 @@ void mx_experts_backward(const SublayerContext& ctx, const MxExpertWeights& w, L
   ops.mx_quantize(dg, false, rule, hq, hqs, st, row_end);
   ops.mx_grouped_linear(hq, hqs, w.gate_t, w.gate_ts, off, dxs);
   ops.grouped_linear_bwd_weight(dg, x, off, dW.exp_gate);
-  if (gather_back) gather_back();
+  if (d.ep == 1) {
+    PhaseScope permute(Phase::kPermute);
+    ops.moe_gather_bwd(dxs, a.slot_pos, s.dnormed_TD);
+  }
   ops.mx_quantize(du, false, rule, hq, hqs, st, row_end);
   ops.mx_grouped_linear(hq, hqs, w.up_t, w.up_ts, off, dxs_up);
   ops.grouped_linear_bwd_weight(du, x, off, dW.exp_up);

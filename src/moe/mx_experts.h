@@ -14,8 +14,6 @@
 // the mx_quantize op's), or nowhere when empty.
 #pragma once
 
-#include <functional>
-
 #include "model/model_state.h"
 #include "model/sublayer.h"
 #include "moe/moe_ffn.h"
@@ -29,11 +27,9 @@ Tensor mx_experts_forward(const SublayerContext& ctx, const MxExpertWeights& w, 
                           const Tensor& xs, const Tensor& stats, FfnActs& a);
 
 // From the output gradient g (rows, D) at the experts (operand dtype) to the input gradients
-// dxs (gate) and dxs_up (up; = dxs without EP, after gather_back has consumed dxs), adding the
-// three weight gradients. gather_back runs between the gate and up data gradients (no EP: the
-// gate's input gradient is gathered back before the up one overwrites the buffer).
+// dxs (gate) and dxs_up (up), adding the three weight gradients. Without EP dxs_up is dxs: the
+// gate's input gradient is gathered back into scratch.dnormed_TD before the up one overwrites it.
 void mx_experts_backward(const SublayerContext& ctx, const MxExpertWeights& w, LayerWeights& dW,
-                         const Tensor& g, const Tensor& stats, FfnActs& a, const Tensor& dxs, const Tensor& dxs_up,
-                         const std::function<void()>& gather_back);
+                         const Tensor& g, const Tensor& stats, FfnActs& a, const Tensor& dxs, const Tensor& dxs_up);
 
 }  // namespace moe

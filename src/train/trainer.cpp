@@ -80,6 +80,7 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
     slot.r.router_z.reserve(layers);
     slot.r.counts.assign(layers, std::vector<int32_t>(E));
     slot.r.mean_prob.assign(layers, std::vector<double>(E));
+    if (!stats_.quant.empty()) slot.r.mx_quant.reserve(layers);
     if (model_->ep_size() > 1) {
       slot.r.ep_drop_fraction.reserve(static_cast<size_t>(stats_.exchange.dim(0)));
       slot.r.ep_rows_received.assign(static_cast<size_t>(stats_.exchange.dim(0)),

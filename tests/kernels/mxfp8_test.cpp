@@ -1,5 +1,5 @@
 // MXFP8 quantization (core/mxfp8.h; ops mx_quantize, mx_dequantize through every backend) against
-// code we did not write: tests/golden/mxfp8.safetensors, torchao 0.18's to_mx / to_dtype
+// code we did not write: tests/golden/mxfp8/quantize.safetensors, torchao 0.18's to_mx / to_dtype
 // (tools/reference/make_mx_fixtures.py), ml_dtypes' decoding. Bytes and scales must be bit-exact:
 // every finite code in every block position, midpoints between neighbours (ties to even), amax at
 // max * 2^k and 1-2 fp32 ulps either side for every k, blocks whose scale clamps, fp32 and bf16
@@ -24,7 +24,7 @@
 namespace moe {
 namespace {
 
-const std::string kFixture = std::string(MOE_SOURCE_DIR) + "/tests/golden/mxfp8.safetensors";
+const std::string kFixture = std::string(MOE_SOURCE_DIR) + "/tests/golden/mxfp8/quantize.safetensors";
 
 const SafetensorsFile& fixture() {
   static const SafetensorsFile f(kFixture, "MXFP8 fixture");

@@ -80,7 +80,7 @@ TEST(Bench, NoAllocationsOutsideOneDnnPrimitiveExecution) {
   GTEST_SKIP() << "sanitizer builds keep their own allocator (no counting operator new)";
 #endif
 #endif
-  for (const char* precision : {"fp32", "bf16"}) {
+  for (const char* precision : {"fp32", "bf16", "mxfp8"}) {
     SCOPED_TRACE(precision);
     const std::string p = std::string(" --set train.precision=") + precision;
     const auto small = binary_bench_allocs(p + " --set train.seq_len=32 --set train.batch_size=4");

@@ -1,8 +1,8 @@
-"""Writes tests/golden/mxfp8.safetensors: MXFP8 quantization by torchao (pinned 0.18.0), the code the
+"""Writes tests/golden/mxfp8/quantize.safetensors: MXFP8 quantization by torchao (pinned 0.18.0), the code the
 C++ quantizer (src/core/mxfp8.h, the mx_quantize op) must match bit for bit. CI only reads the file.
 
     /tmp/refenv/bin/pip install torch==2.10.0 torchao==0.18.0 ml_dtypes==0.7.0 numpy==2.4.6
-    /tmp/refenv/bin/python tools/reference/make_mx_fixtures.py [--out tests/golden/mxfp8.safetensors]
+    /tmp/refenv/bin/python tools/reference/make_mx_fixtures.py [--out tests/golden/mxfp8/quantize.safetensors]
 
 Every case quantizes one input under both scale rules ("rceil", "floor": passed explicitly, to_mx
 defaults to floor) and both elements (E4M3, E5M2), blocks of 32 along the last dimension ("row") or,
@@ -255,7 +255,7 @@ def write(path, tensors, metadata):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(ROOT, "tests/golden/mxfp8.safetensors"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "tests/golden/mxfp8/quantize.safetensors"))
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)

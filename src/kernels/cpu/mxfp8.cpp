@@ -18,9 +18,11 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/elem_common.h"
 #include "kernels/mx_blocks.h"
 #include "kernels/mx_checks.h"
 
@@ -35,15 +37,30 @@ void check_host(std::initializer_list<const Tensor*> ts, const char* what) {
               " is not on the host");
 }
 
-// Per-thread statistics, combined after the loop (sums of counts and a max: order-free).
+// Per-thread statistics (grown once, then reused: no allocation per call), combined after the
+// loop (sums of counts and a max: order-free).
 template <class Body>
 mx::BlockStats parallel_blocks(int64_t count, Body body) {
-  std::vector<mx::BlockStats> per(static_cast<size_t>(std::max(1, omp_get_max_threads())));
+  static std::vector<mx::BlockStats> per;
+  per.assign(std::max<size_t>(per.size(), static_cast<size_t>(std::max(1, omp_get_max_threads()))), mx::BlockStats{});
 #pragma omp parallel for schedule(static) if (count >= kParallelBlocks)
   for (int64_t i = 0; i < count; ++i) body(i, per[static_cast<size_t>(omp_get_thread_num())]);
   mx::BlockStats all;
   for (const auto& s : per) all.add(s);
   return all;
+}
+
+// The 32 x C slab of rows [32j, 32j+32) of a matrix, transposed into per-thread memory so each
+// column's block is contiguous (column-wise quantization reads whole rows, not strided columns).
+template <class T>
+const float* transposed_slab(const T* x, int64_t c, int64_t j) {
+  static thread_local std::vector<float> slab;
+  if (slab.size() < static_cast<size_t>(c * mx::kBlock)) slab.resize(static_cast<size_t>(c * mx::kBlock));
+  for (int i = 0; i < mx::kBlock; ++i) {
+    const T* row = x + (j * mx::kBlock + i) * c;
+    for (int64_t l = 0; l < c; ++l) slab[static_cast<size_t>(l * mx::kBlock + i)] = mx::load(row + l);
+  }
+  return slab.data();
 }
 
 template <class T>
@@ -52,24 +69,25 @@ mx::BlockStats quantize(const T* x, const MxQuantizeShape& s, int64_t rows, bool
   const int64_t lines = columnwise ? s.c : rows;        // lines of blocks per matrix
   const int64_t nb = (columnwise ? s.n : s.c) / mx::kBlock;
   const int64_t mat = s.n * s.c;
+  if (columnwise) {  // per (matrix, block row): the slab transposed, then each column's block
+    return parallel_blocks(s.groups * nb, [&](int64_t gj, mx::BlockStats& st) {
+      const int64_t g = gj / nb, j = gj % nb;
+      const float* slab = transposed_slab(x + g * mat, s.c, j);
+      uint8_t* cg = codes + g * mat;
+      uint8_t* sg = scales + g * mat / mx::kBlock;
+      for (int64_t l = 0; l < s.c; ++l)
+        sg[l * nb + j] = mx::quantize_block(slab + l * mx::kBlock, e, rule, cg + l * s.n + j * mx::kBlock, st);
+    });
+  }
   return parallel_blocks(s.groups * lines, [&](int64_t gl, mx::BlockStats& st) {
     const int64_t g = gl / lines, l = gl % lines;
     const T* xg = x + g * mat;
     uint8_t* cg = codes + g * mat;
     uint8_t* sg = scales + g * mat / mx::kBlock;
-    for (int64_t j = 0; j < nb; ++j) {
-      if (!columnwise)
-        sg[l * nb + j] = mx::quantize_block(xg + l * s.c + j * mx::kBlock, 1, e, rule,
-                                            cg + l * s.c + j * mx::kBlock, 1, st);
-      else
-        sg[l * nb + j] = mx::quantize_block(xg + j * mx::kBlock * s.c + l, s.c, e, rule,
-                                            cg + l * s.n + j * mx::kBlock, 1, st);
-    }
+    for (int64_t j = 0; j < nb; ++j)
+      sg[l * nb + j] = mx::quantize_block(xg + l * s.c + j * mx::kBlock, e, rule, cg + l * s.c + j * mx::kBlock, st);
   });
 }
-
-// 2^(s-127) for a scale inside the exact range (a normal fp32).
-float scale_f32(uint8_t s) { return mx::bits_float(static_cast<uint32_t>(s) << 23); }
 
 }  // namespace
 
@@ -96,15 +114,24 @@ void mx_dequantize(const Tensor& codes, const Tensor& scales, const Tensor& y, c
   const auto* c = static_cast<const uint8_t*>(codes.data);
   const auto* s = static_cast<const uint8_t*>(scales.data);
   const int64_t blocks = mx_row_limit(row_end, codes.shape[0], "mx_dequantize") * codes.shape[1] / mx::kBlock;
-  parallel_blocks(blocks, [&](int64_t b, mx::BlockStats&) {
-    const double scale = mx::scale_value(s[b]);
-    for (int64_t i = b * mx::kBlock; i < (b + 1) * mx::kBlock; ++i) {
-      const double v = static_cast<double>(table.v[c[i]]) * scale;
-      if (y.dtype == DType::kF64) y.as<double>()[i] = v;
-      else if (y.dtype == DType::kF32) y.as<float>()[i] = static_cast<float>(v);
-      else y.as<bf16>()[i] = bf16(static_cast<float>(v));
+  // f32 and bf16: code value times the scale as one fp32 multiply by a power of two (2^-127 is
+  // a representable subnormal), correctly rounded like the exact product rounded once.
+  auto body = [&](auto* out, int64_t b) {
+    using T = std::remove_pointer_t<decltype(out)>;
+    const uint8_t sb = s[b];
+    const float scale = sb == mx::kScaleNaN ? NAN : mx::bits_float(sb == 0 ? 1u << 22 : static_cast<uint32_t>(sb) << 23);
+    const double scale64 = mx::scale_value(sb);
+    const uint8_t* cb = c + b * mx::kBlock;
+    T* o = out + b * mx::kBlock;
+    for (int i = 0; i < mx::kBlock; ++i) {
+      if constexpr (std::is_same_v<T, double>) o[i] = static_cast<double>(table.v[cb[i]]) * scale64;
+      else if constexpr (std::is_same_v<T, float>) o[i] = table.v[cb[i]] * scale;
+      else elem::store(o + i, table.v[cb[i]] * scale);
     }
-  });
+  };
+  if (y.dtype == DType::kF64) parallel_blocks(blocks, [&](int64_t b, mx::BlockStats&) { body(y.as<double>(), b); });
+  else if (y.dtype == DType::kF32) parallel_blocks(blocks, [&](int64_t b, mx::BlockStats&) { body(y.as<float>(), b); });
+  else parallel_blocks(blocks, [&](int64_t b, mx::BlockStats&) { body(y.as<bf16>(), b); });
 }
 
 // ---------------------------------------------------------------- GEMMs
@@ -150,20 +177,36 @@ bool block_exact(const Operand& a, int64_t r0, int64_t r1, const Operand& b, int
          amax + bmax - 2 * bias <= mx::product_exact_max(a.elem, b.elem);
 }
 
-// rows x k codes -> bf16, the blocks whose flag (exact[j]) is 0 written as zeros.
+// Every code's value as bf16 bits (exact: 3 or 2 mantissa bits), for dequantize_bf16.
+struct Bf16Table {
+  uint16_t bits[256];
+  explicit Bf16Table(mx::Elem e) {
+    for (int c = 0; c < 256; ++c) bits[c] = bf16(mx::decode(static_cast<uint8_t>(c), e)).bits;
+  }
+};
+const Bf16Table& bf16_table(mx::Elem e) {
+  static const Bf16Table e4m3(mx::Elem::kE4M3), e5m2(mx::Elem::kE5M2);
+  return e == mx::Elem::kE4M3 ? e4m3 : e5m2;
+}
+
+// rows x k codes -> bf16, the blocks whose flag (exact[j]) is 0 written as zeros. In an exact
+// block every nonzero value times its scale is a normal bf16 (and no code is NaN or Inf: such a
+// block's scale is NaN or past the range), so scaling is adding s - 127 to the exponent field of
+// the code's bf16 bits; zeros stay zero. Integer adds: the loop vectorizes.
 void dequantize_bf16(const Operand& x, int64_t rows, int64_t k, const uint8_t* exact, bf16* out) {
-  const mx::DecodeTable& table = mx::decode_table(x.elem);
+  const uint16_t* table = bf16_table(x.elem).bits;
   const int64_t kb = k / mx::kBlock;
   parallel_blocks(rows, [&](int64_t r, mx::BlockStats&) {
     for (int64_t j = 0; j < kb; ++j) {
-      bf16* o = out + r * k + j * mx::kBlock;
+      uint16_t* o = reinterpret_cast<uint16_t*>(out + r * k + j * mx::kBlock);
       const uint8_t* c = x.codes + r * k + j * mx::kBlock;
       if (!exact[j]) {
-        std::fill(o, o + mx::kBlock, bf16(0.0f));
+        std::fill(o, o + mx::kBlock, uint16_t{0});
         continue;
       }
-      const float scale = scale_f32(x.scales[r * kb + j]);
-      for (int i = 0; i < mx::kBlock; ++i) o[i] = bf16(table.v[c[i]] * scale);  // exact
+      const auto shift = static_cast<uint16_t>((static_cast<int>(x.scales[r * kb + j]) - mx::kScaleBias) * 128);
+      for (int i = 0; i < mx::kBlock; ++i)
+        o[i] = static_cast<uint16_t>(table[c[i]] + ((c[i] & 0x7f) != 0 ? shift : 0));
     }
   });
 }

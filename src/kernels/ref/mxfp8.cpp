@@ -28,13 +28,14 @@ void quantize(const T* x, const MxQuantizeShape& s, int64_t rows, bool columnwis
     if (!columnwise) {
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < nb; ++j)
-          sg[r * nb + j] = mx::quantize_block(xg + r * s.c + j * mx::kBlock, 1, e, rule,
-                                              cg + r * s.c + j * mx::kBlock, 1, st);
+          sg[r * nb + j] = mx::quantize_block(xg + r * s.c + j * mx::kBlock, e, rule, cg + r * s.c + j * mx::kBlock, st);
     } else {  // block j of column c: x[32j + i][c] -> codes[c][32j + i]
+      T block[mx::kBlock];
       for (int64_t c = 0; c < s.c; ++c)
-        for (int64_t j = 0; j < nb; ++j)
-          sg[c * nb + j] = mx::quantize_block(xg + j * mx::kBlock * s.c + c, s.c, e, rule,
-                                              cg + c * s.n + j * mx::kBlock, 1, st);
+        for (int64_t j = 0; j < nb; ++j) {
+          for (int i = 0; i < mx::kBlock; ++i) block[i] = xg[(j * mx::kBlock + i) * s.c + c];
+          sg[c * nb + j] = mx::quantize_block(block, e, rule, cg + c * s.n + j * mx::kBlock, st);
+        }
     }
   }
 }
