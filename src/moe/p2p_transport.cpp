@@ -129,10 +129,10 @@ void P2pExpertTransport::move(const ExchangePlan& plan, const Tensor& local, con
       char* l = rows_ptr(local, l0);
       char* r = rows_ptr(received, r0);
       std::memcpy(to_experts ? r : l, to_experts ? l : r, n(rows) * elem);
-    } else if (to_experts) {
-      ops_.convert(local.slice(l0, l0 + rows), received.slice(r0, r0 + rows));
+    } else if (to_experts) {  // a device copy: any dtype (MXFP8 codes and scales too)
+      ops_.copy(local.slice(l0, l0 + rows), received.slice(r0, r0 + rows));
     } else {
-      ops_.convert(received.slice(r0, r0 + rows), local.slice(l0, l0 + rows));
+      ops_.copy(received.slice(r0, r0 + rows), local.slice(l0, l0 + rows));
     }
   }
   // Dropped rows of my tokens: zero output / zero gradient.
