@@ -28,6 +28,7 @@ const char* phase_name(Phase p) {
     case Phase::kLmHeadLoss: return "lm_head_loss";
     case Phase::kOptimizer: return "optimizer";
     case Phase::kCommunication: return "communication";
+    case Phase::kQuantize: return "quantize";
     case Phase::kCount: break;
   }
   return "?";

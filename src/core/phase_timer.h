@@ -24,6 +24,7 @@ enum class Phase : int {
   kLmHeadLoss,
   kOptimizer,
   kCommunication,  // blocking time in collectives and send/recv
+  kQuantize,       // MXFP8: quantizing and dequantizing operands (train.precision = "mxfp8")
   kCount
 };
 

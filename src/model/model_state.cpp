@@ -5,6 +5,7 @@
 
 #include "core/fnv1a.h"
 #include "core/mxfp8.h"
+#include "core/phase_timer.h"
 #include "core/rng.h"
 #include "kernels/host_view.h"
 
@@ -101,6 +102,7 @@ void ModelState::init_params(uint64_t seed) {
 
 void ModelState::refresh_operand_weights() {
   if (operands_.flat.data != params_.flat.data) ops_.convert(params_.flat, operands_.flat);
+  PhaseScope phase(Phase::kQuantize);  // within the optimizer's phase when it refreshes them
   for (size_t l = 0; l < mx_.size(); ++l) {
     const MxExpertWeights& q = mx_[l];
     if (q.gate_q.empty()) continue;

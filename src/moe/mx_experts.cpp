@@ -7,6 +7,17 @@ namespace moe {
 namespace {
 
 Tensor scale_rows(const Tensor& scales, int64_t rows) { return scales.slice(0, rows); }
+
+// The quantization work, booked to its own phase (moecore bench's table).
+void quantize(Backend& ops, const Tensor& x, int rule, const Tensor& codes, const Tensor& scales, const Tensor& stats,
+              const Tensor& row_end) {
+  PhaseScope phase(Phase::kQuantize);
+  ops.mx_quantize(x, false, rule, codes, scales, stats, row_end);
+}
+void dequantize(Backend& ops, const Tensor& codes, const Tensor& scales, const Tensor& y, const Tensor& row_end) {
+  PhaseScope phase(Phase::kQuantize);
+  ops.mx_dequantize(codes, scales, y, row_end);
+}
 Tensor fwd_stats(const Tensor& stats) { return stats.empty() ? Tensor() : stats.slice(0, 4); }
 Tensor bwd_stats(const Tensor& stats) { return stats.empty() ? Tensor() : stats.slice(4, 8); }
 
@@ -22,16 +33,16 @@ Tensor mx_experts_forward(const SublayerContext& ctx, const MxExpertWeights& w, 
   const Tensor st = fwd_stats(stats);
   int64_t rows = d.R;
   if (!ex.exchange) {
-    ops.mx_quantize(xs, false, rule, a.xr_q.slice(0, rows), scale_rows(a.xr_qs, rows), st, Tensor());
+    quantize(ops, xs, rule, a.xr_q.slice(0, rows), scale_rows(a.xr_qs, rows), st, Tensor());
   } else {
     rows = d.Rx;
     if (d.mx.dispatch) {  // quantized once on the sending rank; codes and scales cross
-      ops.mx_quantize(xs, false, rule, s.mx_xs_q, s.mx_xs_qs, st, Tensor());
+      quantize(ops, xs, rule, s.mx_xs_q, s.mx_xs_qs, st, Tensor());
       ex.exchange->send_to_experts(*ex.plan, s.mx_xs_q, a.xr_q, s.ep_slabs);
       ex.exchange->send_to_experts(*ex.plan, s.mx_xs_qs, a.xr_qs, s.ep_slabs);
     } else {  // bf16 crosses, the experts' rank quantizes the rows it received
       ex.exchange->send_to_experts(*ex.plan, xs, s.mx_xr_XD, s.ep_slabs);
-      ops.mx_quantize(s.mx_xr_XD, false, rule, a.xr_q, a.xr_qs, st, a.recv_offsets);
+      quantize(ops, s.mx_xr_XD, rule, a.xr_q, a.xr_qs, st, a.recv_offsets);
     }
   }
   const int64_t F = a.eg.dim(1);
@@ -45,7 +56,7 @@ Tensor mx_experts_forward(const SublayerContext& ctx, const MxExpertWeights& w, 
   const Tensor ea = rows_view(s.dact_W, rows, F);  // backward scratch, free in the forward
   ops.swiglu_fwd(eg, eu, ea, bf16 ? a.eg.slice(0, rows) : Tensor(), bf16 ? a.eu.slice(0, rows) : Tensor());
   const Tensor eq = a.ea_q.slice(0, rows), eqs = scale_rows(a.ea_qs, rows);
-  ops.mx_quantize(ea, false, rule, eq, eqs, st, ex.exchange ? a.recv_offsets : Tensor());
+  quantize(ops, ea, rule, eq, eqs, st, ex.exchange ? a.recv_offsets : Tensor());
   const Tensor ys = bf16 || ex.exchange ? s.ys_f32_XD.slice(0, rows) : a.ys;
   ops.mx_grouped_linear(eq, eqs, w.down_q, w.down_qs, a.recv_offsets, ys);
   return ys;
@@ -65,10 +76,10 @@ void mx_experts_backward(const SublayerContext& ctx, const MxExpertWeights& w, L
   // Down: da = g * W_down (reducing over D: g and W_down^T quantized along D).
   const Tensor da = rows_view(s.dact_W, rows, F);
   const Tensor gq = s.mx_dy_q.slice(0, rows), gqs = scale_rows(s.mx_dy_qs, rows);
-  ops.mx_quantize(g, false, rule, gq, gqs, st, row_end);
+  quantize(ops, g, rule, gq, gqs, st, row_end);
   ops.mx_grouped_linear(gq, gqs, w.down_t, w.down_ts, off, da);
   const Tensor ea = rows_view(s.mx_deq_W, rows, F);
-  ops.mx_dequantize(a.ea_q.slice(0, rows), scale_rows(a.ea_qs, rows), ea, row_end);
+  dequantize(ops, a.ea_q.slice(0, rows), scale_rows(a.ea_qs, rows), ea, row_end);
   ops.grouped_linear_bwd_weight(g, ea, off, dW.exp_down);
 
   // SwiGLU; its gradients go straight into GEMM operands (bf16 over their own fp32 scratch).
@@ -78,16 +89,16 @@ void mx_experts_backward(const SublayerContext& ctx, const MxExpertWeights& w, L
 
   // Gate and up: dxs = dh * W (reducing over F), weight gradients on the dequantized inputs.
   const Tensor x = rows_view(s.mx_deq_W, rows, D);
-  ops.mx_dequantize(a.xr_q.slice(0, rows), scale_rows(a.xr_qs, rows), x, row_end);
+  dequantize(ops, a.xr_q.slice(0, rows), scale_rows(a.xr_qs, rows), x, row_end);
   const Tensor hq = s.mx_dh_q.slice(0, rows), hqs = scale_rows(s.mx_dh_qs, rows);
-  ops.mx_quantize(dg, false, rule, hq, hqs, st, row_end);
+  quantize(ops, dg, rule, hq, hqs, st, row_end);
   ops.mx_grouped_linear(hq, hqs, w.gate_t, w.gate_ts, off, dxs);
   ops.grouped_linear_bwd_weight(dg, x, off, dW.exp_gate);
   if (d.ep == 1) {
     PhaseScope permute(Phase::kPermute);
     ops.moe_gather_bwd(dxs, a.slot_pos, s.dnormed_TD);
   }
-  ops.mx_quantize(du, false, rule, hq, hqs, st, row_end);
+  quantize(ops, du, rule, hq, hqs, st, row_end);
   ops.mx_grouped_linear(hq, hqs, w.up_t, w.up_ts, off, dxs_up);
   ops.grouped_linear_bwd_weight(du, x, off, dW.exp_up);
 }

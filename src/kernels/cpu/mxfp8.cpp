@@ -157,19 +157,31 @@ std::mutex& gemm_mutex() {
   return m;
 }
 
-// Whether K-block j of a's rows [r0, r1) and b's rows [0, n) (scales at leading dimension kb)
-// stays in the exact bf16 range.
-bool block_exact(const Operand& a, int64_t r0, int64_t r1, const Operand& b, int64_t n, int64_t kb,
-                 int64_t j) {
+// Whether a block's codes are all +-0: its products are zeros whatever its (non-NaN) scale (an
+// all-zero block's rceil scale is the clamped 2^-127, far outside the exact range; gradients of
+// positions without loss have them).
+bool zero_block(const uint8_t* codes) {
+  uint8_t any = 0;
+  for (int i = 0; i < mx::kBlock; ++i) any |= codes[i] & 0x7f;
+  return any == 0;
+}
+
+// Whether K-block j of a's rows [r0, r1) and b's rows [0, n) (codes at leading dimension k,
+// scales at kb) stays in the exact bf16 range; all-zero blocks do not count.
+bool block_exact(const Operand& a, int64_t r0, int64_t r1, const Operand& b, int64_t n, int64_t k, int64_t j) {
+  const int64_t kb = k / mx::kBlock;
   int amin = 255, amax = 0, bmin = 255, bmax = 0;
   for (int64_t r = r0; r < r1; ++r) {
+    if (a.scales[r * kb + j] != mx::kScaleNaN && zero_block(a.codes + r * k + j * mx::kBlock)) continue;
     amin = std::min<int>(amin, a.scales[r * kb + j]);
     amax = std::max<int>(amax, a.scales[r * kb + j]);
   }
   for (int64_t r = 0; r < n; ++r) {
+    if (b.scales[r * kb + j] != mx::kScaleNaN && zero_block(b.codes + r * k + j * mx::kBlock)) continue;
     bmin = std::min<int>(bmin, b.scales[r * kb + j]);
     bmax = std::max<int>(bmax, b.scales[r * kb + j]);
   }
+  if (amin > amax || bmin > bmax) return true;  // one side all zeros: zero products
   const int bias = mx::kScaleBias;
   return amin - bias >= mx::bf16_exact_min(a.elem) && amax - bias <= mx::bf16_exact_max(a.elem) &&
          bmin - bias >= mx::bf16_exact_min(b.elem) && bmax - bias <= mx::bf16_exact_max(b.elem) &&
@@ -268,7 +280,7 @@ void mx_linear(const Tensor& a, const Tensor& a_scales, const Tensor& b, const T
   std::lock_guard<std::mutex> lock(gemm_mutex());
   Scratch& sc = scratch();
   sc.exact.resize(static_cast<size_t>(kb));
-  for (int64_t j = 0; j < kb; ++j) sc.exact[j] = block_exact(oa, 0, s.m, ob, s.n, kb, j);
+  for (int64_t j = 0; j < kb; ++j) sc.exact[j] = block_exact(oa, 0, s.m, ob, s.n, s.k, j);
   sc.a.resize(static_cast<size_t>(s.m * s.k));
   sc.b.resize(static_cast<size_t>(s.n * s.k));
   dequantize_bf16(oa, s.m, s.k, sc.exact.data(), sc.a.data());
@@ -299,7 +311,7 @@ void mx_grouped_linear(const Tensor& a, const Tensor& a_scales, const Tensor& b,
               " is below offsets[", g, "]");
     uint8_t* ex = sc.exact.data() + g * kb;
     const Operand bg{ob.codes + g * s.n * s.k, ob.scales + g * s.n * kb, ob.elem};
-    for (int64_t j = 0; j < kb; ++j) ex[j] = off[g] == off[g + 1] || block_exact(oa, off[g], off[g + 1], bg, s.n, kb, j);
+    for (int64_t j = 0; j < kb; ++j) ex[j] = off[g] == off[g + 1] || block_exact(oa, off[g], off[g + 1], bg, s.n, s.k, j);
     const Operand ag{oa.codes + off[g] * s.k, oa.scales + off[g] * kb, oa.elem};
     dequantize_bf16(ag, off[g + 1] - off[g], s.k, ex, sc.a.data() + off[g] * s.k);
     dequantize_bf16(bg, s.n, s.k, ex, sc.b.data() + g * s.n * s.k);
