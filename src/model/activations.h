@@ -39,6 +39,12 @@ struct MxMode {
   DType grad_elem = DType::kE4M3;  // the output gradients' elements in the data gradients
 };
 MxMode mx_mode(const Config& config);
+// Bytes of the MXFP8 weight caches of one MoE layer holding `local_experts` experts
+// (model/model_state.h, MxExpertWeights): two copies of 33/32 bytes per expert weight.
+inline int64_t mx_expert_cache_bytes(const ModelConfig& c, int64_t local_experts) {
+  const int64_t per_weight = local_experts * c.expert_hidden * c.d_model;
+  return 3 * 2 * (per_weight + per_weight / 32);
+}
 
 struct Dims {
   int64_t B = 0, S = 0, T = 0, R = 0;

@@ -6,7 +6,6 @@
 
 #include "kernels/cuda_memory.h"
 #include "model/activations.h"
-#include "model/model_state.h"
 #include "model/params.h"
 #include "moe/exchange_bounds.h"
 #include "kernels/step_control.h"
@@ -71,12 +70,6 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
     for (int64_t l = layer_begin; l < layer_end; ++l) local_moe += c.is_moe_layer(l) ? 1 : 0;
     m.mx_caches = static_cast<double>(local_moe * mx_expert_cache_bytes(c, c.num_experts / ep));
     m.step_stats += 2 * 8 * 8 * nm;  // the quantization statistics: the record's and the model's
-    // The cpu MXFP8 GEMMs' grow-only bf16 operands: the widest row operand (Rx, max(D,F)) and
-    // one layer's local experts (El, F, D).
-    if (local_moe > 0) {
-      const double F = static_cast<double>(c.expert_hidden);
-      m.kernel_scratch += 2 * static_cast<double>(dims.Rx) * std::max(D, F) + 2 * static_cast<double>(dims.El) * F * D;
-    }
   }
   // bf16 mode: the attention kernel packs q, k, v and dO once per op (kernels/cpu/attention_bf16.h:
   // a bf16 copy, 64 bytes of alignment, and pair rows of ceil(S/2) positions; grow-only per slot,
@@ -85,6 +78,12 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
     const double Bm = static_cast<double>(micro_batch), Sp = static_cast<double>((seq_len + 1) / 2);
     auto pack = [&](double row) { return 2 * T * row + 64 + 4 * Bm * Sp * row; };
     m.kernel_scratch = 2 * pack(Ha) + 2 * pack(Ga);
+  }
+  // The cpu MXFP8 GEMMs' grow-only bf16 operands (kernels/cpu/mxfp8.cpp): the widest row operand
+  // (Rx, max(D,F)) and one layer's local experts (El, F, D).
+  if (mx.experts && layer_end > layer_begin && m.mx_caches > 0) {
+    const double F = static_cast<double>(c.expert_hidden);
+    m.kernel_scratch += 2 * static_cast<double>(dims.Rx) * std::max(D, F) + 2 * static_cast<double>(dims.El) * F * D;
   }
   return m;
 }

@@ -8,13 +8,9 @@
 #include "core/phase_timer.h"
 #include "core/rng.h"
 #include "kernels/host_view.h"
+#include "model/activations.h"
 
 namespace moe {
-
-int64_t mx_expert_cache_bytes(const ModelConfig& c, int64_t local_experts) {
-  const int64_t per_weight = local_experts * c.expert_hidden * c.d_model;
-  return 3 * 2 * (per_weight + per_weight / mx::kBlock);
-}
 
 namespace {
 // Carves a layer's MXFP8 caches out of `at` (bytes), advancing it.

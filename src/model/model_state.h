@@ -23,9 +23,6 @@ struct MxExpertWeights {
   Tensor up_q, up_qs, up_t, up_ts;
   Tensor down_q, down_qs, down_t, down_ts;
 };
-// Bytes of the MXFP8 caches of one MoE layer holding `local_experts` experts: two copies of
-// 33/32 bytes per expert weight.
-int64_t mx_expert_cache_bytes(const ModelConfig& c, int64_t local_experts);
 
 // One layer's weights as the step reads them: master weights (norms, router), their GEMM operand
 // copies (= the masters in fp32 mode), the gradients they accumulate into, and the MXFP8 expert

@@ -188,8 +188,8 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
         const double n = layers * static_cast<double>(M);
         const double fwd = n * pairs_fwd;
         if (mx_dispatch) {
-          tr.add("ep", "all_to_all_v", "expert dispatch, forward (MXFP8 codes)", fwd, fwd * slab, true, false, fwd * slab);
-          tr.add("ep", "all_to_all_v", "expert dispatch, forward (MXFP8 scales)", fwd, fwd * slab / 32, true, false,
+          tr.add("ep", "all_to_all_v", "expert dispatch, fwd codes", fwd, fwd * slab, true, false, fwd * slab);
+          tr.add("ep", "all_to_all_v", "expert dispatch, fwd scales", fwd, fwd * slab / 32, true, false,
                  fwd * slab / 32);
         } else {
           tr.add("ep", "all_to_all_v", "expert dispatch, forward", fwd, fwd * slab * adt, true, false, fwd * slab * adt);
@@ -219,8 +219,8 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
                  layers * times * got * d * elem, moves);
         };
         if (mx_dispatch) {
-          move("expert dispatch, forward (MXFP8 codes)", pairs_fwd, 1, true);
-          move("expert dispatch, forward (MXFP8 scales)", pairs_fwd, 1.0 / 32, true);
+          move("expert dispatch, fwd codes", pairs_fwd, 1, true);
+          move("expert dispatch, fwd scales", pairs_fwd, 1.0 / 32, true);
         } else {
           move("expert dispatch, forward", pairs_fwd, adt, true);
         }
