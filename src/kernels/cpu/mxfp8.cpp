@@ -37,11 +37,12 @@ void check_host(std::initializer_list<const Tensor*> ts, const char* what) {
               " is not on the host");
 }
 
-// Per-thread statistics (grown once, then reused: no allocation per call), combined after the
-// loop (sums of counts and a max: order-free).
+// Per-thread statistics (grown once per calling thread, then reused: no allocation per call),
+// combined after the loop (sums of counts and a max: order-free).
 template <class Body>
 mx::BlockStats parallel_blocks(int64_t count, Body body) {
-  static std::vector<mx::BlockStats> per;
+  static thread_local std::vector<mx::BlockStats> calling_thread;
+  std::vector<mx::BlockStats>& per = calling_thread;  // the caller's, shared by the region's threads
   per.assign(std::max<size_t>(per.size(), static_cast<size_t>(std::max(1, omp_get_max_threads()))), mx::BlockStats{});
 #pragma omp parallel for schedule(static) if (count >= kParallelBlocks)
   for (int64_t i = 0; i < count; ++i) body(i, per[static_cast<size_t>(omp_get_thread_num())]);
