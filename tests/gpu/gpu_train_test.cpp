@@ -54,14 +54,6 @@ class GpuTrain : public ::testing::Test {
   fs::path root_;
 };
 
-std::vector<json> read_metrics(const fs::path& dir) {
-  std::vector<json> out;
-  std::ifstream in(dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
-}
-
 bool measured(const std::string& key) {
   static const std::set<std::string> k{"tokens_per_s", "tflops", "mfu", "peak_rss_mb", "peak_device_mb", "elapsed_s",
                                        "pp_bubble_s", "to_host", "to_host_bytes", "to_device", "to_device_bytes",
@@ -83,7 +75,7 @@ TEST_F(GpuTrain, Fp32RunMatchesCpu) {
   ASSERT_EQ(train("cpu", extra, root_ / "cpu").status, 0);
   const test::CliResult g = train("cuda", extra, root_ / "cuda");
   ASSERT_EQ(g.status, 0) << g.output;
-  const std::vector<json> a = read_metrics(root_ / "cpu"), b = read_metrics(root_ / "cuda");
+  const std::vector<json> a = test::read_metrics(root_ / "cpu"), b = test::read_metrics(root_ / "cuda");
   ASSERT_EQ(a.size(), 6u);
   ASSERT_EQ(b.size(), 6u);
   for (size_t i = 0; i < a.size(); ++i) {
@@ -104,7 +96,7 @@ TEST_F(GpuTrain, RepeatsBitwise) {
     const test::CliResult r1 = train("cuda", extra, one), r2 = train("cuda", extra, two);
     ASSERT_EQ(r1.status, 0) << r1.output;
     ASSERT_EQ(r2.status, 0) << r2.output;
-    const std::vector<json> a = read_metrics(one), b = read_metrics(two);
+    const std::vector<json> a = test::read_metrics(one), b = test::read_metrics(two);
     ASSERT_EQ(a.size(), 10u);
     ASSERT_EQ(b.size(), 10u);
     for (size_t i = 0; i < a.size(); ++i)
@@ -125,7 +117,7 @@ TEST_F(GpuTrain, RepeatsBitwise) {
 TEST_F(GpuTrain, APlainStepReadsTheDeviceOnce) {
   const test::CliResult r = train("cuda", " --set train.steps=4", root_ / "cuda");
   ASSERT_EQ(r.status, 0) << r.output;
-  for (const json& s : read_metrics(root_ / "cuda")) {
+  for (const json& s : test::read_metrics(root_ / "cuda")) {
     EXPECT_EQ(s.at("to_host").get<uint64_t>(), 1u) << s.dump();
     EXPECT_EQ(s.at("to_device").get<uint64_t>(), 2u) << s.dump();
   }
@@ -143,14 +135,14 @@ TEST_F(GpuTrain, ExpertParallelOverMpiMatchesCpu) {
   const std::string extra = " --set train.steps=4 --set parallel.dp=2 --set parallel.ep=2";
   const test::CliResult c = train("cpu", extra, root_ / "cpu", false, mpi);
   ASSERT_EQ(c.status, 0) << c.output;
-  const std::vector<json> a = read_metrics(root_ / "cpu");
+  const std::vector<json> a = test::read_metrics(root_ / "cpu");
   ASSERT_EQ(a.size(), 4u);
   for (const std::string transport : {"p2p", "padded"}) {
     SCOPED_TRACE(transport);
     const fs::path out = root_ / ("cuda_" + transport);
     const test::CliResult g = train("cuda", extra + " --set parallel.ep_transport=" + transport, out, false, mpi);
     ASSERT_EQ(g.status, 0) << g.output;
-    const std::vector<json> b = read_metrics(out);
+    const std::vector<json> b = test::read_metrics(out);
     ASSERT_EQ(b.size(), 4u);
     for (size_t i = 0; i < a.size(); ++i) {
       const double la = a[i].at("loss").get<double>(), lb = b[i].at("loss").get<double>();
@@ -179,7 +171,7 @@ TEST_F(GpuTrain, CheckpointsMoveBetweenCpuAndGpu) {
     ASSERT_EQ(a.status, 0) << a.output;
     ASSERT_EQ(b.status, 0) << b.output;
     ASSERT_NE(b.output.find("resumed from"), std::string::npos) << b.output;
-    const std::vector<json> ma = read_metrics(same), mb = read_metrics(moved);
+    const std::vector<json> ma = test::read_metrics(same), mb = test::read_metrics(moved);
     ASSERT_EQ(ma.size(), 9u);
     ASSERT_EQ(mb.size(), 9u);
     for (size_t i = 4; i < 9; ++i) {
@@ -228,7 +220,7 @@ TEST(GpuKjv, Bf16DefaultRunFollowsTheCommittedCurve) {
     std::getline(ss, loss, ',');
     curve.push_back(std::stod(loss));
   }
-  const std::vector<json> m = read_metrics(out);
+  const std::vector<json> m = test::read_metrics(out);
   ASSERT_GE(m.size(), 200u);
   ASSERT_GE(curve.size(), 200u);
   for (size_t w = 0; w < 200; w += 25) {

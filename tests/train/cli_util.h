@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace moe::test {
 
 struct CliResult {
@@ -62,6 +64,15 @@ inline std::string tiny_model_sets() {
          " --set model.n_kv_heads=2 --set model.num_experts=4 --set model.expert_hidden=16 --set train.seq_len=24"
          " --set train.batch_size=4 --set train.micro_batch_size=2 --set optim.warmup_steps=1"
          " --set train.eval_every=0 --set data.valid_path= --set train.threads=1 --set train.log_every=1000";
+}
+
+// The records of dir/metrics.jsonl, one JSON object per step.
+inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
 }
 
 }  // namespace moe::test

@@ -96,14 +96,6 @@ TEST(Mxfp8Memory, SavedExpertInputsAreStoredQuantized) {
   EXPECT_EQ(static_cast<double>(pb.saved_tensor_bytes()) - static_cast<double>(pm.saved_tensor_bytes()), saved_bf16 - saved_mx);
 }
 
-std::vector<json> read_metrics(const fs::path& dir) {
-  std::vector<json> out;
-  std::ifstream in(dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
-}
-
 test::CliResult train(const fs::path& root, const std::string& sets, const fs::path& out, bool resume = false) {
   return test::run_cli("train" + test::tiny_model_sets() + " --set model.expert_hidden=32 --set train.steps=12" + sets +
                            " --set data.train_path=" + (root / "train.bin").string() +
@@ -120,7 +112,7 @@ TEST(Mxfp8Train, LossesFollowBf16AndMetricsCarryTheQuantizationStatistics) {
   ASSERT_EQ(train(root, " --set train.precision=bf16", root / "bf16").status, 0);
   const test::CliResult r = train(root, " --set train.precision=mxfp8", root / "mxfp8");
   ASSERT_EQ(r.status, 0) << r.output;
-  const std::vector<json> a = read_metrics(root / "bf16"), b = read_metrics(root / "mxfp8");
+  const std::vector<json> a = test::read_metrics(root / "bf16"), b = test::read_metrics(root / "mxfp8");
   ASSERT_EQ(a.size(), 12u);
   ASSERT_EQ(b.size(), 12u);
   for (size_t i = 0; i < a.size(); ++i) {
@@ -153,7 +145,7 @@ TEST(Mxfp8Train, FloorRuleSaturatesAndTheRecordSaysSo) {
   const test::CliResult r = train(root, " --set train.precision=mxfp8 --set mxfp8.scale_rule=floor --set mxfp8.grad_format=e5m2", root / "floor");
   ASSERT_EQ(r.status, 0) << r.output;
   double saturated = 0;
-  for (const json& s : read_metrics(root / "floor"))
+  for (const json& s : test::read_metrics(root / "floor"))
     for (double v : s.at("mx_fwd_saturated").get<std::vector<double>>()) saturated += v;
   EXPECT_GT(saturated, 0);
   fs::remove_all(root);

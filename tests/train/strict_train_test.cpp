@@ -38,14 +38,6 @@ struct Run {
   std::vector<json> steps;
 };
 
-std::vector<json> read_metrics(const fs::path& dir) {
-  std::vector<json> out;
-  std::ifstream in(dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
-}
-
 test::CliResult train(const fs::path& root, const std::string& backend, const std::string& variant, const fs::path& out,
                       const char* fault, bool resume = false) {
   if (fault) ::setenv("MOE_INJECT_FAULT", fault, 1);
@@ -110,7 +102,7 @@ TEST_P(StrictRun, MatchesCpuBitwiseThroughClipSkipEvalCheckpointAndResume) {
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   ASSERT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
 
-  const std::vector<json> a = read_metrics(root / "cpu"), b = read_metrics(root / "strict");
+  const std::vector<json> a = test::read_metrics(root / "cpu"), b = test::read_metrics(root / "strict");
   ASSERT_EQ(a.size(), 6u);
   expect_same_records(a, b);
   // The run covered what it claims: clipped steps, the skipped one, evaluations.
@@ -149,7 +141,7 @@ TEST(StrictBudget, APlainStepReadsTheDeviceExactlyOnceAndAnExtraReadCounts) {
     const test::CliResult r = train(root, backend, "", root / backend, "extraread@0:3");
     ASSERT_EQ(r.status, 0) << r.output;
     const uint64_t bytes = step_statistics_bytes(load_config((root / backend / "config.toml").string(), {}).model);
-    const std::vector<json> steps = read_metrics(root / backend);
+    const std::vector<json> steps = test::read_metrics(root / backend);
     ASSERT_EQ(steps.size(), 6u);
     for (const json& s : steps) {
       const int64_t step = s.at("step").get<int64_t>();
@@ -174,8 +166,8 @@ TEST(StrictBudget, ADroppedWaitIsCaughtOnlyByStrict) {
   ASSERT_EQ(train(root, "cpu", "", root / "cpu", "nowait@0:2").status, 0);
   const test::CliResult strict = train(root, "strict", "", root / "strict", "nowait@0:2");
   ASSERT_EQ(strict.status, 0) << strict.output;
-  const std::vector<json> ref = read_metrics(root / "ref"), cpu = read_metrics(root / "cpu"),
-                          bad = read_metrics(root / "strict");
+  const std::vector<json> ref = test::read_metrics(root / "ref"), cpu = test::read_metrics(root / "cpu"),
+                          bad = test::read_metrics(root / "strict");
   ASSERT_EQ(bad.size(), ref.size());
   expect_same_records(ref, cpu);
   EXPECT_NE(ref[1].at("ce"), bad[1].at("ce")) << "the strict backend must expose the missing wait";
