@@ -125,6 +125,7 @@ const std::vector<Field>& fields() {
 #define MX(name) [](Config& c) -> Ref { return &c.mxfp8.name; }
     add("mxfp8", "experts", MX(experts), 0, 0, {}, "train.precision = mxfp8: the routed experts' forward and data-gradient GEMMs in MXFP8");
     add("mxfp8", "dispatch", MX(dispatch), 0, 0, {}, "mxfp8 with EP: send the experts' input rows quantized (33/32 bytes per value)");
+    add("mxfp8", "attention", MX(attention), 0, 0, {}, "train.precision = mxfp8: the attention q/k/v/o projections' forward and data-gradient GEMMs in MXFP8");
     add("mxfp8", "scale_rule", MX(scale_rule), 0, 0, {"rceil", "floor"}, "block scale: rceil (round the scale up: no overflow) or floor (OCP)");
     add("mxfp8", "grad_format", MX(grad_format), 0, 0, {"e4m3", "e5m2"}, "element format of the output gradients in MXFP8 data gradients");
 #undef MX
@@ -512,6 +513,17 @@ void Config::validate() const {
                 ", the MXFP8 block (train.precision = \"mxfp8\", mxfp8.experts = true)");
       MOE_CHECK(model.expert_hidden % mx::kBlock == 0, "model.expert_hidden = ", model.expert_hidden,
                 " is not a multiple of ", mx::kBlock, ", the MXFP8 block (train.precision = \"mxfp8\", mxfp8.experts = true)");
+    }
+    if (mxfp8.attention) {  // each projection reduces over D forward and over its width backward
+      const char* why = ", the MXFP8 block (train.precision = \"mxfp8\", mxfp8.attention = true)";
+      MOE_CHECK(model.d_model % mx::kBlock == 0, "model.d_model = ", model.d_model, " is not a multiple of ",
+                mx::kBlock, why);
+      MOE_CHECK(model.n_heads * model.hd() % mx::kBlock == 0, "the query width model.n_heads x head dim = ",
+                model.n_heads, " x ", model.hd(), " (model.head_dim, or model.d_model / model.n_heads) is not a multiple of ",
+                mx::kBlock, why);
+      MOE_CHECK(model.n_kv_heads * model.hd() % mx::kBlock == 0, "the key/value width model.n_kv_heads x head dim = ",
+                model.n_kv_heads, " x ", model.hd(), " (model.head_dim, or model.d_model / model.n_heads) is not a multiple of ",
+                mx::kBlock, why);
     }
   }
   if (train.backend == "ref")

@@ -180,6 +180,7 @@ inline std::pair<int64_t, int64_t> configured_stage_layers(const ParallelConfig&
 struct MxConfig {
   bool experts = true;        // the routed experts' GEMMs (forward, data gradient); weight gradients bf16
   bool dispatch = true;       // EP: the experts' input rows cross the wire quantized (needs experts)
+  bool attention = false;     // the q/k/v/o projections' GEMMs (forward, data gradient); weight gradients bf16
   std::string scale_rule = "rceil";  // rceil (NVIDIA's recipe) | floor (the OCP rule)
   std::string grad_format = "e4m3";  // e4m3 | e5m2: the output gradients' elements in data gradients
 };

@@ -21,6 +21,7 @@ MxMode mx_mode(const Config& config) {
   if (config.train.precision != "mxfp8") return m;
   m.experts = config.mxfp8.experts;
   m.dispatch = config.mxfp8.experts && config.mxfp8.dispatch;
+  m.attention = config.mxfp8.attention;
   m.rule = config.mxfp8.scale_rule == "floor" ? 1 : 0;
   m.grad_elem = config.mxfp8.grad_format == "e5m2" ? DType::kE5M2 : DType::kE4M3;
   return m;
@@ -52,7 +53,13 @@ void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, 
   const bool bf16 = d.adt != d.cdt;
   AttnActs& at = a.attn;
   at.rstd_in = A(d.cdt, {T});
-  at.h_act = A(d.adt, {T, D});
+  const bool mx_attn = d.mx.attention;
+  if (mx_attn) {  // saved quantized for the weight gradients (the bf16 normed input is scratch)
+    at.h_q = A(DType::kE4M3, {T, D});
+    at.h_qs = A(DType::kE8M0, {T, D / mx::kBlock});
+  } else {
+    at.h_act = A(d.adt, {T, D});
+  }
   if (choice.qk_norm != QkNorm::kNone) {
     at.q_lin = A(d.cdt, {T, H * hd});
     at.k_lin = A(d.cdt, {T, G * hd});
@@ -65,7 +72,12 @@ void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, 
   at.k = A(d.cdt, {d.B, d.S, G, hd});
   at.v = A(d.cdt, {d.B, d.S, G, hd});
   at.o = A(d.cdt, {d.B, d.S, H, hd});
-  if (bf16) at.o_act = A(d.adt, {T, H * hd});
+  if (mx_attn) {
+    at.o_q = A(DType::kE4M3, {T, H * hd});
+    at.o_qs = A(DType::kE8M0, {T, H * hd / mx::kBlock});
+  } else if (bf16) {
+    at.o_act = A(d.adt, {T, H * hd});
+  }
   at.lse = A(d.cdt, {d.B, H, d.S});
   if (peri) {
     at.out = A(d.cdt, {T, D});
@@ -188,6 +200,12 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
       s.mx_dh_qs = A(DType::kE8M0, {Rx, F / b});
       s.mx_deq_W = A(d.adt, {Rx * std::max(D, F)});
     }
+  }
+  if (d.mx.attention) {
+    const int64_t W = std::max(D, H * hd);
+    s.mx_attn_x_N = A(d.adt, {T * W});
+    s.mx_attn_g_q = A(d.mx.grad_elem, {T * W});
+    s.mx_attn_g_qs = A(DType::kE8M0, {T * W / mx::kBlock});
   }
   // Operand-dtype copy of any upstream gradient that feeds a GEMM.
   int64_t dy = std::max({T * D, T * H * hd, head_chunk * c.vocab_size, swiglu});

@@ -31,9 +31,11 @@ struct ArenaPlan {
   Tensor operator()(DType dtype, std::initializer_list<int64_t> dims);
 };
 
-// MXFP8 in the routed experts (train.precision = "mxfp8", config [mxfp8]; moe/mx_experts.h).
+// MXFP8 in the routed experts and the attention projections (train.precision = "mxfp8", config
+// [mxfp8]; moe/mx_experts.h, model/attention_block.cpp).
 struct MxMode {
   bool experts = false;            // the expert GEMMs' forward and data gradient in MXFP8
+  bool attention = false;          // the q/k/v/o projections' forward and data gradient in MXFP8
   bool dispatch = false;           // EP: the quantized input rows are what crosses the wire
   int rule = 0;                    // mx::ScaleRule: 0 rceil, 1 floor
   DType grad_elem = DType::kE4M3;  // the output gradients' elements in the data gradients
@@ -44,6 +46,12 @@ MxMode mx_mode(const Config& config);
 inline int64_t mx_expert_cache_bytes(const ModelConfig& c, int64_t local_experts) {
   const int64_t per_weight = local_experts * c.expert_hidden * c.d_model;
   return 3 * 2 * (per_weight + per_weight / 32);
+}
+// Bytes of the MXFP8 caches of one layer's attention projections (MxAttentionWeights): wq, wk,
+// wv, wo, two copies of 33/32 bytes each.
+inline int64_t mx_attention_cache_bytes(const ModelConfig& c) {
+  const int64_t w = c.d_model * c.hd() * (2 * c.n_heads + 2 * c.n_kv_heads);
+  return 2 * (w + w / 32);
 }
 
 struct Dims {
@@ -64,12 +72,14 @@ Dims model_dims(const ModelConfig& c, int64_t batch, int64_t seq_len, DType comp
 
 struct AttnActs {
   Tensor rstd_in;          // (T)
-  Tensor h_act;            // (T,D) normed input, GEMM operand
+  Tensor h_act;            // (T,D) normed input, GEMM operand (MXFP8 attention: scratch.mx_attn_x_N)
+  Tensor h_q, h_qs;        // (T,D), (T,D/32) MXFP8 attention: h_act quantized (e4m3, e8m0)
   Tensor q_lin, k_lin;     // (T,H*hd), (T,G*hd) projections before QK-norm (only with QK-norm)
   Tensor rstd_q, rstd_k;   // (T) or (T*H), (T*G)
   Tensor q, k, v;          // (B,S,H,hd), (B,S,G,hd) after QK-norm and RoPE
   Tensor o;                // (B,S,H,hd) attention output
-  Tensor o_act;            // (T,H*hd) GEMM operand copy of o (bf16 mode only)
+  Tensor o_act;            // (T,H*hd) GEMM operand copy of o (bf16 mode only, not with MXFP8 attention)
+  Tensor o_q, o_qs;        // (T,H*hd), (T,H*hd/32) MXFP8 attention: o quantized
   Tensor lse;              // (B,H,S)
   Tensor out;              // (T,D) o * wo^T (peri only: input of attn_out_norm)
   Tensor rstd_out;         // (T) (peri only)
@@ -169,6 +179,11 @@ struct Scratch {
   Tensor mx_dy_q, mx_dy_qs;        // (Rx,D), (Rx,D/32) in the gradient element
   Tensor mx_dh_q, mx_dh_qs;        // (Rx,F), (Rx,F/32) in the gradient element
   Tensor mx_deq_W;                 // operand dtype, Rx * max(D,F)
+  // MXFP8 attention (model/attention_block.cpp): the normed input before quantization (forward),
+  // then the weight gradients' dequantized operand (backward); the quantized upstream gradient of
+  // each projection's data gradient, in the gradient element. W = max(D, H*hd).
+  Tensor mx_attn_x_N;              // operand dtype, T * W
+  Tensor mx_attn_g_q, mx_attn_g_qs;  // T * W, T * W/32
 };
 
 // What one plan covers: a pipeline stage's layers and its in-flight micro-batches.

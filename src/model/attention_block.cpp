@@ -1,8 +1,33 @@
 #include "model/attention_block.h"
 
+#include "core/mxfp8.h"
 #include "core/phase_timer.h"
 
 namespace moe {
+
+namespace {
+// MXFP8 projections (mxfp8.attention): the quantization work is booked to its own phase.
+void quantize(Backend& ops, const Tensor& x, int rule, const Tensor& codes, const Tensor& scales) {
+  PhaseScope phase(Phase::kQuantize);
+  ops.mx_quantize(x, false, rule, codes, scales, Tensor(), Tensor());
+}
+// dx (+)= g W for an MXFP8 projection: the upstream gradient g (T,N) quantized along N (into the
+// scratch, in the gradient element) against the weight's transposed copy.
+void mx_data_grad(const SublayerContext& ctx, const Tensor& g, const MxWeightCopies& w, const Tensor& dx,
+                  bool accumulate) {
+  const int64_t T = g.dim(0), N = g.dim(1);
+  const Tensor gq = rows_view(ctx.scratch.mx_attn_g_q, T, N), gqs = rows_view(ctx.scratch.mx_attn_g_qs, T, N / mx::kBlock);
+  quantize(ctx.ops, g, ctx.dims.mx.rule, gq, gqs);
+  ctx.ops.mx_linear(gq, gqs, w.t, w.ts, dx, accumulate);
+}
+// The weight gradients' operand from its saved quantized copy, into the scratch.
+Tensor dequantized(const SublayerContext& ctx, const Tensor& codes, const Tensor& scales) {
+  PhaseScope phase(Phase::kQuantize);
+  const Tensor x = rows_view(ctx.scratch.mx_attn_x_N, codes.dim(0), codes.dim(1));
+  ctx.ops.mx_dequantize(codes, scales, x, Tensor());
+  return x;
+}
+}  // namespace
 
 void attention_forward(const SublayerContext& ctx, const LayerParams& p, const Tensor& x_in, AttnActs& a,
                        const Tensor& x_out) {
@@ -11,14 +36,23 @@ void attention_forward(const SublayerContext& ctx, const LayerParams& p, const T
   const ModelConfig& c = ctx.cfg;
   const LayerWeights &W = p.w, &Wc = p.op;
   const int64_t T = ctx.dims.T, H = c.n_heads, G = c.n_kv_heads, hd = c.hd();
-  Tensor h_act = ctx.norm_input(x_in, W.attn_norm, a.rstd_in, Tensor(), a.h_act);
+  // MXFP8: the normed input is quantized once (saved so) for the three projections.
+  const MxAttentionWeights* mx = ctx.dims.mx.attention ? p.mx_attn : nullptr;
+  MOE_CHECK(!ctx.dims.mx.attention || mx, "MXFP8 attention without the layer's MXFP8 weight caches");
+  Tensor h_act = ctx.norm_input(x_in, W.attn_norm, a.rstd_in, Tensor(),
+                                mx ? rows_view(ctx.scratch.mx_attn_x_N, T, c.d_model) : a.h_act);
+  if (mx) quantize(ops, h_act, ctx.dims.mx.rule, a.h_q, a.h_qs);
+  auto project = [&](const Tensor& w, const MxWeightCopies* w8, const Tensor& y) {
+    if (w8) ops.mx_linear(a.h_q, a.h_qs, w8->q, w8->qs, y, false);
+    else ops.linear_fwd(h_act, w, y, false);
+  };
   Tensor q2 = a.q.view({T, H * hd}), k2 = a.k.view({T, G * hd});
   if (ctx.choice.qk_norm == QkNorm::kNone) {
-    ops.linear_fwd(h_act, Wc.wq, q2, false);
-    ops.linear_fwd(h_act, Wc.wk, k2, false);
+    project(Wc.wq, mx ? &mx->wq : nullptr, q2);
+    project(Wc.wk, mx ? &mx->wk : nullptr, k2);
   } else {
-    ops.linear_fwd(h_act, Wc.wq, a.q_lin, false);
-    ops.linear_fwd(h_act, Wc.wk, a.k_lin, false);
+    project(Wc.wq, mx ? &mx->wq : nullptr, a.q_lin);
+    project(Wc.wk, mx ? &mx->wk : nullptr, a.k_lin);
     if (ctx.choice.qk_norm == QkNorm::kFull) {
       ops.rmsnorm_fwd(a.q_lin, W.q_norm, c.norm_eps, q2, a.rstd_q);
       ops.rmsnorm_fwd(a.k_lin, W.k_norm, c.norm_eps, k2, a.rstd_k);
@@ -27,14 +61,18 @@ void attention_forward(const SublayerContext& ctx, const LayerParams& p, const T
       ops.rmsnorm_fwd(a.k_lin.view({T * G, hd}), W.k_norm, c.norm_eps, k2.view({T * G, hd}), a.rstd_k);
     }
   }
-  ops.linear_fwd(h_act, Wc.wv, a.v.view({T, G * hd}), false);
+  project(Wc.wv, mx ? &mx->wv : nullptr, a.v.view({T, G * hd}));
   ops.rope_fwd(a.q, c.rope_theta);
   ops.rope_fwd(a.k, c.rope_theta);
   // bf16 mode runs attention's matrix products on bf16 operands too (fp32 softmax and sums).
   ops.attention_fwd(a.q, a.k, a.v, a.o, a.lse, ctx.doc_start, ctx.bf16_operands());
-  Tensor o_act = ctx.operand(a.o.view({T, H * hd}), a.o_act);
   Tensor y = ctx.choice.peri() ? a.out : x_out;
-  ops.linear_fwd(o_act, Wc.wo, y, false);
+  if (mx) {  // o quantized from the compute dtype, saved so for wo's weight gradient
+    quantize(ops, a.o.view({T, H * hd}), ctx.dims.mx.rule, a.o_q, a.o_qs);
+    ops.mx_linear(a.o_q, a.o_qs, mx->wo.q, mx->wo.qs, y, false);
+  } else {
+    ops.linear_fwd(ctx.operand(a.o.view({T, H * hd}), a.o_act), Wc.wo, y, false);
+  }
   ctx.finish_sublayer(y, W.attn_out_norm, a.rstd_out, x_in, x_out);
 }
 
@@ -49,9 +87,16 @@ void attention_backward(const SublayerContext& ctx, const LayerParams& p, const 
   Tensor dy = ctx.sublayer_output_grad(ctx.choice.peri() ? a.out : Tensor(), W.attn_out_norm, a.rstd_out,
                                        dW.attn_out_norm);
 
+  // MXFP8: each data gradient quantizes the operand-dtype upstream gradient its weight gradient
+  // reads; the weight gradients run in bf16 on the saved operands dequantized.
+  const MxAttentionWeights* mx = ctx.dims.mx.attention ? p.mx_attn : nullptr;
+  auto data_grad = [&](const Tensor& g, const Tensor& w, const MxWeightCopies* w8, const Tensor& dx, bool acc) {
+    if (w8) mx_data_grad(ctx, g, *w8, dx, acc);
+    else ops.linear_bwd_data(g, w, dx, acc);
+  };
   Tensor dy_act = ctx.operand_grad(dy);
-  Tensor o_act = ctx.bf16_operands() ? a.o_act : a.o.view({T, H * hd});
-  ops.linear_bwd_data(dy_act, Wc.wo, s.do_BSHd.view({T, H * hd}), false);
+  data_grad(dy_act, Wc.wo, mx ? &mx->wo : nullptr, s.do_BSHd.view({T, H * hd}), false);
+  const Tensor o_act = mx ? dequantized(ctx, a.o_q, a.o_qs) : ctx.bf16_operands() ? a.o_act : a.o.view({T, H * hd});
   ops.linear_bwd_weight(dy_act, o_act, dW.wo);
   ops.attention_bwd(s.do_BSHd, a.q, a.k, a.v, a.o, a.lse, s.dq_BSHd, s.dk_BSGd, s.dv_BSGd, ctx.doc_start,
                     ctx.bf16_operands());
@@ -77,15 +122,16 @@ void attention_backward(const SublayerContext& ctx, const LayerParams& p, const 
     dk = dk_op;
   }
   // dh = dq wq + dk wk + dv wv, each operand converted once and used for data and weight grads.
+  const Tensor h_act = mx ? dequantized(ctx, a.h_q, a.h_qs) : a.h_act;
   Tensor g = ctx.operand_grad(dq);
-  ops.linear_bwd_data(g, Wc.wq, s.dnormed_TD, false);
-  ops.linear_bwd_weight(g, a.h_act, dW.wq);
+  data_grad(g, Wc.wq, mx ? &mx->wq : nullptr, s.dnormed_TD, false);
+  ops.linear_bwd_weight(g, h_act, dW.wq);
   g = ctx.operand_grad(dk);
-  ops.linear_bwd_data(g, Wc.wk, s.dnormed_TD, true);
-  ops.linear_bwd_weight(g, a.h_act, dW.wk);
+  data_grad(g, Wc.wk, mx ? &mx->wk : nullptr, s.dnormed_TD, true);
+  ops.linear_bwd_weight(g, h_act, dW.wk);
   g = ctx.operand_grad(s.dv_BSGd.view({T, G * hd}));
-  ops.linear_bwd_data(g, Wc.wv, s.dnormed_TD, true);
-  ops.linear_bwd_weight(g, a.h_act, dW.wv);
+  data_grad(g, Wc.wv, mx ? &mx->wv : nullptr, s.dnormed_TD, true);
+  ops.linear_bwd_weight(g, h_act, dW.wv);
   ctx.norm_input_backward(s.dnormed_TD, x_in, W.attn_norm, a.rstd_in, dW.attn_norm);
 }
 

@@ -65,12 +65,13 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
                            nm * static_cast<double>(4 + ep));
   const double P = static_cast<double>(ParamLayout(c).num_global_params());
   m.step_stats = 8 * (2 + 2 * nm + static_cast<double>(kCtlSize) + P) + nm * E * (cdt + 4) + (ep > 1 ? 4 * nm * static_cast<double>(4 + ep) : 0);
+  int64_t local_moe = 0;
+  for (int64_t l = layer_begin; l < layer_end; ++l) local_moe += c.is_moe_layer(l) ? 1 : 0;
   if (mx.experts && nm > 0) {
-    int64_t local_moe = 0;
-    for (int64_t l = layer_begin; l < layer_end; ++l) local_moe += c.is_moe_layer(l) ? 1 : 0;
     m.mx_caches = static_cast<double>(local_moe * mx_expert_cache_bytes(c, c.num_experts / ep));
     m.step_stats += 2 * 8 * 8 * nm;  // the quantization statistics: the record's and the model's
   }
+  if (mx.attention) m.mx_caches += static_cast<double>((layer_end - layer_begin) * mx_attention_cache_bytes(c));
   // bf16 mode: the attention kernel packs q, k, v and dO once per op (kernels/cpu/attention_bf16.h:
   // a bf16 copy, 64 bytes of alignment, and pair rows of ceil(S/2) positions; grow-only per slot,
   // so two slots of q's size and two of k's).
@@ -79,11 +80,22 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
     auto pack = [&](double row) { return 2 * T * row + 64 + 4 * Bm * Sp * row; };
     m.kernel_scratch = 2 * pack(Ha) + 2 * pack(Ga);
   }
-  // The cpu MXFP8 GEMMs' grow-only bf16 operands (kernels/cpu/mxfp8.cpp): the widest row operand
-  // (Rx, max(D,F)) and one layer's local experts (El, F, D).
-  if (mx.experts && layer_end > layer_begin && m.mx_caches > 0) {
+  // The cpu MXFP8 GEMMs' grow-only bf16 operands (kernels/cpu/mxfp8.cpp), one pair per process:
+  // the widest row operand, experts (Rx, max(D,F)) or attention (T, max(D,H*hd)), and the widest
+  // weight, one layer's local experts (El, F, D) or a projection (max(H,G)*hd, D).
+  const bool mx_experts = mx.experts && local_moe > 0;
+  if ((mx_experts || mx.attention) && layer_end > layer_begin) {
     const double F = static_cast<double>(c.expert_hidden);
-    m.kernel_scratch += 2 * static_cast<double>(dims.Rx) * std::max(D, F) + 2 * static_cast<double>(dims.El) * F * D;
+    double rows = 0, weight = 0;
+    if (mx_experts) {
+      rows = static_cast<double>(dims.Rx) * std::max(D, F);
+      weight = static_cast<double>(dims.El) * F * D;
+    }
+    if (mx.attention) {
+      rows = std::max(rows, T * std::max(D, Ha));
+      weight = std::max(weight, std::max(Ha, Ga) * D);
+    }
+    m.kernel_scratch += 2 * rows + 2 * weight;
   }
   return m;
 }
@@ -133,7 +145,7 @@ std::string format_memory(const MemoryEstimate& m) {
   };
   line("parameters (fp32 master)", m.params);
   if (m.operand_copies > 0) line("bf16 operand copies", m.operand_copies);
-  if (m.mx_caches > 0) line("MXFP8 expert weight caches", m.mx_caches);
+  if (m.mx_caches > 0) line("MXFP8 weight caches", m.mx_caches);
   line("gradients (fp32)", m.grads);
   line("AdamW state (2 x fp32)", m.optimizer);
   if (m.router_bias > 0) line("router biases", m.router_bias);

@@ -14,7 +14,7 @@ namespace moe {
 struct MemoryEstimate {
   double params = 0;           // fp32 master weights: 4 N
   double operand_copies = 0;   // bf16 GEMM operand copies (bf16 mode): 2 N
-  double mx_caches = 0;        // MXFP8 experts: 2 x 33/32 bytes per local expert weight (two orientations)
+  double mx_caches = 0;        // MXFP8: 2 x 33/32 bytes per local expert (and attention) weight (two orientations)
   double grads = 0;            // fp32 gradients: 4 N
   double optimizer = 0;        // AdamW first and second moments: 2 x 4 N
   double router_bias = 0;      // loss-free biases: 4 E per MoE layer

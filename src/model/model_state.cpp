@@ -32,10 +32,28 @@ MxExpertWeights carve_mx(char*& at, Device device, int64_t El, int64_t F, int64_
   }
   return w;
 }
+MxAttentionWeights carve_mx_attention(char*& at, Device device, const ModelConfig& c) {
+  const int64_t D = c.d_model, Hd = c.n_heads * c.hd(), Gd = c.n_kv_heads * c.hd(), b = mx::kBlock;
+  MxAttentionWeights w;
+  for (auto [copies, N, K] : {std::tuple{&w.wq, Hd, D}, std::tuple{&w.wk, Gd, D}, std::tuple{&w.wv, Gd, D},
+                              std::tuple{&w.wo, D, Hd}}) {
+    auto take = [&](DType dt, std::initializer_list<int64_t> dims) {
+      Tensor t(at, dt, dims, device);
+      at += t.nbytes();
+      return t;
+    };
+    copies->q = take(DType::kE4M3, {N, K});
+    copies->qs = take(DType::kE8M0, {N, K / b});
+    copies->t = take(DType::kE4M3, {K, N});
+    copies->ts = take(DType::kE8M0, {K, N / b});
+  }
+  return w;
+}
 }  // namespace
 
 ModelState::ModelState(const ModelConfig& config, const ModelShard& shard, int64_t dense_chunks,
-                       int64_t expert_chunks, DType compute, bool bf16_operands, Backend& ops, int mx_rule)
+                       int64_t expert_chunks, DType compute, bool bf16_operands, Backend& ops, int mx_rule,
+                       bool mx_experts, bool mx_attention)
     : cfg_(config), ops_(ops), layout_(config, shard, dense_chunks, expert_chunks), compute_(compute),
       mx_rule_(mx_rule) {
   // In the backend's memory (zero-filled on the host backends; others leave it undefined, so
@@ -55,18 +73,23 @@ ModelState::ModelState(const ModelConfig& config, const ModelShard& shard, int64
   }
   for (int64_t m = 0; m < cfg_.num_moe_layers(); ++m)
     router_bias_.emplace_back(ops, compute, std::initializer_list<int64_t>{cfg_.num_experts});
-  if (mx_rule_ >= 0) {
+  if (mx_rule_ >= 0 && (mx_experts || mx_attention)) {
     const ModelShard& held = layout_.shard();  // -1s resolved
     const int64_t El = held.num_local_experts;
-    int64_t layers = 0;
-    for (int64_t l = held.layer_begin; l < held.layer_end; ++l) layers += cfg_.is_moe_layer(l) ? 1 : 0;
-    const AllocationScope mx_scope("MXFP8 expert weight caches");
-    mx_mem_ = Buffer(ops, static_cast<size_t>(std::max<int64_t>(1, layers * mx_expert_cache_bytes(cfg_, El))));
-    mx_.resize(static_cast<size_t>(cfg_.n_layers));
+    int64_t moe_layers = 0;
+    for (int64_t l = held.layer_begin; l < held.layer_end; ++l) moe_layers += cfg_.is_moe_layer(l) ? 1 : 0;
+    const int64_t bytes = (mx_experts ? moe_layers * mx_expert_cache_bytes(cfg_, El) : 0) +
+                          (mx_attention ? (held.layer_end - held.layer_begin) * mx_attention_cache_bytes(cfg_) : 0);
+    const AllocationScope mx_scope("MXFP8 weight caches");
+    mx_mem_ = Buffer(ops, static_cast<size_t>(std::max<int64_t>(1, bytes)));
     char* at = static_cast<char*>(mx_mem_.data());
-    for (int64_t l = held.layer_begin; l < held.layer_end; ++l)
-      if (cfg_.is_moe_layer(l))
+    if (mx_experts) mx_.resize(static_cast<size_t>(cfg_.n_layers));
+    if (mx_attention) mx_attn_.resize(static_cast<size_t>(cfg_.n_layers));
+    for (int64_t l = held.layer_begin; l < held.layer_end; ++l) {
+      if (mx_experts && cfg_.is_moe_layer(l))
         mx_[static_cast<size_t>(l)] = carve_mx(at, ops.device(), El, cfg_.expert_hidden, cfg_.d_model);
+      if (mx_attention) mx_attn_[static_cast<size_t>(l)] = carve_mx_attention(at, ops.device(), cfg_);
+    }
   }
 }
 
@@ -114,6 +137,16 @@ void ModelState::refresh_operand_weights() {
       ops_.mx_quantize(master.view({El * N, K}), false, mx_rule_, pairs[i].second->view({El * N, K}),
                        qs[i]->view({El * N, K / mx::kBlock}), Tensor(), Tensor());
       ops_.mx_quantize(master, true, mx_rule_, *t[i], *ts[i], Tensor(), Tensor());
+    }
+  }
+  for (size_t l = 0; l < mx_attn_.size(); ++l) {
+    const MxAttentionWeights& q = mx_attn_[l];
+    if (q.wq.q.empty()) continue;
+    const LayerWeights& w = params_.layers[l];
+    for (auto [master, copies] : {std::pair{&w.wq, &q.wq}, std::pair{&w.wk, &q.wk}, std::pair{&w.wv, &q.wv},
+                                  std::pair{&w.wo, &q.wo}}) {
+      ops_.mx_quantize(*master, false, mx_rule_, copies->q, copies->qs, Tensor(), Tensor());
+      ops_.mx_quantize(*master, true, mx_rule_, copies->t, copies->ts, Tensor(), Tensor());
     }
   }
 }

@@ -24,22 +24,35 @@ struct MxExpertWeights {
   Tensor down_q, down_qs, down_t, down_ts;
 };
 
+// MXFP8 copies of one layer's attention projections (mxfp8.attention), as MxExpertWeights: "q"
+// quantized along the forward's reduction (D for wq/wk/wv, H*hd for wo), "t" along the data
+// gradient's, stored transposed.
+struct MxWeightCopies {
+  Tensor q, qs, t, ts;  // (N,K) + (N,K/32), (K,N) + (K,N/32)
+};
+struct MxAttentionWeights {
+  MxWeightCopies wq, wk, wv, wo;
+};
+
 // One layer's weights as the step reads them: master weights (norms, router), their GEMM operand
 // copies (= the masters in fp32 mode), the gradients they accumulate into, and the MXFP8 expert
-// copies (MoE layers with MXFP8 experts; else null).
+// copies (MoE layers with MXFP8 experts; else null) and the MXFP8 attention copies (else null).
 struct LayerParams {
   const LayerWeights& w;
   const LayerWeights& op;
   LayerWeights& grad;
   const MxExpertWeights* mx = nullptr;
+  const MxAttentionWeights* mx_attn = nullptr;
 };
 
 class ModelState {
  public:
   // dense_chunks / expert_chunks: ZeRO-1 chunking of the flat regions (model/params.h).
-  // mx_rule >= 0: MXFP8 expert caches quantized with that scale rule (mx::ScaleRule); -1: none.
+  // mx_rule >= 0: MXFP8 caches quantized with that scale rule (mx::ScaleRule), of the expert
+  // weights (mx_experts) and of the attention projections (mx_attention); -1: none.
   ModelState(const ModelConfig& config, const ModelShard& shard, int64_t dense_chunks, int64_t expert_chunks,
-             DType compute, bool bf16_operands, Backend& ops, int mx_rule = -1);
+             DType compute, bool bf16_operands, Backend& ops, int mx_rule = -1, bool mx_experts = true,
+             bool mx_attention = false);
 
   const ParamLayout& layout() const { return layout_; }
   Weights& params() { return params_; }
@@ -48,7 +61,8 @@ class ModelState {
   std::vector<OwnedTensor>& router_bias() { return router_bias_; }
   LayerParams layer(int64_t l) {
     const auto i = static_cast<size_t>(l);
-    return {params_.layers[i], operands_.layers[i], grads_.layers[i], mx_.empty() ? nullptr : &mx_[i]};
+    return {params_.layers[i], operands_.layers[i], grads_.layers[i], mx_.empty() ? nullptr : &mx_[i],
+            mx_attn_.empty() ? nullptr : &mx_attn_[i]};
   }
 
   // OLMo-style init: truncated normal (+-3 std) for matrices, ones for norms; each element a
@@ -68,6 +82,7 @@ class ModelState {
   Weights params_, grads_, operands_;  // operands_ = params_ in fp32 mode
   int mx_rule_ = -1;
   std::vector<MxExpertWeights> mx_;    // per model layer (filled for local MoE layers); empty: none
+  std::vector<MxAttentionWeights> mx_attn_;  // per model layer (filled for local layers); empty: none
   std::vector<OwnedTensor> router_bias_;
 };
 

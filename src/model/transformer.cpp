@@ -13,8 +13,8 @@ Dims checked_dims(const ModelConfig& c, const ModelOptions& o) {
   MOE_CHECK(o.compute == DType::kF32 || o.compute == DType::kF64, "compute dtype must be f32 or f64");
   MOE_CHECK(!(o.bf16_operands && o.compute != DType::kF32), "bf16 operands need f32 compute");
   MOE_CHECK(o.pipeline_slots >= 1, "pipeline_slots = ", o.pipeline_slots, " must be at least 1");
-  MOE_CHECK(!o.mx.experts || o.bf16_operands || o.compute == DType::kF64,
-            "MXFP8 experts run with bf16 operands elsewhere (f32 compute) or on the f64 reference path");
+  MOE_CHECK(!(o.mx.experts || o.mx.attention) || o.bf16_operands || o.compute == DType::kF64,
+            "MXFP8 GEMMs run with bf16 operands elsewhere (f32 compute) or on the f64 reference path");
   return model_dims(c, o.batch, o.seq_len, o.compute, o.bf16_operands, o.ep ? o.ep->size() : 1, o.ep_capacity_factor,
                     o.ep_transport == ExchangeTransportKind::kPadded, o.mx);
 }
@@ -30,7 +30,7 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
       seed_(o.seed),
       moe_index_base_(config.n_dense_layers),
       state_(config, o.shard, o.dense_chunks, o.expert_chunks, o.compute, o.bf16_operands, ops,
-             o.mx.experts ? o.mx.rule : -1) {
+             o.mx.experts || o.mx.attention ? o.mx.rule : -1, o.mx.experts, o.mx.attention) {
   const ModelShard& shard = layout().shard();
   const int64_t ep = dims_.ep;
   MOE_CHECK(shard.num_local_experts * ep == cfg_.num_experts && (ep == 1 || shard.expert_begin == o.ep->rank() * shard.num_local_experts),

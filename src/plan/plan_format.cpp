@@ -18,7 +18,7 @@ struct MemoryRow {
 constexpr MemoryRow kMemoryRows[] = {
     {"fp32 master weights", &MemoryEstimate::params},
     {"bf16 operand copies", &MemoryEstimate::operand_copies},
-    {"MXFP8 expert caches", &MemoryEstimate::mx_caches},
+    {"MXFP8 weight caches", &MemoryEstimate::mx_caches},
     {"fp32 gradients", &MemoryEstimate::grads},
     {"AdamW moments", &MemoryEstimate::optimizer},
     {"router biases", &MemoryEstimate::router_bias},

@@ -1,6 +1,7 @@
 // MXFP8 experts under expert parallelism (moe/mx_experts.h): the f64 reference path at EP = 2
 // equals one process at the parity tolerance (1e-9, parity_test.cpp) with the quantized dispatch,
-// without it, with recompute and over the padded transport; and the dispatch's bytes on the wire
+// without it, with recompute, with the attention projections in MXFP8 too and over the padded
+// transport; and the dispatch's bytes on the wire
 // are 33/32 per value (an e4m3 code plus an e8m0 scale per 32), from the byte counters.
 #include <gtest/gtest.h>
 
@@ -53,6 +54,13 @@ TEST(Mxfp8Parallel, Ep2Variants) {
     c.train.recompute = true;
     c.mxfp8.scale_rule = "floor";
     c.mxfp8.grad_format = "e5m2";
+    expect_mx_parity(c);
+  }
+  {
+    SCOPED_TRACE("attention projections too");  // MHA: the key/value width is a block
+    Config c = mx_config(2, 2);
+    c.model.n_kv_heads = 4;
+    c.mxfp8.attention = true;
     expect_mx_parity(c);
   }
   {

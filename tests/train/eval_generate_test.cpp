@@ -62,6 +62,7 @@ struct Trained {
   std::unique_ptr<Backend> ops = make_backend("cpu");
   std::unique_ptr<Trainer> trainer;
   std::unique_ptr<TokenDataset> train, valid;
+  std::string valid_path;
   double loss_before = 0;
 };
 
@@ -70,7 +71,8 @@ Trained& trained() {
     auto* t = new Trained;
     const Config& c = t->config;
     t->train = std::make_unique<TokenDataset>(std::vector<std::string>{write_stream("train.bin", 40000, 1)}, "uint16", kV, c.train.seq_len);
-    t->valid = std::make_unique<TokenDataset>(std::vector<std::string>{write_stream("valid.bin", 4000, 2)}, "uint16", kV, c.train.seq_len);
+    t->valid_path = write_stream("valid.bin", 4000, 2);
+    t->valid = std::make_unique<TokenDataset>(std::vector<std::string>{t->valid_path}, "uint16", kV, c.train.seq_len);
     t->trainer = std::make_unique<Trainer>(c, *t->ops, DType::kF32);
     t->loss_before = evaluate(t->trainer->model(), *t->valid, c.train.micro_batch_size, 0).loss;
     OwnedTensor ids(DType::kI32, {c.train.batch_size, c.train.seq_len}), labels(DType::kI32, {c.train.batch_size, c.train.seq_len});
@@ -146,7 +148,7 @@ TEST(Generate, LearnedRuleSeededAndDeterministic) {
 TEST(EvalCommands, EvalPrintsLossAndPerplexityAndGenerateNeedsBytes) {
   Trained& t = trained();
   Config c = t.config;
-  c.data.valid_path = (std::filesystem::temp_directory_path() / "moe_evalgen_valid.bin").string();
+  c.data.valid_path = t.valid_path;  // this process's own file (write_stream)
   Trainer trainer(c, *t.ops, DType::kF32);
   std::ostringstream out;
   const EvalResult r = run_eval_command(trainer, 2, out);

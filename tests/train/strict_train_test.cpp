@@ -74,7 +74,7 @@ std::string file_bytes(const fs::path& p) {
 
 class StrictRun : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Variants, StrictRun,
-                         ::testing::Values("fp32", "recompute", "bf16", "mxfp8", "mxfp8_recompute"),
+                         ::testing::Values("fp32", "recompute", "bf16", "mxfp8", "mxfp8_recompute", "mxfp8_attention"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 std::string variant_sets(const std::string& v) {
@@ -82,6 +82,9 @@ std::string variant_sets(const std::string& v) {
   if (v == "bf16") return " --set train.precision=bf16";
   // MXFP8 needs blocks of 32 along the expert width.
   if (v == "mxfp8") return " --set train.precision=mxfp8 --set model.expert_hidden=32";
+  if (v == "mxfp8_attention")
+    return " --set train.precision=mxfp8 --set model.expert_hidden=32 --set model.n_kv_heads=4 --set mxfp8.attention=true"
+           " --set train.recompute=true";
   if (v == "mxfp8_recompute") return " --set train.precision=mxfp8 --set model.expert_hidden=32 --set train.recompute=true";
   return "";
 }

@@ -214,6 +214,48 @@ struct Bf16Products {
 };
 #endif
 
+#if !defined(MOE_ATTENTION_BF16)
+// bf16 products on a CPU without AVX512-BF16: every tile-product operand rounded to bf16 as the
+// bf16 path rounds it (q, k, v, dO once per op, by rounded_copy; p and ds per tile here) and
+// multiplied in fp32, where a product of two bf16 values is exact; sums in fp32. The same
+// arithmetic as vdpbf16ps but for summation order and subnormals (kept, not flushed).
+inline float bf16_rounded(float x) { return std::bit_cast<float>(static_cast<uint32_t>(elem::bf16_bits(x)) << 16); }
+struct RoundedProducts {
+  using Operand = const float*;  // rows of the op's rounded copy
+  static void panel(const float* src, int64_t stride, int n, int hd, float /*mul: in scores*/, float* dst,
+                    float*) {
+    pack_transposed(src, stride, n, hd, 1.0f, dst);  // bf16 rounds before it scales: no pre-scale
+  }
+  static void scores(const float* a, int64_t astride, int rows, const float* panel, int hd, float mul,
+                     float* c, Tri tri, float*) {
+    scores_f32(a, astride, rows, panel, hd, c, tri);
+    if (mul != 1.0f)
+      for (int64_t i = 0; i < static_cast<int64_t>(rows) * kTile; ++i) c[i] *= mul;
+  }
+  static void accum(const float* a, int64_t astride, int rows, const float* p, int hd, float* c,
+                    const vf* alpha, Tri tri, float*) {
+    // p is the pass's own tile (probabilities or score gradients), not read after this product.
+    float* pw = const_cast<float*>(p);
+    for (int64_t i = 0; i < static_cast<int64_t>(rows) * kTile; ++i) pw[i] = bf16_rounded(pw[i]);
+    accum_f32(a, astride, rows, p, hd, c, alpha, tri);
+  }
+};
+
+// Grow-only buffers on the calling thread for the rounded copies of q, k, v, dO (as many bytes
+// as the bf16 path's packed copies: the memory estimate's formula covers both).
+const float* rounded_copy(int slot, const Tensor& x) {
+  thread_local Buffer bufs[4];
+  const auto n = static_cast<size_t>(x.numel());
+  Buffer& buf = bufs[slot];
+  if (buf.bytes() < n * sizeof(float)) buf = Buffer(n * sizeof(float));
+  const float* src = x.as<float>();
+  auto* dst = static_cast<float*>(buf.data());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < static_cast<int64_t>(n); ++i) dst[i] = bf16_rounded(src[i]);
+  return dst;
+}
+#endif
+
 // Per-thread scratch, grown (never per tile) to the largest size an op has asked for.
 float* thread_scratch(size_t floats) {
   thread_local Buffer buf;
@@ -494,8 +536,8 @@ Bf16Tensor pack_for_bf16(int slot, const float* x, int64_t B, int64_t S, int64_t
 }
 #endif
 
-// Whether this call runs bf16 products: asked for, built with AVX512-BF16 (MOE_ATTENTION_BF16),
-// and an even head dim (pairs); otherwise fp32 products.
+// Whether this call runs bf16 products: asked for and an even head dim (pairs: the AVX512-BF16
+// kernels; without them RoundedProducts keeps the rule); otherwise fp32 products.
 bool use_bf16(bool asked, int hd) { return asked && hd % 2 == 0; }
 
 template <class P>
@@ -563,8 +605,10 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     return;
   }
 #else
-  (void)bf16_products;
-  (void)use_bf16;
+  if (use_bf16(bf16_products, d.hd)) {
+    run_forward<RoundedProducts>(d, rounded_copy(0, q), rounded_copy(1, k), rounded_copy(2, v), op, lp);
+    return;
+  }
 #endif
   run_forward<F32Products>(d, qp, kp, vp, op, lp);
 }
@@ -605,7 +649,11 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
     return;
   }
 #else
-  (void)bf16_products;
+  if (use_bf16(bf16_products, d.hd)) {
+    run_backward<RoundedProducts>(d, rounded_copy(0, dout), rounded_copy(1, q), rounded_copy(2, k),
+                                  rounded_copy(3, v), lp, D, dqp, dkp, dvp);
+    return;
+  }
 #endif
   run_backward<F32Products>(d, dop, qp, kp, vp, lp, D, dqp, dkp, dvp);
 }

@@ -29,6 +29,12 @@ struct Primitive {
   size_t scratch_bytes = 0;
   std::string impl;
   std::vector<Mems> mems;  // one per prepared thread
+  // bf16 operands on a CPU where oneDNN has no bf16 matmul (no AVX-512: oneDNN 2.6 needs
+  // avx512_core): an fp32 primitive over the operands widened to fp32 per call. bf16 x bf16 is
+  // exact in fp32 (8 + 8 significant bits), so this is the bf16 GEMM's arithmetic (fp32 products,
+  // fp32 sums), but for summation order and subnormals (read and kept, not flushed).
+  bool widen = false;
+  size_t a_extent = 0, b_extent = 0;  // elements spanned by the strided operands
 };
 
 namespace {
@@ -94,12 +100,9 @@ class OneThread {
   int saved_;
 };
 
-std::unique_ptr<Primitive> create(const Desc& d) {
+// The primitive of d with operands of type t; null if oneDNN has none.
+std::unique_ptr<Primitive> create_as(const Desc& d, dnnl::memory::data_type t) {
   using dnnl::memory;
-  MOE_CHECK(d.m > 0 && d.n > 0 && d.k > 0, "cpu GEMM: empty primitive shape (", d.m, ",", d.n, ",",
-            d.k, ")");
-  MOE_CHECK(!omp_in_parallel(), "cpu GEMM: primitives must be created outside parallel regions");
-  const memory::data_type t = dnnl_type(d.dtype);
   auto p = std::make_unique<Primitive>();
   // Transposes are expressed through strides only; oneDNN picks its own copy routines.
   p->a = memory::desc({d.m, d.k}, t,
@@ -126,17 +129,45 @@ std::unique_ptr<Primitive> create(const Desc& d) {
     p->scratch = pd.scratchpad_desc();
     p->scratch_bytes = p->scratch.get_size();
     p->impl = pd.impl_info_str();
-  } catch (const dnnl::error& e) {
-    MOE_FAIL("cpu GEMM: oneDNN could not create a ", dtype_name(d.dtype), " matmul (", d.m, "x",
-             d.n, "x", d.k, "): ", e.what());
+  } catch (const dnnl::error&) {
+    return nullptr;
   }
+  return p;
+}
+
+std::unique_ptr<Primitive> create(const Desc& d) {
+  MOE_CHECK(d.m > 0 && d.n > 0 && d.k > 0, "cpu GEMM: empty primitive shape (", d.m, ",", d.n, ",",
+            d.k, ")");
+  MOE_CHECK(!omp_in_parallel(), "cpu GEMM: primitives must be created outside parallel regions");
+  std::unique_ptr<Primitive> p = create_as(d, dnnl_type(d.dtype));
+  if (!p && d.dtype == DType::kBF16) {
+    p = create_as(d, dnnl::memory::data_type::f32);
+    if (p) {
+      p->widen = true;
+      p->impl = "widened to f32: " + p->impl;
+      p->a_extent = static_cast<size_t>(d.ta == Trans::kN ? (d.m - 1) * d.lda + d.k : (d.k - 1) * d.lda + d.m);
+      p->b_extent = static_cast<size_t>(d.tb == Trans::kN ? (d.k - 1) * d.ldb + d.n : (d.n - 1) * d.ldb + d.k);
+    }
+  }
+  MOE_CHECK(p != nullptr, "cpu GEMM: oneDNN could not create a ", dtype_name(d.dtype), " matmul (", d.m, "x", d.n,
+            "x", d.k, ")");
   return p;
 }
 
 struct ThreadState {
   dnnl::stream stream;
   Buffer scratch;
+  Buffer wide_a, wide_b;  // widened bf16 operands (Primitive::widen), grown once
 };
+
+// bf16 -> fp32 is exact: the bf16 bits are the fp32 value's high half.
+const float* widened(const void* src, size_t n, Buffer& buf) {
+  if (buf.bytes() < n * sizeof(float)) buf = Buffer(n * sizeof(float));
+  const auto* s = static_cast<const uint16_t*>(src);
+  auto* d = static_cast<uint32_t*>(buf.data());
+  for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
+  return static_cast<const float*>(buf.data());
+}
 
 std::vector<std::unique_ptr<ThreadState>>& thread_states() {
   static std::vector<std::unique_ptr<ThreadState>> s;
@@ -225,6 +256,10 @@ void execute(const Primitive* p, const void* a, const void* b, float* c, int thr
   ThreadState& t = *thread_states()[static_cast<size_t>(thread)];
   // The memory objects are this thread's own: repointing them races with no other thread.
   const Mems& m = p->mems[static_cast<size_t>(thread)];
+  if (p->widen) {
+    a = widened(a, p->a_extent, t.wide_a);
+    b = widened(b, p->b_extent, t.wide_b);
+  }
   m.a.set_data_handle(const_cast<void*>(a));
   m.b.set_data_handle(const_cast<void*>(b));
   m.c.set_data_handle(c);
