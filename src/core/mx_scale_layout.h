@@ -5,8 +5,9 @@
 // k-block c at (r % 32) * 16 + (r / 32) * 4 + c. Rows and k-blocks are padded up to whole tiles.
 // A grouped (expert) operand pads each expert's rows to 128 separately, so expert e's tiles start
 // after the padded rows of the experts before it.
-// moecore's scales are still row-major (rows, K/32); these are the offsets the MXFP8 CUDA kernels
-// will write directly. tests/kernels/mx_scale_layout_test.cpp checks them against CUTLASS's own
+// The mx_quantize_swizzled op writes its scales at these offsets (the codes stay where
+// mx_quantize puts them: a grouped GEMM takes each expert's rows by pointer, so only the scales
+// need the padding); training on the cpu keeps them row-major (rows, K/32), which its GEMMs read. tests/kernels/mx_scale_layout_test.cpp checks them against CUTLASS's own
 // layout (cute's tile_to_shape of SfKMajorAtom) where its headers are present.
 #pragma once
 

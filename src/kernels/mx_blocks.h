@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/bf16.h"
+#include "core/mx_scale_layout.h"
 #include "core/mxfp8.h"
 #include "core/tensor.h"
 
@@ -68,6 +69,19 @@ uint8_t quantize_block(const T* x, Elem e, ScaleRule rule, uint8_t* codes, Block
   st.saturated += saturated;
   st.underflow += underflow;
   return s;
+}
+
+// mx_quantize_swizzled's rows [r0, r1) of one group: codes row-major, each scale at its tile
+// offset in the group's padded rows (padded_before: the padded rows of the groups before it).
+template <class T>
+void quantize_rows_swizzled(const T* x, int64_t c, int64_t group_begin, int64_t r0, int64_t r1, int64_t padded_before,
+                            Elem e, ScaleRule rule, uint8_t* codes, uint8_t* scales) {
+  const int64_t kb = c / kBlock;
+  BlockStats st;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t j = 0; j < kb; ++j)
+      scales[swizzled_scale_offset(padded_before + r - group_begin, j, kb)] =
+          quantize_block(x + r * c + j * kBlock, e, rule, codes + r * c + j * kBlock, st);
 }
 
 // 256-entry decode table of an element: code -> value (fp32).

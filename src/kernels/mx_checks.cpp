@@ -1,5 +1,7 @@
 #include "kernels/mx_checks.h"
 
+#include "core/mx_scale_layout.h"
+
 #include "core/check.h"
 
 namespace moe {
@@ -76,6 +78,46 @@ MxQuantizeShape check_mx_quantize_args(const Tensor& x, bool columnwise, int rul
   }
   check_row_end(row_end, what);
   MOE_CHECK(row_end.data == nullptr || !columnwise, what, ": row_end is for row-wise quantization only");
+  return s;
+}
+
+MxSwizzledShape check_mx_quantize_swizzled_args(const Tensor& x, int rule, const Tensor& codes, const Tensor& scales,
+                                                const Tensor& offsets) {
+  const char* what = "mx_quantize_swizzled";
+  mx_rule(rule, what);
+  mx_elem(codes, what);
+  MOE_CHECK(x.dtype == DType::kF32 || x.dtype == DType::kF64 || x.dtype == DType::kBF16, what,
+            ": x has dtype ", dtype_name(x.dtype), ", expected f32, f64 or bf16");
+  MOE_CHECK(x.ndim == 2, what, ": x has shape ", x.shape_str(), ", expected (N,C)");
+  MxSwizzledShape s;
+  s.n = x.shape[0];
+  s.c = x.shape[1];
+  check_block_multiple(s.c, what, "C");
+  check_shape(codes, {s.n, s.c}, "mx_quantize_swizzled codes");
+  check_dtype(scales, DType::kE8M0, what);
+  MOE_CHECK(scales.ndim == 1, what, ": scales has shape ", scales.shape_str(), ", expected (S)");
+  if (offsets.data != nullptr) {
+    check_dtype(offsets, DType::kI32, "mx_quantize_swizzled offsets");
+    MOE_CHECK(offsets.ndim == 1 && offsets.shape[0] >= 2, what, ": offsets has shape ", offsets.shape_str(),
+              ", expected (G+1) with G >= 1");
+    s.groups = offsets.shape[0] - 1;
+  }
+  if (offsets.data == nullptr || offsets.device == Device::kCpu) {
+    const int32_t* off = offsets.data ? offsets.as<int32_t>() : nullptr;
+    MOE_CHECK(!off || off[0] == 0, what, ": offsets[0] = ", off ? off[0] : 0, ", expected 0");
+    int64_t padded = 0;
+    for (int64_t g = 0; g < s.groups; ++g) {
+      const int64_t begin = off ? off[g] : 0, end = off ? off[g + 1] : s.n;
+      MOE_CHECK(begin <= end && end <= s.n, what, ": offsets[", g + 1, "] = ", end, " out of order or past the ",
+                s.n, " rows");
+      s.group_rows.push_back(end - begin);
+      s.padded_before.push_back(padded);
+      padded += mx::padded_group_rows(end - begin);
+    }
+    s.bytes = mx::swizzled_scale_bytes(padded, s.c / mx::kBlock);
+    MOE_CHECK(scales.numel() >= s.bytes, what, ": scales has ", scales.numel(), " bytes, the swizzled layout of ",
+              s.groups, " group(s) needs ", s.bytes);
+  }
   return s;
 }
 

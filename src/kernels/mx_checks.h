@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/mxfp8.h"
 #include "core/tensor.h"
@@ -19,6 +20,15 @@ struct MxQuantizeShape {
 };
 MxQuantizeShape check_mx_quantize_args(const Tensor& x, bool columnwise, int rule, const Tensor& codes,
                                        const Tensor& scales, const Tensor& stats, const Tensor& row_end);
+// mx_quantize_swizzled: x (N,C), codes (N,C), scales (S) e8m0, offsets empty or (G+1) i32; on a
+// host-addressable offsets, also its order and S against the padded size (mx_swizzled_layout).
+struct MxSwizzledShape {
+  int64_t n = 0, c = 0, groups = 1;
+  std::vector<int64_t> group_rows, padded_before;  // per group (host offsets only)
+  int64_t bytes = 0;                               // the span the scales take
+};
+MxSwizzledShape check_mx_quantize_swizzled_args(const Tensor& x, int rule, const Tensor& codes, const Tensor& scales,
+                                                const Tensor& offsets);
 // mx_dequantize: codes (N,C), scales (N,C/32), y (N,C).
 void check_mx_dequantize_args(const Tensor& codes, const Tensor& scales, const Tensor& y, const Tensor& row_end);
 // The rows an op covers: all n, or row_end's last element (host-addressable row_end only; checked

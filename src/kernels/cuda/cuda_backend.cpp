@@ -333,6 +333,7 @@ double cuda_peak_tflops(bool bf16) {
 bool cuda_supports(OpId op, DType dtype) {
   switch (op) {  // MXFP8: the ref and cpu backends only, for now (kernels/cuda/mxfp8.cpp)
     case OpId::mx_quantize:
+    case OpId::mx_quantize_swizzled:
     case OpId::mx_dequantize:
     case OpId::mx_linear:
     case OpId::mx_grouped_linear: return false;

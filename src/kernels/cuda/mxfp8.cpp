@@ -16,6 +16,9 @@ namespace {
 void mx_quantize(Context&, const Tensor&, bool, int, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   unsupported("mx_quantize");
 }
+void mx_quantize_swizzled(Context&, const Tensor&, int, const Tensor&, const Tensor&, const Tensor&) {
+  unsupported("mx_quantize_swizzled");
+}
 void mx_dequantize(Context&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   unsupported("mx_dequantize");
 }
