@@ -265,22 +265,14 @@ class MxReference(R.MoEReference):
         return out.view(B, S, D)
 
 
-class MxAdapter:
+class MxAdapter(MF.PlainAdapter):
     """make_fixtures.run_training's adapter over MxReference; records optimizer step 1 only."""
 
     def __init__(self, cfg, params, micro_batches):
+        super().__init__(cfg, params)
         self.m = MxReference(cfg, params)
         self.M = micro_batches
         self.calls = 0
-
-    def ref_params(self):
-        return OrderedDict((n, p.detach().clone()) for n, p in self.m.named_ref())
-
-    def ref_grads(self):
-        return OrderedDict((n, p.grad.detach().clone()) for n, p in self.m.named_ref())
-
-    def opt_params(self):
-        return [(n, p, not R.is_no_decay(n)) for n, p in self.m.named_ref()]
 
     def forward(self, ids, router_bias=None):
         self.m.micro_batch = self.calls % self.M
