@@ -84,6 +84,19 @@ void quantize_rows_swizzled(const T* x, int64_t c, int64_t group_begin, int64_t 
           quantize_block(x + r * c + j * kBlock, e, rule, codes + r * c + j * kBlock, st);
 }
 
+// The same over x's dtype (f64, f32 or bf16): rows [r0, r1) of group g of mx_quantize_swizzled,
+// whose begin (G+1) and padded_before (G) the argument check computed.
+inline void quantize_rows_swizzled(const Tensor& x, const int64_t* begin, const int64_t* padded_before, int64_t g,
+                                   int64_t r0, int64_t r1, Elem e, ScaleRule rule, uint8_t* codes, uint8_t* scales) {
+  const int64_t c = x.shape[1];
+  if (x.dtype == DType::kF64)
+    quantize_rows_swizzled(x.as<double>(), c, begin[g], r0, r1, padded_before[g], e, rule, codes, scales);
+  else if (x.dtype == DType::kF32)
+    quantize_rows_swizzled(x.as<float>(), c, begin[g], r0, r1, padded_before[g], e, rule, codes, scales);
+  else
+    quantize_rows_swizzled(x.as<bf16>(), c, begin[g], r0, r1, padded_before[g], e, rule, codes, scales);
+}
+
 // 256-entry decode table of an element: code -> value (fp32).
 struct DecodeTable {
   float v[256];

@@ -84,12 +84,12 @@ MxQuantizeShape check_mx_quantize_args(const Tensor& x, bool columnwise, int rul
 MxSwizzledShape check_mx_quantize_swizzled_args(const Tensor& x, int rule, const Tensor& codes, const Tensor& scales,
                                                 const Tensor& offsets) {
   const char* what = "mx_quantize_swizzled";
-  mx_rule(rule, what);
-  mx_elem(codes, what);
+  MxSwizzledShape s;
+  s.rule = mx_rule(rule, what);
+  s.elem = mx_elem(codes, what);
   MOE_CHECK(x.dtype == DType::kF32 || x.dtype == DType::kF64 || x.dtype == DType::kBF16, what,
             ": x has dtype ", dtype_name(x.dtype), ", expected f32, f64 or bf16");
   MOE_CHECK(x.ndim == 2, what, ": x has shape ", x.shape_str(), ", expected (N,C)");
-  MxSwizzledShape s;
   s.n = x.shape[0];
   s.c = x.shape[1];
   check_block_multiple(s.c, what, "C");
@@ -106,11 +106,12 @@ MxSwizzledShape check_mx_quantize_swizzled_args(const Tensor& x, int rule, const
     const int32_t* off = offsets.data ? offsets.as<int32_t>() : nullptr;
     MOE_CHECK(!off || off[0] == 0, what, ": offsets[0] = ", off ? off[0] : 0, ", expected 0");
     int64_t padded = 0;
+    s.begin.push_back(0);
     for (int64_t g = 0; g < s.groups; ++g) {
       const int64_t begin = off ? off[g] : 0, end = off ? off[g + 1] : s.n;
       MOE_CHECK(begin <= end && end <= s.n, what, ": offsets[", g + 1, "] = ", end, " out of order or past the ",
                 s.n, " rows");
-      s.group_rows.push_back(end - begin);
+      s.begin.push_back(end);
       s.padded_before.push_back(padded);
       padded += mx::padded_group_rows(end - begin);
     }

@@ -24,8 +24,11 @@ MxQuantizeShape check_mx_quantize_args(const Tensor& x, bool columnwise, int rul
 // host-addressable offsets, also its order and S against the padded size (mx_swizzled_layout).
 struct MxSwizzledShape {
   int64_t n = 0, c = 0, groups = 1;
-  std::vector<int64_t> group_rows, padded_before;  // per group (host offsets only)
-  int64_t bytes = 0;                               // the span the scales take
+  mx::Elem elem = mx::Elem::kE4M3;
+  mx::ScaleRule rule = mx::ScaleRule::kRceil;
+  // Host offsets only: group g's rows [begin[g], begin[g+1]), its scales after padded_before[g] rows.
+  std::vector<int64_t> begin, padded_before;
+  int64_t bytes = 0;  // the span the scales take
 };
 MxSwizzledShape check_mx_quantize_swizzled_args(const Tensor& x, int rule, const Tensor& codes, const Tensor& scales,
                                                 const Tensor& offsets);

@@ -113,24 +113,17 @@ void mx_quantize(const Tensor& x, bool columnwise, int rule, const Tensor& codes
 void mx_quantize_swizzled(const Tensor& x, int rule, const Tensor& codes, const Tensor& scales, const Tensor& offsets) {
   check_host({&x, &codes, &scales, &offsets}, "mx_quantize_swizzled");
   const MxSwizzledShape s = check_mx_quantize_swizzled_args(x, rule, codes, scales, offsets);
-  const mx::Elem e = mx_elem(codes, "mx_quantize_swizzled");
-  const mx::ScaleRule r = mx_rule(rule, "mx_quantize_swizzled");
-  auto* c = static_cast<uint8_t*>(codes.data);
   auto* sc = static_cast<uint8_t*>(scales.data);
   std::memset(sc, 0, static_cast<size_t>(s.bytes));
   // Chunks of 32 rows of one group each: every chunk writes its own codes and scale bytes.
-  std::vector<int64_t> begin(static_cast<size_t>(s.groups) + 1, 0);
-  for (int64_t g = 0; g < s.groups; ++g) begin[g + 1] = begin[g] + s.group_rows[static_cast<size_t>(g)];
   std::vector<std::pair<int64_t, int64_t>> chunks;  // (group, first row)
   for (int64_t g = 0; g < s.groups; ++g)
-    for (int64_t r0 = begin[g]; r0 < begin[g + 1]; r0 += 32) chunks.emplace_back(g, r0);
+    for (int64_t r0 = s.begin[g]; r0 < s.begin[g + 1]; r0 += 32) chunks.emplace_back(g, r0);
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < chunks.size(); ++i) {
     const auto [g, r0] = chunks[i];
-    const int64_t r1 = std::min(r0 + 32, begin[g + 1]), pb = s.padded_before[static_cast<size_t>(g)];
-    if (x.dtype == DType::kF64) mx::quantize_rows_swizzled(x.as<double>(), s.c, begin[g], r0, r1, pb, e, r, c, sc);
-    else if (x.dtype == DType::kF32) mx::quantize_rows_swizzled(x.as<float>(), s.c, begin[g], r0, r1, pb, e, r, c, sc);
-    else mx::quantize_rows_swizzled(x.as<bf16>(), s.c, begin[g], r0, r1, pb, e, r, c, sc);
+    mx::quantize_rows_swizzled(x, s.begin.data(), s.padded_before.data(), g, r0, std::min(r0 + 32, s.begin[g + 1]),
+                               s.elem, s.rule, static_cast<uint8_t*>(codes.data), sc);
   }
 }
 

@@ -87,19 +87,11 @@ void mx_quantize(const Tensor& x, bool columnwise, int rule, const Tensor& codes
 void mx_quantize_swizzled(const Tensor& x, int rule, const Tensor& codes, const Tensor& scales, const Tensor& offsets) {
   check_host({&x, &codes, &scales, &offsets}, "mx_quantize_swizzled");
   const MxSwizzledShape s = check_mx_quantize_swizzled_args(x, rule, codes, scales, offsets);
-  const mx::Elem e = mx_elem(codes, "mx_quantize_swizzled");
-  const mx::ScaleRule r = mx_rule(rule, "mx_quantize_swizzled");
-  auto* c = static_cast<uint8_t*>(codes.data);
   auto* sc = static_cast<uint8_t*>(scales.data);
   for (int64_t i = 0; i < s.bytes; ++i) sc[i] = 0;
-  int64_t begin = 0;
-  for (int64_t g = 0; g < s.groups; ++g) {
-    const int64_t end = begin + s.group_rows[static_cast<size_t>(g)], pb = s.padded_before[static_cast<size_t>(g)];
-    if (x.dtype == DType::kF64) mx::quantize_rows_swizzled(x.as<double>(), s.c, begin, begin, end, pb, e, r, c, sc);
-    else if (x.dtype == DType::kF32) mx::quantize_rows_swizzled(x.as<float>(), s.c, begin, begin, end, pb, e, r, c, sc);
-    else mx::quantize_rows_swizzled(x.as<bf16>(), s.c, begin, begin, end, pb, e, r, c, sc);
-    begin = end;
-  }
+  for (int64_t g = 0; g < s.groups; ++g)
+    mx::quantize_rows_swizzled(x, s.begin.data(), s.padded_before.data(), g, s.begin[g], s.begin[g + 1], s.elem,
+                               s.rule, static_cast<uint8_t*>(codes.data), sc);
 }
 
 void mx_dequantize(const Tensor& codes, const Tensor& scales, const Tensor& y, const Tensor& row_end) {
