@@ -39,6 +39,7 @@
 #endif
 #include "train/eval_commands.h"
 #include "train/train_loop.h"
+#include "report/report_html.h"
 
 #include "cli/alloc_counter.h"
 
@@ -46,7 +47,7 @@ namespace {
 
 struct Args {
   std::string command, config_path, input, out, from, dtype = "f32", checkpoint, prompt;
-  std::vector<std::string> overrides;
+  std::vector<std::string> overrides, run_dirs;
   bool resume = false, kernels = false, json = false;
   std::string layout, cluster, overlap_ep;
   bool sweep = false, calibrate = false, power_capped = false;
@@ -159,6 +160,12 @@ struct CommandLine {
                       "(default: cpu, or cpu-core under mpirun)")->type_name("NAME|FILE");
     bench->add_option("--out", a.out, "with --calibrate: the cluster file to write (default calibration.toml)")->type_name("FILE");
 
+    CLI::App* report = app.add_subcommand("report", "one self-contained HTML page of plots for one or more runs "
+                                                    "(their train.out_dir folders, overlaid)");
+    report->add_option("RUN_DIR", a.run_dirs, "run directories (metrics.jsonl, events.jsonl, config.toml)")->required();
+    report->add_option("--out", a.out, "the page to write (default: report.html in the first run directory)")
+        ->type_name("FILE");
+
     app.add_subcommand("help", "print this help");
   }
 
@@ -182,7 +189,7 @@ struct CommandLine {
       // An unknown first word is an unknown command, not an extra argument.
       if (chosen.empty() && argc >= 2 && argv[1][0] != '-')
         MOE_FAIL("unknown command '", std::string(argv[1]), "' (commands: train, config, plan, prepare, eval, generate, "
-                 "export-hf, import-hf, bench, help; run 'moecore --help')");
+                 "export-hf, import-hf, bench, report, help; run 'moecore --help')");
       MOE_FAIL(std::string(e.what()), " (run 'moecore ", cmd.empty() ? std::string() : cmd + " ", "--help')");
     }
     const std::vector<CLI::App*> chosen = app.get_subcommands();
@@ -242,6 +249,19 @@ int run(int argc, char** argv) {
               << c.train.micro_batch_size << " x " << c.train.seq_len << " tokens, " << c.train.precision
               << (c.train.recompute ? ", block recompute" : "") << "):\n"
               << moe::format_memory(moe::estimate_memory(c));
+    return 0;
+  }
+  if (a.command == "report") {
+    std::vector<moe::report::RunReport> reports;
+    for (const std::string& dir : a.run_dirs) reports.push_back(moe::report::read_run(dir));
+    std::vector<const moe::report::RunReport*> runs;
+    for (const auto& r : reports) runs.push_back(&r);
+    const std::string out = a.out.empty() ? a.run_dirs.front() + "/report.html" : a.out;
+    const size_t bytes = moe::report::write_report(out, runs);
+    std::cout << "wrote " << out << " (" << bytes << " bytes, " << runs.size() << " run" << (runs.size() > 1 ? "s" : "")
+              << ")\n";
+    for (const auto& r : reports)
+      for (const std::string& n : r.notices()) std::cout << "  " << r.dir() << ": " << n << "\n";
     return 0;
   }
   if (a.command == "plan") {

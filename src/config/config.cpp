@@ -133,6 +133,7 @@ const std::vector<Field>& fields() {
     add("metrics", "peak_tflops", X(peak_tflops), 0, kInf, {}, "peak TFLOP/s for MFU (0 = on cpu this machine's measured 0.235 fp32 / 0.470 bf16; on cuda the GPU's dense datasheet peak: H100/H200 989 bf16 / 67 fp32, B200/B300 2250 / 80)");
     add("metrics", "vectors_every", X(vectors_every), 0, 1e15, {}, "steps between per-expert f/P vectors (0 = never)");
     add("metrics", "gerrymander_window", X(gerrymander_window), 0, 1e9, {}, "token-gerrymandering detector window (0 = off)");
+    add("metrics", "report", X(report), 0, 0, {}, "write <train.out_dir>/report.html (moecore report) at every checkpoint and at the end, on rank 0");
 #undef X
 #define K(name) [](Config& c) -> Ref { return &c.checkpoint.name; }
     add("checkpoint", "dir", K(dir), 0, 0, {}, "checkpoint directory (\"\" = <train.out_dir>/checkpoints)");

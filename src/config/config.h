@@ -138,6 +138,7 @@ struct MetricsConfig {
   double peak_tflops = 0;          // MFU denominator; 0 = this machine's measured peak for the precision
   int64_t vectors_every = 100;     // steps between per-expert f and P vectors in metrics.jsonl (0 = never)
   int64_t gerrymander_window = 50; // steps in the token-gerrymandering detector's window (0 = off)
+  bool report = true;              // train writes out_dir/report.html at every checkpoint and at the end
 };
 
 struct CheckpointConfig {

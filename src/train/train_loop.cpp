@@ -26,6 +26,7 @@
 #include "train/evaluate.h"
 #include "train/metrics.h"
 #include "train/events.h"
+#include "report/live_report.h"
 #include "train/run_checks.h"
 #include "train/trainer.h"
 
@@ -196,8 +197,16 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
   auto elapsed = [&](double t) { return start.elapsed_s + (t - t_start); };
   double t_window = t_start;
   int64_t tokens_window = 0;
+  // metrics.report: the page of plots, rank 0 (report/live_report.h).
+  report::LiveReport live_report(tc.out_dir, rank0 && config.metrics.report);
   auto write_metrics = [&](const nlohmann::json& j) {
-    if (rank0) metrics << j.dump() << "\n" << std::flush;
+    if (!rank0) return;
+    metrics << j.dump() << "\n" << std::flush;
+    live_report.record(j);
+  };
+  auto write_report = [&] {
+    const std::string line = live_report.write();
+    if (!line.empty()) log << line << "\n" << std::flush;
   };
   // A live progress line, rewritten in place (train.progress; metrics.h show_progress).
   const bool live = rank0 && &log == &std::cout && show_progress(tc.progress, isatty(STDOUT_FILENO), launched_by_mpi());
@@ -291,8 +300,10 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
     write_metrics(j);
     const SavedCheckpoint saved =
         maybe_save_checkpoint(config, trainer, step, position + tc.batch_size, last, anchor, elapsed(now_s()), log);
-    if (!saved.path.empty())
+    if (!saved.path.empty()) {
       events.write("checkpoint", {{"step", step}, {"path", saved.path}, {"bytes", saved.bytes}, {"seconds", saved.seconds}});
+      if (!last) write_report();  // the last step's page follows the stop event
+    }
     t_mark = now_s();
     return last;
   };
@@ -345,6 +356,7 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
   summary.seconds = now_s() - t_start;
   summary.tokens_per_s = static_cast<double>((summary.steps - start.step) * tc.batch_size * tc.seq_len) / summary.seconds;
   events.write("stop", {{"step", summary.steps}, {"reason", stop_reason}, {"elapsed_s", elapsed(now_s())}});
+  write_report();
   return summary;
 }
 
