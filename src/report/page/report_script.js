@@ -164,7 +164,7 @@
     for (const kind of p.marks || []) {
       if (kind === 'clipped' || kind === 'skipped') {
         for (const [pos, count] of run.marks[kind].at)
-          out.push({ kind, x: xOfPos(pos), text: (count > 1 ? count + ' ' + kind + ' steps from ' : kind + ' step ') + pos[0] });
+          out.push({ kind, x: xOfPos(pos), count, text: (count > 1 ? count + ' ' + kind + ' steps from ' : kind + ' step ') + pos[0] });
       }
       if (kind === 'warning') for (const [pos, text] of run.marks.warnings.at) out.push({ kind, x: xOfPos(pos), text });
       if (kind === 'resume' || kind === 'checkpoint')
@@ -186,6 +186,10 @@
     const drawn = lines.map((line) => ({ line, points: pointsOf(line), ema: state.ema ? emaOf(line) : null }));
     let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
     for (const d of drawn) for (const [x, y] of d.points) { x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y); }
+    for (const run of runs) {  // the whole run, even where a flat envelope's last point is its bucket's first
+      const X = xs(run.P);
+      for (const x of [X[0], X[X.length - 1]]) if (isFinite(x)) { x0 = Math.min(x0, x); x1 = Math.max(x1, x); }
+    }
     const bigram = p.bigram ? runs.map((r) => r.bigram).filter((v) => v !== null && isFinite(v)) : [];
     for (const b of bigram) { y0 = Math.min(y0, b); y1 = Math.max(y1, b); }
     if (!isFinite(x0)) { x0 = 0; x1 = 1; }
@@ -237,6 +241,7 @@
           ? el('path', { class: 'mark-clipped', d: `M${x - 3},${M.top} L${x + 3},${M.top} L${x},${M.top + 6} Z` }, svg)
           : el('line', { class: 'mark-' + m.kind, x1: x, x2: x, y1: M.top, y2: H - M.bottom }, svg);
         e.setAttribute('data-kind', m.kind);
+        e.setAttribute('data-count', m.count || 1);
         el('title', {}, e).textContent = m.text;
       }
     }
