@@ -8,7 +8,13 @@
 namespace moe::report {
 
 LiveReport::LiveReport(const std::string& out_dir, bool enabled) : dir_(out_dir) {
-  if (enabled) run_ = std::make_unique<RunReport>(read_run(out_dir));
+  if (!enabled) return;
+  try {
+    run_ = std::make_unique<RunReport>(read_run(out_dir));
+  } catch (const std::exception& e) {  // the report must not stop a run: start from nothing
+    run_ = std::make_unique<RunReport>(out_dir);
+    run_->add_notice(std::string("the run's earlier records were not read: ") + e.what());
+  }
 }
 
 void LiveReport::record(const nlohmann::json& metrics_record) {
