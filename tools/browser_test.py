@@ -138,6 +138,16 @@ def open_page(b, url):
     raise TimeoutError("the page never became ready: " + "; ".join(b.errors()))
 
 
+def planted_errors_caught(b):
+    """After a page opened with #plant-error: both its planted exception and console error were collected."""
+    b.pump(1.0)
+    errs = b.errors()
+    print("collected:", errs)
+    ok = any("planted error" in e for e in errs) and any("planted console error" in e for e in errs)
+    print("planted exception and console error caught" if ok else "planted errors NOT both caught")
+    return ok
+
+
 def set_controls(b, values):
     """Sets the page's inputs as a user would and fires their change events (one update each)."""
     js = []
@@ -239,12 +249,7 @@ def main():
     try:
         open_page(b, url)
         if a.expect_planted_error:
-            b.pump(1.0)
-            errs = b.errors()
-            print("collected:", errs)
-            ok = any("planted error" in e for e in errs) and any("planted console error" in e for e in errs)
-            print("planted exception and console error caught" if ok else "planted errors NOT both caught")
-            return 0 if ok else 1
+            return 0 if planted_errors_caught(b) else 1
         failures += compare(b, a.moecore, "default input")
         # A layout set through the page's controls, with recompute, ZeRO-1 and fp32.
         set_controls(b, {"dp": 4, "ep": 2, "pp": 2, "recompute": True, "zero1": True, "precision": "fp32", "cf": 1.0})

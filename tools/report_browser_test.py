@@ -36,7 +36,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from browser_test import ROOT, Browser, open_page  # noqa: E402
+from browser_test import ROOT, Browser, open_page, planted_errors_caught  # noqa: E402
 
 HALF_PIXEL = 0.5
 TINY = ["model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.expert_hidden=64",
@@ -387,12 +387,7 @@ def main():
                 f.write('{"step":1,"ce":3.0}\n{"step":2,"ce":2.9}\n')
             run([moecore, "report", d], work)
             open_page(b, "file://" + os.path.join(d, "report.html") + "#plant-error")
-            b.pump(1.0)
-            errs = b.errors()
-            print("collected:", errs)
-            ok = any("planted error" in e for e in errs) and any("planted console error" in e for e in errs)
-            print("planted exception and console error caught" if ok else "planted errors NOT both caught")
-            return 0 if ok else 1
+            return 0 if planted_errors_caught(b) else 1
         else:
             bad, recs_a, recs_b = case_trained(b, work, moecore)
             failures += bad
