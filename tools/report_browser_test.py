@@ -12,6 +12,8 @@ What it checks, against the metrics.jsonl files read here with Python's json (no
             page train wrote itself.
   multi     both runs overlaid: labelled with the config key that differs, both drawn, the config
             table marks the differing row.
+  parallel  expert parallelism (2 ranks) and a pipeline (2 stages) under mpirun: every polyline as
+            above, and the plots of the EP drop fraction and rows per rank, and of the PP bubble, drawn.
   broken    a truncated last line, NaN/Inf strings, repeated steps, a line that is not JSON, no MoE
             layers: the page renders and states exactly what it skipped.
   spike     10^6 steps with 64-expert vectors and a one-step spike: the page stays under 5 MB, the
@@ -255,7 +257,9 @@ def case_parallel(b, work, moecore):
         return ["parallel: mpirun not found"]
     bad = []
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    for name, extra in (("run_ep", ["parallel.dp=2", "parallel.ep=2", "parallel.ep_capacity_factor=1.0"]),
+    # Two data-parallel ranks run whole micro-batches of the global batch of 4: micro-batches of 2.
+    for name, extra in (("run_ep", ["parallel.dp=2", "parallel.ep=2", "parallel.ep_capacity_factor=1.0",
+                                    "train.micro_batch_size=2"]),
                         ("run_pp", ["parallel.pp=2", "train.micro_batch_size=2"])):
         sets = sum((["--set", x] for x in TINY + ["train.steps=20", "train.out_dir=" + name] + extra), [])
         out = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", moecore, "train", *sets],
@@ -364,7 +368,7 @@ def main():
     ap.add_argument("--screenshot", help="write a PNG of RUN's report (--run)")
     ap.add_argument("--run", help="with --screenshot: the run directory")
     ap.add_argument("--skip-spike", action="store_true")
-    ap.add_argument("--parallel", action="store_true", help="also EP and PP runs under mpirun (not working yet)")
+    ap.add_argument("--skip-parallel", action="store_true", help="leave out the EP and PP runs under mpirun")
     a = ap.parse_args()
     moecore = os.path.abspath(a.moecore)
     work = tempfile.mkdtemp(prefix="moecore-report-")
@@ -392,7 +396,7 @@ def main():
             bad, recs_a, recs_b = case_trained(b, work, moecore)
             failures += bad
             failures += case_multi(b, work, moecore, recs_a, recs_b)
-            if a.parallel:
+            if not a.skip_parallel:
                 failures += case_parallel(b, work, moecore)
             failures += case_broken(b, work, moecore)
             if not a.skip_spike:

@@ -7,12 +7,13 @@
 #include <cstdint>
 
 #include "core/check.h"
+#include "kernels/ops.h"
 
 namespace moe {
 
 class EventTimes {
  public:
-  static constexpr uint64_t kSlots = 4096;
+  static constexpr uint64_t kSlots = kEventHistory;
   void stamp(uint64_t seq) {
     slots_[seq % kSlots] = Slot{seq, std::chrono::steady_clock::now()};
   }

@@ -49,6 +49,9 @@ TransferStats operator+(const TransferStats& a, const TransferStats& b);
 struct Event {
   uint64_t seq = 0;
 };
+// Every backend keeps the times of at least its last kEventHistory recorded events: elapsed_seconds
+// may be asked for any two of them (a fixed ring, so recording allocates nothing).
+inline constexpr uint64_t kEventHistory = 4096;
 
 class Backend : public Allocator {
  public:
@@ -71,7 +74,8 @@ class Backend : public Allocator {
   virtual Event record() = 0;           // a point after every call enqueued so far
   virtual void wait(Event e) = 0;       // the host blocks until the stream has passed e
   virtual void synchronize() = 0;       // the host blocks until every enqueued call has run
-  // Seconds the stream spent between two recorded events (both must have been waited for).
+  // Seconds the stream spent between two recorded events (both must have been waited for, and
+  // be among the last kEventHistory recorded).
   virtual double elapsed_seconds(Event from, Event to) = 0;
 
   // ---- what the host has staged so far

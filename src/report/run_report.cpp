@@ -125,7 +125,7 @@ void RunReport::add_record(const nlohmann::json& r) {
     for (size_t l = 0; l < layers.size(); ++l) {
       if (!layers[l].is_array()) continue;
       for (size_t k = 0; k < layers[l].size(); ++k)
-        add("ep_rows." + std::to_string(l) + "." + std::to_string(k), at, number(layers[l][k]));
+        add("ep_rows_received." + std::to_string(l) + "." + std::to_string(k), at, number(layers[l][k]));
     }
   }
   if (r.contains("f") && r.contains("P") && r["f"].is_array() && r["P"].is_array() && r["f"].size() == r["P"].size()) {

@@ -148,6 +148,7 @@ nlohmann::json step_record(const StepResult& r, const StepTiming& timing, double
                       {"lr", r.lr},
                       {"clipped", r.clipped},
                       {"tokens", r.tokens},
+                      {"step_s", timing.step_s},
                       {"tokens_per_s", tps},
                       {"tflops", tflops},
                       {"mfu", peak > 0 ? tflops / peak : 0.0},

@@ -85,14 +85,15 @@ double sum_of(const std::vector<double>& v);
 
 // One optimizer step's JSONL record. Fields (README, "Metrics"):
 //   step, loss (total), ce, lm_z, lbl_sum, router_z_sum, lbl[], router_z[] (per MoE layer,
-//   unweighted), grad_norm (before clipping), lr, clipped, tokens, tokens_per_s (this step),
+//   unweighted), grad_norm (before clipping), lr, clipped, tokens, step_s (StepResult::step_s),
+//   tokens_per_s (tokens / step_s),
 //   tflops (achieved model TFLOP/s), mfu (tflops / peak), peak_rss_mb, peak_device_mb (cuda), elapsed_s, pp_bubble_s
 //   (seconds this rank blocked receiving pipeline activations/gradients: the bubble; 0 without pp),
 //   max_load[] and load_cv[] per MoE layer, and with_vectors: f[][] (tokens per expert) and
 //   P[][] (mean router probability per expert) per MoE layer. Skipped steps carry
 //   "skipped": true, "nonfinite_tensor" and "skipped_total".
 struct StepTiming {
-  double step_s = 0;     // wall time of this step
+  double step_s = 0;     // seconds of this step (StepResult::step_s: the backend's stream time)
   double elapsed_s = 0;  // since training started
 };
 nlohmann::json step_record(const StepResult& r, const StepTiming& timing, double flops_per_token,

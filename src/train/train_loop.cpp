@@ -233,7 +233,6 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
   struct InFlight {
     int64_t step = 0, position = 0;
   };
-  double t_mark = t_start;  // when the last record was handled (or its step began): step seconds
   // One step's record: logs, metrics, evaluation, checkpoint. may_end: the step's state is the
   // model's (nothing in flight), so the time limit may end the run here. Returns true when last.
   const auto handle = [&](const StepResult& r, int64_t step, int64_t position, bool may_end) -> bool {
@@ -242,7 +241,7 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
     if (!r.skipped) summary.final_train_loss = r.ce;
     const double t = now_s();
     const bool vectors = config.metrics.vectors_every > 0 && step % config.metrics.vectors_every == 0;
-    nlohmann::json j = step_record(r, {t - t_mark, elapsed(t)}, flops_per_token, peak, vectors);
+    nlohmann::json j = step_record(r, {r.step_s, elapsed(t)}, flops_per_token, peak, vectors);
     j["step"] = step;
     const bool out_of_time = may_end && tc.time_limit_s > 0 && t - t_start >= tc.time_limit_s;
     const bool last = step == tc.steps || out_of_time;
@@ -304,7 +303,6 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
       events.write("checkpoint", {{"step", step}, {"path", saved.path}, {"bytes", saved.bytes}, {"seconds", saved.seconds}});
       if (!last) write_report();  // the last step's page follows the stop event
     }
-    t_mark = now_s();
     return last;
   };
   std::optional<InFlight> flight;
@@ -327,7 +325,6 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
       fill_batch(train, order, position, ids, labels, dp_rank, dp, doc_mask ? &doc.t : nullptr,
                  static_cast<int32_t>(config.data.eos_id));
       maybe_inject_fault(trainer, step, groups ? groups->world->rank() : 0);
-      if (!flight) t_mark = now_s();
       if (!lag) {
         if (handle(trainer.step(ids, labels, doc_mask ? doc.t : Tensor()), step, position, true)) break;
         continue;

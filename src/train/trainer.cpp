@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -147,9 +148,13 @@ const StepResult* Trainer::submit(const Tensor& ids, const Tensor& labels, const
   in_flight_ = false;
   if (!resolve(prev.r)) {
     // Non-finite, skipped: the device left this step's update out (the sticky flag). Again, now
-    // from the host's count; the first attempt's transfers are the skipped step's.
+    // from the host's count; the first attempt's transfers are the skipped step's, its time this one's.
     const TransferStats wasted = s.r.transfers, wasted_staged = s.r.staged;
+    const Event first_from = s.from;
+    const double first_host_from = s.host_from;
     enqueue_step(ids, labels, doc_start, s);
+    s.from = first_from;
+    s.host_from = first_host_from;
     prev.r.transfers = prev.r.transfers + wasted;
     prev.r.staged = prev.r.staged + wasted_staged;
   }
@@ -168,6 +173,7 @@ const StepResult* Trainer::collect() {
 
 void Trainer::enqueue_step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start, StepSlot& s) {
   const TransferStats before = ops_.transfers(), staged_before = staged();
+  start_clock(s);
   enqueue_gradients(ids, labels, doc_start, s.r, /*counter_from_host=*/!in_flight_);
   enqueue_update();
   enqueue_record(s);
@@ -245,6 +251,7 @@ void reset_keeping_capacity(StepResult& r) {
 StepResult& Trainer::compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
   MOE_CHECK(!in_flight_, "Trainer::compute_gradients: a submitted step is in flight (collect() it first)");
   StepSlot& s = slots_[cur_];
+  start_clock(s);
   enqueue_gradients(ids, labels, doc_start, s.r);
   enqueue_record(s);
   read_step(s);
@@ -322,6 +329,19 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
   if (!stats_.quant.empty()) ops_.copy(model_->quant_stats(), stats_.quant);
 }
 
+namespace {
+double host_clock_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+void Trainer::start_clock(StepSlot& s) {
+  // Back to back behind a step in flight, the stream runs nothing else in between: this step's
+  // time starts where that one ends. Otherwise at this step's own start.
+  s.from = in_flight_ ? slots_[cur_ ^ 1].done : ops_.record();
+  s.host_from = host_clock_s();
+}
+
 void Trainer::enqueue_record(StepSlot& s) {
   // Loss terms, the step's decisions, grad norm sums, expert counts, probabilities and exchange
   // counters: the step's one download.
@@ -334,6 +354,14 @@ void Trainer::enqueue_record(StepSlot& s) {
 void Trainer::read_step(StepSlot& s) {
   if (!s.drop_wait) ops_.wait(s.done);
   StepResult& r = s.r;
+  // Stream time while the backend still holds both events' times (a step that recorded more
+  // than kEventHistory events: the host's clock since the step was enqueued).
+  const uint64_t newest = ops_.record().seq;
+  if (!s.drop_wait && newest - s.from.seq < kEventHistory) {
+    r.step_s = ops_.elapsed_seconds(s.from, s.done);
+  } else {
+    r.step_s = host_clock_s() - s.host_from;
+  }
   const char* host = reinterpret_cast<const char*>(s.host.data());
   const auto host_real = [&](const Tensor& t, int64_t i) {  // element i of t's downloaded copy
     const char* p = host + stats_.offset_of(t) + static_cast<size_t>(i) * dtype_size(t.dtype);

@@ -44,6 +44,12 @@ struct StepResult {
   bool finite = true;            // loss and grad norm finite
   std::string nonfinite_tensor;  // first parameter (layout order) with a NaN/Inf gradient, if any
   bool skipped = false;          // non-finite with train.on_nonfinite = "skip": no update applied
+  // The backend's stream seconds of this step on this rank: from the end of the step before when
+  // that one was still in flight as this one was enqueued (train.overlap_host: back to back, so the
+  // host's own work between steps counts), else from this step's start (evaluations, checkpoints
+  // and the host's work before the step do not). A step enqueued again after a skipped one counts
+  // both attempts.
+  double step_s = 0;
   double pp_bubble_s = 0;        // seconds this rank blocked receiving pipeline activations/gradients
   TransferStats transfers;       // host <-> device copies of this step on this rank, staging excluded (step() only)
   TransferStats staged;          // copies that staged communication buffers through the host (step() only)
@@ -131,7 +137,8 @@ class Trainer {
   struct StepSlot {
     StepResult r;
     std::vector<int32_t> host;
-    Event done{};
+    Event from{}, done{};    // where the step's time starts (StepResult::step_s) and ends
+    double host_from = 0;    // the host clock at the step's enqueue (steady, s): step_s past kEventHistory
     bool drop_wait = false;  // Fault::kNoWait
   };
   StepSlot slots_[2];  // the step in flight and the one before it (submit)
@@ -154,6 +161,7 @@ class Trainer {
   // The whole step of a batch into slot s: gradients, update, the record's download (its
   // transfers counted in s.r).
   void enqueue_step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start, StepSlot& s);
+  void start_clock(StepSlot& s);  // where the step's time starts (StepResult::step_s)
   void enqueue_record(StepSlot& s);
   void read_step(StepSlot& s);
   // After the read: count the update (finite), or handle the non-finite step; true if applied.

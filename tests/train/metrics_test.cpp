@@ -105,6 +105,7 @@ TEST(Metrics, StepRecordFields) {
   nlohmann::json j = step_record(r, {0.5, 10.0}, 1e9, 4.0, false);
   EXPECT_DOUBLE_EQ(j["lbl_sum"].get<double>(), 2.5);
   EXPECT_DOUBLE_EQ(j["router_z_sum"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(j["step_s"].get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(j["tokens_per_s"].get<double>(), 2000.0);
   EXPECT_DOUBLE_EQ(j["tflops"].get<double>(), 2.0);
   EXPECT_DOUBLE_EQ(j["mfu"].get<double>(), 0.5);

@@ -7,6 +7,7 @@
 // backend, so a host read that comes too early shows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -37,7 +38,7 @@ std::string file_bytes(const fs::path& p) {
 }
 
 bool measured(const std::string& key) {
-  static const std::set<std::string> k{"tokens_per_s", "tflops", "mfu", "peak_rss_mb", "elapsed_s", "pp_bubble_s",
+  static const std::set<std::string> k{"step_s", "tokens_per_s", "tflops", "mfu", "peak_rss_mb", "elapsed_s", "pp_bubble_s",
                                        "to_host", "to_host_bytes", "to_device", "to_device_bytes",
                                        "staged_to_host_bytes", "staged_to_device_bytes"};
   return k.count(key) > 0;
@@ -117,6 +118,46 @@ TEST_F(Overlap, ANonFiniteStepStopsTheRunThereWithNothingAppliedAfterIt) {
     EXPECT_EQ(ev.back()["step"], 3);
     // The last checkpoint is step 2's, whole; resuming from it replays step 3 exactly.
     EXPECT_TRUE(fs::exists(out / "checkpoints" / "step_00000002"));
+  }
+}
+
+// Each record's step_s is its own step's time, lagged or not, on the cpu backend (steps run as
+// they are enqueued) and on strict (its own thread): a step drained for an evaluation or a
+// checkpoint once measured the next step's compute to the one before and ~0 to itself (10^8
+// tokens/s at every evaluation). No step can be 5x faster than the median of identical steps
+// (noise only slows steps); the steps' intervals never overlap (their sum fits in the run).
+TEST_F(Overlap, EachRecordTimesItsOwnStepAcrossEvaluationsAndCheckpoints) {
+  test::write_tokens(root_ / "valid.bin", 3000, 5);
+  for (const std::string backend : {"cpu", "strict"}) {
+    for (const bool overlap : {true, false}) {
+      SCOPED_TRACE(backend + (overlap ? ", lagged" : ", eager"));
+      const fs::path out = root_ / (backend + (overlap ? "_lagged" : "_eager"));
+      const test::CliResult r = test::run_cli(
+          "train" + test::tiny_model_sets() + " --set model.d_model=64 --set train.seq_len=64 --set train.steps=12" +
+              " --set train.eval_every=3 --set train.eval_batches=4 --set checkpoint.every=4 --set train.backend=" +
+              backend + " --set data.train_path=" + (root_ / "train.bin").string() +
+              " --set data.valid_path=" + (root_ / "valid.bin").string() + " --set train.out_dir=" + out.string() +
+              " --set train.overlap_host=" + (overlap ? "true" : "false"),
+          120);
+      ASSERT_EQ(r.status, 0) << r.output;
+      const std::vector<json> m = read_jsonl(out / "metrics.jsonl");
+      ASSERT_EQ(m.size(), 12u);
+      std::vector<double> t;
+      double sum = 0;
+      for (const json& j : m) {
+        const double s = j.at("step_s").get<double>();
+        ASSERT_GT(s, 0) << "step " << j["step"];
+        EXPECT_DOUBLE_EQ(j.at("tokens_per_s").get<double>(), j.at("tokens").get<double>() / s) << "step " << j["step"];
+        t.push_back(s);
+        sum += s;
+      }
+      EXPECT_LE(sum, m.back().at("elapsed_s").get<double>()) << "the steps' times overlap";
+      std::vector<double> sorted = t;
+      std::sort(sorted.begin(), sorted.end());
+      const double median = sorted[sorted.size() / 2];
+      for (size_t i = 0; i < t.size(); ++i)
+        EXPECT_GE(t[i], median / 5) << "step " << i + 1 << " (evaluations after 3, 6, 9, checkpoints after 4, 8)";
+    }
   }
 }
 

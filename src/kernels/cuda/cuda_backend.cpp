@@ -254,7 +254,7 @@ class CudaBackend final : public Backend {
 #undef MOE_ARGS
 
  private:
-  static constexpr uint64_t kEvents = 4096;
+  static constexpr uint64_t kEvents = kEventHistory;
   // A ring region in use by a stream-ordered copy, until event `seq`; downloads also name where
   // the host wants the bytes.
   struct Use {

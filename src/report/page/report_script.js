@@ -101,7 +101,7 @@
     { id: 'load', title: 'Max / mean expert load per MoE layer', unit: 'ratio (1 = balanced)', layers: 'max_load', marks: ['warning'] },
     { id: 'cv', title: 'Expert load coefficient of variation per MoE layer', unit: 'std / mean', layers: 'load_cv' },
     { id: 'drop', title: 'Expert-parallel drop fraction per MoE layer', unit: 'fraction of routed rows', layers: 'ep_drop_fraction' },
-    { id: 'rows', title: 'Rows per expert-parallel rank (heat-map layer)', unit: 'rows per step', ranks: 'ep_rows' },
+    { id: 'rows', title: 'Rows per expert-parallel rank (heat-map layer)', unit: 'rows per step', ranks: 'ep_rows_received' },
     { id: 'bubble', title: 'Pipeline bubble', unit: 's per step (blocked receiving)', series: [['pp_bubble_s', 'bubble']], nonzero: true },
   ];
 
