@@ -42,13 +42,17 @@ target_include_directories(moe_cuda PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_include_directories(moe_cuda SYSTEM PRIVATE ${MOE_CUDA_HEADERS}/cutlass/include
                            ${MOE_CUDA_HEADERS}/cutlass/util/include ${MOE_CUDA_HEADERS}/cudnn_frontend/include
                            ${CUDAToolkit_INCLUDE_DIRS})
-target_compile_definitions(moe_cuda PRIVATE MOE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 target_compile_options(moe_cuda PRIVATE
   $<$<COMPILE_LANGUAGE:CXX>:${MOE_WARNINGS} ${MOE_OPT_FLAGS}>
   $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror,-Wno-unknown-pragmas
     --expt-relaxed-constexpr -lineinfo -Xptxas=-v>)
 # ptxas's resource report of every kernel goes to <object>.ptxas (scripts/check_kernels.sh).
-set_target_properties(moe_cuda PROPERTIES CUDA_COMPILER_LAUNCHER ${PROJECT_SOURCE_DIR}/cmake/nvcc_resources.sh)
+# Through ccache when it is on (it replays the compile's output, the report with it).
+set(MOE_NVCC_LAUNCHER ${PROJECT_SOURCE_DIR}/cmake/nvcc_resources.sh)
+if(MOE_CCACHE AND MOE_CCACHE_PROGRAM)
+  list(APPEND MOE_NVCC_LAUNCHER ${MOE_CCACHE_PROGRAM})
+endif()
+set_target_properties(moe_cuda PROPERTIES CUDA_COMPILER_LAUNCHER "${MOE_NVCC_LAUNCHER}")
 foreach(src IN LISTS MOE_CUDA_SOURCES)
   if(src MATCHES "_sm90\\.cu$")
     set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${MOE_CUDA_SM90_GENCODE}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages moecore needs to build, test and run its default training. Idempotent.
 set -euo pipefail
-PKGS=(cmake ninja-build g++ libdnnl-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
+PKGS=(cmake ninja-build g++ ccache libdnnl-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
       libbenchmark-dev bible-kjv
       openmpi-bin libopenmpi-dev  # the communicator (src/parallel/) and its mpirun tests
       clang libclang-rt-14-dev libomp-dev  # the libFuzzer build (CI's fuzz stage)

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/paths.h"
 #include "config/config.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "model/params.h"
@@ -129,9 +130,9 @@ TEST_F(GpuTrain, APlainStepReadsTheDeviceOnce) {
 // padded transport reads the device once per plain step, the p2p one also per plan.
 TEST_F(GpuTrain, ExpertParallelOverMpiMatchesCpu) {
   // A GPU machine may have our libraries unpacked but no working launcher (scripts/gpu_check.sh).
-  if (std::string(MOE_MPIEXEC).empty() || std::system((std::string(MOE_MPIEXEC) + " --version > /dev/null 2>&1").c_str()) != 0)
-    GTEST_SKIP() << "no working mpirun (" << MOE_MPIEXEC << ")";
-  const std::string mpi = std::string(MOE_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 ";
+  if (std::string(::moe::test::mpiexec()).empty() || std::system((std::string(::moe::test::mpiexec()) + " --version > /dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "no working mpirun (" << ::moe::test::mpiexec() << ")";
+  const std::string mpi = std::string(::moe::test::mpiexec()) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 ";
   const std::string extra = " --set train.steps=4 --set parallel.dp=2 --set parallel.ep=2";
   const test::CliResult c = train("cpu", extra, root_ / "cpu", false, mpi);
   ASSERT_EQ(c.status, 0) << c.output;
@@ -199,10 +200,10 @@ TEST_F(GpuTrain, OutOfDeviceMemoryNamesTheComponentAndTheEstimate) {
 TEST(GpuKjv, Bf16DefaultRunFollowsTheCommittedCurve) {
   std::string why;
   if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no GPU: " << why;
-  const fs::path data = fs::path(MOE_SOURCE_DIR) / "data" / "kjv";
+  const fs::path data = fs::path(::moe::test::source_dir()) / "data" / "kjv";
   if (!fs::exists(data / "train.bin")) GTEST_SKIP() << "no " << (data / "train.bin") << " (scripts/train_default.sh prepares it)";
   const fs::path out = test::fresh_test_dir("gpu_kjv");
-  const test::CliResult r = test::run_cli("train --config " + (fs::path(MOE_SOURCE_DIR) / "configs/default.toml").string() +
+  const test::CliResult r = test::run_cli("train --config " + (fs::path(::moe::test::source_dir()) / "configs/default.toml").string() +
                                               " --set train.backend=cuda --set train.precision=bf16"
                                               " --set train.eval_every=0 --set checkpoint.every=0 --set train.out_dir=" +
                                               out.string() + " --set data.train_path=" + (data / "train.bin").string() +
@@ -210,7 +211,7 @@ TEST(GpuKjv, Bf16DefaultRunFollowsTheCommittedCurve) {
                                           900);
   ASSERT_EQ(r.status, 0) << r.output;
   std::vector<double> curve;
-  std::ifstream in(fs::path(MOE_SOURCE_DIR) / "docs/default_loss_curve.csv");
+  std::ifstream in(fs::path(::moe::test::source_dir()) / "docs/default_loss_curve.csv");
   for (std::string line; std::getline(in, line);) {
     if (line.empty() || line[0] == '#' || line.rfind("step", 0) == 0) continue;
     std::stringstream ss(line);

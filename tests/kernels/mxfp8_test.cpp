@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/paths.h"
 #include "checkpoint/safetensors.h"
 #include "common/backends.h"
 #include "common/test_util.h"
@@ -24,7 +25,7 @@
 namespace moe {
 namespace {
 
-const std::string kFixture = std::string(MOE_SOURCE_DIR) + "/tests/golden/mxfp8/quantize.safetensors";
+const std::string kFixture = std::string(::moe::test::source_dir()) + "/tests/golden/mxfp8/quantize.safetensors";
 
 const SafetensorsFile& fixture() {
   static const SafetensorsFile f(kFixture, "MXFP8 fixture");

@@ -9,6 +9,7 @@
 #include <string>
 #include <tuple>
 
+#include "common/paths.h"
 #include "common/backends.h"
 #include "kernels/ops.h"
 
@@ -24,7 +25,7 @@ std::string show(const Case& c) {
 }
 
 TEST(BackendCoverage, SkipsAreExactlyTheCommittedList) {
-  const std::string path = std::string(MOE_SOURCE_DIR) + "/tests/kernels/expected_skips.txt";
+  const std::string path = std::string(::moe::test::source_dir()) + "/tests/kernels/expected_skips.txt";
   std::ifstream in(path);
   ASSERT_TRUE(in) << "cannot read " << path;
   std::set<std::string> ops, dtypes;

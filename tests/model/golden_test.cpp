@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <string>
 
+#include "common/paths.h"
 #include "checkpoint/safetensors.h"
 #include "kernels/host_view.h"
 #include "common/backends.h"
@@ -28,7 +29,7 @@ namespace {
 
 std::vector<std::string> fixtures() {
   std::vector<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(std::string(MOE_SOURCE_DIR) + "/tests/golden"))
+  for (const auto& e : std::filesystem::directory_iterator(std::string(::moe::test::source_dir()) + "/tests/golden"))
     if (e.path().extension() == ".safetensors") out.push_back(e.path().string());
   std::sort(out.begin(), out.end());
   return out;

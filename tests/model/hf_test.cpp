@@ -14,6 +14,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "common/paths.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sha256.h"
@@ -28,7 +29,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kGolden = std::string(MOE_SOURCE_DIR) + "/tests/golden/";
+const std::string kGolden = std::string(::moe::test::source_dir()) + "/tests/golden/";
 const std::string kFixture = kGolden + "olmoe_pre.safetensors";
 
 std::string tmp(const std::string& name) {

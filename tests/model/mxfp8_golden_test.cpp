@@ -27,12 +27,13 @@
 #include <string_view>
 #include <vector>
 
+#include "common/paths.h"
 #include "golden_common.h"
 
 namespace moe {
 namespace {
 
-const std::string kFixture = std::string(MOE_SOURCE_DIR) + "/tests/golden/mxfp8/model.safetensors";
+const std::string kFixture = std::string(::moe::test::source_dir()) + "/tests/golden/mxfp8/model.safetensors";
 
 // Forwards every call to a host backend (ref or cpu) and keeps the bytes each mx_quantize wrote.
 class RecordingBackend final : public Backend {

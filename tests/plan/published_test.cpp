@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/paths.h"
 #include "config/config.h"
 #include "plan/fit.h"
 #include "plan/hardware.h"
@@ -24,7 +25,7 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 Config published(const std::string& file, std::vector<std::string> overrides = {}) {
-  return load_config(std::string(MOE_SOURCE_DIR) + "/configs/published/" + file, overrides);
+  return load_config(std::string(::moe::test::source_dir()) + "/configs/published/" + file, overrides);
 }
 
 struct Row {

@@ -6,6 +6,7 @@
 #include <regex>
 #include <string>
 
+#include "common/paths.h"
 #include "config/config.h"
 #include "train/bench.h"
 
@@ -48,7 +49,7 @@ steps = 10
 // Runs `moecore bench` (the binary has the counting operator new) on a tiny config and returns
 // {total, inside oneDNN} allocations per step over steps 3-10.
 std::pair<double, double> binary_bench_allocs(const std::string& sets) {
-  const std::string cmd = std::string(MOE_BINARY_PATH) +
+  const std::string cmd = std::string(::moe::test::moecore_binary()) +
                           " bench --warmup 2 --steps 8 --set model.vocab_size=64 --set model.d_model=32"
                           " --set model.n_layers=2 --set model.n_heads=4 --set model.n_kv_heads=2"
                           " --set model.num_experts=4 --set model.top_k=2 --set model.expert_hidden=32"

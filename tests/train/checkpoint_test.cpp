@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/paths.h"
 #include "checkpoint/checkpoint.h"
 #include "common/test_util.h"
 #include "core/rng.h"
@@ -441,7 +442,7 @@ TEST(Checkpoint, KeepLastPrunesOldestOnly) {
 constexpr int64_t kBinarySteps = 150;
 
 std::vector<std::string> binary_args(const fs::path& data, const fs::path& out, int64_t every) {
-  return {MOE_BINARY_PATH, "train",
+  return {::moe::test::moecore_binary(), "train",
           "--set", "model.vocab_size=64", "--set", "model.d_model=32", "--set", "model.n_layers=2",
           "--set", "model.n_heads=4", "--set", "model.n_kv_heads=2", "--set", "model.num_experts=4",
           "--set", "model.top_k=2", "--set", "model.expert_hidden=24", "--set", "model.router_bias_gamma=0.001",
@@ -591,7 +592,7 @@ namespace {
 
 // Runs a moecore command line through the shell; returns (exit status, stdout + stderr).
 std::pair<int, std::string> run_cli(const std::string& args) {
-  const std::string cmd = std::string(MOE_BINARY_PATH) + " " + args + " 2>&1";
+  const std::string cmd = std::string(::moe::test::moecore_binary()) + " " + args + " 2>&1";
   FILE* pipe = ::popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -644,7 +645,7 @@ namespace {
 TEST(CheckpointCli, TrainingContinuesFromAnImportedHuggingFaceCheckpoint) {
   const fs::path root = fresh_dir("init_from");
   const std::string params = (root / "imported.safetensors").string();
-  auto [imp_status, imp_out] = run_cli("import-hf --from " + std::string(MOE_SOURCE_DIR) + "/tests/golden/hf/fused --out " + params);
+  auto [imp_status, imp_out] = run_cli("import-hf --from " + std::string(::moe::test::source_dir()) + "/tests/golden/hf/fused --out " + params);
   ASSERT_EQ(imp_status, 0) << imp_out;
   std::vector<uint16_t> toks(4000);
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<uint16_t>((i * 7 + i / 3) % 64);

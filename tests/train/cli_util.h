@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/paths.h"
+
 namespace moe::test {
 
 struct CliResult {
@@ -24,7 +26,7 @@ struct CliResult {
 
 // launcher: a command line the binary runs under ("mpirun -np 2 "), or "".
 inline CliResult run_cli(const std::string& args, int timeout_s = 60, const std::string& launcher = "") {
-  const std::string cmd = "timeout -s KILL " + std::to_string(timeout_s) + " " + launcher + std::string(MOE_BINARY_PATH) +
+  const std::string cmd = "timeout -s KILL " + std::to_string(timeout_s) + " " + launcher + std::string(::moe::test::moecore_binary()) +
                           " " + args + " 2>&1";
   FILE* pipe = ::popen(cmd.c_str(), "r");
   CliResult r;

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 
+#include "common/paths.h"
 #include "config/config.h"
 #include "core/check.h"
 
@@ -44,7 +45,7 @@ TEST(Config, DefaultsAreValidAndRoundTripThroughToml) {
 }
 
 TEST(Config, TheCommittedDefaultConfigParses) {
-  std::ifstream in(std::string(MOE_SOURCE_DIR) + "/configs/default.toml");
+  std::ifstream in(std::string(::moe::test::source_dir()) + "/configs/default.toml");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   Config c = parse_config(text, {});
   EXPECT_EQ(c.model.vocab_size, 256);

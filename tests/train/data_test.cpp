@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/paths.h"
 #include "checkpoint/safetensors.h"
 #include "common/test_util.h"
 #include "data/prepare.h"
@@ -209,7 +210,7 @@ TEST(TokenData, DocumentStartsFollowEos) {
 TEST(TokenData, ShuffleMatchesTheCommittedPermutation) {
   // tests/golden/shuffle_seed1234_n1000.txt was written once by this code (MOE_REGEN_GOLDEN=1)
   // and reviewed: a permutation of 0..999, one index per line, for seed 1234, epoch 0.
-  const std::string path = std::string(MOE_SOURCE_DIR) + "/tests/golden/shuffle_seed1234_n1000.txt";
+  const std::string path = std::string(::moe::test::source_dir()) + "/tests/golden/shuffle_seed1234_n1000.txt";
   const std::vector<int64_t> order = shuffled_order(1000, 1234, 0);
   if (std::getenv("MOE_REGEN_GOLDEN")) {
     std::ofstream out(path, std::ios::trunc);

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 
+#include "common/paths.h"
 #include "cli_util.h"
 
 namespace moe {
@@ -91,7 +92,7 @@ fs::path UserPaths::root_;
 std::string UserPaths::checkpoint_;
 
 TEST_F(UserPaths, EveryReaderNamesThePathForEveryKind) {
-  const std::string golden = std::string(MOE_SOURCE_DIR) + "/tests/golden/";
+  const std::string golden = std::string(::moe::test::source_dir()) + "/tests/golden/";
   const std::string good = (root_ / "good.bin").string();
   const std::string train = "train" + test::tiny_model_sets() + " --set train.steps=1";
   auto at = [](const char* name) { return [name](const fs::path& d) { return d / name; }; };
