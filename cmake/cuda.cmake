@@ -3,6 +3,9 @@
 # cpu test, on a machine without a GPU driver); cuBLASLt, NCCL and cuDNN are loaded at run time. Header-only CUTLASS and cuDNN frontend come from
 # the pinned wheels that scripts/cuda_headers.sh unpacks into .cache/cuda-headers.
 enable_language(CUDA)
+# "-isystem DIR" rather than nvcc's default "-isystem=DIR": ccache makes the first relative to
+# CCACHE_BASEDIR, not the second, and the CUTLASS headers live in the clone (.ci/run's cache).
+set(CMAKE_INCLUDE_SYSTEM_FLAG_CUDA "-isystem ")
 find_package(CUDAToolkit 13 REQUIRED)
 # CMake 3.25 knows no C++20 flag for nvcc 13; tell it.
 if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
