@@ -132,9 +132,9 @@ double sum_of(const std::vector<double>& v) {
   return s;
 }
 
-nlohmann::json step_record(const StepResult& r, const StepTiming& timing, double flops_per_token,
+nlohmann::json step_record(const StepResult& r, double elapsed_s, double flops_per_token,
                            double peak, bool with_vectors) {
-  const double tps = timing.step_s > 0 ? static_cast<double>(r.tokens) / timing.step_s : 0;
+  const double tps = r.step_s > 0 ? static_cast<double>(r.tokens) / r.step_s : 0;
   const double tflops = tps * flops_per_token / 1e12;
   nlohmann::json j = {{"step", r.step},
                       {"loss", r.total},
@@ -148,13 +148,13 @@ nlohmann::json step_record(const StepResult& r, const StepTiming& timing, double
                       {"lr", r.lr},
                       {"clipped", r.clipped},
                       {"tokens", r.tokens},
-                      {"step_s", timing.step_s},
+                      {"step_s", r.step_s},
                       {"tokens_per_s", tps},
                       {"tflops", tflops},
                       {"mfu", peak > 0 ? tflops / peak : 0.0},
                       {"peak_rss_mb", static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0)},
                       {"peak_device_mb", peak_device_mb()},
-                      {"elapsed_s", timing.elapsed_s},
+                      {"elapsed_s", elapsed_s},
                       {"pp_bubble_s", r.pp_bubble_s},
                       {"to_host", r.transfers.to_host},
                       {"to_host_bytes", r.transfers.to_host_bytes},

@@ -92,11 +92,8 @@ double sum_of(const std::vector<double>& v);
 //   max_load[] and load_cv[] per MoE layer, and with_vectors: f[][] (tokens per expert) and
 //   P[][] (mean router probability per expert) per MoE layer. Skipped steps carry
 //   "skipped": true, "nonfinite_tensor" and "skipped_total".
-struct StepTiming {
-  double step_s = 0;     // seconds of this step (StepResult::step_s: the backend's stream time)
-  double elapsed_s = 0;  // since training started
-};
-nlohmann::json step_record(const StepResult& r, const StepTiming& timing, double flops_per_token,
+// elapsed_s: training seconds so far (stitched across resumes).
+nlohmann::json step_record(const StepResult& r, double elapsed_s, double flops_per_token,
                            double peak_tflops, bool with_vectors);
 
 // On resume: keeps the records of metrics.jsonl up to and including `step` (the checkpoint's)

@@ -241,7 +241,7 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
     if (!r.skipped) summary.final_train_loss = r.ce;
     const double t = now_s();
     const bool vectors = config.metrics.vectors_every > 0 && step % config.metrics.vectors_every == 0;
-    nlohmann::json j = step_record(r, {r.step_s, elapsed(t)}, flops_per_token, peak, vectors);
+    nlohmann::json j = step_record(r, elapsed(t), flops_per_token, peak, vectors);
     j["step"] = step;
     const bool out_of_time = may_end && tc.time_limit_s > 0 && t - t_start >= tc.time_limit_s;
     const bool last = step == tc.steps || out_of_time;

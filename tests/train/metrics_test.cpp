@@ -102,7 +102,8 @@ TEST(Metrics, StepRecordFields) {
   r.counts = {{10, 10, 10, 10}, {40, 0, 0, 0}};
   r.mean_prob = {{0.25, 0.25, 0.25, 0.25}, {0.7, 0.1, 0.1, 0.1}};
   r.tokens = 1000;
-  nlohmann::json j = step_record(r, {0.5, 10.0}, 1e9, 4.0, false);
+  r.step_s = 0.5;
+  nlohmann::json j = step_record(r, 10.0, 1e9, 4.0, false);
   EXPECT_DOUBLE_EQ(j["lbl_sum"].get<double>(), 2.5);
   EXPECT_DOUBLE_EQ(j["router_z_sum"].get<double>(), 0.75);
   EXPECT_DOUBLE_EQ(j["step_s"].get<double>(), 0.5);
@@ -113,19 +114,19 @@ TEST(Metrics, StepRecordFields) {
   EXPECT_DOUBLE_EQ(j["load_cv"][0].get<double>(), 0.0);
   EXPECT_GT(j["peak_rss_mb"].get<double>(), 1.0);
   EXPECT_FALSE(j.contains("f"));
-  nlohmann::json v = step_record(r, {0.5, 10.0}, 1e9, 4.0, true);
+  nlohmann::json v = step_record(r, 10.0, 1e9, 4.0, true);
   EXPECT_EQ(v["f"][1][0].get<int>(), 40);
   EXPECT_DOUBLE_EQ(v["P"][1][0].get<double>(), 0.7);
   EXPECT_FALSE(j.contains("ep_drop_fraction"));  // expert parallelism only
   r.ep_drop_fraction = {0.0, 0.125};
   r.ep_rows_received = {{30, 34}, {40, 16}};
-  nlohmann::json e = step_record(r, {0.5, 10.0}, 1e9, 4.0, false);
+  nlohmann::json e = step_record(r, 10.0, 1e9, 4.0, false);
   EXPECT_DOUBLE_EQ(e["ep_drop_fraction"][1].get<double>(), 0.125);
   EXPECT_EQ(e["ep_rows_received"][1][0].get<int>(), 40);
   r.total = std::nan("");
   r.skipped = true;
   r.nonfinite_tensor = "layers.0.attn.wq";
-  nlohmann::json s = step_record(r, {0.5, 10.0}, 1e9, 4.0, false);
+  nlohmann::json s = step_record(r, 10.0, 1e9, 4.0, false);
   EXPECT_EQ(s["loss"], "nan");
   EXPECT_EQ(s["skipped"], true);
   EXPECT_EQ(s["nonfinite_tensor"], "layers.0.attn.wq");
