@@ -39,6 +39,11 @@ if(NOT MOE_CUDNN_INCLUDE)
   list(FILTER MOE_CUDA_SOURCES EXCLUDE REGEX "sdpa_cudnn")
   message(STATUS "MOE_CUDA: no cuDNN found: attention runs on our kernels only")
 endif()
+if(MOE_WERROR)
+  set(MOE_CUDA_WARNINGS -Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror,-Wno-unknown-pragmas)
+else()
+  set(MOE_CUDA_WARNINGS -Xcompiler=-Wall,-Wextra,-Wno-unknown-pragmas)
+endif()
 add_library(moe_cuda OBJECT ${MOE_CUDA_SOURCES})
 set_target_properties(moe_cuda PROPERTIES CUDA_ARCHITECTURES OFF POSITION_INDEPENDENT_CODE OFF)
 target_include_directories(moe_cuda PRIVATE ${PROJECT_SOURCE_DIR}/src)
@@ -47,8 +52,7 @@ target_include_directories(moe_cuda SYSTEM PRIVATE ${MOE_CUDA_HEADERS}/cutlass/i
                            ${CUDAToolkit_INCLUDE_DIRS})
 target_compile_options(moe_cuda PRIVATE
   $<$<COMPILE_LANGUAGE:CXX>:${MOE_WARNINGS} ${MOE_OPT_FLAGS}>
-  $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror,-Wno-unknown-pragmas
-    --expt-relaxed-constexpr -lineinfo -Xptxas=-v>)
+  $<$<COMPILE_LANGUAGE:CUDA>:${MOE_CUDA_WARNINGS} --expt-relaxed-constexpr -lineinfo -Xptxas=-v>)
 # ptxas's resource report of every kernel goes to <object>.ptxas (scripts/check_kernels.sh).
 # Through ccache when it is on (it replays the compile's output, the report with it).
 set(MOE_NVCC_LAUNCHER ${PROJECT_SOURCE_DIR}/cmake/nvcc_resources.sh)

@@ -470,7 +470,7 @@ HfModel import_hf(const std::string& dir) {
     }
   }
   if (!tied_head.empty()) {
-    const ParamInfo& emb = layout.find("embed");
+    const ParamInfo emb = layout.find("embed");  // a copy: no reference to a call given a temporary
     MOE_CHECK(std::memcmp(tied_head.data(), m.params.data() + emb.offset, tied_head.size() * sizeof(float)) == 0,
               "'", dir, "': tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight");
   }

@@ -322,8 +322,9 @@ Config parse_config(const std::string& toml_text, const std::vector<std::string>
                join(sections()), ")", known ? "" : "; it is not a known section either");
     }
     for (auto&& [key, node] : *table) {
-      const Field& f = find_field(section, std::string(key.str()));
-      assign(config, f, from_toml(node, section + "." + std::string(key.str())));
+      const std::string name(key.str());
+      const Field& f = find_field(section, name);
+      assign(config, f, from_toml(node, section + "." + name));
     }
   }
   for (const std::string& o : overrides) {
@@ -331,7 +332,8 @@ Config parse_config(const std::string& toml_text, const std::vector<std::string>
     size_t dot = o.find('.');
     MOE_CHECK(eq != std::string::npos && dot != std::string::npos && dot < eq,
               "override '", o, "' must look like section.key=value");
-    const Field& f = find_field(o.substr(0, dot), o.substr(dot + 1, eq - dot - 1));
+    const std::string section = o.substr(0, dot), key = o.substr(dot + 1, eq - dot - 1);
+    const Field& f = find_field(section, key);
     assign(config, f, parse_override_value(f, o.substr(eq + 1), config));
   }
   config.validate();

@@ -4,7 +4,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <array>
+#include <memory>
 #include <vector>
 
 #include "core/dynamic_library.h"
@@ -53,19 +53,70 @@ ncclDataType_t nccl_type(DType t) {
   MOE_FAIL("NCCL: no type for ", dtype_name(t));
 }
 
-// Done when the backend's stream has been told to wait for the operation's event.
+// The events requests end with: one per request, taken from the pool and handed back when the
+// request is done with, so an event is never re-recorded while a request still holds it (a ring
+// reused slots under requests kept across many later operations). Shared with the requests, which
+// may outlive their communicator.
+class EventPool {
+ public:
+  ~EventPool() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  cudaEvent_t take() {
+    if (free_.empty()) {
+      cudaEvent_t e = nullptr;
+      check_rt(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      return e;
+    }
+    cudaEvent_t e = free_.back();
+    free_.pop_back();
+    return e;
+  }
+  void give(cudaEvent_t e) { free_.push_back(e); }
+
+ private:
+  std::vector<cudaEvent_t> free_;
+};
+
+class PooledEvent {
+ public:
+  explicit PooledEvent(std::shared_ptr<EventPool> pool) : pool_(std::move(pool)), event_(pool_->take()) {}
+  ~PooledEvent() { pool_->give(event_); }
+  PooledEvent(const PooledEvent&) = delete;
+  PooledEvent& operator=(const PooledEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  std::shared_ptr<EventPool> pool_;
+  cudaEvent_t event_;
+};
+
+// test() asks whether the operation has finished on the device (cudaEventQuery) and never blocks
+// or orders anything: a finished operation needs no ordering. wait() orders the backend's stream
+// after it (no host wait).
+bool event_done(cudaEvent_t e) {
+  const cudaError_t r = cudaEventQuery(e);
+  if (r == cudaErrorNotReady) return false;
+  check_rt(r, "cudaEventQuery");
+  return true;
+}
+
 class NcclRequest final : public Request::Impl {
  public:
-  NcclRequest(cudaStream_t compute, cudaEvent_t done) : compute_(compute), done_(done) {}
-  void wait() override { check_rt(cudaStreamWaitEvent(compute_, done_, 0), "cudaStreamWaitEvent"); }
-  bool test() override {
-    wait();
-    return true;
-  }
+  NcclRequest(cudaStream_t compute, std::unique_ptr<PooledEvent> done) : compute_(compute), done_(std::move(done)) {}
+  void wait() override { check_rt(cudaStreamWaitEvent(compute_, done_->get(), 0), "cudaStreamWaitEvent"); }
+  bool test() override { return event_done(done_->get()); }
 
  private:
   cudaStream_t compute_;
-  cudaEvent_t done_;
+  std::unique_ptr<PooledEvent> done_;
+};
+
+// The operations of one group complete together at group_end, whose event exists only then.
+struct GroupState {
+  explicit GroupState(std::shared_ptr<EventPool> pool) : done(std::move(pool)) {}
+  PooledEvent done;
+  bool ended = false;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -74,7 +125,7 @@ class NcclCommunicator final : public Communicator {
     check_nccl(nccl().ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
     check_nccl(nccl().ncclCommCount(comm_, &size_), "ncclCommCount");
     check_rt(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    for (cudaEvent_t& e : events_) check_rt(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    check_rt(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     check_rt(cudaMalloc(&barrier_word_, sizeof(int32_t)), "cudaMalloc");
     check_rt(cudaMemset(barrier_word_, 0, sizeof(int32_t)), "cudaMemset");
   }
@@ -82,7 +133,7 @@ class NcclCommunicator final : public Communicator {
     cudaStreamSynchronize(stream_);
     nccl().ncclCommDestroy(comm_);
     cudaFree(barrier_word_);
-    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    cudaEventDestroy(ready_);
     cudaStreamDestroy(stream_);
   }
 
@@ -94,6 +145,7 @@ class NcclCommunicator final : public Communicator {
   void group_start() override {
     MOE_CHECK(!grouped_, "NCCL: group_start inside a group");
     grouped_ = true;
+    group_ = std::make_shared<GroupState>(events_);
     enter();
     check_nccl(nccl().ncclGroupStart(), "ncclGroupStart");
   }
@@ -101,8 +153,9 @@ class NcclCommunicator final : public Communicator {
     MOE_CHECK(grouped_, "NCCL: group_end without group_start");
     grouped_ = false;
     check_nccl(nccl().ncclGroupEnd(), "ncclGroupEnd");
-    group_done_ = next_event();
-    check_rt(cudaEventRecord(group_done_, stream_), "cudaEventRecord");
+    check_rt(cudaEventRecord(group_->done.get(), stream_), "cudaEventRecord");
+    group_->ended = true;
+    group_.reset();
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -171,51 +224,46 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  static constexpr size_t kEvents = 256;
-
-  cudaEvent_t next_event() { return events_[next_++ % kEvents]; }
-
-  // The communication stream waits for everything the backend's stream has enqueued so far.
+  // The communication stream waits for everything the backend's stream has enqueued so far. One
+  // event serves every call: a stream waits for the record made before the wait call, whatever
+  // is recorded into the event later.
   void enter() {
     if (grouped_ && entered_in_group_) return;
-    const cudaEvent_t ready = next_event();
-    check_rt(cudaEventRecord(ready, compute_), "cudaEventRecord");
-    check_rt(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+    check_rt(cudaEventRecord(ready_, compute_), "cudaEventRecord");
+    check_rt(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
     entered_in_group_ = grouped_;
   }
-  // Inside a group the operations complete together at group_end: their requests wait for the
-  // group's event, which exists only then, so they wait on the communication stream's tail.
+  // Inside a group the operations complete together at group_end: their requests end with the
+  // group's event, recorded then.
   Request leave() {
-    if (grouped_) return Request(std::make_unique<GroupRequest>(*this));
+    if (grouped_) return Request(std::make_unique<GroupRequest>(compute_, group_));
     entered_in_group_ = false;
-    const cudaEvent_t done = next_event();
-    check_rt(cudaEventRecord(done, stream_), "cudaEventRecord");
-    return Request(std::make_unique<NcclRequest>(compute_, done));
+    auto done = std::make_unique<PooledEvent>(events_);
+    check_rt(cudaEventRecord(done->get(), stream_), "cudaEventRecord");
+    return Request(std::make_unique<NcclRequest>(compute_, std::move(done)));
   }
 
   class GroupRequest final : public Request::Impl {
    public:
-    explicit GroupRequest(NcclCommunicator& c) : c_(c) {}
+    GroupRequest(cudaStream_t compute, std::shared_ptr<GroupState> group) : compute_(compute), group_(std::move(group)) {}
     void wait() override {
-      MOE_CHECK(!c_.grouped_, "NCCL: a request of a group was waited for before group_end");
-      check_rt(cudaStreamWaitEvent(c_.compute_, c_.group_done_, 0), "cudaStreamWaitEvent");
+      MOE_CHECK(group_->ended, "NCCL: a request of a group was waited for before group_end");
+      check_rt(cudaStreamWaitEvent(compute_, group_->done.get(), 0), "cudaStreamWaitEvent");
     }
-    bool test() override {
-      wait();
-      return true;
-    }
+    bool test() override { return group_->ended && event_done(group_->done.get()); }
 
    private:
-    NcclCommunicator& c_;
+    cudaStream_t compute_;
+    std::shared_ptr<GroupState> group_;
   };
 
   ncclComm_t comm_;
   cudaStream_t compute_, stream_ = nullptr;
   int rank_ = 0, size_ = 1;
-  std::array<cudaEvent_t, kEvents> events_{};
-  size_t next_ = 0;
+  std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();
+  cudaEvent_t ready_ = nullptr;
   bool grouped_ = false, entered_in_group_ = false;
-  cudaEvent_t group_done_ = nullptr;
+  std::shared_ptr<GroupState> group_;  // the open group (group_start .. group_end)
   int32_t* barrier_word_ = nullptr;
 };
 

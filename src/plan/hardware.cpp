@@ -234,4 +234,9 @@ Cluster load_cluster(const std::string& name_or_path) {
   return parse_cluster(read_input_file(name_or_path, "--cluster"), name_or_path);
 }
 
+std::string peak_source(const Cluster& cluster) {
+  const auto it = cluster.sources.find("device.bf16_tflops");
+  return it != cluster.sources.end() && it->second.rfind("calibration", 0) == 0 ? "calibration" : "datasheet";
+}
+
 }  // namespace moe

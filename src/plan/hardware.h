@@ -58,6 +58,9 @@ Cluster parse_cluster(const std::string& toml_text, const std::string& source_na
 Cluster load_cluster(const std::string& name_or_path);
 // A cluster file that parse_cluster reads back to the same cluster (sources included).
 std::string cluster_to_toml(const Cluster& cluster);
+// Where a cluster's peak FLOP/s come from: "calibration" when `moecore bench --calibrate` measured
+// them (its sources say so), else "datasheet" (a preset's cited figures, or a hand-written file's).
+std::string peak_source(const Cluster& cluster);
 // The built-in presets' names.
 std::vector<std::string> cluster_presets();
 

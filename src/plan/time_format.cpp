@@ -28,10 +28,12 @@ std::string format_step_time(const Config& config, const Plan& plan, const Clust
   }
   std::snprintf(buf, sizeof buf,
                 "step %.4f s%s (pipeline %.4f s, bubble %.1f%% of it); %.1f tokens/s, %.1f per device; "
-                "%.2f TFLOP/s per device; MFU %.1f%% of the %s peak, %.1f%% of bf16's (Olmo-core 3's convention)\n",
+                "%.2f TFLOP/s per device; MFU %.1f%% of the %s peak, %.1f%% of bf16's (Olmo-core 3's convention; "
+                "peaks %.4g / %.4g TFLOP/s fp32 / bf16, %s)\n",
                 t.step_s, t.step_spread > 0 ? (" +- " + std::to_string(static_cast<int>(std::lround(100 * t.step_spread))) + "% (calibration spread)").c_str() : "",
                 t.pipeline_s, 100 * t.bubble_fraction, t.tokens_per_s, t.tokens_per_s_per_device,
-                t.achieved_flops_per_device / 1e12, 100 * t.mfu, config.train.precision.c_str(), 100 * t.mfu_bf16);
+                t.achieved_flops_per_device / 1e12, 100 * t.mfu, config.train.precision.c_str(), 100 * t.mfu_bf16,
+                cl.device.fp32_flops / 1e12, cl.device.bf16_flops / 1e12, peak_source(cl).c_str());
   o << buf;
   std::snprintf(buf, sizeof buf, "checkpoint save: %.2f s (the largest shard at %.2f GB/s per rank)\n", t.checkpoint_save_s,
                 cl.device.storage_bytes_per_s / 1e9);
@@ -102,7 +104,8 @@ std::string plan_report_json(const Config& config, const Plan& plan, const Clust
     j["cluster"] = {{"name", cluster->name}, {"nodes", cluster->nodes}, {"ranks_per_node", cluster->ranks_per_node},
                     {"device", cluster->device.kind}, {"memory_bytes", cluster->device.memory_bytes},
                     {"reserved_bytes", cluster->device.reserved_bytes}, {"process_bytes", cluster->device.process_bytes},
-                    {"sources", cluster->sources}};
+                    {"bf16_flops", cluster->device.bf16_flops}, {"fp32_flops", cluster->device.fp32_flops},
+                    {"peak_source", peak_source(*cluster)}, {"sources", cluster->sources}};
   if (time) j["time"] = time_json(*time);
   if (sweep) {
     nlohmann::json rows = nlohmann::json::array();

@@ -1,5 +1,6 @@
 #include "report/run_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -114,6 +115,13 @@ void RunReport::add_record(const nlohmann::json& r) {
     add(key, at, v);
   }
   nonfinite_records_ += nonfinite ? 1 : 0;
+  if (r.contains("peak_tflops") && r.contains("peak_source") && r["peak_source"].is_string()) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.4g TFLOP/s, ", number(r["peak_tflops"]));
+    const std::string peak = buf + echo(r["peak_source"].get<std::string>(), 40);
+    if (mfu_peaks_.size() < kMaxPeaks && std::find(mfu_peaks_.begin(), mfu_peaks_.end(), peak) == mfu_peaks_.end())
+      mfu_peaks_.push_back(peak);
+  }
   for (const char* key : kPerLayer) {
     if (!r.contains(key) || !r[key].is_array()) continue;
     const auto& v = r[key];
@@ -236,6 +244,7 @@ nlohmann::json RunReport::to_json() const {
                       {"records", records_},
                       {"last_step", last_step_},
                       {"moe_layers", moe_layers_},
+                      {"mfu_peaks", mfu_peaks_},
                       {"series", series},
                       {"positions", pos},
                       {"marks", marks},

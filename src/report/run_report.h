@@ -73,6 +73,10 @@ class RunReport {
   std::vector<EventMark> events_;
   int64_t events_total_ = 0;
   nlohmann::json start_ = nlohmann::json::object(), stop_ = nlohmann::json();
+  // MFU's denominators the records name ("0.1798 TFLOP/s, measured"), in order of first use
+  // (a run resumed on another machine has two); at most kMaxPeaks kept.
+  static constexpr size_t kMaxPeaks = 8;
+  std::vector<std::string> mfu_peaks_;
   int64_t resumes_ = 0;
   int64_t records_ = 0, last_step_ = 0, moe_layers_ = 0, nonfinite_records_ = 0;
   double tokens_ = 0;

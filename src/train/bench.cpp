@@ -1,7 +1,6 @@
 #include "train/bench.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <iomanip>
 #include <random>
@@ -52,7 +51,6 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   BenchResult r;
   r.tokens_per_step = tc.batch_size * S;  // the global step
   r.ranks = world->size();
-  using Clock = std::chrono::steady_clock;
   uint64_t alloc_before = 0, foreign_before = 0;
   PhaseTimer::set_thread_alloc_reader(opt.thread_alloc_reader);
   // Phases are timed with the backend's events: stream time, whatever the backend's asynchrony.
@@ -66,10 +64,23 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     ~Unset() { PhaseTimer::set_clock(nullptr); }  // also when a step throws
   } unset;
   const int64_t total = opt.warmup + opt.steps;
-  std::array<double, PhaseTimer::kNum> sums{}, cpu_sums{};
-  double step_sum = 0;
+  // Per timed step: its phases (measured by the call that enqueued it) and, once its record is
+  // read, its time. A step's time is StepResult::step_s, stream time between the backend's
+  // events exactly as `moecore train` records it: the host's clock would time only the enqueue
+  // on an asynchronous backend (strict, cuda).
+  struct Timed {
+    std::array<double, PhaseTimer::kNum> phase{}, cpu{};
+    double step_s = -1, bubble = 0;
+  };
+  std::vector<Timed> timed_steps(static_cast<size_t>(opt.steps));
+  const auto record = [&](const StepResult* rec, int64_t step) {
+    if (rec == nullptr || step <= opt.warmup) return;
+    Timed& t = timed_steps[static_cast<size_t>(step - opt.warmup - 1)];
+    t.step_s = rec->step_s;
+    t.bubble = rec->pp_bubble_s;
+  };
   for (int64_t i = 1; i <= total; ++i) {
-    // Fresh random ids each step (outside the timed region); labels are the ids shifted by one.
+    // Fresh random ids each step (outside the phases); labels are the ids shifted by one.
     for (int64_t b = 0; b < B; ++b) {
       for (auto& x : row) x = dist(rng);
       std::copy(row.begin(), row.end() - 1, ids.t.as<int32_t>() + b * S);
@@ -87,17 +98,13 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     if (groups) world->barrier();  // steps start together: a rank's wait is not the previous step's
     const uint64_t sent_before = groups ? comm_bytes_sent(*groups) : 0;
     const TransferStats moved_before = ops->transfers();
-    const Clock::time_point t0 = Clock::now();
-    // As `moecore train` runs them (train.overlap_host): each timed call enqueues a step and
-    // reads the one before, so in steady state it lasts one step of the device.
-    double bubble = 0;
+    // As `moecore train` runs them (train.overlap_host): each call enqueues a step and reads the
+    // one before, whose record carries that step's time.
     if (config.train.overlap_host) {
-      if (const StepResult* prev = trainer.submit(ids.t, labels.t)) bubble = prev->pp_bubble_s;  // the step before
+      record(trainer.submit(ids.t, labels.t), i - 1);
     } else {
-      bubble = trainer.step(ids.t, labels.t).pp_bubble_s;
+      record(&trainer.step(ids.t, labels.t), i);
     }
-    const Clock::time_point t1 = Clock::now();
-    if (timed) r.pp_bubble_s += bubble;
     if (timed) {
       const TransferStats moved = ops->transfers() - moved_before;
       r.to_host_per_step += static_cast<double>(moved.to_host);
@@ -106,7 +113,7 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
       r.to_device_bytes_per_step += static_cast<double>(moved.to_device_bytes);
     }
     if (groups && timed) r.comm_bytes_per_step += static_cast<double>(comm_bytes_sent(*groups) - sent_before);
-    PhaseTimer::flush();
+    PhaseTimer::flush();  // waits for the stream: the phases of this call's step
     PhaseTimer::set_enabled(false);
     if (count_allocs) {
       r.allocs_per_step += static_cast<double>(opt.alloc_counter->load(std::memory_order_relaxed) - alloc_before);
@@ -117,21 +124,29 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     }
     PhaseTimer::set_alloc_counter(nullptr);
     if (!timed) continue;
-    const double dt = std::chrono::duration<double>(t1 - t0).count();
-    r.step_s.push_back(dt);
-    r.fwd_bwd_s.push_back(dt - PhaseTimer::seconds()[static_cast<size_t>(Phase::kOptimizer)]);
+    Timed& t = timed_steps[static_cast<size_t>(i - opt.warmup - 1)];
+    t.phase = PhaseTimer::seconds();
+    t.cpu = PhaseTimer::cpu_seconds();
+  }
+  record(trainer.collect(), total);  // the last step's record (submit leaves it in flight)
+  std::array<double, PhaseTimer::kNum> sums{}, cpu_sums{};
+  double step_sum = 0;
+  for (const Timed& t : timed_steps) {
+    MOE_CHECK(t.step_s >= 0, "bench: a timed step's record was never read");
+    const size_t opt_phase = static_cast<size_t>(Phase::kOptimizer);
+    r.step_s.push_back(t.step_s);
+    r.fwd_bwd_s.push_back(t.step_s - t.phase[opt_phase]);
     double cpu = 0;
-    for (double c : PhaseTimer::cpu_seconds()) cpu += c;
+    for (double c : t.cpu) cpu += c;
     r.cpu_s.push_back(cpu);
-    r.cpu_fwd_bwd_s.push_back(cpu - PhaseTimer::cpu_seconds()[static_cast<size_t>(Phase::kOptimizer)]);
-    step_sum += dt;
-    for (int p = 0; p < PhaseTimer::kNum; ++p) {
-      sums[static_cast<size_t>(p)] += PhaseTimer::seconds()[static_cast<size_t>(p)];
-      cpu_sums[static_cast<size_t>(p)] += PhaseTimer::cpu_seconds()[static_cast<size_t>(p)];
+    r.cpu_fwd_bwd_s.push_back(cpu - t.cpu[opt_phase]);
+    r.pp_bubble_s += t.bubble;
+    step_sum += t.step_s;
+    for (size_t p = 0; p < static_cast<size_t>(PhaseTimer::kNum); ++p) {
+      sums[p] += t.phase[p];
+      cpu_sums[p] += t.cpu[p];
     }
   }
-  trainer.collect();  // the last step, untimed (the first timed call waited for the warm-up's last)
-  r.comm_bytes_per_step /= static_cast<double>(opt.steps);
   r.pp_bubble_s /= static_cast<double>(opt.steps);
   for (double* x : {&r.to_host_per_step, &r.to_host_bytes_per_step, &r.to_device_per_step, &r.to_device_bytes_per_step})
     *x /= static_cast<double>(opt.steps);
@@ -158,8 +173,8 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   r.tokens_per_s = static_cast<double>(r.tokens_per_step) / r.median_step_s;
   r.flops_per_token = config.model.train_flops_per_token(S);
   r.tflops = r.tokens_per_s * r.flops_per_token * 1e-12;
-  r.peak_tflops = peak_tflops(config);
-  r.mfu = r.peak_tflops > 0 ? r.tflops / r.peak_tflops : 0;
+  r.peak = mfu_peak(config, world.get());
+  r.mfu = r.peak.mfu(r.tflops);
   r.peak_rss_bytes = peak_rss_bytes();
   r.peak_device_mb = peak_device_mb();
   r.estimate_mb = estimate_memory(config).total() / (1024.0 * 1024.0);
@@ -193,7 +208,7 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
     os << std::setprecision(4) << "pipeline bubble (rank 0, blocked in receives): " << r.pp_bubble_s << " s per step\n";
   os << std::setprecision(2) << "model FLOPs/token (causal): " << r.flops_per_token * 1e-6 << " M\n";
   os << std::setprecision(1) << "model GFLOP/s: " << r.tflops * 1e3 << "  MFU: " << r.mfu * 100 << "% of "
-     << r.peak_tflops * 1e3 << " GFLOP/s\n";
+     << r.peak.tflops * 1e3 << " GFLOP/s (" << r.peak.source << ": " << r.peak.detail << ")\n";
   os << "phase breakdown (mean per timed step, exclusive):\n";
   os << "  phase          ms/step      %  cpu ms/step" << (r.alloc_steps > 0 ? "   allocs/step" : "") << "\n";
   for (int p = 1; p <= PhaseTimer::kNum; ++p) {

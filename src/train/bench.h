@@ -10,6 +10,7 @@
 
 #include "config/config.h"
 #include "core/phase_timer.h"
+#include "train/metrics.h"
 
 namespace moe {
 
@@ -28,13 +29,14 @@ struct BenchResult {
   int64_t tokens_per_step = 0;         // the global step (all data-parallel ranks)
   int64_t ranks = 1;
   double comm_bytes_per_step = 0;      // payload this rank sent (Communicator byte counters)
-  std::vector<double> step_s;          // timed steps
+  std::vector<double> step_s;          // timed steps: StepResult::step_s (stream time)
   std::vector<double> fwd_bwd_s;       // the same steps less their optimizer phase
   std::vector<double> cpu_s, cpu_fwd_bwd_s;  // the same in process CPU seconds (all threads)
   double median_step_s = 0, mean_step_s = 0;
   double pp_bubble_s = 0;              // rank 0's time blocked in pipeline receives, mean per timed step
   double tokens_per_s = 0;             // tokens_per_step / median step time
-  double flops_per_token = 0, tflops = 0, peak_tflops = 0, mfu = 0;
+  double flops_per_token = 0, tflops = 0, mfu = 0;
+  MfuPeak peak;                        // MFU's denominator and its source (train/metrics.h)
   std::array<double, PhaseTimer::kNum> phase_s{};  // mean seconds per timed step, exclusive
   std::array<double, PhaseTimer::kNum> phase_cpu_s{};  // the same in process CPU seconds
   double phase_sum_s = 0;              // sum of phase_s (other measured, not derived)

@@ -13,10 +13,15 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/fma_peak.h"
 #include "kernels/ops.h"
 #include "kernels/random_tensor.h"
 #include "parallel/communicator.h"
 #include "plan/hardware.h"
+#ifdef MOE_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace moe {
 
@@ -70,10 +75,36 @@ std::string calibrate_machine(const Config& config, const CalibrateOptions& opt,
   std::unique_ptr<Backend> ops = make_backend(config.train.backend);
   const bool bf16 = config.train.precision == "bf16";
   const DType adt = bf16 ? DType::kBF16 : DType::kF32;
-  const double peak = bf16 ? c.device.bf16_flops : c.device.fp32_flops;
   const std::string tag = "calibration: moecore bench --calibrate, " + utc_now() + ", " + std::to_string(n) + " rank(s), " +
                           config.train.backend + " backend, " + config.train.precision;
   const bool talk = world->rank() == 0;
+  // The peaks every efficiency below is a fraction of: on the host backends the FMA loops on each
+  // rank's threads, every rank at once (a rank's share of shared cores), averaged over the ranks;
+  // on a GPU its datasheet's. The base cluster's own peaks (another machine's) would clip every
+  // efficiency at 1 on a faster CPU.
+#ifdef MOE_WITH_CUDA
+  if (config.train.backend == "cuda") {
+    c.device.fp32_flops = cuda_peak_tflops(false) * 1e12;
+    c.device.bf16_flops = cuda_peak_tflops(true) * 1e12;
+    MOE_CHECK(c.device.bf16_flops > 0, "bench --calibrate: no datasheet peak for this GPU (kernels/cuda/cuda_backend.cpp)");
+    c.sources["device.fp32_tflops"] = c.sources["device.bf16_tflops"] = "datasheet: dense peak of this GPU (cuda_peak_tflops)";
+  } else
+#endif
+  {
+    const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads) : cpu::num_threads();
+    world->barrier();
+    const cpu::FmaPeak& m = cpu::fma_peak(threads);
+    double peaks[2] = {m.fp32_flops, m.bf16_flops};
+    world->all_reduce_sum(peaks, 2, DType::kF64);
+    c.device.fp32_flops = peaks[0] / n;
+    c.device.bf16_flops = peaks[1] / n;
+    const std::string how = std::to_string(threads) + " thread(s) per rank, " + std::to_string(n) + " rank(s) at once, mean";
+    c.sources["device.fp32_tflops"] = tag + ": " + m.fp32_kernel + " register loop, " + how;
+    c.sources["device.bf16_tflops"] = tag + ": " + m.bf16_kernel + " register loop, " + how;
+  }
+  const double peak = bf16 ? c.device.bf16_flops : c.device.fp32_flops;
+  if (talk) log << "peak: fp32 " << c.device.fp32_flops / 1e9 << " GFLOP/s, bf16 " << c.device.bf16_flops / 1e9
+                << " GFLOP/s per rank (" << c.sources["device.bf16_tflops"] << ")\n";
   std::vector<Buffer> keep;
   std::vector<double> spreads;  // (slowest - fastest) / fastest of each measurement's three rounds
   log << std::fixed << std::setprecision(3);

@@ -16,6 +16,8 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/fma_peak.h"
 
 namespace moe {
 
@@ -51,13 +53,44 @@ int64_t peak_rss_bytes() {
   return 0;
 }
 
-double peak_tflops(const Config& config) {
-  if (config.metrics.peak_tflops > 0) return config.metrics.peak_tflops;
+MfuPeak mfu_peak(const Config& config, Communicator* world) {
+  const bool bf16 = config.train.precision != "fp32";
+  const int ranks = world ? world->size() : 1;
+  const std::string per_rank = ranks > 1 ? " per rank x " + std::to_string(ranks) + " ranks" : "";
+  std::ostringstream detail;
+  detail.precision(4);
+  MfuPeak p;
+  if (config.metrics.peak_tflops > 0) {
+    p.tflops = config.metrics.peak_tflops * ranks;
+    p.source = "config";
+    detail << "metrics.peak_tflops = " << config.metrics.peak_tflops << per_rank;
+    p.detail = detail.str();
+    return p;
+  }
 #ifdef MOE_WITH_CUDA
-  // mxfp8 against the bf16 peak, as Olmo-core 3 and the vendors report it.
-  if (config.train.backend == "cuda") return cuda_peak_tflops(config.train.precision != "fp32");
+  if (config.train.backend == "cuda") {
+    const double one = cuda_peak_tflops(bf16);  // mxfp8 against the bf16 peak, as Olmo-core 3 reports it
+    p.tflops = one * ranks;
+    p.source = one > 0 ? "datasheet" : "none";
+    detail << (one > 0 ? "dense " : "no datasheet peak for this GPU") << (one > 0 ? (bf16 ? "bf16 " : "fp32 ") : "");
+    if (one > 0) detail << one << " TFLOP/s" << per_rank;
+    p.detail = detail.str();
+    return p;
+  }
 #endif
-  return config.train.precision != "fp32" ? 0.470 : 0.235;
+  // The host backends: every rank measures its own threads at the same moment, so ranks that
+  // share cores each measure their share.
+  const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads) : cpu::num_threads();
+  if (world && ranks > 1) world->barrier();
+  const cpu::FmaPeak& m = cpu::fma_peak(threads);
+  double flops = bf16 ? m.bf16_flops : m.fp32_flops;
+  if (world && ranks > 1) world->all_reduce_sum(&flops, 1, DType::kF64);
+  p.tflops = flops * 1e-12;
+  p.source = "measured";
+  detail << (bf16 ? m.bf16_kernel : m.fp32_kernel) << ", " << threads << (threads == 1 ? " thread" : " threads");
+  if (ranks > 1) detail << " x " << ranks << " ranks (summed)";
+  p.detail = detail.str();
+  return p;
 }
 
 double peak_device_mb() {
@@ -133,7 +166,7 @@ double sum_of(const std::vector<double>& v) {
 }
 
 nlohmann::json step_record(const StepResult& r, double elapsed_s, double flops_per_token,
-                           double peak, bool with_vectors) {
+                           const MfuPeak& peak, bool with_vectors) {
   const double tps = r.step_s > 0 ? static_cast<double>(r.tokens) / r.step_s : 0;
   const double tflops = tps * flops_per_token / 1e12;
   nlohmann::json j = {{"step", r.step},
@@ -151,7 +184,9 @@ nlohmann::json step_record(const StepResult& r, double elapsed_s, double flops_p
                       {"step_s", r.step_s},
                       {"tokens_per_s", tps},
                       {"tflops", tflops},
-                      {"mfu", peak > 0 ? tflops / peak : 0.0},
+                      {"mfu", peak.mfu(tflops)},
+                      {"peak_tflops", peak.tflops},
+                      {"peak_source", peak.source},
                       {"peak_rss_mb", static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0)},
                       {"peak_device_mb", peak_device_mb()},
                       {"elapsed_s", elapsed_s},

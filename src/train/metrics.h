@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "parallel/communicator.h"
 #include "train/trainer.h"
 
 namespace moe {
@@ -26,9 +27,22 @@ LoadStats load_stats(const std::vector<int32_t>& counts);
 // Peak resident set size of this process in bytes (VmHWM in /proc/self/status); 0 if unknown.
 int64_t peak_rss_bytes();
 
-// The MFU denominator: metrics.peak_tflops, or when 0 this machine's measured peak
-// (0.235 TFLOP/s fp32, 0.470 TFLOP/s bf16).
-double peak_tflops(const Config& config);
+// MFU's denominator: the peak of the whole run (every rank together) at the run's precision
+// (fp32 runs against the fp32 peak; bf16 and mxfp8 against the bf16 one), and where it came from:
+//   "config"     metrics.peak_tflops, per rank, times the ranks
+//   "datasheet"  cuda: the GPU's dense datasheet peak (cuda_peak_tflops) times the ranks
+//   "measured"   cpu, strict, ref: the FMA peak measured on each rank's threads when the run
+//                starts (kernels/cpu/fma_peak.h), every rank at once, summed over the ranks
+//   "none"       a GPU without a datasheet entry: tflops 0, MFU not reported (0)
+// (The planner's cluster files say "calibration" for peaks `moecore bench --calibrate` measured.)
+// With a world of several ranks every rank must call it (a barrier and an all-reduce).
+struct MfuPeak {
+  double tflops = 0;
+  std::string source;
+  std::string detail;  // how, e.g. "avx2 vfmadd231ps ymm, 2 threads, 1 rank"
+  double mfu(double achieved_tflops) const { return tflops > 0 ? achieved_tflops / tflops : 0.0; }
+};
+MfuPeak mfu_peak(const Config& config, Communicator* world = nullptr);
 // MiB the cuda backend held at most (0 on host backends).
 double peak_device_mb();
 
@@ -87,14 +101,14 @@ double sum_of(const std::vector<double>& v);
 //   step, loss (total), ce, lm_z, lbl_sum, router_z_sum, lbl[], router_z[] (per MoE layer,
 //   unweighted), grad_norm (before clipping), lr, clipped, tokens, step_s (StepResult::step_s),
 //   tokens_per_s (tokens / step_s),
-//   tflops (achieved model TFLOP/s), mfu (tflops / peak), peak_rss_mb, peak_device_mb (cuda), elapsed_s, pp_bubble_s
+//   tflops (achieved model TFLOP/s), mfu (tflops / peak), peak_tflops and peak_source (MfuPeak), peak_rss_mb, peak_device_mb (cuda), elapsed_s, pp_bubble_s
 //   (seconds this rank blocked receiving pipeline activations/gradients: the bubble; 0 without pp),
 //   max_load[] and load_cv[] per MoE layer, and with_vectors: f[][] (tokens per expert) and
 //   P[][] (mean router probability per expert) per MoE layer. Skipped steps carry
 //   "skipped": true, "nonfinite_tensor" and "skipped_total".
 // elapsed_s: training seconds so far (stitched across resumes).
 nlohmann::json step_record(const StepResult& r, double elapsed_s, double flops_per_token,
-                           double peak_tflops, bool with_vectors);
+                           const MfuPeak& peak, bool with_vectors);
 
 // On resume: keeps the records of metrics.jsonl up to and including `step` (the checkpoint's)
 // and drops every later one, and any line that is not a complete record (a killed run's

@@ -179,6 +179,9 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
   if (groups)
     log << "parallel: " << groups->world->size() << " ranks (" << groups->world->backend() << "), pp=" << groups->layout.pp << " x dp=" << groups->layout.dp << " (ep=" << groups->layout.ep << ")"
         << ", " << trainer.local_batch() << " sequences per data-parallel rank\n";
+  // MFU's denominator, named in every record (peak_tflops, peak_source) and here.
+  const MfuPeak peak = mfu_peak(config, groups ? groups->world : nullptr);
+  log << "MFU against " << peak.tflops * 1e3 << " GFLOP/s (" << peak.source << ": " << peak.detail << ")\n";
   if (valid) log << "validation: " << valid->num_instances() << " instances from " << valid->num_files() << " file(s)\n";
   const double act_bytes = trainer.model().activation_bytes_per_token();
   log << "saved activations: " << act_bytes << " bytes/token (" << act_bytes / static_cast<double>(config.model.n_layers)
@@ -215,7 +218,6 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
     if (live_shown) log << "\r\033[K";
     live_shown = false;
   };
-  const double peak = peak_tflops(config);
   GerrymanderOptions gopt;
   gopt.window = config.metrics.gerrymander_window;
   GerrymanderDetector gerrymander(gopt);
@@ -270,7 +272,7 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
       log << "step " << step << "/" << tc.steps << std::fixed << std::setprecision(4) << " | loss "
           << r.total << " | ce " << r.ce << " | grad " << r.grad_norm << std::scientific
           << std::setprecision(2) << " | lr " << r.lr << std::fixed << std::setprecision(0) << " | "
-          << tps << " tok/s" << std::setprecision(3) << " | MFU " << tps * flops_per_token / 1e12 / peak
+          << tps << " tok/s" << std::setprecision(3) << " | MFU " << peak.mfu(tps * flops_per_token / 1e12)
           << std::setprecision(1) << " | " << elapsed(t) << " s\n" << std::defaultfloat << std::setprecision(6)
           << std::flush;
       t_window = t;

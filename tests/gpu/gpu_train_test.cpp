@@ -56,7 +56,7 @@ class GpuTrain : public ::testing::Test {
 };
 
 bool measured(const std::string& key) {
-  static const std::set<std::string> k{"step_s", "tokens_per_s", "tflops", "mfu", "peak_rss_mb", "peak_device_mb", "elapsed_s",
+  static const std::set<std::string> k{"step_s", "tokens_per_s", "tflops", "mfu", "peak_tflops", "peak_source", "peak_rss_mb", "peak_device_mb", "elapsed_s",
                                        "pp_bubble_s", "to_host", "to_host_bytes", "to_device", "to_device_bytes",
                                        "staged_to_host_bytes", "staged_to_device_bytes"};
   return k.count(key) > 0;

@@ -5,6 +5,9 @@
 #include <cmath>
 
 #include "common/test_util.h"
+#include "core/fnv1a.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "model/model_state.h"
 #include "train/trainer.h"
 
 namespace moe {
@@ -61,6 +64,40 @@ TEST(Init, ValuesDependOnNameAndIndexNotOnLayout) {
   mc.init_params(4);
   EXPECT_FALSE(test::bitwise_equal(param_view(ma.layout().find("embed"), ma.params().flat),
                                    param_view(mc.layout().find("embed"), mc.params().flat)));
+}
+
+// FNV-1a of every parameter value of a model initialised from `seed` with `threads` host threads.
+uint64_t init_hash(const Config& c, const ModelShard& shard, int threads, uint64_t seed) {
+  std::unique_ptr<Backend> ops = make_backend("cpu");
+  ModelState state(c.model, shard.resolved(c.model), 1, 1, DType::kF32, false, *ops);
+  const int saved = cpu::num_threads();
+  cpu::set_num_threads(threads);
+  state.init_params(seed);
+  cpu::set_num_threads(saved);
+  const Tensor& flat = state.params().flat;
+  return fnv1a(flat.data, flat.nbytes());
+}
+
+// Initialisation runs on several host threads; its values are a pure function of (seed, name,
+// index), so every thread count gives the bytes the single-threaded loop gave. The hashes were
+// recorded from that loop (before initialisation was parallel), for the default model and for a
+// pipeline stage's expert-parallel shard (layers 1-2 of 4, experts 2-3 of 8, E = 8).
+TEST(Init, ParametersEqualTheSingleThreadedLoopAtAnyThreadCount) {
+  Config def;
+  Config ep;
+  ep.model.n_layers = 4;
+  ep.model.num_experts = 8;
+  ep.model.top_k = 2;
+  ModelShard shard;
+  shard.layer_begin = 1;
+  shard.layer_end = 3;
+  shard.expert_begin = 2;
+  shard.num_local_experts = 2;
+  const uint64_t kDefault = 13399645313112919361ull, kShard = 13219034286468030896ull;  // the single-threaded loop's
+  for (int threads : {1, 2, 3}) {
+    EXPECT_EQ(init_hash(def, ModelShard{}, threads, 1234), kDefault) << threads << " threads, default model";
+    EXPECT_EQ(init_hash(ep, shard, threads, 99), kShard) << threads << " threads, expert shard";
+  }
 }
 
 }  // namespace

@@ -213,7 +213,7 @@ TEST(PipelineSchedule, ExecutedOrderIsCanonical1F1B) {
       EXPECT_EQ(max_in_flight(log), std::min<int64_t>(n, M));
     }
     EXPECT_GE(r.pp_bubble_s, 0.0);
-    EXPECT_EQ(step_record(r, 0.0, 1.0, 1.0, false)["pp_bubble_s"].get<double>(), r.pp_bubble_s);
+    EXPECT_EQ(step_record(r, 0.0, 1.0, MfuPeak{1.0, "config", ""}, false)["pp_bubble_s"].get<double>(), r.pp_bubble_s);
     EXPECT_TRUE(std::isfinite(r.total));
   }
 }

@@ -35,7 +35,8 @@ std::map<Key, Traffic> snapshot(const ProcessGroups& g) {
   for (const auto& [name, c] : comms) {
     const CommStats s = c->stats();
     for (int op = 0; op < kNumCommOps; ++op) {
-      Traffic& t = out[{name, comm_op_name(static_cast<CommOp>(op))}];
+      const Key key{name, comm_op_name(static_cast<CommOp>(op))};
+      Traffic& t = out[key];
       t.bytes = static_cast<double>(s.bytes_sent[static_cast<size_t>(op)]);
       t.received = static_cast<double>(s.bytes_received[static_cast<size_t>(op)]);
       t.calls = static_cast<double>(s.calls[static_cast<size_t>(op)]);

@@ -23,7 +23,7 @@ common=(--set data.train_path="$dir/train.bin" --set data.valid_path="$dir/valid
         --set train.threads=1)
 mpi=("$mpiexec" --allow-run-as-root --oversubscribe -x MOE_INJECT_FAULT -x OMP_NUM_THREADS=1)
 export MOE_INJECT_FAULT=nangrad@0:4
-measured='"(elapsed_s|mfu|peak_rss_mb|pp_bubble_s|staged_to_device_bytes|staged_to_host_bytes|step_s|tflops|to_device|to_device_bytes|to_host|to_host_bytes|tokens_per_s)":[^,}]*'
+measured='"(elapsed_s|mfu|peak_rss_mb|peak_source|peak_tflops|pp_bubble_s|staged_to_device_bytes|staged_to_host_bytes|step_s|tflops|to_device|to_device_bytes|to_host|to_host_bytes|tokens_per_s)":[^,}]*'
 fail=0
 run() {  # out_dir, np, backend, extra args...
   local out=$1 np=$2 backend=$3; shift 3

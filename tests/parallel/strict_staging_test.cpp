@@ -64,11 +64,12 @@ TEST(StrictStaging, StagedBytesAreTheCommunicatorsPayload) {
     Trainer trainer(c, *ops, DType::kF32, &g);
     const int64_t local = trainer.local_batch(), S = c.train.seq_len, row0 = g.coords.dp * local;
     std::vector<int32_t> ids, labels;
+    const Tensor no_doc_start;
     for (int64_t step = 0; step < 3; ++step) {
       parity_batch(c, step, ids, labels);
       const Tensor tid(ids.data() + row0 * S, DType::kI32, {local, S}), tlab(labels.data() + row0 * S, DType::kI32, {local, S});
       const CommStats before = total(g);
-      const StepResult& r = trainer.step(tid, tlab);
+      const StepResult& r = trainer.step(tid, tlab, no_doc_start);
       const CommStats d = total(g) - before;
       ASSERT_TRUE(r.finite);
       // Host values: the loss-token count (one f64 all-reduce over dp), the end-of-step token

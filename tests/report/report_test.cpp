@@ -118,7 +118,8 @@ TEST(ReadRun, BrokenInputIsSkippedAndStatedExactly) {
   EXPECT_TRUE(has_notice(r, "line 7 skipped (no \"step\")"));
   EXPECT_TRUE(has_notice(r, "config.toml: not found"));
   EXPECT_EQ(r.records(), 4);  // steps 1-4; the truncated step 5 is not one
-  const SeriesStats& ce = r.series().at("ce").stats();
+  const std::string ce_key = "ce";
+  const SeriesStats& ce = r.series().at(ce_key).stats();
   EXPECT_EQ(ce.count, 3);      // 2.5, 2.4 (step 2's later record), 2.25
   EXPECT_EQ(ce.nonfinite, 1);  // step 4: "inf"
   EXPECT_EQ(ce.min, 2.25);

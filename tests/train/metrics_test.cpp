@@ -103,43 +103,62 @@ TEST(Metrics, StepRecordFields) {
   r.mean_prob = {{0.25, 0.25, 0.25, 0.25}, {0.7, 0.1, 0.1, 0.1}};
   r.tokens = 1000;
   r.step_s = 0.5;
-  nlohmann::json j = step_record(r, 10.0, 1e9, 4.0, false);
+  const MfuPeak peak{4.0, "config", "metrics.peak_tflops = 4"};
+  nlohmann::json j = step_record(r, 10.0, 1e9, peak, false);
   EXPECT_DOUBLE_EQ(j["lbl_sum"].get<double>(), 2.5);
   EXPECT_DOUBLE_EQ(j["router_z_sum"].get<double>(), 0.75);
   EXPECT_DOUBLE_EQ(j["step_s"].get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(j["tokens_per_s"].get<double>(), 2000.0);
   EXPECT_DOUBLE_EQ(j["tflops"].get<double>(), 2.0);
   EXPECT_DOUBLE_EQ(j["mfu"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(j["peak_tflops"].get<double>(), 4.0);
+  EXPECT_EQ(j["peak_source"], "config");
   EXPECT_DOUBLE_EQ(j["max_load"][1].get<double>(), 4.0);
   EXPECT_DOUBLE_EQ(j["load_cv"][0].get<double>(), 0.0);
   EXPECT_GT(j["peak_rss_mb"].get<double>(), 1.0);
   EXPECT_FALSE(j.contains("f"));
-  nlohmann::json v = step_record(r, 10.0, 1e9, 4.0, true);
+  nlohmann::json v = step_record(r, 10.0, 1e9, peak, true);
   EXPECT_EQ(v["f"][1][0].get<int>(), 40);
   EXPECT_DOUBLE_EQ(v["P"][1][0].get<double>(), 0.7);
   EXPECT_FALSE(j.contains("ep_drop_fraction"));  // expert parallelism only
   r.ep_drop_fraction = {0.0, 0.125};
   r.ep_rows_received = {{30, 34}, {40, 16}};
-  nlohmann::json e = step_record(r, 10.0, 1e9, 4.0, false);
+  nlohmann::json e = step_record(r, 10.0, 1e9, peak, false);
   EXPECT_DOUBLE_EQ(e["ep_drop_fraction"][1].get<double>(), 0.125);
   EXPECT_EQ(e["ep_rows_received"][1][0].get<int>(), 40);
   r.total = std::nan("");
   r.skipped = true;
   r.nonfinite_tensor = "layers.0.attn.wq";
-  nlohmann::json s = step_record(r, 10.0, 1e9, 4.0, false);
+  nlohmann::json s = step_record(r, 10.0, 1e9, peak, false);
   EXPECT_EQ(s["loss"], "nan");
   EXPECT_EQ(s["skipped"], true);
   EXPECT_EQ(s["nonfinite_tensor"], "layers.0.attn.wq");
 }
 
-TEST(Metrics, PeakRssAndPeakTflops) {
-  EXPECT_GT(peak_rss_bytes(), 1 << 20);
+TEST(Metrics, PeakRss) { EXPECT_GT(peak_rss_bytes(), 1 << 20); }
+
+// MFU's denominator: a configured peak is used as given (per rank); otherwise the cpu backends
+// measure this machine's FMA peak on the run's threads, bf16 at least as fast as fp32.
+TEST(Metrics, MfuPeakFromConfigOrMeasuredHere) {
   Config c;
-  EXPECT_DOUBLE_EQ(peak_tflops(c), 0.235);
-  c.train.precision = "bf16";
-  EXPECT_DOUBLE_EQ(peak_tflops(c), 0.470);
   c.metrics.peak_tflops = 1.5;
-  EXPECT_DOUBLE_EQ(peak_tflops(c), 1.5);
+  MfuPeak p = mfu_peak(c);
+  EXPECT_DOUBLE_EQ(p.tflops, 1.5);
+  EXPECT_EQ(p.source, "config");
+  EXPECT_DOUBLE_EQ(p.mfu(0.75), 0.5);
+  c.metrics.peak_tflops = 0;
+  c.train.threads = 1;
+  const MfuPeak fp32 = mfu_peak(c);
+  EXPECT_EQ(fp32.source, "measured");
+  // One core of any x86 this runs on: above a 2 GHz SSE core's 16 GFLOP/s, below 1 TFLOP/s.
+  EXPECT_GT(fp32.tflops, 0.008);
+  EXPECT_LT(fp32.tflops, 1.0);
+  EXPECT_NE(fp32.detail.find("1 thread"), std::string::npos) << fp32.detail;
+  c.train.precision = "bf16";
+  const MfuPeak bf16 = mfu_peak(c);
+  EXPECT_EQ(bf16.source, "measured");
+  EXPECT_GE(bf16.tflops, fp32.tflops);  // the same measurement: bf16 is the faster of its loops and fp32's
+  EXPECT_EQ(mfu_peak(c).tflops, bf16.tflops);  // measured once per thread count
 }
 
 TEST(Progress, Formatting) {

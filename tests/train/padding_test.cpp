@@ -65,7 +65,7 @@ void padded_batch(const Config& c, int64_t step, OwnedTensor& ids, OwnedTensor& 
 }
 
 Tensor embed_row(Transformer& m, Weights& w, int64_t row) {
-  const ParamInfo& e = m.layout().find("embed");
+  const ParamInfo e = m.layout().find("embed");
   return param_view(e, w.flat).slice(row, row + 1);
 }
 
@@ -87,10 +87,11 @@ void check_padding(bool tied) {
   std::vector<float> other_before(static_cast<size_t>(D));
   std::memcpy(other_before.data(), embed_row(model, model.params(), kPad + 1).data, other_before.size() * 4);
 
+  const Tensor no_doc_start;
   for (int64_t step = 0; step < c.train.steps; ++step) {
     OwnedTensor ids, labels;
     padded_batch(c, step, ids, labels);
-    StepResult& r = trainer.compute_gradients(ids, labels);
+    StepResult& r = trainer.compute_gradients(ids, labels, no_doc_start);
     int64_t labeled = 0;
     for (int64_t i = 0; i < labels.t.numel(); ++i) labeled += labels.as<int32_t>()[i] >= 0;
     EXPECT_EQ(r.loss_tokens, labeled);

@@ -245,8 +245,12 @@ void attention_fwd(Context& ctx, const Tensor& q, const Tensor& k, const Tensor&
   // An odd head dim has no bf16 pairs: fp32 products, as the cpu kernels compute (bitwise tested).
   bf16_products = bf16_products && d.hd % 2 == 0;
 #ifdef MOE_WITH_CUDNN
-  if (bf16_products && doc_start.empty() && d.hd % 8 == 0 && ctx.sdpa && ctx.sdpa->forward(ctx, q, k, v, o, lse)) return;
+  if (bf16_products && doc_start.empty() && d.hd % 8 == 0 && ctx.sdpa && ctx.sdpa->forward(ctx, q, k, v, o, lse)) {
+    ++ctx.paths.attention_cudnn;
+    return;
+  }
 #endif
+  ++ctx.paths.attention_ours;
   attention_fwd_kernel<<<warp_rows(rows), 32 * kWarpsPerBlock, 0, ctx.stream>>>(
       d, ptr<const float>(q), ptr<const float>(k), ptr<const float>(v), ptr<float>(o), ptr<float>(lse),
       ptr<const int32_t>(doc_start), bf16_products, ctx.error);
@@ -267,9 +271,12 @@ void attention_bwd(Context& ctx, const Tensor& dout, const Tensor& q, const Tens
   bf16_products = bf16_products && d.hd % 2 == 0;
 #ifdef MOE_WITH_CUDNN
   if (bf16_products && doc_start.empty() && d.hd % 8 == 0 && ctx.sdpa &&
-      ctx.sdpa->backward(ctx, dout, q, k, v, o, lse, dq, dk, dv))
+      ctx.sdpa->backward(ctx, dout, q, k, v, o, lse, dq, dk, dv)) {
+    ++ctx.paths.attention_cudnn;
     return;
+  }
 #endif
+  ++ctx.paths.attention_ours;
   float* delta = ctx.scratch_as<float>(static_cast<size_t>(rows), "attention_bwd");
   attention_delta_kernel<<<warp_rows(rows), 32 * kWarpsPerBlock, 0, ctx.stream>>>(d, ptr<const float>(dout), ptr<const float>(o),
                                                                                   delta, bf16_products);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace moe::cuda {
 
@@ -38,6 +39,7 @@ struct Context {
   // stream order, so one region serves all of them; each op checks its need against the size.
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  CudaPaths paths;  // which implementation ran (cuda_paths)
   template <class T> T* scratch_as(size_t count, const char* op) const;
 };
 

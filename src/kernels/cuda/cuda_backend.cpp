@@ -245,6 +245,7 @@ class CudaBackend final : public Backend {
 
   bool supports(OpId op, DType dtype) const override { return cuda_supports(op, dtype); }
   cudaStream_t stream() const { return ctx_.stream; }
+  const CudaPaths& paths() const { return ctx_.paths; }
 
 #define MOE_ARGS(...) __VA_ARGS__
 #define MOE_OP(name, params, args) \
@@ -275,15 +276,16 @@ class CudaBackend final : public Backend {
     if (u.host && u.bytes) std::memcpy(u.host, down_->at(u.begin), u.bytes);
   }
 
-  // After the host has waited up to waited_: raise a device error, then hand over finished
-  // downloads and forget finished uploads.
+  // After the host has waited up to waited_: hand over finished downloads and forget finished
+  // uploads, then raise a device error (a download that finished is delivered even when a later
+  // kernel failed: the caller's bytes are what the device computed before the error).
   void after_wait() {
-    raise_device_error();
     while (!down_uses_.empty() && down_uses_.front().seq <= waited_) {
       deliver(down_uses_.front());
       down_uses_.pop_front();
     }
     while (!up_uses_.empty() && up_uses_.front().seq <= waited_) up_uses_.pop_front();
+    raise_device_error();
   }
 
   void raise_device_error() {
@@ -382,6 +384,17 @@ void* cuda_stream(Backend& cuda) {
   auto* b = dynamic_cast<CudaBackend*>(&cuda);
   MOE_CHECK(b != nullptr, "a CUDA stream was asked of the ", cuda.name(), " backend");
   return b->stream();
+}
+
+CudaPaths cuda_paths(Backend& cuda) {
+  auto* b = dynamic_cast<CudaBackend*>(&cuda);
+  MOE_CHECK(b != nullptr, "cuda_paths was asked of the ", cuda.name(), " backend");
+  return b->paths();
+}
+
+std::string cuda_paths_text(const CudaPaths& p) {
+  return "grouped GEMM: " + std::to_string(p.grouped_cutlass) + " CUTLASS, " + std::to_string(p.grouped_simt) +
+         " SIMT; attention: " + std::to_string(p.attention_cudnn) + " cuDNN, " + std::to_string(p.attention_ours) + " ours";
 }
 
 std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(cuda_local_device()); }

@@ -1,6 +1,7 @@
 // The CUDA backend (kernels/cuda): make_backend("cuda") when moecore is built with -DMOE_CUDA=ON.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -23,6 +24,21 @@ size_t cuda_peak_allocated_bytes();
 double cuda_peak_tflops(bool bf16);
 // The cudaStream_t every op of a cuda backend is enqueued on (fails for another backend).
 void* cuda_stream(Backend& cuda);
+// Which implementation each call of the ops with more than one took, counted since the backend
+// was made: tests assert that the tensor-core path ran, the benchmarks label their rows by it.
+struct CudaPaths {
+  uint64_t grouped_cutlass = 0;  // grouped GEMM calls (fwd, dgrad, wgrad) on CUTLASS's tensor cores
+  uint64_t grouped_simt = 0;     // ... on our SIMT kernel (fp32 operands, unaligned shapes, other GPUs)
+  uint64_t attention_cudnn = 0;  // attention_fwd / attention_bwd calls on cuDNN's SDPA
+  uint64_t attention_ours = 0;   // ... on our kernel (fp32 products, document masks, no cuDNN)
+  CudaPaths operator-(const CudaPaths& o) const {
+    return {grouped_cutlass - o.grouped_cutlass, grouped_simt - o.grouped_simt, attention_cudnn - o.attention_cudnn,
+            attention_ours - o.attention_ours};
+  }
+};
+CudaPaths cuda_paths(Backend& cuda);
+// "grouped GEMM: 12 CUTLASS, 0 SIMT; attention: 4 cuDNN, 0 ours" (the calls in `p`).
+std::string cuda_paths_text(const CudaPaths& p);
 // `moecore bench --kernels`: dense, grouped and attention kernel rates on this GPU, one row each.
 void cuda_kernel_bench(std::ostream& os);
 // A backend on cuda_local_device(); fails naming the reason when there is no usable GPU.

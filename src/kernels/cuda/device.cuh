@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/grid.h"
 
 namespace moe::cuda {
 
@@ -91,14 +92,14 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 16) {
-  int64_t b = (n + threads - 1) / threads;
-  if (b < 1) b = 1;
-  return static_cast<unsigned>(b < cap ? b : cap);
-}
-
-// Grid-stride loop over [0, n).
+// Grid-stride loop over [0, n) (grids are capped: kernels/cuda/grid.h).
 #define MOE_GRID_LOOP(i, n) \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+// One warp per row, rows strided by the grid's warps (warp_stride): every lane of a warp takes
+// the same rows, so warp-wide shuffles inside stay converged. blockDim.x is a multiple of 32.
+#define MOE_WARP_LOOP(row, n)                                                                            \
+  for (int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; row < (n); \
+       row += static_cast<int64_t>(blockDim.x) * gridDim.x / 32)
 
 }  // namespace moe::cuda

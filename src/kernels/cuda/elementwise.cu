@@ -37,23 +37,23 @@ __global__ void iota_kernel(int32_t* v, int64_t n) {
 __global__ void embedding_bwd_kernel(const int32_t* sorted_ids, const int32_t* sorted_tok, const float* dy,
                                      float* dtable, int64_t n, int64_t vocab, int64_t d, int64_t pad_id,
                                      DeviceError* err) {
-  const int64_t p = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
-  if (p >= n) return;
-  const int32_t id = sorted_ids[p];
-  if (p > 0 && sorted_ids[p - 1] == id) return;
-  if (id < 0 || id >= vocab) {
-    if (lane == 0) report_error(err, static_cast<int>(OpId::embedding_bwd) + 1, id, sorted_tok[p]);
-    return;
-  }
-  if (id == pad_id) return;
-  int64_t end = p + 1;
-  while (end < n && sorted_ids[end] == id) ++end;
-  float* row = dtable + id * d;
-  for (int64_t j = lane; j < d; j += 32) {
-    float acc = row[j];
-    for (int64_t q = p; q < end; ++q) acc += dy[sorted_tok[q] * d + j];
-    row[j] = acc;
+  MOE_WARP_LOOP(p, n) {
+    const int32_t id = sorted_ids[p];
+    if (p > 0 && sorted_ids[p - 1] == id) continue;
+    if (id < 0 || id >= vocab) {
+      if (lane == 0) report_error(err, static_cast<int>(OpId::embedding_bwd) + 1, id, sorted_tok[p]);
+      continue;
+    }
+    if (id == pad_id) continue;
+    int64_t end = p + 1;
+    while (end < n && sorted_ids[end] == id) ++end;
+    float* row = dtable + id * d;
+    for (int64_t j = lane; j < d; j += 32) {
+      float acc = row[j];
+      for (int64_t q = p; q < end; ++q) acc += dy[sorted_tok[q] * d + j];
+      row[j] = acc;
+    }
   }
 }
 
@@ -301,7 +301,7 @@ void embedding_bwd(Context& ctx, const Tensor& ids, const Tensor& dy, const Tens
   iota_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(tok, n);
   MOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, ptr<const int32_t>(ids), sorted_ids, tok, sorted_tok,
                                                  static_cast<int>(n), 0, 32, ctx.stream));
-  embedding_bwd_kernel<<<blocks_for(n * 32, kThreads), kThreads, 0, ctx.stream>>>(
+  embedding_bwd_kernel<<<warp_blocks(n, kThreads), kThreads, 0, ctx.stream>>>(
       sorted_ids, sorted_tok, ptr<const float>(dy), ptr<float>(dtable), n, vocab, d, pad_id, ctx.error);
   check_launch("embedding_bwd");
 }

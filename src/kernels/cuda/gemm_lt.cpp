@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/dynamic_library.h"
+#include "kernels/cuda/alignment.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/gemm_shapes.h"
 
@@ -55,6 +56,15 @@ void check_lt(cublasStatus_t s, const char* what) {
   MOE_CHECK(s == CUBLAS_STATUS_SUCCESS, "cuBLASLt: ", what, " failed: ", status_name(s), " (", static_cast<int>(s), ")");
 }
 
+// The operands' alignments, not cuBLASLt's default assumption of 256 bytes (C is also D).
+void set_alignments(cublasLtMatmulPreference_t pref, uint32_t a, uint32_t b, uint32_t c) {
+  for (const auto& [attr, bytes] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, a},
+                                    std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, b},
+                                    std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c},
+                                    std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c}})
+    check_lt(lt().cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof bytes), "minimum alignment");
+}
+
 }  // namespace
 
 struct GemmLt::Plan {
@@ -79,7 +89,8 @@ GemmLt::~GemmLt() {
 
 size_t GemmLt::KeyHash::operator()(const Key& k) const {
   size_t h = static_cast<size_t>(k.bf16) * 31 + static_cast<size_t>(k.transa) * 7 + static_cast<size_t>(k.transb);
-  for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldc}) h = h * 1000003u ^ static_cast<size_t>(v);
+  for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldc, int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c}})
+    h = h * 1000003u ^ static_cast<size_t>(v);
   return h;
 }
 
@@ -107,6 +118,7 @@ const GemmLt::Plan& GemmLt::plan(const Key& key, const char* op) {
   check_lt(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split_reduction,
                                                 sizeof no_split_reduction),
            "reduction scheme");
+  set_alignments(pref, key.align_a, key.align_b, key.align_c);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t s = lt().cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
@@ -127,7 +139,8 @@ void GemmLt::run(cudaStream_t stream, const char* op, bool bf16, bool transa, bo
                                                       static_cast<size_t>(n), stream));
     return;
   }
-  const Plan& p = plan(Key{bf16, transa, transb, m, n, k, lda, ldb, ldc}, op);
+  const Key key{bf16, transa, transb, m, n, k, lda, ldb, ldc, pointer_alignment(A), pointer_alignment(B), pointer_alignment(C)};
+  const Plan& p = plan(key, op);
   check_lt(lt().cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &p.algo, workspace_,
                           workspace_bytes_, stream),
            op);
@@ -136,11 +149,13 @@ void GemmLt::run(cudaStream_t stream, const char* op, bool bf16, bool transa, bo
 double GemmLt::best_algorithm_seconds(cudaStream_t stream, bool bf16, bool transa, bool transb, int64_t m, int64_t n,
                                       int64_t k, const void* A, int64_t lda, const void* B, int64_t ldb, float* C,
                                       int64_t ldc, int candidates, int reps) {
-  const Plan& p = plan(Key{bf16, transa, transb, m, n, k, lda, ldb, ldc}, "best_algorithm_seconds");
+  const Key key{bf16, transa, transb, m, n, k, lda, ldb, ldc, pointer_alignment(A), pointer_alignment(B), pointer_alignment(C)};
+  const Plan& p = plan(key, "best_algorithm_seconds");
   cublasLtMatmulPreference_t pref = nullptr;
   check_lt(lt().cublasLtMatmulPreferenceCreate(&pref), "preference");
   const uint64_t ws = workspace_bytes_;
   check_lt(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
+  set_alignments(pref, key.align_a, key.align_b, key.align_c);
   std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(candidates));
   int found = 0;
   check_lt(lt().cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, candidates, results.data(), &found),

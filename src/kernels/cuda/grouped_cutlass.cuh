@@ -8,7 +8,10 @@
 //   fwd    y_e(M_e,N)  = x_e(M_e,K) w_e(N,K)^T   A row-major x_e, B column-major w_e (K contiguous)
 //   dgrad  dx_e(M_e,K) = dy_e(M_e,N) w_e(N,K)    A row-major dy_e, B row-major w_e (problem N = K, K = N)
 //   wgrad  dw_e(N,K)  += dy_e^T x_e              A column-major dy_e, B row-major x_e, ragged K = M_e,
-//                                                C = D = dw_e with beta = 1 (an empty expert: D = C)
+//                                                C = D = dw_e with beta = 1
+// An expert without rows is an empty problem (M = 0) in every kind, so the tile scheduler gives it
+// no tile: for wgrad that matters, since with K = 0 CUTLASS's mainloop never clears its
+// accumulators and the epilogue would store stale registers + C (reported upstream for SM100).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -124,8 +127,8 @@ __global__ void prepare_groups_kernel(GroupArrays<K> g, const int32_t* offsets, 
     g.a[e] = A + r0 * n;
     g.b[e] = B + e * n * k;
     g.d[e] = out + r0 * k;
-  } else {  // a = dy (R,n), b = x (R,k), out = dw (E,n,k)
-    M = static_cast<int>(n), N = static_cast<int>(k), Kd = static_cast<int>(rows);
+  } else {  // a = dy (R,n), b = x (R,k), out = dw (E,n,k); no rows: M = 0 (no tile, dw_e untouched)
+    M = rows > 0 ? static_cast<int>(n) : 0, N = static_cast<int>(k), Kd = static_cast<int>(rows);
     g.a[e] = A + r0 * n;
     g.b[e] = B + r0 * k;
     g.c[e] = out + e * n * k;

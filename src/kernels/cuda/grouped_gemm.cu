@@ -165,12 +165,14 @@ bool tensor_core(Context& ctx, grouped::Kind kind, const Tensor& a, const Tensor
   args.sm_count = ctx.sm_count;
   args.stream = ctx.stream;
   const bool hopper = ctx.cc_major == 9;
+  bool ran = false;
   switch (kind) {
-    case grouped::Kind::kFwd: return hopper ? grouped::fwd_sm90(args) : grouped::fwd_sm100(args);
-    case grouped::Kind::kDgrad: return hopper ? grouped::dgrad_sm90(args) : grouped::dgrad_sm100(args);
-    case grouped::Kind::kWgrad: return hopper ? grouped::wgrad_sm90(args) : grouped::wgrad_sm100(args);
+    case grouped::Kind::kFwd: ran = hopper ? grouped::fwd_sm90(args) : grouped::fwd_sm100(args); break;
+    case grouped::Kind::kDgrad: ran = hopper ? grouped::dgrad_sm90(args) : grouped::dgrad_sm100(args); break;
+    case grouped::Kind::kWgrad: ran = hopper ? grouped::wgrad_sm90(args) : grouped::wgrad_sm100(args); break;
   }
-  return false;
+  ctx.paths.grouped_cutlass += ran ? 1 : 0;
+  return ran;
 }
 
 unsigned row_tiles(int64_t rows, int64_t experts) { return static_cast<unsigned>((rows + kBM - 1) / kBM + experts); }
@@ -184,6 +186,7 @@ void grouped_linear_fwd(Context& ctx, const Tensor& x, const Tensor& w, const Te
   check_shape(offsets, {d.experts + 1}, "grouped_linear_fwd offsets");
   if (d.rows == 0 || d.n == 0) return;
   if (tensor_core(ctx, grouped::Kind::kFwd, x, w, y, offsets, d)) return check_launch("grouped_linear_fwd");
+  ++ctx.paths.grouped_simt;
   dispatch_storage(x.dtype, "grouped_linear_fwd", [&](auto* tag) {
     using S = std::remove_pointer_t<decltype(tag)>;
     grouped_rows_kernel<S><<<dim3(row_tiles(d.rows, d.experts), col_tiles(d.n)), kThreads, 0, ctx.stream>>>(
@@ -198,6 +201,7 @@ void grouped_linear_bwd_data(Context& ctx, const Tensor& dy, const Tensor& w, co
   check_shape(offsets, {d.experts + 1}, "grouped_linear_bwd_data offsets");
   if (d.rows == 0 || d.k == 0) return;
   if (tensor_core(ctx, grouped::Kind::kDgrad, dy, w, dx, offsets, d)) return check_launch("grouped_linear_bwd_data");
+  ++ctx.paths.grouped_simt;
   dispatch_storage(dy.dtype, "grouped_linear_bwd_data", [&](auto* tag) {
     using S = std::remove_pointer_t<decltype(tag)>;
     grouped_rows_kernel<S><<<dim3(row_tiles(d.rows, d.experts), col_tiles(d.k)), kThreads, 0, ctx.stream>>>(
@@ -210,9 +214,11 @@ void grouped_linear_bwd_weight(Context& ctx, const Tensor& dy, const Tensor& x, 
   check_operands(dy, x, offsets, dw, "grouped_linear_bwd_weight");
   const GroupedDims d = grouped_bwd_weight_dims(dy, x, dw);
   check_shape(offsets, {d.experts + 1}, "grouped_linear_bwd_weight offsets");
-  if (d.experts == 0 || d.n == 0 || d.k == 0) return;
+  // No rows at all: dw += 0 (and CUTLASS would see only empty problems).
+  if (d.experts == 0 || d.n == 0 || d.k == 0 || d.rows == 0) return;
   MOE_CHECK(d.experts <= 65535, "grouped_linear_bwd_weight: ", d.experts, " experts exceed the grid");
   if (tensor_core(ctx, grouped::Kind::kWgrad, dy, x, dw, offsets, d)) return check_launch("grouped_linear_bwd_weight");
+  ++ctx.paths.grouped_simt;
   dispatch_storage(dy.dtype, "grouped_linear_bwd_weight", [&](auto* tag) {
     using S = std::remove_pointer_t<decltype(tag)>;
     grouped_wgrad_kernel<S><<<dim3(col_tiles(d.k), static_cast<unsigned>((d.n + kBM - 1) / kBM), static_cast<unsigned>(d.experts)),

@@ -26,39 +26,39 @@ __host__ __device__ constexpr int err_code(OpId op) { return static_cast<int>(op
 
 // ---------------------------------------------------------------- scores
 __global__ void router_scores_fwd_kernel(const float* z, int kind, float* s, int64_t n, int64_t E) {
-  const int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
-  if (t >= n) return;
-  const float* zr = z + t * E;
-  float* sr = s + t * E;
-  if (kind == 1) {
-    for (int64_t e = lane; e < E; e += 32) sr[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-zr[e])));
-    return;
+  MOE_WARP_LOOP(t, n) {
+    const float* zr = z + t * E;
+    float* sr = s + t * E;
+    if (kind == 1) {
+      for (int64_t e = lane; e < E; e += 32) sr[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-zr[e])));
+      continue;
+    }
+    float mx = -INFINITY;
+    for (int64_t e = lane; e < E; e += 32) mx = fmaxf(mx, zr[e]);
+    mx = warp_max(mx);
+    float sum = 0;
+    for (int64_t e = lane; e < E; e += 32) sum = __fadd_rn(sum, expf(__fsub_rn(zr[e], mx)));
+    sum = warp_sum(sum);
+    for (int64_t e = lane; e < E; e += 32) sr[e] = __fdiv_rn(expf(__fsub_rn(zr[e], mx)), sum);
   }
-  float mx = -INFINITY;
-  for (int64_t e = lane; e < E; e += 32) mx = fmaxf(mx, zr[e]);
-  mx = warp_max(mx);
-  float sum = 0;
-  for (int64_t e = lane; e < E; e += 32) sum = __fadd_rn(sum, expf(__fsub_rn(zr[e], mx)));
-  sum = warp_sum(sum);
-  for (int64_t e = lane; e < E; e += 32) sr[e] = __fdiv_rn(expf(__fsub_rn(zr[e], mx)), sum);
 }
 
 __global__ void router_scores_bwd_kernel(const float* ds, const float* s, int kind, float* dz, int64_t n, int64_t E) {
-  const int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
-  if (t >= n) return;
-  const float* dr = ds + t * E;
-  const float* sr = s + t * E;
-  float* zr = dz + t * E;
-  if (kind == 1) {
-    for (int64_t e = lane; e < E; e += 32) zr[e] = __fadd_rn(zr[e], __fmul_rn(__fmul_rn(dr[e], sr[e]), __fsub_rn(1.0f, sr[e])));
-    return;
+  MOE_WARP_LOOP(t, n) {
+    const float* dr = ds + t * E;
+    const float* sr = s + t * E;
+    float* zr = dz + t * E;
+    if (kind == 1) {
+      for (int64_t e = lane; e < E; e += 32) zr[e] = __fadd_rn(zr[e], __fmul_rn(__fmul_rn(dr[e], sr[e]), __fsub_rn(1.0f, sr[e])));
+      continue;
+    }
+    float dot = 0;
+    for (int64_t e = lane; e < E; e += 32) dot = __fadd_rn(dot, __fmul_rn(dr[e], sr[e]));
+    dot = warp_sum(dot);
+    for (int64_t e = lane; e < E; e += 32) zr[e] = __fadd_rn(zr[e], __fmul_rn(sr[e], __fsub_rn(dr[e], dot)));
   }
-  float dot = 0;
-  for (int64_t e = lane; e < E; e += 32) dot = __fadd_rn(dot, __fmul_rn(dr[e], sr[e]));
-  dot = warp_sum(dot);
-  for (int64_t e = lane; e < E; e += 32) zr[e] = __fadd_rn(zr[e], __fmul_rn(sr[e], __fsub_rn(dr[e], dot)));
 }
 
 // ---------------------------------------------------------------- top-k and assignment
@@ -266,33 +266,33 @@ __global__ void moe_combine_kernel(const float* ys, const int32_t* pos, const fl
 template <class Y>
 __global__ void moe_combine_bwd_kernel(const float* dout, const Y* ys, const int32_t* pos, const float* w, float* dys,
                                        float* dw, int64_t T, int64_t D, int64_t K) {
-  const int64_t tj = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
-  if (tj >= T * K) return;
-  const int64_t t = tj / K, p = pos[tj];
-  const float wt = w[tj];
-  float dot = 0;
-  for (int64_t d = lane; d < D; d += 32) {
-    const float g = dout[t * D + d];
-    dys[p * D + d] = __fmul_rn(wt, g);
-    dot = __fmaf_rn(g, load(ys + p * D + d), dot);
+  MOE_WARP_LOOP(tj, T * K) {
+    const int64_t t = tj / K, p = pos[tj];
+    const float wt = w[tj];
+    float dot = 0;
+    for (int64_t d = lane; d < D; d += 32) {
+      const float g = dout[t * D + d];
+      dys[p * D + d] = __fmul_rn(wt, g);
+      dot = __fmaf_rn(g, load(ys + p * D + d), dot);
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) dw[tj] = dot;
   }
-  dot = warp_sum(dot);
-  if (lane == 0) dw[tj] = dot;
 }
 
 // ---------------------------------------------------------------- auxiliary losses
 // Per-row normalizer of the score vector: 1 for softmax, the row sum for sigmoid.
 __global__ void row_norm_kernel(const float* s, int kind, float* norm, int64_t T, int64_t E) {
-  const int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
-  if (t >= T) return;
-  float sum = 0;
-  if (kind == 1) {
-    for (int64_t e = lane; e < E; e += 32) sum = __fadd_rn(sum, s[t * E + e]);
-    sum = warp_sum(sum);
+  MOE_WARP_LOOP(t, T) {
+    float sum = 0;
+    if (kind == 1) {
+      for (int64_t e = lane; e < E; e += 32) sum = __fadd_rn(sum, s[t * E + e]);
+      sum = warp_sum(sum);
+    }
+    if (lane == 0) norm[t] = kind == 1 ? sum : 1.0f;
   }
-  if (lane == 0) norm[t] = kind == 1 ? sum : 1.0f;
 }
 
 // partial[p, e] = sum over rows of chunk p of s[t,e] / norm[t].
@@ -322,37 +322,37 @@ __global__ void lbl_finish_kernel(const float* partial, int chunks, const int32_
 
 __global__ void lbl_grad_kernel(const float* s, const float* f, const float* norm, int kind, float gscale, float* ds,
                                 int64_t T, int64_t E) {
-  const int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
-  if (t >= T) return;
-  if (kind == 0) {
-    for (int64_t e = lane; e < E; e += 32) ds[t * E + e] = __fadd_rn(ds[t * E + e], __fmul_rn(gscale, f[e]));
-    return;
+  MOE_WARP_LOOP(t, T) {
+    if (kind == 0) {
+      for (int64_t e = lane; e < E; e += 32) ds[t * E + e] = __fadd_rn(ds[t * E + e], __fmul_rn(gscale, f[e]));
+      continue;
+    }
+    const float nrm = norm[t];
+    float dot = 0;
+    for (int64_t e = lane; e < E; e += 32) dot = __fadd_rn(dot, __fdiv_rn(__fmul_rn(f[e], s[t * E + e]), nrm));
+    dot = warp_sum(dot);
+    for (int64_t e = lane; e < E; e += 32)
+      ds[t * E + e] = __fadd_rn(ds[t * E + e], __fdiv_rn(__fmul_rn(gscale, __fsub_rn(f[e], dot)), nrm));
   }
-  const float nrm = norm[t];
-  float dot = 0;
-  for (int64_t e = lane; e < E; e += 32) dot = __fadd_rn(dot, __fdiv_rn(__fmul_rn(f[e], s[t * E + e]), nrm));
-  dot = warp_sum(dot);
-  for (int64_t e = lane; e < E; e += 32)
-    ds[t * E + e] = __fadd_rn(ds[t * E + e], __fdiv_rn(__fmul_rn(gscale, __fsub_rn(f[e], dot)), nrm));
 }
 
 __global__ void z_rows_kernel(const float* z, float grad_scale, float* lse_out, float* dz, int64_t T, int64_t E) {
-  const int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
-  if (t >= T) return;
-  const float* zr = z + t * E;
-  float mx = -INFINITY;
-  for (int64_t e = lane; e < E; e += 32) mx = fmaxf(mx, zr[e]);
-  mx = warp_max(mx);
-  float sum = 0;
-  for (int64_t e = lane; e < E; e += 32) sum = __fadd_rn(sum, expf(__fsub_rn(zr[e], mx)));
-  sum = warp_sum(sum);
-  const float lse = __fadd_rn(mx, logf(sum));
-  if (lane == 0) lse_out[t] = lse;
-  if (!dz) return;
-  const float g = __fdiv_rn(__fmul_rn(__fmul_rn(grad_scale, 2.0f), lse), static_cast<float>(T));
-  for (int64_t e = lane; e < E; e += 32) dz[t * E + e] = __fadd_rn(dz[t * E + e], __fmul_rn(g, expf(__fsub_rn(zr[e], lse))));
+  MOE_WARP_LOOP(t, T) {
+    const float* zr = z + t * E;
+    float mx = -INFINITY;
+    for (int64_t e = lane; e < E; e += 32) mx = fmaxf(mx, zr[e]);
+    mx = warp_max(mx);
+    float sum = 0;
+    for (int64_t e = lane; e < E; e += 32) sum = __fadd_rn(sum, expf(__fsub_rn(zr[e], mx)));
+    sum = warp_sum(sum);
+    const float lse = __fadd_rn(mx, logf(sum));
+    if (lane == 0) lse_out[t] = lse;
+    if (!dz) continue;
+    const float g = __fdiv_rn(__fmul_rn(__fmul_rn(grad_scale, 2.0f), lse), static_cast<float>(T));
+    for (int64_t e = lane; e < E; e += 32) dz[t * E + e] = __fadd_rn(dz[t * E + e], __fmul_rn(g, expf(__fsub_rn(zr[e], lse))));
+  }
 }
 
 __global__ void z_finish_kernel(const float* lse, int64_t T, double value_scale, double* out) {
@@ -430,7 +430,7 @@ __global__ void step_control_kernel(const double* v, int64_t nv, const double* s
 void check_all(std::initializer_list<const Tensor*> ts, const char* op) {
   for (const Tensor* t : ts) check_device(*t, op);
 }
-unsigned warp_blocks(int64_t rows) { return blocks_for(rows * 32, kThreads); }
+unsigned warp_blocks(int64_t rows) { return cuda::warp_blocks(rows, kThreads); }
 unsigned row_blocks(int64_t n) { return static_cast<unsigned>(n < 65535 * 4 ? (n > 0 ? n : 1) : 65535 * 4); }
 
 }  // namespace

@@ -34,10 +34,6 @@ namespace {
 
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
-void check_cudnn(cudnnStatus_t s, const char* what) {
-  MOE_CHECK(s == CUDNN_STATUS_SUCCESS, "cuDNN: ", what, " failed: ", fe::detail::get_error_string(s));
-}
-
 std::vector<int64_t> strides_bshd(int64_t S, int64_t H, int64_t hd) { return {S * H * hd, hd, H * hd, 1}; }
 
 }  // namespace
@@ -58,13 +54,31 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::load(Allocator& device, cudaStream_t strea
     if (why) *why = std::string("cannot load libcudnn.so.9: ") + dlerror();
     return nullptr;
   }
-  return std::unique_ptr<CudnnSdpa>(new CudnnSdpa(device, stream));
+  // A library that loads but cannot make a handle (no usable GPU for it, a driver too old for
+  // this cuDNN, a missing sub-library) falls back to our kernel as a failed load does.
+  // (The frontend's shim throws when a symbol is missing from the library it loaded.)
+  cudnnContext* handle = nullptr;
+  try {
+    cudnnStatus_t s = fe::detail::create_handle(&handle);
+    if (s != CUDNN_STATUS_SUCCESS) {
+      if (why) *why = std::string("cudnnCreate failed: ") + fe::detail::get_error_string(s);
+      return nullptr;
+    }
+    s = fe::detail::set_stream(handle, stream);
+    if (s != CUDNN_STATUS_SUCCESS) {
+      fe::detail::destroy_handle(handle);
+      if (why) *why = std::string("cudnnSetStream failed: ") + fe::detail::get_error_string(s);
+      return nullptr;
+    }
+  } catch (const std::exception& e) {
+    if (handle) fe::detail::destroy_handle(handle);
+    if (why) *why = std::string("cuDNN: ") + e.what();
+    return nullptr;
+  }
+  return std::unique_ptr<CudnnSdpa>(new CudnnSdpa(device, handle));
 }
 
-CudnnSdpa::CudnnSdpa(Allocator& device, cudaStream_t stream) : device_(device) {
-  check_cudnn(fe::detail::create_handle(&handle_), "cudnnCreate");
-  check_cudnn(fe::detail::set_stream(handle_, stream), "cudnnSetStream");
-}
+CudnnSdpa::CudnnSdpa(Allocator& device, cudnnContext* handle) : device_(device), handle_(handle) {}
 
 CudnnSdpa::~CudnnSdpa() {
   graphs_.clear();

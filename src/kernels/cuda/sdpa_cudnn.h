@@ -30,7 +30,7 @@ class CudnnSdpa {
                 const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv);
 
  private:
-  CudnnSdpa(Allocator& device, cudaStream_t stream);
+  CudnnSdpa(Allocator& device, cudnnContext* handle);  // takes the handle (load made it)
   struct Graph;
   using Key = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t>;  // backward, B, S, H, G, hd
   Graph& graph(bool backward, int64_t B, int64_t S, int64_t H, int64_t G, int64_t hd);

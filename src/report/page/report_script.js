@@ -182,7 +182,12 @@
     const div = document.createElement('div');
     div.className = 'plot';
     div.dataset.plot = p.id;
-    div.innerHTML = '<h3>' + esc(p.title) + '</h3>';
+    let title = p.title;
+    if (p.id === 'mfu') {  // the denominator(s) the records name: peak and its source
+      const peaks = [...new Set(runs.flatMap((r) => r.mfu_peaks || []))];
+      if (peaks.length) title += ' (of ' + peaks.join('; ') + ')';
+    }
+    div.innerHTML = '<h3>' + esc(title) + '</h3>';
     const drawn = lines.map((line) => ({ line, points: pointsOf(line), ema: state.ema ? emaOf(line) : null }));
     let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
     for (const d of drawn) for (const [x, y] of d.points) { x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y); }
