@@ -1,11 +1,16 @@
 #include "train/bench.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <iomanip>
 #include <random>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
+#ifdef MOE_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 #include "model/memory.h"
 #include "parallel/communicator.h"
 #include "parallel/process_groups.h"
@@ -39,7 +44,10 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   if (world->size() > 1) groups = std::make_unique<ProcessGroups>(make_process_groups(*world, layout));
   // parallel.communicator = "nccl": tensors go over NCCL groups of the same ranks.
   const std::unique_ptr<DeviceGroups> nccl = device_groups(config.parallel.communicator, groups.get(), *ops);
+  const auto setup_start = std::chrono::steady_clock::now();
   Trainer trainer(config, *ops, DType::kF32, nccl ? &nccl->groups : groups.get());
+  ops->synchronize();
+  const double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
 
   const TrainConfig& tc = config.train;
   const int64_t B = trainer.local_batch(), S = tc.seq_len, V = config.model.vocab_size;
@@ -49,6 +57,9 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   std::vector<int32_t> row(static_cast<size_t>(S + 1));
 
   BenchResult r;
+  r.setup_s = setup_s;
+  r.params = trainer.model().layout().total();  // this rank's (padding included)
+  r.host_threads = cpu::num_threads();
   r.tokens_per_step = tc.batch_size * S;  // the global step
   r.ranks = world->size();
   uint64_t alloc_before = 0, foreign_before = 0;
@@ -79,7 +90,15 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     t.step_s = rec->step_s;
     t.bubble = rec->pp_bubble_s;
   };
+#ifdef MOE_WITH_CUDA
+  // Which implementation the timed steps' grouped GEMMs and attention took (the step table says).
+  const bool on_cuda = ops->device() == Device::kCuda;
+  CudaPaths paths_before;
+#endif
   for (int64_t i = 1; i <= total; ++i) {
+#ifdef MOE_WITH_CUDA
+    if (on_cuda && i == opt.warmup + 1) paths_before = cuda_paths(*ops);
+#endif
     // Fresh random ids each step (outside the phases); labels are the ids shifted by one.
     for (int64_t b = 0; b < B; ++b) {
       for (auto& x : row) x = dist(rng);
@@ -129,6 +148,9 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     t.cpu = PhaseTimer::cpu_seconds();
   }
   record(trainer.collect(), total);  // the last step's record (submit leaves it in flight)
+#ifdef MOE_WITH_CUDA
+  if (on_cuda) r.kernel_paths = cuda_paths_text(cuda_paths(*ops) - paths_before);
+#endif
   std::array<double, PhaseTimer::kNum> sums{}, cpu_sums{};
   double step_sum = 0;
   for (const Timed& t : timed_steps) {
@@ -235,6 +257,10 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
      << r.to_host_per_step << " to host (" << std::setprecision(0) << r.to_host_bytes_per_step << " bytes), "
      << std::setprecision(1) << r.to_device_per_step << " to device (" << std::setprecision(0)
      << r.to_device_bytes_per_step << " bytes)\n";
+  if (!r.kernel_paths.empty()) os << "kernel paths (calls in the timed steps): " << r.kernel_paths << "\n";
+  if (r.setup_s > 0)
+    os << std::setprecision(2) << "setup: " << r.setup_s << " s (allocation, parameter init of " << r.params
+       << " parameters on " << r.host_threads << " host threads, plans)\n";
   os << std::setprecision(1) << "peak RSS: " << static_cast<double>(r.peak_rss_bytes) / (1 << 20) << " MiB\n";
   if (r.peak_device_mb > 0)
     os << "peak device memory: " << r.peak_device_mb << " MiB (estimate " << r.estimate_mb << " MiB + the backend's "

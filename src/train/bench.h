@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "config/config.h"
@@ -45,6 +46,9 @@ struct BenchResult {
   double allocs_per_step = 0;
   double dnnl_allocs_per_step = 0;     // of which inside oneDNN's primitive execution (-1: unknown)
   std::array<double, PhaseTimer::kNum> phase_allocs{};  // per counted step, by phase
+  std::string kernel_paths;            // cuda: which implementation the timed steps' calls took (CudaPaths)
+  double setup_s = 0;                  // the trainer's construction: allocation, parameter init, plans
+  int64_t params = 0, host_threads = 0;
   int64_t peak_rss_bytes = 0;
   double peak_device_mb = 0, estimate_mb = 0;  // cuda: most device memory held, and estimate_memory's total
   // Host <-> device staging copies per timed step (Backend::transfers), mean.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_errors.h"
 #include "common/backends.h"
 #include "common/test_util.h"
 #include "core/rng.h"
@@ -192,7 +193,12 @@ TEST_P(EpSlabCopy, RefusesBlocksThatDoNotFit) {
     });
   };
   // Rank 0 sends 3 rows to itself: a slab of 2 rows cannot hold them.
-  EXPECT_NE(err(4, 2).find("block (peer 0, local expert 0) of 3 rows at row 0 and slab row 0 does not fit 4 rows and slabs of 2 rows"), std::string::npos) << err(4, 2);
+  // cuda checks the blocks on the device: its error gives the block's rows at the block's index
+  // (peer * El + local expert).
+  EXPECT_TRUE(test::says(err(4, 2),
+                         {"block (peer 0, local expert 0) of 3 rows at row 0 and slab row 0 does not fit 4 rows and "
+                          "slabs of 2 rows"},
+                         {"ep_slab_copy: invalid value 3 at index 0"}));
   EXPECT_EQ(err(4, 3), "(no error)");  // three slab rows hold them
   std::vector<float> slabs3(2 * 3 * 2);
   const std::string bad_dtype = test::error_of([&] {

@@ -24,11 +24,17 @@
 #include <thread>
 #include <vector>
 
+#include "backend_errors.h"
 #include "common/backends.h"
 #include "common/test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/gemm_dnnl.h"
 #include "kernels/ref/ref_ops.h"
+#ifdef MOE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/cuda_backend.h"  // cuda_paths: which grouped GEMM kernel ran
+#endif
 
 namespace moe {
 namespace {
@@ -65,6 +71,17 @@ OwnedTensor random(DType t, std::initializer_list<int64_t> dims, uint64_t salt) 
 }
 
 MOE_BACKEND_SUITE(Gemm);
+
+// The tests of the cpu kernels' internals (oneDNN's primitive cache, its kernels and threads) run
+// where those kernels run: the cpu backend, and strict (the cpu kernels on its own thread, in this
+// process). Elsewhere they would pass or fail whatever the backend's own kernels do.
+#define MOE_SKIP_UNLESS_CPU_KERNELS()                                                               \
+  do {                                                                                              \
+    const std::string backend = test::fast_device().name();                                         \
+    if (backend != "cpu" && backend != "strict")                                                    \
+      GTEST_SKIP() << "tests the cpu kernels' oneDNN internals, which the " << backend              \
+                   << " backend does not run";                                                      \
+  } while (0)
 
 // ------------------------------------------------------------------ dense, backend vs ref
 
@@ -154,7 +171,8 @@ TEST_P(Gemm, RejectsF64AndMismatchedOperands) {
     test::fast().linear_fwd(x, w, y, false);
     FAIL() << "f64 accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("does not support f64"), std::string::npos) << e.what();
+    EXPECT_TRUE(test::says(e.what(), {"does not support f64"},
+                           {"linear_fwd: operands must be f32 or bf16 on cuda, got f64"}));
   }
   OwnedTensor xf(DType::kF32, {4, 3}), wb(DType::kBF16, {5, 3}), yf(DType::kF32, {4, 5});
   EXPECT_THROW(test::fast().linear_fwd(xf, wb, yf, false), Error);
@@ -272,6 +290,44 @@ TEST_P(Gemm, GroupedBf16MatchesRefOnSameOperands) {
   check_grouped(DType::kBF16, kUneven, 5, 100, 257);
 }
 
+#ifdef MOE_WITH_CUDA
+// grouped_gemm.cu's rule for bf16 operands whose n and k are multiples of 8: CUTLASS's tensor-core
+// kernels on Hopper and Blackwell (compute capability 9, 10) unless MOE_CUDA_GROUPED=simt.
+bool grouped_tensor_cores_here() {
+  int device = -1, major = 0;
+  EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);  // the backend's, set when it was made
+  EXPECT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  const char* forced = std::getenv("MOE_CUDA_GROUPED");
+  return (major == 9 || major == 10) && !(forced && std::string(forced) == "simt");
+}
+#endif
+
+// Shapes for the cuda backend's tensor-core grouped GEMMs, which the ones above never reach (their
+// n or k is not a multiple of 8): n and k multiples of 8 but not of the 128x128x64 tiles, uneven
+// experts with empty ones (inside, first and last; a zero-row expert's dw stays untouched), rows
+// beyond offsets[E]. On cuda the path counters must show all six calls (fwd, dgrad, wgrad each)
+// on CUTLASS and none on the SIMT kernel (all on SIMT where the rule above rules tensor cores out).
+TEST_P(Gemm, GroupedBf16TensorCoreShapesMatchRef) {
+  MOE_SKIP_UNLESS_SUPPORTED(OpId::grouped_linear_fwd, DType::kBF16);
+  MOE_SKIP_UNLESS_SUPPORTED(OpId::grouped_linear_bwd_data, DType::kBF16);
+  MOE_SKIP_UNLESS_SUPPORTED(OpId::grouped_linear_bwd_weight, DType::kBF16);
+#ifdef MOE_WITH_CUDA
+  const bool cuda = std::string(test::fast_device().name()) == "cuda";
+  const CudaPaths before = cuda ? cuda_paths(test::fast_device()) : CudaPaths{};
+#endif
+  check_grouped(DType::kBF16, kUneven, 5, 136, 264);
+  check_grouped(DType::kBF16, {0, 129, 7, 0, 200, 0}, 3, 264, 136);
+#ifdef MOE_WITH_CUDA
+  if (cuda) {
+    const CudaPaths ran = cuda_paths(test::fast_device()) - before;
+    const uint64_t calls = 2 * 3;
+    const bool tensor_cores = grouped_tensor_cores_here();
+    EXPECT_EQ(ran.grouped_cutlass, tensor_cores ? calls : uint64_t{0}) << cuda_paths_text(ran);
+    EXPECT_EQ(ran.grouped_simt, tensor_cores ? uint64_t{0} : calls) << cuda_paths_text(ran);
+  }
+#endif
+}
+
 TEST_P(Gemm, GroupedRejectsBadOffsets) {
   auto x = random(DType::kF32, {6, 4}, 1), w = random(DType::kF32, {2, 3, 4}, 2);
   OwnedTensor y(DType::kF32, {6, 3});
@@ -283,6 +339,7 @@ TEST_P(Gemm, GroupedRejectsBadOffsets) {
 }
 
 TEST_P(Gemm, NewExpertLoadCreatesNoPrimitive) {
+  MOE_SKIP_UNLESS_CPU_KERNELS();
   // A second step with a different load (different tail lengths) reuses the families created
   // by the first.
   const int64_t n = 48, k = 40;
@@ -443,6 +500,7 @@ int os_threads() {
 }
 
 TEST_P(Gemm, OneDnnRunsSequentiallyInsideOurRegion) {
+  MOE_SKIP_UNLESS_CPU_KERNELS();
   // oneDNN must never open an OpenMP region of its own from inside ours: it would oversubscribe
   // the cores and overrun the one-thread scratchpads. Any such region starts new OS threads
   // (libgomp gives a nested team fresh threads, even under an inactive one-thread region), so
@@ -534,6 +592,7 @@ TEST(GemmCpu, OneDnnPicksAvx512Kernels) {
 }
 
 TEST_P(Gemm, DenseTilesAlwaysGetBrgemm) {
+  MOE_SKIP_UNLESS_CPU_KERNELS();
   // Run every op on odd shapes, then inspect every primitive created so far: each one whose
   // operands are dense (all but small-M data-gradient column tiles) must be a brgemm kernel.
   for (DType dt : {DType::kF32, DType::kBF16}) {

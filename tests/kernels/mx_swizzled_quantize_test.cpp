@@ -88,7 +88,9 @@ TEST_P(MxSwizzled, ScalesLandOnTheirTileOffsetsAndCodesStayRowMajor) {
     check_case(k, DType::kF32, DType::kE4M3, 0);
     check_case(k, DType::kBF16, DType::kE5M2, 1);
   }
-  check_case(cases[1], DType::kF64, DType::kE4M3, 0);
+  // f64 input where the backend has it (expected_skips.txt lists the backends without).
+  if (test::fast_device().supports(OpId::mx_quantize_swizzled, DType::kF64))
+    check_case(cases[1], DType::kF64, DType::kE4M3, 0);
 }
 
 TEST_P(MxSwizzled, RefusesScalesTooSmallForThePaddedLayout) {

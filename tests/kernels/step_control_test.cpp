@@ -96,9 +96,16 @@ OwnedTensor decided(bool finite, bool clipped, double coef, double lr, double up
 TEST_P(StepControlOps, GatedUpdatesAreTheUngatedOpsOrNothing) {
   SCOPED_TRACE("seed " + std::to_string(test::test_seed()));
   uint64_t salt = 100;
+  // f64 where the backend has it (cuda has f64 scale only: tests/kernels/expected_skips.txt).
+  const auto takes = [](DType dt) {
+    for (OpId op : {OpId::clip_by_control, OpId::scale, OpId::adamw_by_control, OpId::adamw})
+      if (!test::fast_device().supports(op, dt)) return false;
+    return true;
+  };
   for (DType dt : {DType::kF32, DType::kF64})
     for (bool finite : {true, false})
       for (bool clipped : {true, false}) {
+        if (!takes(dt)) continue;
         SCOPED_TRACE(std::string(dtype_name(dt)) + (finite ? " finite" : " nonfinite") + (clipped ? " clipped" : ""));
         const OwnedTensor control = decided(finite, clipped, 0.3125, 2e-3, 7);
         // clip_by_control vs scale

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <fstream>
 #include <regex>
 #include <string>
 
@@ -128,6 +129,53 @@ TEST(Bench, AnAsynchronousBackendIsTimedByItsStreamAndNoMfuExceedsOne) {
     EXPECT_GT(mfu, 0) << tps;
     EXPECT_LE(mfu, 1.0) << tps;
   }
+}
+
+// scripts/gpu_check.sh reads print_bench's text (scripts/gpu_check_lib.sh): each reader on what
+// print_bench prints for a cuda run.
+TEST(Bench, TheGpuCheckScriptReadsWhatPrintBenchPrints) {
+  Config c;
+  c.train.backend = "cuda";
+  BenchResult r;
+  r.tokens_per_step = 32768;
+  r.step_s = {0.5, 0.4, 0.45};
+  r.fwd_bwd_s = r.cpu_s = r.cpu_fwd_bwd_s = r.step_s;
+  r.median_step_s = r.mean_step_s = 0.45;
+  r.tokens_per_s = 72817.8;
+  r.flops_per_token = 4.2484e9;
+  r.tflops = 309.4;
+  r.peak = MfuPeak{989.4, "datasheet", "dense bf16 989.4 TFLOP/s"};
+  r.mfu = r.tflops / r.peak.tflops;
+  r.peak_device_mb = 81234.5;
+  r.estimate_mb = 80012.25;
+  r.kernel_paths = "grouped GEMM: 96 CUTLASS, 0 SIMT; attention: 64 cuDNN, 0 ours";
+  r.setup_s = 12.5;
+  r.params = 3562604544;
+  r.host_threads = 16;
+  const std::string file = ::testing::TempDir() + "/bench_output.txt";
+  {
+    std::ofstream o(file);
+    print_bench(c, r, o);
+  }
+  const auto read = [&](const std::string& reader) {
+    const std::string cmd = "bash -c '. " + std::string(test::source_dir()) + "/scripts/gpu_check_lib.sh && " + reader +
+                            " < " + file + "'";
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[512];
+    while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+    ::pclose(pipe);
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    return out;
+  };
+  EXPECT_EQ(read("bench_tokens_per_s"), "72818");
+  EXPECT_EQ(read("bench_gflops"), "309400.0");
+  EXPECT_EQ(read("bench_mfu"), "31.3");
+  EXPECT_EQ(read("bench_peak"), "989400.0 GFLOP/s (datasheet: dense bf16 989.4 TFLOP/s)");
+  EXPECT_EQ(read("bench_device_mib"), "81234.5");
+  EXPECT_EQ(read("bench_estimate_mib"), "80012.2");
+  EXPECT_EQ(read("bench_paths"), r.kernel_paths);
+  EXPECT_EQ(read("bench_setup_s"), "12.50");
 }
 
 }  // namespace

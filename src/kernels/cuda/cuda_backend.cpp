@@ -299,7 +299,7 @@ class CudaBackend final : public Backend {
     e->code = 0;
     const OpId op = static_cast<OpId>(code - 1);
     MOE_FAIL("cuda backend: ", op_name(op), ": invalid value ", value, " at index ", index,
-             " (found on the device: an id, label or expert index out of range, or a bad doc_start / segment)");
+             " (found on the device: an id, label or expert index out of range, or a bad offset table, doc_start or segment)");
   }
 
   cuda::Context ctx_;

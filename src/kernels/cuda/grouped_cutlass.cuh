@@ -109,11 +109,13 @@ template <class K> struct GroupArrays {
 };
 
 template <class K, Kind kKind>
-__global__ void prepare_groups_kernel(GroupArrays<K> g, const int32_t* offsets, int64_t experts, const void* a_base,
-                                      const void* b_base, float* out, int64_t n, int64_t k) {
+__global__ void prepare_groups_kernel(GroupArrays<K> g, const int32_t* offsets, int64_t experts, int64_t R,
+                                      const void* a_base, const void* b_base, float* out, int64_t n, int64_t k) {
   const int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (e >= experts) return;
-  const int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+  // Clamped to [0, R): a bad offset table (grouped_gemm.cu raises it) touches nothing outside.
+  const int64_t r0 = min(max(static_cast<int64_t>(offsets[e]), int64_t{0}), R);
+  const int64_t rows = min(max(static_cast<int64_t>(offsets[e + 1]), r0), R) - r0;
   const auto* A = static_cast<const typename K::ElementAB*>(a_base);
   const auto* B = static_cast<const typename K::ElementAB*>(b_base);
   int M = 0, N = 0, Kd = 0;
@@ -188,7 +190,7 @@ template <class Config, Kind kKind> bool run(const Args& args) {
   typename K::Gemm gemm;
   if (gemm.can_implement(arguments) != cutlass::Status::kSuccess) return false;
   prepare_groups_kernel<K, kKind><<<static_cast<unsigned>((E + 127) / 128), 128, 0, args.stream>>>(
-      g, args.offsets, args.experts, args.a, args.b, args.out, args.n, args.k);
+      g, args.offsets, args.experts, args.rows, args.a, args.b, args.out, args.n, args.k);
   if (gemm.initialize(arguments, ws, args.stream) != cutlass::Status::kSuccess) return false;
   return gemm.run(args.stream) == cutlass::Status::kSuccess;
 }

@@ -17,7 +17,7 @@ struct Args {
   const void* b = nullptr;  // fwd, dgrad: w (E,n,k); wgrad: x (R,k); bf16
   float* out = nullptr;     // fwd: y (R,n); dgrad: dx (R,k); wgrad: dw (E,n,k), accumulated
   const int32_t* offsets = nullptr;
-  int64_t experts = 0, n = 0, k = 0;
+  int64_t experts = 0, rows = 0, n = 0, k = 0;  // rows: R, the operands' row count (offsets clamped to it)
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
   int device = 0, sm_count = 0;
