@@ -126,9 +126,7 @@ void read_events(const std::string& dir, RunReport& run) {
   std::ifstream in(dir + "/events.jsonl", std::ios::binary);
   if (!in.good()) return;
   std::string line;
-  int64_t n = 0;
   while (std::getline(in, line)) {
-    ++n;
     if (in.eof()) break;  // a partial last line: being written
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) continue;
