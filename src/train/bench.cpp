@@ -169,6 +169,7 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
       cpu_sums[p] += t.cpu[p];
     }
   }
+  r.comm_bytes_per_step /= static_cast<double>(opt.steps);
   r.pp_bubble_s /= static_cast<double>(opt.steps);
   for (double* x : {&r.to_host_per_step, &r.to_host_bytes_per_step, &r.to_device_per_step, &r.to_device_bytes_per_step})
     *x /= static_cast<double>(opt.steps);

@@ -93,7 +93,7 @@ std::string calibrate_machine(const Config& config, const CalibrateOptions& opt,
   {
     const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads) : cpu::num_threads();
     world->barrier();
-    const cpu::FmaPeak& m = cpu::fma_peak(threads);
+    const cpu::FmaPeak& m = cpu::fma_peak(threads, /*cached=*/n == 1);
     double peaks[2] = {m.fp32_flops, m.bf16_flops};
     world->all_reduce_sum(peaks, 2, DType::kF64);
     c.device.fp32_flops = peaks[0] / n;

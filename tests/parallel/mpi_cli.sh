@@ -4,7 +4,8 @@
 #     files with different contents under the same (relative) path refuse to train, naming the key
 #     or file; only train.threads may differ;
 #  2. with output redirected (Open MPI still hands each rank a pseudo-terminal) the log holds no
-#     progress line and no terminal escape codes, unless train.progress = "on".
+#     progress line and no terminal escape codes, unless train.progress = "on";
+#  3. `mpirun moecore bench`: bytes sent per step, MFU against the ranks' summed peak.
 # Usage: mpi_cli.sh MOECORE MPIEXEC
 set -u
 moecore=$1 mpiexec=$2
@@ -60,4 +61,22 @@ timeout 60 "${mpi[@]}" -np 2 "$moecore" train "${common[@]}" --set train.out_dir
 rc=$?
 check progress_on $rc 0 "step 12/12"
 if ! grep -q $'\r' "$dir/log"; then echo "FAIL progress_on: no progress line although train.progress = on"; fail=1; fi
+# 3. `mpirun moecore bench`: the bytes sent per step are per step (the same for 2 timed steps as for
+#    4), and MFU stays below 1 against the ranks' summed measured peak.
+bench_mb() {  # timed steps -> "MB sent per step" of rank 0
+  timeout 60 "${mpi[@]}" -np 2 "$moecore" bench --warmup 1 --steps "$1" "${common[@]}" > "$dir/log" 2>&1 || return 1
+  sed -n 's/.*, \([0-9.]*\) MB sent per step by rank 0/\1/p' "$dir/log"
+}
+mb2=$(bench_mb 2) mb4=$(bench_mb 4)
+if [ -z "$mb2" ] || [ "$mb2" != "$mb4" ] || [ "$mb2" = "0.00" ]; then
+  echo "FAIL bench_bytes: MB sent per step $mb2 with 2 timed steps, $mb4 with 4"; cat "$dir/log"; fail=1
+else
+  echo "ok bench_bytes: $mb2 MB sent per step with 2 and with 4 timed steps"
+fi
+mfu=$(sed -n 's/.*  MFU: \([0-9.]*\)% of .*/\1/p' "$dir/log")
+if ! grep -q "(measured: .* x 2 ranks (summed))" "$dir/log" || awk -v m="$mfu" 'BEGIN {exit !(m == "" || m + 0 > 100)}'; then
+  echo "FAIL bench_mfu: MFU '$mfu' against $(grep -o 'of [0-9.]* GFLOP/s.*' "$dir/log")"; fail=1
+else
+  echo "ok bench_mfu: $mfu% $(grep -o 'of [0-9.]* GFLOP/s.*' "$dir/log")"
+fi
 exit $fail

@@ -7,6 +7,7 @@
 #include <regex>
 #include <string>
 
+#include "cli_util.h"
 #include "common/paths.h"
 #include "config/config.h"
 #include "train/bench.h"
@@ -50,17 +51,13 @@ steps = 10
 // Runs `moecore bench` (the binary has the counting operator new) on a tiny config and returns
 // {total, inside oneDNN} allocations per step over steps 3-10.
 std::pair<double, double> binary_bench_allocs(const std::string& sets) {
-  const std::string cmd = std::string(::moe::test::moecore_binary()) +
-                          " bench --warmup 2 --steps 8 --set model.vocab_size=64 --set model.d_model=32"
-                          " --set model.n_layers=2 --set model.n_heads=4 --set model.n_kv_heads=2"
-                          " --set model.num_experts=4 --set model.top_k=2 --set model.expert_hidden=32"
-                          " --set optim.warmup_steps=2 --set train.micro_batch_size=2" + sets + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  const int status = ::pclose(pipe);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  const test::CliResult r = test::run_cli(
+      "bench --warmup 2 --steps 8 --set model.vocab_size=64 --set model.d_model=32"
+      " --set model.n_layers=2 --set model.n_heads=4 --set model.n_kv_heads=2"
+      " --set model.num_experts=4 --set model.top_k=2 --set model.expert_hidden=32"
+      " --set optim.warmup_steps=2 --set train.micro_batch_size=2" + sets, 120);
+  const std::string& out = r.output;
+  EXPECT_EQ(r.status, 0) << out;
   std::smatch total, dnnl;
   if (!std::regex_search(out, total, std::regex(R"(heap allocations per step \(operator new, steps 3-10\): ([0-9.]+))")) ||
       !std::regex_search(out, dnnl, std::regex(R"(inside oneDNN primitive execution: ([0-9.]+))"))) {
@@ -95,13 +92,9 @@ TEST(Bench, NoAllocationsOutsideOneDnnPrimitiveExecution) {
 
 // `moecore bench` with these options: its median tokens/s and MFU (a fraction).
 std::pair<double, double> binary_bench_rate(const std::string& sets) {
-  const std::string cmd = std::string(::moe::test::moecore_binary()) + " bench --warmup 2 --steps 5" + sets + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  const int status = ::pclose(pipe);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  const test::CliResult r = test::run_cli("bench --warmup 2 --steps 5" + sets, 120);
+  const std::string& out = r.output;
+  EXPECT_EQ(r.status, 0) << out;
   std::smatch tps, mfu;
   if (!std::regex_search(out, tps, std::regex(R"(tokens/s \(median\): ([0-9.]+))")) ||
       !std::regex_search(out, mfu, std::regex(R"(MFU: ([0-9.]+)% of [0-9.]+ GFLOP/s \((measured|config|datasheet): )"))) {

@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 
 #include "core/rng.h"
+#include "kernels/cpu/fma_peak.h"
 #include "train/metrics.h"
 
 namespace moe {
@@ -159,6 +163,45 @@ TEST(Metrics, MfuPeakFromConfigOrMeasuredHere) {
   EXPECT_EQ(bf16.source, "measured");
   EXPECT_GE(bf16.tflops, fp32.tflops);  // the same measurement: bf16 is the faster of its loops and fp32's
   EXPECT_EQ(mfu_peak(c).tflops, bf16.tflops);  // measured once per thread count
+}
+
+// The per-machine file keeps the largest of every measurement, per thread count, so one run
+// measured while the VM lost a core does not set that run's MFU against half the machine.
+TEST(Metrics, FmaPeakCacheKeepsTheLargestPerThreadCount) {
+  const std::string file = ::testing::TempDir() + "/fma_peak_cache_test.tsv";
+  std::remove(file.c_str());
+  const char* saved = std::getenv("MOE_FMA_PEAK_CACHE");
+  const std::string restore = saved ? saved : "";
+  ::setenv("MOE_FMA_PEAK_CACHE", file.c_str(), 1);
+  cpu::FmaPeak a;
+  a.threads = 7;
+  a.fp32_flops = 1e11, a.bf16_flops = 2e11, a.fp32_kernel = "k32", a.bf16_kernel = "k16";
+  cpu::FmaPeak r = cpu::best_on_this_machine(a);
+  EXPECT_EQ(r.fp32_flops, 1e11);
+  EXPECT_FALSE(r.from_cache);
+  {
+    std::ofstream(file, std::ios::app) << "not a line of the cache\n";
+  }
+  cpu::FmaPeak b = a;
+  b.fp32_flops = 5e10, b.bf16_flops = 3e11, b.fp32_kernel = "slow", b.bf16_kernel = "k16b";
+  r = cpu::best_on_this_machine(b);
+  EXPECT_EQ(r.fp32_flops, 1e11);  // the file's, with its instruction
+  EXPECT_EQ(r.fp32_kernel, "k32");
+  EXPECT_EQ(r.bf16_flops, 3e11);  // this measurement's
+  EXPECT_EQ(r.bf16_kernel, "k16b");
+  EXPECT_TRUE(r.from_cache);
+  cpu::FmaPeak c = b;
+  c.threads = 8;  // another thread count: its own line
+  EXPECT_EQ(cpu::best_on_this_machine(c).fp32_flops, 5e10);
+  std::ifstream in(file);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  EXPECT_EQ(lines, 2);  // 7 and 8 threads; the unreadable line dropped
+  ::setenv("MOE_FMA_PEAK_CACHE", "off", 1);
+  EXPECT_FALSE(cpu::best_on_this_machine(b).from_cache);
+  if (saved) ::setenv("MOE_FMA_PEAK_CACHE", restore.c_str(), 1);
+  else ::unsetenv("MOE_FMA_PEAK_CACHE");
+  std::remove(file.c_str());
 }
 
 TEST(Progress, Formatting) {

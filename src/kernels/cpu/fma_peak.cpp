@@ -15,11 +15,19 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <vector>
 
 #include "core/check.h"
+#include "core/fnv1a.h"
 
 namespace moe::cpu {
 namespace {
@@ -168,8 +176,12 @@ struct Loop {
 
 std::atomic<float> g_sink{0};
 
-// The fastest of `rounds` rounds on `threads` threads at once, in FLOP/s of all of them: each
-// round starts with a barrier, and lasts until the slowest thread is done.
+// FLOP/s of `threads` threads running at once: every thread runs the loop from a common barrier
+// (so each core runs under an all-core load, at its all-core clock), and the peak is the threads
+// times the fastest rate any thread reached in any round. On a shared VM a vCPU can lose its
+// core for seconds: the slowest thread's time (or a mean) then measured half the machine, and
+// MFU against it doubled. Cores are taken as equal: on a CPU with slower cores this errs high,
+// the side on which an MFU stays honest.
 double rate(const Loop& loop, int threads, int rounds, double round_s) {
   // Iterations for one round from a short single-thread run (after a warm-up that wakes the core).
   loop.run(2000);
@@ -185,7 +197,10 @@ double rate(const Loop& loop, int threads, int rounds, double round_s) {
   iters = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(iters) * round_s / t));
   double best = 0;
   std::vector<double> took(static_cast<size_t>(threads));
-  for (int r = -1; r < rounds; ++r) {  // round -1 wakes every thread's core, untimed
+  // At least `rounds` rounds, and on until the best has held (within 1%) for `rounds` rounds in a
+  // row, at most 8 x rounds: a whole VM slowed for tens of milliseconds is waited out.
+  int held = 0;
+  for (int r = -1; r < 8 * rounds && held < rounds; ++r) {  // round -1 wakes every thread's core, untimed
     int ran = 1;
 #pragma omp parallel num_threads(threads)
     {
@@ -198,8 +213,11 @@ double rate(const Loop& loop, int threads, int rounds, double round_s) {
       took[static_cast<size_t>(me)] = std::chrono::duration<double>(Clock::now() - t0).count();
       g_sink.store(g_sink.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
     }
-    const double slowest = *std::max_element(took.begin(), took.begin() + ran);
-    if (r >= 0 && slowest > 0) best = std::max(best, static_cast<double>(ran) * static_cast<double>(iters) * loop.flops_per_iter / slowest);
+    const double fastest = *std::min_element(took.begin(), took.begin() + ran);
+    if (r < 0 || fastest <= 0) continue;
+    const double now = static_cast<double>(ran) * static_cast<double>(iters) * loop.flops_per_iter / fastest;
+    held = now > best * 1.01 ? 0 : held + 1;
+    best = std::max(best, now);
   }
   return best;
 }
@@ -249,12 +267,87 @@ FmaPeak measure_fma_peak(int threads, int rounds, double round_s) {
   return p;
 }
 
-const FmaPeak& fma_peak(int threads) {
+namespace {
+
+// This CPU, as the cache file keys it: CPUID's family, model and stepping, the model name and the
+// instruction sets the loops use (a VM moved to another host of the same kind keeps its key).
+std::string cpu_signature() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, sig;
+  while (std::getline(in, line)) {
+    if (line.empty()) break;  // the first processor's block
+    for (const char* key : {"vendor_id", "cpu family", "model", "model name", "stepping"})
+      if (line.rfind(key, 0) == 0 && line.size() > std::strlen(key) && (line[std::strlen(key)] == ' ' || line[std::strlen(key)] == '\t'))
+        sig += line + ";";
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(sig + fma_isa())));
+  return hex;
+}
+
+// The cache file: MOE_FMA_PEAK_CACHE (a path, or "off"), else $XDG_CACHE_HOME or ~/.cache.
+std::string cache_path() {
+  if (const char* p = std::getenv("MOE_FMA_PEAK_CACHE")) return std::string(p) == "off" ? "" : p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/moecore/fma_peak.tsv";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/moecore/fma_peak.tsv";
+  return "";
+}
+
+}  // namespace
+
+FmaPeak best_on_this_machine(FmaPeak p) {
+  const std::string path = cache_path();
+  if (path.empty()) return p;
+  const std::string sig = cpu_signature();
+  std::vector<std::string> keep;
+  {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream f(line);
+      std::string s, fp32_kernel, bf16_kernel;
+      int threads = 0;
+      double fp32 = 0, bf16 = 0;
+      if (!std::getline(f, s, '\t') || !(f >> threads >> fp32 >> bf16)) continue;  // unreadable: dropped
+      f.ignore(1);
+      std::getline(f, fp32_kernel, '\t');
+      std::getline(f, bf16_kernel);
+      if (s != sig || threads != p.threads) {
+        keep.push_back(line);
+        continue;
+      }
+      p.from_cache = fp32 > p.fp32_flops || bf16 > p.bf16_flops;
+      if (fp32 > p.fp32_flops) p.fp32_flops = fp32, p.fp32_kernel = fp32_kernel;
+      if (bf16 > p.bf16_flops) p.bf16_flops = bf16, p.bf16_kernel = bf16_kernel;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp);
+    for (const std::string& line : keep) out << line << "\n";
+    out << sig << "\t" << p.threads << "\t" << std::setprecision(6) << p.fp32_flops << "\t" << p.bf16_flops << "\t"
+        << p.fp32_kernel << "\t" << p.bf16_kernel << "\n";
+    if (!out) {
+      std::remove(tmp.c_str());
+      return p;
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);  // atomic: a reader sees the old file or the new one
+  if (ec) std::remove(tmp.c_str());
+  return p;
+}
+
+const FmaPeak& fma_peak(int threads, bool cached) {
   static std::mutex mu;
-  static std::map<int, FmaPeak> measured;
+  static std::map<std::pair<int, bool>, FmaPeak> measured;
   const std::lock_guard<std::mutex> lock(mu);
-  auto it = measured.find(threads);
-  if (it == measured.end()) it = measured.emplace(threads, measure_fma_peak(threads)).first;
+  auto it = measured.find({threads, cached});
+  if (it == measured.end()) {
+    FmaPeak p = measure_fma_peak(threads);
+    if (cached) p = best_on_this_machine(p);
+    it = measured.emplace(std::pair{threads, cached}, p).first;
+  }
   return it->second;
 }
 
