@@ -13,12 +13,11 @@
 #include <vector>
 
 #include "core/buffer.h"
-#include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/fma_peak.h"
 #include "kernels/ops.h"
 #include "kernels/random_tensor.h"
 #include "parallel/communicator.h"
 #include "plan/hardware.h"
+#include "train/metrics.h"
 #ifdef MOE_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -91,14 +90,10 @@ std::string calibrate_machine(const Config& config, const CalibrateOptions& opt,
   } else
 #endif
   {
-    const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads) : cpu::num_threads();
-    world->barrier();
-    const cpu::FmaPeak& m = cpu::fma_peak(threads, /*cached=*/n == 1);
-    double peaks[2] = {m.fp32_flops, m.bf16_flops};
-    world->all_reduce_sum(peaks, 2, DType::kF64);
-    c.device.fp32_flops = peaks[0] / n;
-    c.device.bf16_flops = peaks[1] / n;
-    const std::string how = std::to_string(threads) + " thread(s) per rank, " + std::to_string(n) + " rank(s) at once, mean";
+    const cpu::FmaPeak m = ranks_fma_peak(config, world.get());
+    c.device.fp32_flops = m.fp32_flops / n;
+    c.device.bf16_flops = m.bf16_flops / n;
+    const std::string how = std::to_string(m.threads) + " thread(s) per rank, " + std::to_string(n) + " rank(s) at once, mean";
     c.sources["device.fp32_tflops"] = tag + ": " + m.fp32_kernel + " register loop, " + how;
     c.sources["device.bf16_tflops"] = tag + ": " + m.bf16_kernel + " register loop, " + how;
   }

@@ -17,7 +17,6 @@
 
 #include "core/check.h"
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/fma_peak.h"
 
 namespace moe {
 
@@ -78,20 +77,28 @@ MfuPeak mfu_peak(const Config& config, Communicator* world) {
     return p;
   }
 #endif
-  // The host backends: every rank measures its own threads at the same moment, so ranks that
-  // share cores each measure their share.
-  const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads) : cpu::num_threads();
-  if (world && ranks > 1) world->barrier();
-  const cpu::FmaPeak& m = cpu::fma_peak(threads, /*cached=*/ranks == 1);
-  double flops = bf16 ? m.bf16_flops : m.fp32_flops;
-  if (world && ranks > 1) world->all_reduce_sum(&flops, 1, DType::kF64);
-  p.tflops = flops * 1e-12;
+  const cpu::FmaPeak m = ranks_fma_peak(config, world);
+  p.tflops = (bf16 ? m.bf16_flops : m.fp32_flops) * 1e-12;
   p.source = "measured";
-  detail << (bf16 ? m.bf16_kernel : m.fp32_kernel) << ", " << threads << (threads == 1 ? " thread" : " threads");
+  detail << (bf16 ? m.bf16_kernel : m.fp32_kernel) << ", " << m.threads << (m.threads == 1 ? " thread" : " threads");
   if (ranks > 1) detail << " x " << ranks << " ranks (summed)";
   if (m.from_cache) detail << ", the best measured on this machine";
   p.detail = detail.str();
   return p;
+}
+
+cpu::FmaPeak ranks_fma_peak(const Config& config, Communicator* world) {
+  const int ranks = world ? world->size() : 1;
+  const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads) : cpu::num_threads();
+  if (ranks > 1) world->barrier();  // every rank measures at the same moment
+  cpu::FmaPeak m = cpu::fma_peak(threads, /*cached=*/ranks == 1);
+  if (ranks > 1) {
+    double flops[2] = {m.fp32_flops, m.bf16_flops};
+    world->all_reduce_sum(flops, 2, DType::kF64);
+    m.fp32_flops = flops[0];
+    m.bf16_flops = flops[1];
+  }
+  return m;
 }
 
 double peak_device_mb() {

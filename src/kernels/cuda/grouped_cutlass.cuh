@@ -28,6 +28,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 #include "kernels/cuda/grouped_cutlass.h"
+#include "kernels/cuda/grouped_offsets.cuh"
 
 namespace moe::cuda::grouped {
 
@@ -110,12 +111,14 @@ template <class K> struct GroupArrays {
 
 template <class K, Kind kKind>
 __global__ void prepare_groups_kernel(GroupArrays<K> g, const int32_t* offsets, int64_t experts, int64_t R,
-                                      const void* a_base, const void* b_base, float* out, int64_t n, int64_t k) {
+                                      const void* a_base, const void* b_base, float* out, int64_t n, int64_t k,
+                                      DeviceError* err, int code) {
   const int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (e >= experts) return;
-  // Clamped to [0, R): a bad offset table (grouped_gemm.cu raises it) touches nothing outside.
-  const int64_t r0 = min(max(static_cast<int64_t>(offsets[e]), int64_t{0}), R);
-  const int64_t rows = min(max(static_cast<int64_t>(offsets[e + 1]), r0), R) - r0;
+  check_expert_offsets(offsets, e, experts, R, err, code);
+  int64_t r0, r1;
+  expert_rows(offsets, e, R, r0, r1);
+  const int64_t rows = r1 - r0;
   const auto* A = static_cast<const typename K::ElementAB*>(a_base);
   const auto* B = static_cast<const typename K::ElementAB*>(b_base);
   int M = 0, N = 0, Kd = 0;
@@ -190,7 +193,7 @@ template <class Config, Kind kKind> bool run(const Args& args) {
   typename K::Gemm gemm;
   if (gemm.can_implement(arguments) != cutlass::Status::kSuccess) return false;
   prepare_groups_kernel<K, kKind><<<static_cast<unsigned>((E + 127) / 128), 128, 0, args.stream>>>(
-      g, args.offsets, args.experts, args.rows, args.a, args.b, args.out, args.n, args.k);
+      g, args.offsets, args.experts, args.rows, args.a, args.b, args.out, args.n, args.k, args.error, args.error_code);
   if (gemm.initialize(arguments, ws, args.stream) != cutlass::Status::kSuccess) return false;
   return gemm.run(args.stream) == cutlass::Status::kSuccess;
 }

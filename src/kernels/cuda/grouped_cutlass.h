@@ -8,6 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace moe::cuda {
+struct DeviceError;  // kernels/cuda/context.h
+}  // namespace moe::cuda
+
 namespace moe::cuda::grouped {
 
 enum class Kind { kFwd, kDgrad, kWgrad };
@@ -18,6 +22,8 @@ struct Args {
   float* out = nullptr;     // fwd: y (R,n); dgrad: dx (R,k); wgrad: dw (E,n,k), accumulated
   const int32_t* offsets = nullptr;
   int64_t experts = 0, rows = 0, n = 0, k = 0;  // rows: R, the operands' row count (offsets clamped to it)
+  DeviceError* error = nullptr;  // the backend's device error word: bad offsets are reported there
+  int error_code = 0;
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
   int device = 0, sm_count = 0;

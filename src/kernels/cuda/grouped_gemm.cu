@@ -8,6 +8,7 @@
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/grouped_cutlass.h"
+#include "kernels/cuda/grouped_offsets.cuh"
 #include "kernels/gemm_shapes.h"
 
 namespace moe::cuda {
@@ -15,30 +16,7 @@ namespace {
 
 constexpr int kBM = 64, kBN = 64, kBK = 16, kThreads = 256;
 
-// The offsets live on the device, so they are checked there: 0 = offsets[0] <= ... <= offsets[E]
-// <= R, else the device error word names the op (raised at the next wait, as a fault would be).
-// Every kernel also clamps an expert's rows to [0, R) (expert_rows), so a bad table reads and
-// writes nothing outside the tensors. One thread: E <= 1024.
-__global__ void check_offsets_kernel(const int32_t* offsets, int64_t E, int64_t R, DeviceError* err, int code) {
-  int64_t prev = 0;
-  for (int64_t e = 0; e <= E; ++e) {
-    const int64_t o = offsets[e];
-    if ((e == 0 && o != 0) || o < prev || o > R) {
-      report_error(err, code, static_cast<int>(o), e);
-      return;
-    }
-    prev = o;
-  }
-}
-
-__device__ __forceinline__ void expert_rows(const int32_t* offsets, int64_t e, int64_t R, int64_t& r0, int64_t& r1) {
-  r0 = min(max(static_cast<int64_t>(offsets[e]), int64_t{0}), R);
-  r1 = min(max(static_cast<int64_t>(offsets[e + 1]), r0), R);
-}
-
-void check_offsets(Context& ctx, const Tensor& offsets, int64_t experts, int64_t rows, OpId op) {
-  check_offsets_kernel<<<1, 1, 0, ctx.stream>>>(ptr<const int32_t>(offsets), experts, rows, ctx.error, static_cast<int>(op) + 1);
-}
+int error_code(OpId op) { return static_cast<int>(op) + 1; }  // DeviceError's codes
 
 // Row tile `tile` of the concatenated per-expert tilings: its expert, and the tile's first row.
 // Tiles past the last expert's return false. E is small (<= 1024): a scan per block is cheap.
@@ -87,7 +65,10 @@ __device__ __forceinline__ void accumulate_tile(const TileA& As, const TileB& Bs
 template <class S>
 __global__ void __launch_bounds__(kThreads) grouped_rows_kernel(const S* a, const S* b, float* c, const int32_t* offsets,
                                                                 int64_t E, int64_t R, int64_t red, int64_t cols,
-                                                                int64_t b_expert, int64_t b_l, int64_t b_j) {
+                                                                int64_t b_expert, int64_t b_l, int64_t b_j,
+                                                                DeviceError* err, int code) {
+  // Blocks (e, 0), e < E, exist (row_tiles counts a tile per expert beyond the rows): they check.
+  if (blockIdx.y == 0 && blockIdx.x < E && threadIdx.x == 0) check_expert_offsets(offsets, blockIdx.x, E, R, err, code);
   int64_t expert, row0, row1;
   if (!find_tile(offsets, E, R, blockIdx.x, expert, row0, row1)) return;
   const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kBN;
@@ -127,8 +108,10 @@ __global__ void __launch_bounds__(kThreads) grouped_rows_kernel(const S* a, cons
 // untouched. grid (k tiles, n tiles, E).
 template <class S>
 __global__ void __launch_bounds__(kThreads) grouped_wgrad_kernel(const S* dy, const S* x, float* dw, const int32_t* offsets,
-                                                                 int64_t R, int64_t N, int64_t K) {
+                                                                 int64_t R, int64_t N, int64_t K, DeviceError* err,
+                                                                 int code) {
   const int64_t e = blockIdx.z;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) check_expert_offsets(offsets, e, gridDim.z, R, err, code);
   int64_t r0, r1;
   expert_rows(offsets, e, R, r0, r1);
   if (r1 <= r0) return;
@@ -188,6 +171,10 @@ bool tensor_core(Context& ctx, grouped::Kind kind, const Tensor& a, const Tensor
   args.offsets = static_cast<const int32_t*>(offsets.data);
   args.experts = d.experts;
   args.rows = d.rows;
+  args.error = ctx.error;
+  args.error_code = error_code(kind == grouped::Kind::kFwd     ? OpId::grouped_linear_fwd
+                               : kind == grouped::Kind::kDgrad ? OpId::grouped_linear_bwd_data
+                                                               : OpId::grouped_linear_bwd_weight);
   args.n = d.n;
   args.k = d.k;
   args.scratch = ctx.scratch;
@@ -216,14 +203,13 @@ void grouped_linear_fwd(Context& ctx, const Tensor& x, const Tensor& w, const Te
   const GroupedDims d = grouped_fwd_dims(x, w, y);
   check_shape(offsets, {d.experts + 1}, "grouped_linear_fwd offsets");
   if (d.rows == 0 || d.n == 0) return;
-  check_offsets(ctx, offsets, d.experts, d.rows, OpId::grouped_linear_fwd);
   if (tensor_core(ctx, grouped::Kind::kFwd, x, w, y, offsets, d)) return check_launch("grouped_linear_fwd");
   ++ctx.paths.grouped_simt;
   dispatch_storage(x.dtype, "grouped_linear_fwd", [&](auto* tag) {
     using S = std::remove_pointer_t<decltype(tag)>;
     grouped_rows_kernel<S><<<dim3(row_tiles(d.rows, d.experts), col_tiles(d.n)), kThreads, 0, ctx.stream>>>(
         ptr<const S>(x), ptr<const S>(w), ptr<float>(y), ptr<const int32_t>(offsets), d.experts, d.rows, d.k, d.n, d.n * d.k,
-        1, d.k);
+        1, d.k, ctx.error, error_code(OpId::grouped_linear_fwd));
   });
   check_launch("grouped_linear_fwd");
 }
@@ -233,14 +219,13 @@ void grouped_linear_bwd_data(Context& ctx, const Tensor& dy, const Tensor& w, co
   const GroupedDims d = grouped_bwd_data_dims(dy, w, dx);
   check_shape(offsets, {d.experts + 1}, "grouped_linear_bwd_data offsets");
   if (d.rows == 0 || d.k == 0) return;
-  check_offsets(ctx, offsets, d.experts, d.rows, OpId::grouped_linear_bwd_data);
   if (tensor_core(ctx, grouped::Kind::kDgrad, dy, w, dx, offsets, d)) return check_launch("grouped_linear_bwd_data");
   ++ctx.paths.grouped_simt;
   dispatch_storage(dy.dtype, "grouped_linear_bwd_data", [&](auto* tag) {
     using S = std::remove_pointer_t<decltype(tag)>;
     grouped_rows_kernel<S><<<dim3(row_tiles(d.rows, d.experts), col_tiles(d.k)), kThreads, 0, ctx.stream>>>(
         ptr<const S>(dy), ptr<const S>(w), ptr<float>(dx), ptr<const int32_t>(offsets), d.experts, d.rows, d.n, d.k, d.n * d.k,
-        d.k, 1);
+        d.k, 1, ctx.error, error_code(OpId::grouped_linear_bwd_data));
   });
   check_launch("grouped_linear_bwd_data");
 }
@@ -252,14 +237,14 @@ void grouped_linear_bwd_weight(Context& ctx, const Tensor& dy, const Tensor& x, 
   // No rows at all: dw += 0 (and CUTLASS would see only empty problems).
   if (d.experts == 0 || d.n == 0 || d.k == 0 || d.rows == 0) return;
   MOE_CHECK(d.experts <= 65535, "grouped_linear_bwd_weight: ", d.experts, " experts exceed the grid");
-  check_offsets(ctx, offsets, d.experts, d.rows, OpId::grouped_linear_bwd_weight);
   if (tensor_core(ctx, grouped::Kind::kWgrad, dy, x, dw, offsets, d)) return check_launch("grouped_linear_bwd_weight");
   ++ctx.paths.grouped_simt;
   dispatch_storage(dy.dtype, "grouped_linear_bwd_weight", [&](auto* tag) {
     using S = std::remove_pointer_t<decltype(tag)>;
     grouped_wgrad_kernel<S><<<dim3(col_tiles(d.k), static_cast<unsigned>((d.n + kBM - 1) / kBM), static_cast<unsigned>(d.experts)),
                               kThreads, 0, ctx.stream>>>(ptr<const S>(dy), ptr<const S>(x), ptr<float>(dw),
-                                                         ptr<const int32_t>(offsets), d.rows, d.n, d.k);
+                                                         ptr<const int32_t>(offsets), d.rows, d.n, d.k, ctx.error,
+                                                         error_code(OpId::grouped_linear_bwd_weight));
   });
   check_launch("grouped_linear_bwd_weight");
 }

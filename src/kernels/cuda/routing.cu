@@ -25,6 +25,17 @@ constexpr int kMaxExperts = 1024;  // moe_plan's per-warp counts live in shared 
 __host__ __device__ constexpr int err_code(OpId op) { return static_cast<int>(op) + 1; }
 
 // ---------------------------------------------------------------- scores
+// A warp's row zr of E logits: its max and sum of exp(z - max), each lane's part in index order,
+// then the warp's fixed tree (softmax and the router z-loss's log-sum-exp share it).
+__device__ __forceinline__ void row_max_and_exp_sum(const float* zr, int64_t E, int lane, float& mx, float& sum) {
+  mx = -INFINITY;
+  for (int64_t e = lane; e < E; e += 32) mx = fmaxf(mx, zr[e]);
+  mx = warp_max(mx);
+  sum = 0;
+  for (int64_t e = lane; e < E; e += 32) sum = __fadd_rn(sum, expf(__fsub_rn(zr[e], mx)));
+  sum = warp_sum(sum);
+}
+
 __global__ void router_scores_fwd_kernel(const float* z, int kind, float* s, int64_t n, int64_t E) {
   const int lane = threadIdx.x & 31;
   MOE_WARP_LOOP(t, n) {
@@ -34,12 +45,8 @@ __global__ void router_scores_fwd_kernel(const float* z, int kind, float* s, int
       for (int64_t e = lane; e < E; e += 32) sr[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-zr[e])));
       continue;
     }
-    float mx = -INFINITY;
-    for (int64_t e = lane; e < E; e += 32) mx = fmaxf(mx, zr[e]);
-    mx = warp_max(mx);
-    float sum = 0;
-    for (int64_t e = lane; e < E; e += 32) sum = __fadd_rn(sum, expf(__fsub_rn(zr[e], mx)));
-    sum = warp_sum(sum);
+    float mx, sum;
+    row_max_and_exp_sum(zr, E, lane, mx, sum);
     for (int64_t e = lane; e < E; e += 32) sr[e] = __fdiv_rn(expf(__fsub_rn(zr[e], mx)), sum);
   }
 }
@@ -341,12 +348,8 @@ __global__ void z_rows_kernel(const float* z, float grad_scale, float* lse_out, 
   const int lane = threadIdx.x & 31;
   MOE_WARP_LOOP(t, T) {
     const float* zr = z + t * E;
-    float mx = -INFINITY;
-    for (int64_t e = lane; e < E; e += 32) mx = fmaxf(mx, zr[e]);
-    mx = warp_max(mx);
-    float sum = 0;
-    for (int64_t e = lane; e < E; e += 32) sum = __fadd_rn(sum, expf(__fsub_rn(zr[e], mx)));
-    sum = warp_sum(sum);
+    float mx, sum;
+    row_max_and_exp_sum(zr, E, lane, mx, sum);
     const float lse = __fadd_rn(mx, logf(sum));
     if (lane == 0) lse_out[t] = lse;
     if (!dz) continue;
