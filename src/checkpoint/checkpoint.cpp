@@ -393,7 +393,7 @@ std::vector<Piece> checkpoint_pieces(const TrainingState& run, const HostState& 
   if (!g || g->coords.dp == 0) {
     const ModelConfig& c = run.config.model;
     for (int64_t m = 0; m < c.num_moe_layers(); ++m) {
-      if (!local.shard().holds_layer(c.n_dense_layers + m)) continue;
+      if (!local.shard().holds_layer(c.moe_layer(m))) continue;
       const Tensor& t = host.router_bias[static_cast<size_t>(m)].tensor();
       out.push_back({"router_bias." + std::to_string(m), static_cast<const unsigned char*>(t.data), t.nbytes(),
                      st_dtype(t.dtype), 0, t.numel()});
@@ -615,7 +615,7 @@ CheckpointInfo load_checkpoint(const std::string& path, const TrainingState& run
            states[k - 1] + static_cast<size_t>(s.state_offset) * es, "parameter '" + s.param->name + "'");
   const ModelConfig& mc = run.config.model;
   for (size_t i = 0; i < bias_loaded.size(); ++i)
-    if (model.layout().shard().holds_layer(mc.n_dense_layers + static_cast<int64_t>(i)))
+    if (model.layout().shard().holds_layer(mc.moe_layer(static_cast<int64_t>(i))))
       MOE_CHECK(bias_loaded[i], "checkpoint '", path, "' has no tensor 'router_bias.", i, "'");
   const int64_t steps = field<int64_t>(field<json>(v.manifest, "optimizer", mpath), "steps_taken", mpath);
   MOE_CHECK(steps == v.info.step, "malformed manifest '", mpath, "': optimizer steps_taken ", steps, " != step ", v.info.step);

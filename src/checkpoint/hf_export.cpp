@@ -134,20 +134,28 @@ int64_t need_int(const nlohmann::json& j, const char* key) {
 std::string olmoe_unsupported_reason(const ModelConfig& c) {
   std::vector<std::string> r;
   if (c.norm_placement != "pre")
-    r.push_back("peri-norm (model.norm_placement = \"" + c.norm_placement +
+    r.push_back(c.norm_placement + " norms (model.norm_placement = \"" + c.norm_placement +
                 "\"): OLMoE has pre-norm blocks without output norms");
   if (c.qk_norm == "none") r.push_back("QK-norm off (model.qk_norm = \"none\"): OLMoE always normalizes q and k");
   if (c.qk_norm == "per_head")
     r.push_back("per-head QK-norm (model.qk_norm = \"per_head\"): OLMoE's q_norm/k_norm span all heads (\"full\")");
-  if (c.n_dense_layers > 0)
-    r.push_back("dense layers (model.n_dense_layers = " + std::to_string(c.n_dense_layers) +
-                "): every OLMoE layer is MoE");
+  if (c.num_dense_layers() > 0)
+    r.push_back("dense layers (model.n_dense_layers = " + std::to_string(c.n_dense_layers) + ", model.dense_layers = \"" +
+                c.dense_layers + "\"): every OLMoE layer is MoE");
   if (c.shared_hidden > 0)
     r.push_back("shared experts (model.shared_hidden = " + std::to_string(c.shared_hidden) + "): OLMoE has none");
   if (c.score_func != "softmax")
-    r.push_back("sigmoid routing (model.score_func = \"" + c.score_func + "\"): OLMoE's router uses softmax");
-  if (c.router_bias_gamma > 0)
-    r.push_back("loss-free balancing bias (model.router_bias_gamma > 0): OLMoE's router has no bias");
+    r.push_back("model.score_func = \"" + c.score_func + "\": OLMoE's router uses softmax and chooses on its scores");
+  if (c.norm_topk_prob && c.norm_topk_p != 1.0)
+    r.push_back("p-norm weights (model.norm_topk_p = " + std::to_string(c.norm_topk_p) + "): OLMoE divides by the sum");
+  if (c.expert_weight_factor() != 1.0)
+    r.push_back("scaled expert weights (model.restore_weight_scale, expert_weight_scale, original_top_k): OLMoE has none");
+  if (c.embed_scale != 1.0)
+    r.push_back("model.embed_scale = " + std::to_string(c.embed_scale) + ": OLMoE does not scale its embedding");
+  if (c.embedding_norm) r.push_back("model.embedding_norm = true: OLMoE has no embedding norm");
+  if (c.router_bias_selects())
+    r.push_back("router bias (model.router_bias_gamma > 0 or model.score_correction_bias): OLMoE's router has none");
+  if (c.n_group > 0) r.push_back("group-limited routing (model.n_group > 0): OLMoE chooses among all experts");
   if (c.routing != "learned")
     r.push_back("non-learned routing (model.routing = \"" + c.routing + "\"): OLMoE routes by the learned router");
   if (c.hd() * c.n_heads != c.d_model)

@@ -50,22 +50,38 @@ const std::vector<Field>& fields() {
     add("model", "n_kv_heads", M(n_kv_heads), 1, 4096, {}, "key/value heads (divides n_heads)");
     add("model", "head_dim", M(head_dim), 0, 4096, {}, "head dim (0 = d_model / n_heads)");
     add("model", "norm_eps", M(norm_eps), 0, 1, {}, "RMSNorm epsilon (OLMoE 1e-5, Olmo-core 1e-6)");
-    add("model", "norm_placement", M(norm_placement), 0, 0, {"pre", "peri"}, "block norm placement");
+    add("model", "norm_placement", M(norm_placement), 0, 0, {"pre", "peri", "reordered"},
+        "block norms: pre x+f(n(x)), peri x+n(f(n(x))), reordered x+n(f(x)) (Olmo-core 3's block)");
     add("model", "tie_embeddings", M(tie_embeddings), 0, 0, {}, "LM head shares the embedding");
     add("model", "rope_theta", M(rope_theta), 1, kInf, {}, "RoPE base");
     add("model", "qk_norm", M(qk_norm), 0, 0, {"none", "full", "per_head"}, "QK RMSNorm");
     add("model", "n_dense_layers", M(n_dense_layers), 0, 4096, {}, "leading dense-FFN blocks");
+    add("model", "dense_layers", M(dense_layers), 0, 0, {},
+        "dense-FFN blocks at these indices, comma-separated (\"\" = the first n_dense_layers)");
     add("model", "dense_hidden", M(dense_hidden), 0, 1 << 24, {}, "dense FFN width (0 = k*expert_hidden + shared_hidden)");
     add("model", "num_experts", M(num_experts), 1, 1 << 16, {}, "routed experts E");
     add("model", "top_k", M(top_k), 1, 1 << 16, {}, "experts per token K");
     add("model", "expert_hidden", M(expert_hidden), 1, 1 << 24, {}, "expert FFN width");
-    add("model", "score_func", M(score_func), 0, 0, {"softmax", "sigmoid"}, "router scores");
-    add("model", "norm_topk_prob", M(norm_topk_prob), 0, 0, {}, "renormalize the K weights");
+    add("model", "score_func", M(score_func), 0, 0, {"softmax", "sigmoid", "topk_softmax"},
+        "router scores (topk_softmax: experts chosen on the logits, weights a softmax over the chosen)");
+    add("model", "sigmoid_eps", M(sigmoid_eps), 0, 1, {}, "added to sigmoid scores (Olmo-core 3: 1e-7)");
+    add("model", "norm_topk_prob", M(norm_topk_prob), 0, 0, {}, "divide the K weights by their p-norm");
+    add("model", "norm_topk_p", M(norm_topk_p), 1e-3, 1e3, {}, "p of norm_topk_prob (1 = sum)");
+    add("model", "restore_weight_scale", M(restore_weight_scale), 0, 0, {}, "K weights times K after normalizing");
+    add("model", "expert_weight_scale", M(expert_weight_scale), 1e-9, 1e9, {}, "K weights times this");
+    add("model", "original_top_k", M(original_top_k), 0, 1 << 16, {},
+        "K weights times sqrt(original_top_k / top_k) (0 = top_k)");
     add("model", "shared_hidden", M(shared_hidden), 0, 1 << 24, {}, "shared expert width (0 = none)");
     add("model", "shared_merge", M(shared_merge), 0, 0, {"sum", "v1"}, "shared + routed merge rule");
     add("model", "routing", M(routing), 0, 0, {"learned", "uniform", "random"}, "expert choice");
     add("model", "router_bias_gamma", M(router_bias_gamma), 0, kInf, {}, "loss-free balancing rate (0 = off)");
+    add("model", "score_correction_bias", M(score_correction_bias), 0, 0, {},
+        "the router bias selects also without loss-free balancing (loaded, kept fixed)");
+    add("model", "n_group", M(n_group), 0, 1 << 16, {}, "expert groups of group-limited routing (0 = off)");
+    add("model", "topk_group", M(topk_group), 0, 1 << 16, {}, "groups each token may choose from (0 = off)");
     add("model", "init_std", M(init_std), 0, kInf, {}, "truncated-normal init std");
+    add("model", "embed_scale", M(embed_scale), 1e-9, 1e9, {}, "embedding output times this (Olmo-core 3: sqrt(d_model))");
+    add("model", "embedding_norm", M(embedding_norm), 0, 0, {}, "RMSNorm (weight embed_norm) after the embedding");
     add("model", "pad_id", M(pad_id), -1, 2147483647, {},
         "padding token id (-1 = none): no label where it is the next token, no gradient for its embedding row");
     add("model", "max_position_embeddings", M(max_position_embeddings), 0, 1 << 24, {},
@@ -75,6 +91,9 @@ const std::vector<Field>& fields() {
     add("loss", "lm_z_coef", L(lm_z_coef), 0, kInf, {}, "LM z-loss weight");
     add("loss", "lbl_coef", L(lbl_coef), 0, kInf, {}, "load-balancing loss weight");
     add("loss", "router_z_coef", L(router_z_coef), 0, kInf, {}, "router z-loss weight");
+    add("loss", "aux_divisor", L(aux_divisor), 0, 0, {"tokens", "labelled"},
+        "auxiliary losses summed over the step's tokens divided by all its tokens, or by its labelled ones "
+        "(Olmo-core 3's train module)");
 #undef L
 #define O(name) [](Config& c) -> Ref { return &c.optim.name; }
     add("optim", "lr", O(lr), 0, kInf, {}, "peak learning rate");
@@ -369,9 +388,8 @@ template <class Emit> void for_each_value(const Config& config, Emit emit) {
   Config& c = const_cast<Config&>(config);  // fields() hands out mutable refs; we only read
   for (const Field& f : fields()) emit(f, f.ref(c));
 }
+}  // namespace
 
-// The field table's ranges and choices, for configs that were not parsed (built in code, from a
-// Hugging Face config.json, ...). section: only that section's keys ("" = all).
 void check_ranges(const Config& config, const std::string& section) {
   for_each_value(config, [&](const Field& f, Ref ref) {
     if (!section.empty() && f.section != section) return;
@@ -390,7 +408,6 @@ void check_ranges(const Config& config, const std::string& section) {
         ref);
   });
 }
-}  // namespace
 
 namespace {
 // A TOML basic string: double quotes, with ", \ and control characters escaped.
@@ -553,85 +570,6 @@ void Config::validate() const {
   // The world size is only known at launch (checked there, src/parallel/layout.h).
   validate_layout(layout_from_config(parallel), -1, model.num_experts, model.n_layers);
   configured_stage_layers(parallel, model.n_layers, 0);  // throws naming a bad parallel.stage_layers
-}
-
-void ModelConfig::validate() const {
-  Config whole_config;
-  whole_config.model = *this;
-  check_ranges(whole_config, "model");
-  MOE_CHECK(pad_id < vocab_size, "model.pad_id = ", pad_id, " is not below model.vocab_size = ", vocab_size);
-  MOE_CHECK(n_heads % n_kv_heads == 0, "model.n_kv_heads = ", n_kv_heads,
-            " does not divide model.n_heads = ", n_heads);
-  MOE_CHECK(head_dim > 0 || d_model % n_heads == 0, "model.d_model = ", d_model,
-            " is not divisible by model.n_heads = ", n_heads, " (set model.head_dim explicitly)");
-  MOE_CHECK(hd() % 2 == 0, "head dim ", hd(), " must be even for rotate-halves RoPE");
-  MOE_CHECK(n_dense_layers <= n_layers, "model.n_dense_layers = ", n_dense_layers,
-            " exceeds model.n_layers = ", n_layers);
-  MOE_CHECK(top_k <= num_experts, "model.top_k = ", top_k, " exceeds model.num_experts = ", num_experts);
-  MOE_CHECK(router_bias_gamma == 0 || routing == "learned",
-            "model.router_bias_gamma needs model.routing = \"learned\"");
-}
-
-namespace {
-template <typename E>
-E parse_choice(const std::string& key, const std::string& value, std::initializer_list<std::pair<const char*, E>> allowed) {
-  std::string names;
-  for (const auto& [name, e] : allowed) {
-    if (value == name) return e;
-    names += names.empty() ? name : std::string(", ") + name;
-  }
-  MOE_FAIL(key, " = \"", value, "\" (allowed: ", names, ")");
-}
-}  // namespace
-
-ModelChoices model_choices(const ModelConfig& c) {
-  ModelChoices m;
-  m.norm_placement = parse_choice<NormPlacement>("model.norm_placement", c.norm_placement,
-                                                 {{"pre", NormPlacement::kPre}, {"peri", NormPlacement::kPeri}});
-  m.qk_norm = parse_choice<QkNorm>("model.qk_norm", c.qk_norm,
-                                   {{"none", QkNorm::kNone}, {"full", QkNorm::kFull}, {"per_head", QkNorm::kPerHead}});
-  m.score_func = parse_choice<ScoreFunc>("model.score_func", c.score_func,
-                                         {{"softmax", ScoreFunc::kSoftmax}, {"sigmoid", ScoreFunc::kSigmoid}});
-  m.routing = parse_choice<Routing>("model.routing", c.routing,
-                                    {{"learned", Routing::kLearned}, {"uniform", Routing::kUniform}, {"random", Routing::kRandom}});
-  m.shared_merge = parse_choice<SharedMerge>("model.shared_merge", c.shared_merge,
-                                             {{"sum", SharedMerge::kSum}, {"v1", SharedMerge::kV1}});
-  return m;
-}
-
-int64_t ModelConfig::num_params() const {
-  const int64_t D = d_model, q = n_heads * hd(), kv = n_kv_heads * hd();
-  int64_t n = vocab_size * D * (tie_embeddings ? 1 : 2) + D;
-  for (int64_t l = 0; l < n_layers; ++l) {
-    n += D * (norm_placement == "peri" ? 4 : 2);
-    n += D * q * 2 + D * kv * 2;
-    if (qk_norm == "full") n += q + kv;
-    if (qk_norm == "per_head") n += 2 * hd();
-    if (!is_moe_layer(l)) n += 3 * D * dense_width();
-    else n += num_experts * D + 3 * num_experts * expert_hidden * D + 3 * D * shared_hidden;
-  }
-  return n;
-}
-
-int64_t ModelConfig::num_active_matmul_params() const {
-  const int64_t D = d_model, q = n_heads * hd(), kv = n_kv_heads * hd();
-  int64_t n = vocab_size * D;  // LM head (runs even when tied)
-  for (int64_t l = 0; l < n_layers; ++l) {
-    n += D * q * 2 + D * kv * 2;
-    if (!is_moe_layer(l)) n += 3 * D * dense_width();
-    else n += num_experts * D + 3 * top_k * expert_hidden * D + 3 * D * shared_hidden;
-  }
-  return n;
-}
-
-double ModelConfig::train_flops_per_token(int64_t seq_len) const {
-  return 6.0 * static_cast<double>(num_active_matmul_params()) +
-         12.0 * static_cast<double>(n_layers * n_heads * hd()) * static_cast<double>(seq_len + 1) / 2.0;
-}
-
-double ModelConfig::train_flops_per_token_noncausal(int64_t seq_len) const {
-  return 6.0 * static_cast<double>(num_active_matmul_params()) +
-         12.0 * static_cast<double>(n_layers * n_heads * hd()) * static_cast<double>(seq_len);
 }
 
 }  // namespace moe

@@ -21,22 +21,50 @@ struct ModelConfig {
   int64_t n_kv_heads = 4;
   int64_t head_dim = 0;  // 0 = d_model / n_heads
   double norm_eps = 1e-5;
-  std::string norm_placement = "pre";  // pre | peri
+  // pre: x + f(norm(x)); peri: x + norm_out(f(norm(x))); reordered: x + norm_out(f(x)) (Olmo-core
+  // 3's default block).
+  std::string norm_placement = "pre";  // pre | peri | reordered
   bool tie_embeddings = false;
   double rope_theta = 10000.0;
   std::string qk_norm = "full";  // none | full | per_head
   int64_t n_dense_layers = 0;
+  // Dense-FFN layers at any indices, comma-separated ("1" or "0,3"; Olmo-core 3's
+  // dense_layers_indices); "" = the first n_dense_layers. At most one of the two is set.
+  std::string dense_layers;
   int64_t dense_hidden = 0;  // 0 = top_k * expert_hidden + shared_hidden
   int64_t num_experts = 8;
   int64_t top_k = 2;
   int64_t expert_hidden = 256;
-  std::string score_func = "softmax";  // softmax | sigmoid
+  // softmax | sigmoid | topk_softmax (softmax scores; experts chosen on the logits, weights = the
+  // softmax over the chosen logits)
+  std::string score_func = "softmax";
+  double sigmoid_eps = 0;  // added to sigmoid scores (Olmo-core 3's sigmoid_stability_epsilon, 1e-7)
+  // Combine weights of the K chosen experts (Olmo-core 3's MoERouterV2, in this order): divided
+  // by their p-norm (norm_topk_prob, p = norm_topk_p), times K (restore_weight_scale), times
+  // expert_weight_scale, times sqrt(original_top_k / K) (original_top_k > 0).
   bool norm_topk_prob = false;
+  double norm_topk_p = 1.0;
+  bool restore_weight_scale = false;
+  double expert_weight_scale = 1.0;
+  int64_t original_top_k = 0;
   int64_t shared_hidden = 0;         // 0 = no shared expert
   std::string shared_merge = "sum";  // sum | v1
   std::string routing = "learned";   // learned | uniform | random
   double router_bias_gamma = 0.0;    // > 0 enables loss-free balancing
+  // The router bias (added to the selection values) also without loss-free balancing: loaded
+  // (checkpoint, import) and kept fixed (Olmo-core 3's score_correction_bias, DeepSeek-V3's
+  // e_score_correction_bias). With router_bias_gamma > 0 it is the same bias, updated.
+  bool score_correction_bias = false;
+  // Group-limited routing (Olmo-core 3's n_group / topk_group): the experts form n_group groups
+  // of consecutive ids; each token chooses among the topk_group groups whose two best selection
+  // values sum highest. 0 = off (both 0).
+  int64_t n_group = 0;
+  int64_t topk_group = 0;
   double init_std = 0.02;
+  // The embedding's output: embed(ids) * embed_scale, then an RMSNorm (weight embed_norm) when
+  // embedding_norm (Olmo-core 3's embed_scale, sqrt(d_model) in its MoE scripts, and embedding_norm).
+  double embed_scale = 1.0;
+  bool embedding_norm = false;
   // Padding token (-1 = none), as transformers' padding_idx: positions whose next token is the
   // pad id carry no label, its embedding row gets no gradient (weight decay still applies) and
   // starts at zero. Hugging Face pad_token_id.
@@ -47,8 +75,18 @@ struct ModelConfig {
 
   int64_t hd() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
   int64_t dense_width() const { return dense_hidden > 0 ? dense_hidden : top_k * expert_hidden + shared_hidden; }
-  bool is_moe_layer(int64_t layer) const { return layer >= n_dense_layers; }
-  int64_t num_moe_layers() const { return n_layers - n_dense_layers; }
+  // Dense or MoE FFN per layer (n_dense_layers or dense_layers). MoE layers are numbered 0..M-1
+  // in layer order (router biases, step statistics): moe_index(layer) and its inverse moe_layer(m).
+  bool is_moe_layer(int64_t layer) const;
+  int64_t num_moe_layers() const;
+  int64_t num_dense_layers() const { return n_layers - num_moe_layers(); }
+  int64_t moe_index(int64_t layer) const;
+  int64_t moe_layer(int64_t m) const;
+  // The routed weights' normalization p (0 = none) and their constant factor (config above).
+  double expert_weight_norm_p() const;
+  double expert_weight_factor() const;
+  // The router bias takes part in the choice (loss-free balancing or score_correction_bias).
+  bool router_bias_selects() const { return router_bias_gamma > 0 || score_correction_bias; }
   // Throws moe::Error naming the inconsistent fields.
   void validate() const;
   int64_t num_params() const;
@@ -62,9 +100,9 @@ struct ModelConfig {
 
 // The model's string-valued keys as enums, parsed once (model_choices) so that no step compares
 // strings. The strings stay in ModelConfig: they are what TOML, checkpoints and exports carry.
-enum class NormPlacement { kPre, kPeri };
+enum class NormPlacement { kPre, kPeri, kReordered };
 enum class QkNorm { kNone, kFull, kPerHead };
-enum class ScoreFunc { kSoftmax, kSigmoid };
+enum class ScoreFunc { kSoftmax, kSigmoid, kTopkSoftmax };
 enum class Routing { kLearned, kUniform, kRandom };
 enum class SharedMerge { kSum, kV1 };
 struct ModelChoices {
@@ -73,7 +111,9 @@ struct ModelChoices {
   ScoreFunc score_func = ScoreFunc::kSoftmax;
   Routing routing = Routing::kLearned;
   SharedMerge shared_merge = SharedMerge::kSum;
-  bool peri() const { return norm_placement == NormPlacement::kPeri; }
+  // Sublayer norms: on the input (pre, peri) and on the output (peri, reordered).
+  bool input_norm() const { return norm_placement != NormPlacement::kReordered; }
+  bool output_norm() const { return norm_placement != NormPlacement::kPre; }
 };
 // Throws moe::Error naming the key whose value is not one of its allowed strings.
 ModelChoices model_choices(const ModelConfig& config);
@@ -82,6 +122,10 @@ struct LossConfig {
   double lm_z_coef = 0.0;
   double lbl_coef = 0.01;
   double router_z_coef = 0.001;
+  // The load-balancing and router z-losses are sums over the step's micro-batches, each weighted
+  // T_m / divisor: "tokens" (all the step's tokens: a token-weighted mean) or "labelled" (the
+  // step's labelled positions, as Olmo-core 3's train module divides them).
+  std::string aux_divisor = "tokens";
 };
 
 struct OptimConfig {
@@ -211,5 +255,8 @@ std::string config_to_toml(const Config& config);
 // Every key in table order with its value as config_to_toml writes it: {"model.d_model", "256"}.
 std::vector<std::pair<std::string, std::string>> config_entries(const Config& config);
 std::string config_to_json(const Config& config);
+// The field table's ranges and choices, for configs that were not parsed (built in code, from a
+// Hugging Face config.json, ...). section: only that section's keys ("" = all).
+void check_ranges(const Config& config, const std::string& section);
 
 }  // namespace moe

@@ -25,6 +25,7 @@
 
 #include "core/buffer.h"
 #include "core/tensor.h"
+#include "kernels/routing_checks.h"
 
 namespace moe {
 

@@ -49,15 +49,16 @@ namespace {
 void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, const Dims& d, int64_t layer,
                 LayerActs& a) {
   const int64_t T = d.T, D = c.d_model, H = c.n_heads, G = c.n_kv_heads, hd = c.hd();
-  const bool peri = choice.peri();
+  const bool peri = choice.output_norm();
+  const bool in_norm = choice.input_norm();  // reordered: sublayers read the residual stream itself
   const bool bf16 = d.adt != d.cdt;
   AttnActs& at = a.attn;
-  at.rstd_in = A(d.cdt, {T});
+  if (in_norm) at.rstd_in = A(d.cdt, {T});
   const bool mx_attn = d.mx.attention;
   if (mx_attn) {  // saved quantized for the weight gradients (the bf16 normed input is scratch)
     at.h_q = A(DType::kE4M3, {T, D});
     at.h_qs = A(DType::kE8M0, {T, D / mx::kBlock});
-  } else {
+  } else if (in_norm || bf16) {
     at.h_act = A(d.adt, {T, D});
   }
   if (choice.qk_norm != QkNorm::kNone) {
@@ -86,10 +87,11 @@ void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, 
   a.x_mid = A(d.cdt, {T, D});
 
   FfnActs& f = a.ffn;
-  f.rstd_in = A(d.cdt, {T});
+  if (in_norm) f.rstd_in = A(d.cdt, {T});
   const bool moe = c.is_moe_layer(layer);
   // The router reads the compute-dtype normed input; dense layers need it only as an operand.
-  if (moe || !bf16) f.h = A(d.cdt, {T, D});
+  // Reordered norms: both read x_mid (the forward points h and, in fp32, h_act at it).
+  if (in_norm && (moe || !bf16)) f.h = A(d.cdt, {T, D});
   f.h_act = bf16 ? A(d.adt, {T, D}) : f.h;
   const int64_t Fw = moe ? c.shared_hidden : c.dense_width();
   // SwiGLU inputs and expert outputs are saved in the operand dtype (bf16 mode: bf16); the
@@ -145,7 +147,7 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
   const int64_t T = d.T, D = c.d_model, H = c.n_heads, G = c.n_kv_heads, hd = c.hd();
   const int64_t E = c.num_experts, K = c.top_k, R = d.R;
   const bool any_moe = c.num_moe_layers() > 0;
-  const bool any_dense = c.n_dense_layers > 0;
+  const bool any_dense = c.num_dense_layers() > 0;
   s.dresid_TD = A(d.cdt, {T, D});
   s.dy_TD = A(d.cdt, {T, D});
   s.droute_TD = A(d.cdt, {T, D});
@@ -223,7 +225,10 @@ ActivationPlan::ActivationPlan(const ModelConfig& c, const Dims& d, const StageP
   MOE_CHECK(stage.slots >= 1, "activation slots = ", stage.slots, " must be at least 1");
   const ModelChoices choice = model_choices(c);
   const int64_t n_local = stage.layer_end - stage.layer_begin;
-  const bool stage_moe = c.is_moe_layer(stage.layer_end - 1), stage_dense = !c.is_moe_layer(stage.layer_begin);
+  // The stage's layer kinds, and one layer of each (dense layers may sit anywhere).
+  int64_t a_moe = -1, a_dense = -1;
+  for (int64_t l = stage.layer_begin; l < stage.layer_end; ++l) (c.is_moe_layer(l) ? a_moe : a_dense) = l;
+  const bool stage_moe = a_moe >= 0, stage_dense = a_dense >= 0;
   const auto slots = static_cast<size_t>(stage.slots);
   // Plan twice with memory: measure, then carve the same tensors, in the same order, out of
   // one arena. Measure mode stops after the first pass.
@@ -236,10 +241,10 @@ ActivationPlan::ActivationPlan(const ModelConfig& c, const Dims& d, const StageP
     if (stage.recompute) {
       // The single shared LayerActs must fit the stage's largest layer kind.
       acts_.assign(1, std::vector<LayerActs>(1));
-      plan_layer(alloc, c, choice, d, stage_moe ? stage.layer_end - 1 : stage.layer_begin, acts_[0][0]);
+      plan_layer(alloc, c, choice, d, stage_moe ? a_moe : a_dense, acts_[0][0]);
       // Dense layers reuse the MoE-shaped activations; their (T, dense_width) buffers come extra.
       recompute_dense_ = LayerActs();
-      if (stage_moe && stage_dense) plan_layer(alloc, c, choice, d, stage.layer_begin, recompute_dense_);
+      if (stage_moe && stage_dense) plan_layer(alloc, c, choice, d, a_dense, recompute_dense_);
     } else {
       acts_.assign(slots, std::vector<LayerActs>(static_cast<size_t>(n_local)));
       for (auto& slot : acts_)
@@ -249,6 +254,11 @@ ActivationPlan::ActivationPlan(const ModelConfig& c, const Dims& d, const StageP
     layer_bytes_ = alloc.bytes - resid_bytes;
     saved_bytes_ = alloc.tensor_bytes;
     plan_scratch(alloc, c, d, head_chunk_, scratch_);
+    embed_.assign(stage.layer_begin == 0 && c.embedding_norm ? slots : 0, EmbedActs());
+    for (EmbedActs& e : embed_) {
+      e.x0 = alloc(d.cdt, {d.T, c.d_model});
+      e.rstd = alloc(d.cdt, {d.T});
+    }
     if (stage.layer_end == c.n_layers) {
       final_norm_.rstd = alloc(d.cdt, {d.T});
       final_norm_.out_act = alloc(d.adt, {d.T, c.d_model});

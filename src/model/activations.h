@@ -71,8 +71,9 @@ Dims model_dims(const ModelConfig& c, int64_t batch, int64_t seq_len, DType comp
                 int64_t ep = 1, double capacity_factor = 0, bool padded_exchange = false, const MxMode& mx = {});
 
 struct AttnActs {
-  Tensor rstd_in;          // (T)
-  Tensor h_act;            // (T,D) normed input, GEMM operand (MXFP8 attention: scratch.mx_attn_x_N)
+  Tensor rstd_in;          // (T) (pre, peri)
+  Tensor h_act;            // (T,D) normed input, GEMM operand (MXFP8 attention: scratch.mx_attn_x_N;
+                           // reordered norms in fp32: the input itself, set by the forward)
   Tensor h_q, h_qs;        // (T,D), (T,D/32) MXFP8 attention: h_act quantized (e4m3, e8m0)
   Tensor q_lin, k_lin;     // (T,H*hd), (T,G*hd) projections before QK-norm (only with QK-norm)
   Tensor rstd_q, rstd_k;   // (T) or (T*H), (T*G)
@@ -81,13 +82,13 @@ struct AttnActs {
   Tensor o_act;            // (T,H*hd) GEMM operand copy of o (bf16 mode only, not with MXFP8 attention)
   Tensor o_q, o_qs;        // (T,H*hd), (T,H*hd/32) MXFP8 attention: o quantized
   Tensor lse;              // (B,H,S)
-  Tensor out;              // (T,D) o * wo^T (peri only: input of attn_out_norm)
-  Tensor rstd_out;         // (T) (peri only)
+  Tensor out;              // (T,D) o * wo^T (peri, reordered: input of attn_out_norm)
+  Tensor rstd_out;         // (T) (peri, reordered)
 };
 
 struct FfnActs {
-  Tensor rstd_in;          // (T)
-  Tensor h;                // (T,D) normed input in compute dtype (router input)
+  Tensor rstd_in;          // (T) (pre, peri)
+  Tensor h;                // (T,D) normed input in compute dtype (router input; reordered: x_mid)
   Tensor h_act;            // (T,D) GEMM operand copy (bf16 mode), else = h
   // dense SwiGLU, or the shared expert of an MoE layer
   Tensor g, u;             // (T,F) saved in the operand dtype
@@ -112,14 +113,20 @@ struct FfnActs {
   Tensor xr_q, xr_qs;      // (Rx,D), (Rx,D/32)
   Tensor ea_q, ea_qs;      // (Rx,F), (Rx,F/32)
   Tensor ys;               // (R,D) expert outputs (returned to their tokens), saved in the operand dtype
-  Tensor out;              // (T,D) FFN output (peri only: input of ffn_out_norm)
-  Tensor rstd_out;         // (T) (peri only)
+  Tensor out;              // (T,D) FFN output (peri, reordered: input of ffn_out_norm)
+  Tensor rstd_out;         // (T) (peri, reordered)
 };
 
 struct LayerActs {
   AttnActs attn;
   FfnActs ffn;
   Tensor x_mid;            // (T,D) residual stream between attention and FFN
+};
+
+// The embedding's output before its norm (model.embedding_norm, first stage only), per slot.
+struct EmbedActs {
+  Tensor x0;               // (T,D) embed(ids) * embed_scale
+  Tensor rstd;             // (T)
 };
 
 // The final norm's saved output (last stage only), shared by every slot: the LM-head step
@@ -220,6 +227,8 @@ class ActivationPlan {
   FfnActs& dense_ffn(int64_t slot, int64_t l) { return recompute_dense_.x_mid.data ? recompute_dense_.ffn : layer(slot, l).ffn; }
   Scratch& scratch() { return scratch_; }
   const FinalNormActs& final_norm() const { return final_norm_; }
+  // The embedding norm's saved input of a slot (first stage with model.embedding_norm only).
+  const EmbedActs& embed(int64_t slot) const { return embed_[static_cast<size_t>(slot)]; }
 
  private:
   StagePlan stage_;
@@ -229,6 +238,7 @@ class ActivationPlan {
   std::vector<std::vector<Tensor>> resid_;     // [slot][stage layer, and after the last]
   std::vector<std::vector<LayerActs>> acts_;   // [slot][stage layer]; recompute: one, [0][0]
   LayerActs recompute_dense_;  // recompute in a stage with dense and MoE layers: dense FFN buffers
+  std::vector<EmbedActs> embed_;  // [slot], model.embedding_norm on the first stage
   Scratch scratch_;
   FinalNormActs final_norm_;
 };

@@ -42,6 +42,7 @@ void attention_forward(const SublayerContext& ctx, const LayerParams& p, const T
   Tensor h_act = ctx.norm_input(x_in, W.attn_norm, a.rstd_in, Tensor(),
                                 mx ? rows_view(ctx.scratch.mx_attn_x_N, T, c.d_model) : a.h_act);
   if (mx) quantize(ops, h_act, ctx.dims.mx.rule, a.h_q, a.h_qs);
+  else a.h_act = h_act;  // reordered norms in fp32: the input itself
   auto project = [&](const Tensor& w, const MxWeightCopies* w8, const Tensor& y) {
     if (w8) ops.mx_linear(a.h_q, a.h_qs, w8->q, w8->qs, y, false);
     else ops.linear_fwd(h_act, w, y, false);
@@ -66,7 +67,7 @@ void attention_forward(const SublayerContext& ctx, const LayerParams& p, const T
   ops.rope_fwd(a.k, c.rope_theta);
   // bf16 mode runs attention's matrix products on bf16 operands too (fp32 softmax and sums).
   ops.attention_fwd(a.q, a.k, a.v, a.o, a.lse, ctx.doc_start, ctx.bf16_operands());
-  Tensor y = ctx.choice.peri() ? a.out : x_out;
+  Tensor y = ctx.choice.output_norm() ? a.out : x_out;
   if (mx) {  // o quantized from the compute dtype, saved so for wo's weight gradient
     quantize(ops, a.o.view({T, H * hd}), ctx.dims.mx.rule, a.o_q, a.o_qs);
     ops.mx_linear(a.o_q, a.o_qs, mx->wo.q, mx->wo.qs, y, false);
@@ -84,7 +85,7 @@ void attention_backward(const SublayerContext& ctx, const LayerParams& p, const 
   LayerWeights& dW = p.grad;
   Scratch& s = ctx.scratch;
   const int64_t T = ctx.dims.T, H = c.n_heads, G = c.n_kv_heads, hd = c.hd();
-  Tensor dy = ctx.sublayer_output_grad(ctx.choice.peri() ? a.out : Tensor(), W.attn_out_norm, a.rstd_out,
+  Tensor dy = ctx.sublayer_output_grad(ctx.choice.output_norm() ? a.out : Tensor(), W.attn_out_norm, a.rstd_out,
                                        dW.attn_out_norm);
 
   // MXFP8: each data gradient quantizes the operand-dtype upstream gradient its weight gradient

@@ -40,8 +40,8 @@ void swiglu_mlp_backward(const SublayerContext& ctx, const MlpWeights& w, const 
 void dense_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Tensor& x_in, FfnActs& a,
                        const Tensor& x_out) {
   const LayerWeights &W = p.w, &Wc = p.op;
-  Tensor h_act = ctx.norm_input(x_in, W.ffn_norm, a.rstd_in, a.h, a.h_act);
-  Tensor y = ctx.choice.peri() ? a.out : x_out;
+  Tensor h_act = a.h_act = ctx.norm_input(x_in, W.ffn_norm, a.rstd_in, a.h, a.h_act);
+  Tensor y = ctx.choice.output_norm() ? a.out : x_out;
   swiglu_mlp_forward(ctx, {Wc.mlp_gate, Wc.mlp_up, Wc.mlp_down}, h_act, a, y, false);
   ctx.finish_sublayer(y, W.ffn_out_norm, a.rstd_out, x_in, x_out);
 }
@@ -49,7 +49,7 @@ void dense_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const T
 void dense_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Tensor& x_in, const FfnActs& a) {
   const LayerWeights &W = p.w, &Wc = p.op;
   LayerWeights& dW = p.grad;
-  Tensor dy = ctx.sublayer_output_grad(ctx.choice.peri() ? a.out : Tensor(), W.ffn_out_norm, a.rstd_out,
+  Tensor dy = ctx.sublayer_output_grad(ctx.choice.output_norm() ? a.out : Tensor(), W.ffn_out_norm, a.rstd_out,
                                        dW.ffn_out_norm);
   swiglu_mlp_backward(ctx, {Wc.mlp_gate, Wc.mlp_up, Wc.mlp_down}, {dW.mlp_gate, dW.mlp_up, dW.mlp_down}, dy, a,
                       ctx.scratch.dnormed_TD);

@@ -52,7 +52,7 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   const ActivationPlan plan(c, dims, StagePlan{layer_begin, layer_end, slots, recompute}, nullptr);
   m.activations = static_cast<double>(plan.bytes());
   // Per layer per token: one MoE layer (a dense one if the model has none), as its own plan.
-  const int64_t widest = c.num_moe_layers() > 0 ? c.n_dense_layers : 0;
+  const int64_t widest = c.num_moe_layers() > 0 ? c.moe_layer(0) : 0;
   const ActivationPlan one(c, dims, StagePlan{widest, widest + 1, 1, false}, nullptr);
   m.act_per_layer_token = static_cast<double>(one.layer_bytes()) / T;
   m.act_shared = static_cast<double>(plan.bytes() - plan.layer_bytes());

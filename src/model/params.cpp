@@ -53,7 +53,10 @@ void ParamLayout::add_layer(const ModelConfig& c, int64_t l, bool experts) {
   // l = -1: the embedding (first stage); l = n_layers: final norm and LM head (last stage).
   if (l == -1 || l == c.n_layers) {
     if (experts) return;
-    if (l == -1 && sh.first_stage()) add("embed", {c.vocab_size, D}, false, true);
+    if (l == -1 && sh.first_stage()) {
+      add("embed", {c.vocab_size, D}, false, true);
+      if (c.embedding_norm) add("embed_norm", {D}, true);
+    }
     if (l == c.n_layers && sh.last_stage(c)) {
       add("final_norm", {D}, true);
       if (!c.tie_embeddings) add("lm_head", {c.vocab_size, D});
@@ -70,8 +73,9 @@ void ParamLayout::add_layer(const ModelConfig& c, int64_t l, bool experts) {
     add(p + "experts.down", {E, D, F}, false, false, true);
     return;
   }
-  add(p + "attn_norm", {D}, true);
-  if (c.norm_placement == "peri") add(p + "attn_out_norm", {D}, true);
+  const bool input_norm = c.norm_placement != "reordered", output_norm = c.norm_placement != "pre";
+  if (input_norm) add(p + "attn_norm", {D}, true);
+  if (output_norm) add(p + "attn_out_norm", {D}, true);
   add(p + "wq", {q, D});
   add(p + "wk", {kv, D});
   add(p + "wv", {kv, D});
@@ -83,8 +87,8 @@ void ParamLayout::add_layer(const ModelConfig& c, int64_t l, bool experts) {
     add(p + "q_norm", {hd}, true);
     add(p + "k_norm", {hd}, true);
   }
-  add(p + "ffn_norm", {D}, true);
-  if (c.norm_placement == "peri") add(p + "ffn_out_norm", {D}, true);
+  if (input_norm) add(p + "ffn_norm", {D}, true);
+  if (output_norm) add(p + "ffn_out_norm", {D}, true);
   if (!c.is_moe_layer(l)) {
     const int64_t F = c.dense_width();
     add(p + "mlp.gate", {F, D});
@@ -150,6 +154,7 @@ Weights bind_weights(const ParamLayout& layout, const ModelConfig& c, const Tens
     return layout.contains(name) ? param_view(layout.find(name), flat) : Tensor();
   };
   w.embed = get("embed");
+  w.embed_norm = get("embed_norm");
   w.final_norm = get("final_norm");
   w.lm_head = c.tie_embeddings ? w.embed : get("lm_head");
   w.flat = flat;

@@ -77,6 +77,7 @@ struct LayerWeights {
 
 struct Weights {
   Tensor embed, final_norm, lm_head;  // lm_head aliases embed when tied
+  Tensor embed_norm;                  // model.embedding_norm only
   std::vector<LayerWeights> layers;
   Tensor flat;                        // the whole buffer as one 1-D tensor
 };

@@ -30,6 +30,7 @@ Tensor grad_operand_store(const Dims& dims, const Tensor& store, int64_t rows, i
 
 Tensor SublayerContext::norm_input(const Tensor& x_in, const Tensor& w, const Tensor& rstd, const Tensor& h,
                                    const Tensor& h_act) const {
+  if (!choice.input_norm()) return operand(x_in, h_act);  // reordered norms: f(x), no input norm
   if (h.empty()) {
     ops.rmsnorm_fwd(x_in, w, cfg.norm_eps, h_act, rstd);
     return h_act;
@@ -40,19 +41,23 @@ Tensor SublayerContext::norm_input(const Tensor& x_in, const Tensor& w, const Te
 
 void SublayerContext::finish_sublayer(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out,
                                       const Tensor& x_in, const Tensor& x_out) const {
-  if (choice.peri()) ops.rmsnorm_fwd(y, out_norm, cfg.norm_eps, x_out, rstd_out);
+  if (choice.output_norm()) ops.rmsnorm_fwd(y, out_norm, cfg.norm_eps, x_out, rstd_out);
   ops.axpy(1.0, x_in, x_out);
 }
 
 Tensor SublayerContext::sublayer_output_grad(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out,
                                              const Tensor& dout_norm_w) const {
-  if (!choice.peri()) return scratch.dresid_TD;
+  if (!choice.output_norm()) return scratch.dresid_TD;
   ops.rmsnorm_bwd(scratch.dresid_TD, y, out_norm, rstd_out, scratch.dy_TD, dout_norm_w, false);
   return scratch.dy_TD;
 }
 
 void SublayerContext::norm_input_backward(const Tensor& dh, const Tensor& x_in, const Tensor& w, const Tensor& rstd,
                                           const Tensor& dw) const {
+  if (!choice.input_norm()) {
+    ops.axpy(1.0, dh, scratch.dresid_TD);
+    return;
+  }
   ops.rmsnorm_bwd(dh, x_in, w, rstd, scratch.dresid_TD, dw, /*accumulate=*/true);  // residual + norm path
 }
 

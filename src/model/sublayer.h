@@ -32,15 +32,17 @@ struct SublayerContext {
   Tensor grad_operand_store(const Tensor& store, int64_t rows, int64_t cols, const Tensor& fp32) const;
 
   // The normed input of a sublayer: into h (compute dtype) and its operand copy h_act, or, with
-  // no h, straight into the operand (rounded to bf16 as it is stored in bf16 mode).
+  // no h, straight into the operand (rounded to bf16 as it is stored in bf16 mode). Reordered
+  // norms have no input norm: x_in itself, or its operand copy in h_act (bf16 mode).
   Tensor norm_input(const Tensor& x_in, const Tensor& w, const Tensor& rstd, const Tensor& h, const Tensor& h_act) const;
-  // x_out = x_in + y (pre), or x_in + RMSNorm_out(y) (peri).
+  // x_out = x_in + y (pre), or x_in + RMSNorm_out(y) (peri, reordered).
   void finish_sublayer(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out, const Tensor& x_in,
                        const Tensor& x_out) const;
   // Backward of finish_sublayer: d(y) given d(x_out) in scratch.dresid_TD.
   Tensor sublayer_output_grad(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out,
                               const Tensor& dout_norm_w) const;
-  // Adds the input norm's gradient of dh into scratch.dresid_TD (the residual path is already there).
+  // Adds the input norm's gradient of dh (reordered: dh itself) into scratch.dresid_TD (the
+  // residual path is already there).
   void norm_input_backward(const Tensor& dh, const Tensor& x_in, const Tensor& w, const Tensor& rstd,
                            const Tensor& dw) const;
 };

@@ -28,7 +28,6 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
       dims_(checked_dims(config, o)),
       recompute_(o.recompute),
       seed_(o.seed),
-      moe_index_base_(config.n_dense_layers),
       state_(config, o.shard, o.dense_chunks, o.expert_chunks, o.compute, o.bf16_operands, ops,
              o.mx.experts || o.mx.attention ? o.mx.rule : -1, o.mx.experts, o.mx.attention) {
   const ModelShard& shard = layout().shard();
@@ -101,10 +100,10 @@ void Transformer::layer_forward(const SublayerContext& ctx, int64_t slot, int64_
     dense_ffn_forward(ctx, p, a.x_mid, plan_.dense_ffn(slot, l), x_out);
     return;
   }
-  const int64_t m = l - moe_index_base_;
+  const int64_t m = cfg_.moe_index(l);
   MoeRouting routing;
   routing.layer = l;
-  if (cfg_.router_bias_gamma > 0) routing.router_bias = router_bias()[static_cast<size_t>(m)].t;
+  if (cfg_.router_bias_selects()) routing.router_bias = router_bias()[static_cast<size_t>(m)].t;
   routing.seed = seed_;
   routing.token_base = mb.scales.token_base;
   if (!quant_stats_.t.empty() && !recomputing) routing.quant_stats = quant_stats_.t.slice(m, m + 1).view({8});
@@ -116,9 +115,10 @@ void Transformer::layer_backward(const SublayerContext& ctx, int64_t slot, int64
   LayerActs& a = plan_.layer(slot, l);
   const LayerParams p = state_.layer(l);
   if (cfg_.is_moe_layer(l)) {
-    const int64_t m = l - moe_index_base_;
+    const int64_t m = cfg_.moe_index(l);
     MoeLossOutputs out;
     out.aux_weight = mb.scales.aux_weight;
+    out.stat_weight = mb.scales.stat_weight;
     out.lbl_coef = loss_.lbl_coef;
     out.router_z_coef = loss_.router_z_coef;
     out.lbl = stats.lbl(m);
@@ -137,7 +137,7 @@ void Transformer::stage_forward(int64_t slot, const MicroBatch& mb) {
   MOE_CHECK(slot >= 0 && slot < pipeline_slots(), "activation slot ", slot, " of ", pipeline_slots());
   if (first_stage()) {
     check_shape(mb.ids, {dims_.B, dims_.S}, "ids");
-    ops_.embedding_fwd(mb.ids.view({dims_.T}), params().embed, stage_input(slot));
+    embed_forward(slot, mb.ids.view({dims_.T}));
   }
   const SublayerContext ctx = sublayer_context(mb.doc_start);
   for (int64_t l = layer_begin_; l < layer_end_; ++l) layer_forward(ctx, slot, l, mb, false);
@@ -157,7 +157,31 @@ void Transformer::stage_backward(int64_t slot, const MicroBatch& mb, StepStats& 
     layer_backward(ctx, slot, l, mb, stats);
     if (layer_grads_hook_) layer_grads_hook_(l);
   }
-  if (first_stage()) ops_.embedding_bwd(mb.ids.view({dims_.T}), stage_grad(), grads().embed, cfg_.pad_id);
+  if (first_stage()) embed_backward(slot, mb.ids.view({dims_.T}));
+}
+
+void Transformer::embed_forward(int64_t slot, const Tensor& ids) {
+  const Tensor& x = stage_input(slot);
+  if (!cfg_.embedding_norm) {
+    ops_.embedding_fwd(ids, params().embed, x);
+    if (cfg_.embed_scale != 1.0) ops_.scale(x, cfg_.embed_scale);
+    return;
+  }
+  const EmbedActs& e = plan_.embed(slot);  // x = RMSNorm(embed(ids) * scale), Olmo-core 3's order
+  ops_.embedding_fwd(ids, params().embed, e.x0);
+  if (cfg_.embed_scale != 1.0) ops_.scale(e.x0, cfg_.embed_scale);
+  ops_.rmsnorm_fwd(e.x0, params().embed_norm, cfg_.norm_eps, x, e.rstd);
+}
+
+void Transformer::embed_backward(int64_t slot, const Tensor& ids) {
+  Tensor dx0 = stage_grad();  // d(stage input): its last use, so scaled in place
+  if (cfg_.embedding_norm) {
+    const EmbedActs& e = plan_.embed(slot);
+    dx0 = plan_.scratch().dy_TD;
+    ops_.rmsnorm_bwd(stage_grad(), e.x0, params().embed_norm, e.rstd, dx0, grads().embed_norm, false);
+  }
+  if (cfg_.embed_scale != 1.0) ops_.scale(dx0, cfg_.embed_scale);
+  ops_.embedding_bwd(ids, dx0, grads().embed, cfg_.pad_id);
 }
 
 void Transformer::forward_backward(const MicroBatch& mb, StepStats& stats) {

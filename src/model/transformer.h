@@ -35,7 +35,8 @@ namespace moe {
 // How one micro-batch's losses enter the step's total (docs/MODEL.md, "Losses of one step").
 struct MicroBatchScales {
   double ce_scale = 1.0;    // 1 / (loss tokens in the whole step)
-  double aux_weight = 1.0;  // tokens in this micro-batch / tokens in the whole step
+  double aux_weight = 1.0;  // the auxiliary losses' weight: tokens in this micro-batch / loss.aux_divisor
+  double stat_weight = 1.0;  // routing statistics' weight: tokens in this micro-batch / tokens in the step
   int64_t token_base = 0;   // global index of this micro-batch's first token (random routing)
 };
 
@@ -132,6 +133,7 @@ class Transformer {
   const Tensor& expert_outputs(int64_t l) { return plan_.layer(0, l).ffn.ys; }
   // The router scores (T,E) of MoE layer l in the last forward.
   const Tensor& router_scores(int64_t l) { return plan_.layer(0, l).ffn.scores; }
+  const Tensor& router_logits(int64_t l) { return plan_.layer(0, l).ffn.logits; }
   // Expert parallelism: the exchange counters, (MoE layers, 4 + ep) i32 on the device: each
   // layer's plan totals (moe/expert_exchange.h, ExchangeTotal) summed over the forwards since
   // the last reset (recompute re-runs are not counted); and their reset.
@@ -159,6 +161,10 @@ class Transformer {
     return HeadContext{ops_, cfg_, dims_, plan_.scratch(), plan_.final_norm(), plan_.head_chunk()};
   }
   HeadWeights head_weights() { return HeadWeights{params().final_norm, state_.operands().lm_head}; }
+  // The first stage's embedding: x = embed(ids) * embed_scale, then its RMSNorm (embedding_norm),
+  // into stage_input(slot); backward from stage_grad() into the embedding's gradients.
+  void embed_forward(int64_t slot, const Tensor& ids);
+  void embed_backward(int64_t slot, const Tensor& ids);
   // recomputing: the backward's re-run of the forward (the expert exchange plans once).
   void layer_forward(const SublayerContext& ctx, int64_t slot, int64_t l, const MicroBatch& mb, bool recomputing);
   void layer_backward(const SublayerContext& ctx, int64_t slot, int64_t l, const MicroBatch& mb, StepStats& stats);
@@ -171,7 +177,6 @@ class Transformer {
   Dims dims_;
   bool recompute_ = false;
   uint64_t seed_ = 0;
-  int64_t moe_index_base_ = 0;  // layer index of the first MoE layer
   int64_t layer_begin_ = 0, layer_end_ = 0;  // the stage's layers
 
   ModelState state_;

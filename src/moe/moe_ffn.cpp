@@ -9,8 +9,10 @@
 
 namespace moe {
 namespace {
-// The router kernels' kind codes (kernels/op_list.inc).
+// The router kernels' kind codes (kernels/op_list.inc): topk_softmax's scores are a softmax.
 int score_kind(ScoreFunc f) { return f == ScoreFunc::kSigmoid ? 1 : 0; }
+
+ExpertWeightRule weight_rule(const ModelConfig& c) { return {c.expert_weight_norm_p(), c.expert_weight_factor()}; }
 
 // The experts' GEMMs over the received rows a.xr_act (rows of them), in the operand dtype. bf16
 // mode: the GEMMs write fp32 scratch, one SwiGLU pass saves bf16 g, u and the product (as in
@@ -41,20 +43,23 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
   const LayerWeights &W = p.w, &Wc = p.op;
   Scratch& s = ctx.scratch;
   const bool bf16 = ctx.bf16_operands();
-  Tensor h_act = ctx.norm_input(x_in, W.ffn_norm, a.rstd_in, a.h, a.h_act);
+  Tensor h_act = a.h_act = ctx.norm_input(x_in, W.ffn_norm, a.rstd_in, a.h, a.h_act);
+  if (!ctx.choice.input_norm()) a.h = x_in;  // reordered norms: the router reads the residual stream
 
   // Router in the compute dtype with the fp32 master weights.
   std::optional<PhaseScope> phase(std::in_place, Phase::kRouter);
   ops.linear_fwd(a.h, W.router, a.logits, false);
-  ops.router_scores_fwd(a.logits, score_kind(ctx.choice.score_func), a.scores);
+  ops.router_scores_fwd(a.logits, score_kind(ctx.choice.score_func), c.sigmoid_eps, a.scores);
   if (ctx.choice.routing == Routing::kLearned) {
-    ops.router_topk(a.scores, routing.router_bias, a.expert_idx);
+    // topk_softmax chooses on the logits (+ bias), the others on the scores (+ bias).
+    const bool on_logits = ctx.choice.score_func == ScoreFunc::kTopkSoftmax;
+    ops.router_topk(on_logits ? a.logits : a.scores, routing.router_bias, c.n_group, c.topk_group, a.expert_idx);
   } else {
     const uint64_t stream = static_cast<uint64_t>(RngStream::kRandomRouting) | (static_cast<uint64_t>(routing.layer) << 32);
     ops.router_assign(ctx.choice.routing == Routing::kUniform ? 0 : 1, routing.seed, stream, routing.token_base,
                       static_cast<int>(c.num_experts), a.expert_idx);
   }
-  ops.router_gather(a.scores, a.expert_idx, c.norm_topk_prob, a.weights);
+  ops.router_gather(a.scores, a.expert_idx, weight_rule(c), a.weights);
   phase.reset();
   phase.emplace(Phase::kPermute);
   ops.moe_plan(a.expert_idx, a.counts, a.offsets, a.sorted_slot, a.slot_pos);
@@ -89,7 +94,7 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
     ys = returned;
   }
 
-  Tensor y = ctx.choice.peri() ? a.out : x_out;
+  Tensor y = ctx.choice.output_norm() ? a.out : x_out;
   phase.reset();
   phase.emplace(Phase::kCombine);
   ops.moe_combine(ys, a.slot_pos, a.weights, y, false);
@@ -117,7 +122,7 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
   const LayerWeights &W = p.w, &Wc = p.op;
   LayerWeights& dW = p.grad;
   Scratch& s = ctx.scratch;
-  Tensor dy = ctx.sublayer_output_grad(ctx.choice.peri() ? a.out : Tensor(), W.ffn_out_norm, a.rstd_out,
+  Tensor dy = ctx.sublayer_output_grad(ctx.choice.output_norm() ? a.out : Tensor(), W.ffn_out_norm, a.rstd_out,
                                        dW.ffn_out_norm);
   const double k = static_cast<double>(c.top_k);
   const bool v1 = c.shared_hidden > 0 && ctx.choice.shared_merge == SharedMerge::kV1;
@@ -197,13 +202,13 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
   phase.reset();
   phase.emplace(Phase::kRouter);
   ops.fill(s.dscores_TE, 0.0);
-  ops.router_gather_bwd(s.dweights_TK, a.scores, a.expert_idx, c.norm_topk_prob, s.dscores_TE);
+  ops.router_gather_bwd(s.dweights_TK, a.scores, a.expert_idx, weight_rule(c), s.dscores_TE);
   ops.load_balance_loss(a.scores, a.counts, kind, static_cast<int>(c.top_k), out.aux_weight,
                         out.lbl_coef * out.aux_weight, out.lbl, s.dscores_TE, s.mean_prob_E);
-  ops.axpy(out.aux_weight, s.mean_prob_E, out.mean_prob);
+  ops.axpy(out.stat_weight, s.mean_prob_E, out.mean_prob);
   ops.add_counts(a.counts, out.counts);
   ops.fill(s.dlogits_TE, 0.0);
-  ops.router_scores_bwd(s.dscores_TE, a.scores, kind, s.dlogits_TE);
+  ops.router_scores_bwd(s.dscores_TE, a.scores, kind, c.sigmoid_eps, s.dlogits_TE);
   ops.router_z_loss(a.logits, out.aux_weight, out.router_z_coef * out.aux_weight, out.router_z, s.dlogits_TE);
   ops.linear_bwd_data(s.dlogits_TE, W.router, s.dnormed_TD, true);
   ops.linear_bwd_weight(s.dlogits_TE, a.h, dW.router);

@@ -38,7 +38,8 @@ struct MoeExchangeStep {
 
 // Where the backward adds the auxiliary losses and routing statistics, and their weights.
 struct MoeLossOutputs {
-  double aux_weight = 1;  // tokens in this micro-batch / tokens in the whole step
+  double aux_weight = 1;   // the auxiliary losses' weight: tokens in this micro-batch / loss.aux_divisor
+  double stat_weight = 1;  // the mean probabilities' weight: tokens in this micro-batch / in the step
   double lbl_coef = 0, router_z_coef = 0;
   Tensor lbl, router_z;   // (1) f64 step statistics
   Tensor mean_prob;       // (E) token-weighted mean router probabilities over the step

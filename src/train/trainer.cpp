@@ -297,6 +297,7 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
   model_->reset_exchange_counts();
   model_->reset_quant_stats();
   const int64_t mbs = tc.micro_batch_size, num_micro = local / mbs, global_micro = tc.batch_size / mbs;
+  const bool aux_by_labels = config_.loss.aux_divisor == "labelled";
   std::vector<MicroBatch>& micro = micro_;  // reused: no allocation per step
   micro.resize(static_cast<size_t>(num_micro));
   for (int64_t m = 0; m < num_micro; ++m) {
@@ -306,7 +307,9 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
     mb.labels = d_labels.slice(m * mbs, (m + 1) * mbs);
     mb.doc_start = d_doc.data ? d_doc.slice(m * mbs, (m + 1) * mbs) : Tensor();
     mb.scales.ce_scale = 1.0 / static_cast<double>(r.loss_tokens);
-    mb.scales.aux_weight = 1.0 / static_cast<double>(global_micro);  // equal-size micro-batches: T_m / T_step
+    mb.scales.stat_weight = 1.0 / static_cast<double>(global_micro);  // equal-size micro-batches: T_m / T_step
+    mb.scales.aux_weight = aux_by_labels ? static_cast<double>(mbs * tc.seq_len) / static_cast<double>(r.loss_tokens)
+                                         : mb.scales.stat_weight;
     mb.scales.token_base = (r.step - 1) * r.tokens + g * mbs * tc.seq_len;
   }
   sync_->begin_step(model_->grads().flat, num_micro);

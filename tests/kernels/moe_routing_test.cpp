@@ -39,7 +39,9 @@ constexpr double kFdTol = 1e-7;
 TEST_P(MoeRouting, ScoresForwardMatchesRefAndBackwardMatchesFiniteDifferences) {
   const uint64_t seed = recorded_seed();
   SCOPED_TRACE(seed);
-  for (int kind : {0, 1}) {
+  // softmax, sigmoid, and sigmoid with Olmo-core 3's stability epsilon (scores + eps).
+  for (auto [kind, eps] : {std::pair{0, 0.0}, std::pair{1, 0.0}, std::pair{1, 1e-7}}) {
+    SCOPED_TRACE(testing::Message() << "kind " << kind << " eps " << eps);
     const int64_t T = 37, E = 12;
     OwnedTensor z(DType::kF64, {T, E}), s(DType::kF64, {T, E}), r(DType::kF64, {T, E});
     test::fill_uniform(z, seed, 1, -3, 3);
@@ -47,25 +49,34 @@ TEST_P(MoeRouting, ScoresForwardMatchesRefAndBackwardMatchesFiniteDifferences) {
     // backend f32 vs ref f64: softmax of E=12 values in fp32, error ~ a few ulp (1e-6 relative).
     OwnedTensor z32 = test::clone(z, DType::kF32), s32(DType::kF32, {T, E});
     test::poison(s32);
-    test::fast().router_scores_fwd(z32, kind, s32);
-    ref::router_scores_fwd(z, kind, s);
+    test::fast().router_scores_fwd(z32, kind, eps, s32);
+    ref::router_scores_fwd(z, kind, eps, s);
     EXPECT_LT(rel_error(s32, s), 1e-6);
     OwnedTensor dz(DType::kF64, {T, E});
     ref::fill(dz, 0.0);
-    ref::router_scores_bwd(r, s, kind, dz);
+    ref::router_scores_bwd(r, s, kind, eps, dz);
     auto loss = [&] {
-      ref::router_scores_fwd(z, kind, s);
+      ref::router_scores_fwd(z, kind, eps, s);
       return test::dot(s, r);
     };
-    EXPECT_LT(fd_check(z, dz, loss), kFdTol) << "kind " << kind;
+    EXPECT_LT(fd_check(z, dz, loss), kFdTol);
     // backend backward (f32) vs ref backward.
-    ref::router_scores_fwd(z, kind, s);
+    ref::router_scores_fwd(z, kind, eps, s);
     OwnedTensor r32 = test::clone(r, DType::kF32), dz32(DType::kF32, {T, E});
     test::fast().fill(dz32, 0.0);
-    test::fast().router_scores_fwd(z32, kind, s32);
-    test::fast().router_scores_bwd(r32, s32, kind, dz32);
+    test::fast().router_scores_fwd(z32, kind, eps, s32);
+    test::fast().router_scores_bwd(r32, s32, kind, eps, dz32);
     EXPECT_LT(rel_error(dz32, dz), 1e-5);
   }
+  // The epsilon shifts every sigmoid score by exactly eps (in f64), and only sigmoid takes one.
+  const int64_t T = 5, E = 4;
+  OwnedTensor z(DType::kF64, {T, E}), a(DType::kF64, {T, E}), b(DType::kF64, {T, E});
+  test::fill_uniform(z, seed, 3, -30, 3);
+  ref::router_scores_fwd(z, 1, 0.0, a);
+  ref::router_scores_fwd(z, 1, 1e-7, b);
+  // Exact up to the rounding of the sum: one ulp of the score (<= 1): 2.2e-16.
+  for (int64_t i = 0; i < T * E; ++i) EXPECT_NEAR(b.as<double>()[i] - a.as<double>()[i], 1e-7, 2.3e-16);
+  EXPECT_THROW(test::fast().router_scores_fwd(z, 0, 1e-7, a), Error);
 }
 
 TEST_P(MoeRouting, TopkPicksLargestWithBiasAndBreaksTiesToLowerId) {
@@ -77,8 +88,8 @@ TEST_P(MoeRouting, TopkPicksLargestWithBiasAndBreaksTiesToLowerId) {
   test::fill_uniform(b, seed, 4, -0.1, 0.1);
   test::poison(a);
   test::poison(c);
-  test::fast().router_topk(s, b, a);
-  ref::router_topk(s, b, c);
+  test::fast().router_topk(s, b, 0, 0, a);
+  ref::router_topk(s, b, 0, 0, c);
   EXPECT_TRUE(test::bitwise_equal(a, c));
   for (int64_t t = 0; t < T; ++t) {
     std::vector<std::pair<float, int>> sel;
@@ -87,8 +98,54 @@ TEST_P(MoeRouting, TopkPicksLargestWithBiasAndBreaksTiesToLowerId) {
     for (int64_t j = 0; j < K; ++j) ASSERT_EQ(a.as<int32_t>()[t * K + j], sel[static_cast<size_t>(j)].second);
   }
   ref::fill(s, 0.5);
-  test::fast().router_topk(s, Tensor(), a);
+  test::fast().router_topk(s, Tensor(), 0, 0, a);
   for (int64_t j = 0; j < K; ++j) EXPECT_EQ(a.as<int32_t>()[j], j);
+}
+
+// Group-limited routing: against a direct transcription of Olmo-core 3's get_top_k (group score =
+// sum of the group's two best selection values, the topk_group best groups, then top-k over
+// their experts), cpu equal to ref, and the groups' edge cases.
+TEST_P(MoeRouting, GroupLimitedTopkChoosesWithinTheBestGroups) {
+  const uint64_t seed = recorded_seed();
+  SCOPED_TRACE(seed);
+  struct Case {
+    int64_t E, K, groups, keep;
+  };
+  for (const Case& k : {Case{16, 4, 4, 2}, Case{70, 6, 7, 3}, Case{8, 2, 8, 2}, Case{12, 3, 3, 3}}) {
+    SCOPED_TRACE(testing::Message() << "E " << k.E << " K " << k.K << " groups " << k.groups << " keep " << k.keep);
+    const int64_t T = 40, per = k.E / k.groups;
+    OwnedTensor s(DType::kF32, {T, k.E}), b(DType::kF32, {k.E}), a(DType::kI32, {T, k.K}), c(DType::kI32, {T, k.K});
+    test::fill_uniform(s, seed, 13, 0, 1);
+    test::fill_uniform(b, seed, 14, -0.1, 0.1);
+    test::poison(a);
+    test::poison(c);
+    test::fast().router_topk(s, b, k.groups, k.keep, a);
+    ref::router_topk(s, b, k.groups, k.keep, c);
+    EXPECT_TRUE(test::bitwise_equal(a, c));
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<float> sel(static_cast<size_t>(k.E));
+      for (int64_t e = 0; e < k.E; ++e) sel[static_cast<size_t>(e)] = s.as<float>()[t * k.E + e] + b.as<float>()[e];
+      std::vector<std::pair<float, int64_t>> gs;
+      for (int64_t g = 0; g < k.groups; ++g) {
+        std::vector<float> v(sel.begin() + g * per, sel.begin() + (g + 1) * per);
+        std::sort(v.begin(), v.end(), std::greater<float>());
+        gs.push_back({per > 1 ? v[0] + v[1] : v[0], g});
+      }
+      std::stable_sort(gs.begin(), gs.end(), [](auto x, auto y) { return x.first > y.first; });
+      std::vector<std::pair<float, int32_t>> cand;
+      for (int64_t i = 0; i < k.keep; ++i)
+        for (int64_t e = gs[static_cast<size_t>(i)].second * per; e < (gs[static_cast<size_t>(i)].second + 1) * per; ++e)
+          cand.push_back({sel[static_cast<size_t>(e)], static_cast<int32_t>(e)});
+      std::stable_sort(cand.begin(), cand.end(), [](auto x, auto y) {
+        return x.first > y.first || (x.first == y.first && x.second < y.second);
+      });
+      for (int64_t j = 0; j < k.K; ++j) ASSERT_EQ(a.as<int32_t>()[t * k.K + j], cand[static_cast<size_t>(j)].second) << t;
+    }
+  }
+  OwnedTensor s(DType::kF32, {2, 8}), a(DType::kI32, {2, 5});
+  EXPECT_THROW(test::fast().router_topk(s, Tensor(), 3, 1, a.t.view({2, 5})), Error);  // 3 groups of 8
+  EXPECT_THROW(test::fast().router_topk(s, Tensor(), 4, 2, a), Error);                  // 5 > 2 groups x 2
+  EXPECT_THROW(test::fast().router_topk(s, Tensor(), 0, 2, a), Error);                  // topk_group alone
 }
 
 TEST_P(MoeRouting, UniformAndRandomAssignmentArePureFunctionsOfTheGlobalToken) {
@@ -112,26 +169,51 @@ TEST_P(MoeRouting, UniformAndRandomAssignmentArePureFunctionsOfTheGlobalToken) {
 TEST_P(MoeRouting, GatherWeightsBackwardMatchesFiniteDifferences) {
   const uint64_t seed = recorded_seed();
   SCOPED_TRACE(seed);
-  for (bool norm : {false, true}) {
+  // Not divided; the sum (norm_topk_prob); an L2 norm scaled as restore_weight_scale x
+  // sqrt(original_top_k / K) would; a fractional p with expert_weight_scale.
+  const ExpertWeightRule rules[] = {{0, 1}, {1, 1}, {2, 3 * std::sqrt(8.0 / 3)}, {3.5, 2.5}, {0, 0.75}};
+  for (const ExpertWeightRule& rule : rules) {
+    SCOPED_TRACE(testing::Message() << "p " << rule.norm_p << " factor " << rule.factor);
     const int64_t T = 20, E = 8, K = 3;
     OwnedTensor s(DType::kF64, {T, E}), idx(DType::kI32, {T, K}), w(DType::kF64, {T, K}), r(DType::kF64, {T, K});
     test::fill_uniform(s, seed, 5, 0.05, 1);
     test::fill_uniform(r, seed, 6);
-    ref::router_topk(s, Tensor(), idx);
+    ref::router_topk(s, Tensor(), 0, 0, idx);
     OwnedTensor ds(DType::kF64, {T, E});
     ref::fill(ds, 0.0);
-    ref::router_gather_bwd(r, s, idx, norm, ds);
+    ref::router_gather_bwd(r, s, idx, rule, ds);
     auto loss = [&] {
-      ref::router_gather(s, idx, norm, w);
+      ref::router_gather(s, idx, rule, w);
       return test::dot(w, r);
     };
-    EXPECT_LT(fd_check(s, ds, loss), kFdTol) << "norm_topk " << norm;
+    EXPECT_LT(fd_check(s, ds, loss), kFdTol);
+    // The weights against their definition: factor * s_j / (sum_i s_i^p)^(1/p).
+    ref::router_gather(s, idx, rule, w);
+    for (int64_t t = 0; t < T; ++t) {
+      double n = 0;
+      for (int64_t j = 0; j < K; ++j) n += std::pow(s.as<double>()[t * E + idx.as<int32_t>()[t * K + j]], rule.norm_p);
+      n = rule.norm_p > 0 ? std::pow(n, 1 / rule.norm_p) : 1;
+      for (int64_t j = 0; j < K; ++j)
+        EXPECT_NEAR(w.as<double>()[t * K + j], rule.factor * s.as<double>()[t * E + idx.as<int32_t>()[t * K + j]] / n,
+                    1e-14 * std::fabs(rule.factor));
+    }
     OwnedTensor s32 = test::clone(s, DType::kF32), w32(DType::kF32, {T, K}), wr(DType::kF64, {T, K});
     test::poison(w32);
-    test::fast().router_gather(s32, idx, norm, w32);
-    ref::router_gather(s, idx, norm, wr);
+    test::fast().router_gather(s32, idx, rule, w32);
+    ref::router_gather(s, idx, rule, wr);
     EXPECT_LT(rel_error(w32, wr), 1e-6);
+    // backend backward (f32) vs ref backward.
+    OwnedTensor r32 = test::clone(r, DType::kF32), ds32(DType::kF32, {T, E});
+    test::fast().fill(ds32, 0.0);
+    test::fast().router_gather_bwd(r32, s32, idx, rule, ds32);
+    EXPECT_LT(rel_error(ds32, ds), 1e-5);
   }
+  OwnedTensor s(DType::kF32, {2, 4}), idx(DType::kI32, {2, 2}), w(DType::kF32, {2, 3}), w2(DType::kF32, {2, 2});
+  test::fill_uniform(s, seed, 7, 0.05, 1);
+  ref::router_topk(s, Tensor(), 0, 0, idx);
+  EXPECT_THROW(test::fast().router_gather(s, idx, ExpertWeightRule{1, 1}, w), Error);  // weights not (T,K)
+  EXPECT_THROW(test::fast().router_gather(s, idx, ExpertWeightRule{-1, 1}, w2), Error);  // p < 0
+  EXPECT_NO_THROW(test::fast().router_gather(s, idx, ExpertWeightRule{1, 1}, w2));
 }
 
 TEST_P(MoeRouting, PlanIsAStableCountingSortAndEqualsRef) {
@@ -167,8 +249,8 @@ TEST_P(MoeRouting, GatherCombineAndTheirBackwardsMatchFiniteDifferences) {
   const int64_t T = 17, D = 6, E = 5, K = 2, R = T * K;
   OwnedTensor s(DType::kF64, {T, E}), idx(DType::kI32, {T, K}), w(DType::kF64, {T, K});
   test::fill_uniform(s, seed, 8, 0, 1);
-  ref::router_topk(s, Tensor(), idx);
-  ref::router_gather(s, idx, false, w);
+  ref::router_topk(s, Tensor(), 0, 0, idx);
+  ref::router_gather(s, idx, ExpertWeightRule{}, w);
   OwnedTensor counts(DType::kI32, {E}), off(DType::kI32, {E + 1}), sorted(DType::kI32, {R}), pos(DType::kI32, {R});
   ref::moe_plan(idx, counts, off, sorted, pos);
   OwnedTensor x(DType::kF64, {T, D}), xs(DType::kF64, {R, D}), ys(DType::kF64, {R, D}), out(DType::kF64, {T, D}), r(DType::kF64, {T, D});
@@ -313,8 +395,8 @@ TEST_P(MoeRouting, ReductionsAreBitwiseEqualWithOneAndTwoThreads) {
   const int64_t T = 3000, E = 16, K = 4;
   OwnedTensor z(DType::kF32, {T, E}), s(DType::kF32, {T, E}), idx(DType::kI32, {T, K});
   test::fill_uniform(z, seed, 17, -2, 2);
-  test::fast().router_scores_fwd(z, 0, s);
-  test::fast().router_topk(s, Tensor(), idx);
+  test::fast().router_scores_fwd(z, 0, 0.0, s);
+  test::fast().router_topk(s, Tensor(), 0, 0, idx);
   OwnedTensor counts(DType::kI32, {E}), off(DType::kI32, {E + 1}), sorted(DType::kI32, {T * K}), pos(DType::kI32, {T * K});
   test::fast().moe_plan(idx, counts, off, sorted, pos);
   auto run = [&](int threads) {

@@ -224,13 +224,30 @@ TEST(HfExport, RefusesWhatOlmoeCannotExpress) {
     EXPECT_ERROR(export_model(c, params.data(), tmp("refused"), "f32"), "cannot export to OlmoeForCausalLM");
     EXPECT_ERROR(export_model(c, params.data(), tmp("refused"), "f32"), reason);
   };
-  refused([](ModelConfig& c) { c.norm_placement = "peri"; }, "peri-norm");
+  refused([](ModelConfig& c) { c.norm_placement = "peri"; }, "peri norms");
+  refused([](ModelConfig& c) { c.norm_placement = "reordered"; }, "reordered norms");
   refused([](ModelConfig& c) { c.qk_norm = "none"; }, "QK-norm off");
   refused([](ModelConfig& c) { c.qk_norm = "per_head"; }, "per-head QK-norm");
   refused([](ModelConfig& c) { c.n_dense_layers = 1; }, "dense layers");
+  refused([](ModelConfig& c) { c.dense_layers.push_back('1'); }, "model.dense_layers = \"1\"");
   refused([](ModelConfig& c) { c.shared_hidden = 16; }, "shared experts");
-  refused([](ModelConfig& c) { c.score_func = "sigmoid"; }, "sigmoid routing");
-  refused([](ModelConfig& c) { c.router_bias_gamma = 1e-3; }, "loss-free balancing bias");
+  refused([](ModelConfig& c) { c.score_func = "sigmoid"; }, "model.score_func = \"sigmoid\"");
+  refused([](ModelConfig& c) { c.score_func = "topk_softmax"; }, "model.score_func = \"topk_softmax\"");
+  refused([](ModelConfig& c) { c.router_bias_gamma = 1e-3; }, "router bias");
+  refused([](ModelConfig& c) { c.score_correction_bias = true; }, "router bias");
+  refused([](ModelConfig& c) {
+    c.n_group = 2;
+    c.topk_group = 1;
+  }, "group-limited routing");
+  refused([](ModelConfig& c) {
+    c.norm_topk_prob = true;
+    c.norm_topk_p = 2;
+  }, "model.norm_topk_p");
+  refused([](ModelConfig& c) { c.restore_weight_scale = true; }, "scaled expert weights");
+  refused([](ModelConfig& c) { c.expert_weight_scale = 2; }, "scaled expert weights");
+  refused([](ModelConfig& c) { c.original_top_k = 4; }, "scaled expert weights");
+  refused([](ModelConfig& c) { c.embed_scale = 8; }, "model.embed_scale");
+  refused([](ModelConfig& c) { c.embedding_norm = true; }, "model.embedding_norm");
   refused([](ModelConfig& c) { c.routing = "uniform"; }, "non-learned routing");
   refused([](ModelConfig& c) { c.routing = "random"; }, "non-learned routing");
   refused([](ModelConfig& c) { c.head_dim = 16; }, "head_dim != d_model / n_heads");

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 
 #include "common/test_util.h"
@@ -65,14 +66,31 @@ bool same_expert_sets(const Tensor& a, const Tensor& b) {
 double min_selection_gap(Transformer& model, const Config& c) {
   double gap = 1e30;
   const int64_t E = c.model.num_experts, K = c.model.top_k;
-  for (int64_t l = c.model.n_dense_layers; l < c.model.n_layers; ++l) {
-    const Tensor& s = model.router_scores(l);
-    const Tensor* bias = c.model.router_bias_gamma > 0 ? &model.router_bias()[static_cast<size_t>(l - c.model.n_dense_layers)].t : nullptr;
+  for (int64_t l = 0; l < c.model.n_layers; ++l) {
+    if (!c.model.is_moe_layer(l)) continue;
+    // topk_softmax chooses on the logits, the others on the scores.
+    const Tensor& s = c.model.score_func == "topk_softmax" ? model.router_logits(l) : model.router_scores(l);
+    const Tensor* bias = c.model.router_bias_selects() ? &model.router_bias()[static_cast<size_t>(c.model.moe_index(l))].t : nullptr;
     for (int64_t t = 0; t < s.dim(0); ++t) {
-      std::vector<double> sel;
-      for (int64_t e = 0; e < E; ++e) sel.push_back(test::get(s, t * E + e) + (bias ? test::get(*bias, e) : 0.0));
+      std::vector<double> all;
+      for (int64_t e = 0; e < E; ++e) all.push_back(test::get(s, t * E + e) + (bias ? test::get(*bias, e) : 0.0));
+      std::vector<double> sel = all;
+      if (c.model.n_group > 0) {  // group-limited: the groups' ranking, then the experts of the chosen groups
+        const int64_t G = c.model.n_group, per = E / G, keep = c.model.topk_group;
+        std::vector<std::pair<double, int64_t>> groups;
+        for (int64_t g = 0; g < G; ++g) {
+          std::vector<double> v(all.begin() + g * per, all.begin() + (g + 1) * per);
+          std::sort(v.begin(), v.end(), std::greater<double>());
+          groups.push_back({v[0] + (per > 1 ? v[1] : 0.0), g});
+        }
+        std::sort(groups.begin(), groups.end(), std::greater<>());
+        if (keep < G) gap = std::min(gap, groups[static_cast<size_t>(keep - 1)].first - groups[static_cast<size_t>(keep)].first);
+        sel.clear();
+        for (int64_t i = 0; i < keep; ++i)
+          for (int64_t e = 0; e < per; ++e) sel.push_back(all[static_cast<size_t>(groups[static_cast<size_t>(i)].second * per + e)]);
+      }
       std::sort(sel.begin(), sel.end(), std::greater<double>());
-      gap = std::min(gap, sel[static_cast<size_t>(K - 1)] - sel[static_cast<size_t>(K)]);
+      if (static_cast<int64_t>(sel.size()) > K) gap = std::min(gap, sel[static_cast<size_t>(K - 1)] - sel[static_cast<size_t>(K)]);
     }
   }
   return gap;
@@ -87,7 +105,7 @@ TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
   std::unique_ptr<Backend> ops = make_backend("ref");
   Trainer trainer(c, *ops, DType::kF64);
   trainer.model().init_params(seed);
-  if (c.model.router_bias_gamma > 0)
+  if (c.model.router_bias_selects())
     for (auto& b : trainer.model().router_bias()) test::fill_uniform(b, seed, 40, -0.05, 0.05);
   OwnedTensor ids(DType::kI32, {2, 7}), labels(DType::kI32, {2, 7});
   Transformer& model = trainer.model();
@@ -104,7 +122,7 @@ TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
   }
   const int64_t moe_layers = c.model.num_moe_layers();
   std::vector<OwnedTensor> choices;
-  for (int64_t l = c.model.n_dense_layers; l < c.model.n_layers; ++l) choices.push_back(test::clone(model.expert_choice(l)));
+  for (int64_t m = 0; m < moe_layers; ++m) choices.push_back(test::clone(model.expert_choice(c.model.moe_layer(m))));
   OwnedTensor analytic = test::clone(model.grads().flat);
   // Each parameter tensor is checked on its own so a wrong gradient names its parameter.
   for (const ParamInfo& info : model.layout().entries()) {
@@ -115,7 +133,7 @@ TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
       model.refresh_operand_weights();
       StepResult r = trainer.compute_gradients(ids, labels);
       for (int64_t m = 0; m < moe_layers; ++m)
-        flipped = flipped || !same_expert_sets(model.expert_choice(c.model.n_dense_layers + m), choices[static_cast<size_t>(m)]);
+        flipped = flipped || !same_expert_sets(model.expert_choice(c.model.moe_layer(m)), choices[static_cast<size_t>(m)]);
       return r.total;
     };
     // With init std 0.3 the model is strongly nonlinear: central differences at h = 1e-5 showed a
@@ -156,6 +174,51 @@ INSTANTIATE_TEST_SUITE_P(
                   c.model.shared_merge = "v1";
                   c.model.router_bias_gamma = 0.01;
                   c.model.qk_norm = "none";
+                }},
+        // Olmo-core 3's block: reordered norms, scaled and normed embedding, a dense layer in the
+        // middle, restore_weight_scale after the sum.
+        Variant{"reordered_embed_norm_dense_middle_restore",
+                [](Config& c) {
+                  c.model.norm_placement = "reordered";
+                  c.model.embed_scale = std::sqrt(8.0);
+                  c.model.embedding_norm = true;
+                  c.model.n_layers = 3;
+                  c.model.dense_layers = "1";
+                  c.model.dense_hidden = 7;
+                  c.model.norm_topk_prob = true;
+                  c.model.restore_weight_scale = true;
+                  c.model.qk_norm = "per_head";
+                  c.model.shared_hidden = 3;
+                }},
+        Variant{"sigmoid_eps_l2_weights_scaled_lossfree",
+                [](Config& c) {
+                  c.model.score_func = "sigmoid";
+                  c.model.sigmoid_eps = 1e-7;
+                  c.model.norm_topk_prob = true;
+                  c.model.norm_topk_p = 2;
+                  c.model.expert_weight_scale = 2.5;
+                  c.model.original_top_k = 3;
+                  c.model.router_bias_gamma = 0.01;
+                  c.model.n_layers = 3;
+                  c.model.dense_layers = "0,2";
+                  c.model.dense_hidden = 5;
+                }},
+        Variant{"topk_softmax_lossfree_scaled_embedding_tied",
+                [](Config& c) {
+                  c.model.score_func = "topk_softmax";
+                  c.model.router_bias_gamma = 0.01;
+                  c.model.embed_scale = 2.0;
+                  c.model.tie_embeddings = true;
+                  c.model.norm_placement = "peri";
+                }},
+        // Group-limited routing over a fixed (loaded) score-correction bias.
+        Variant{"group_limited_score_correction_bias",
+                [](Config& c) {
+                  c.model.num_experts = 8;
+                  c.model.n_group = 4;
+                  c.model.topk_group = 2;
+                  c.model.score_correction_bias = true;
+                  c.model.score_func = "sigmoid";
                 }},
         Variant{"uniform_routing", [](Config& c) { c.model.routing = "uniform"; }},
         Variant{"random_routing_mha", [](Config& c) {

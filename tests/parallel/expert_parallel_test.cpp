@@ -364,7 +364,7 @@ TEST(ExpertParallel, CapacityDropsTheTailDeterministically) {
     outputs.emplace_back();
     for (int64_t mi = 0; mi < c.model.num_moe_layers(); ++mi) {
       SCOPED_TRACE("MoE layer " + std::to_string(mi));
-      const int64_t l = c.model.n_dense_layers + mi;
+      const int64_t l = c.model.moe_layer(mi);
       std::vector<int32_t> all(static_cast<size_t>(n * T * K));
       world().all_gather(trainer.model().expert_choice(l).data, all.data(), static_cast<size_t>(T * K), DType::kI32);
       // Independent count: every EP group (world ranks [b, b+ep)), every receiving EP rank.
@@ -502,7 +502,7 @@ TEST(ExpertParallel, ExchangeCostReport) {
 
   // One real plan: the counts of the last micro-batch's first MoE layer.
   const int64_t E = c.model.num_experts, El = E / n, D = c.model.d_model, me = world().rank();
-  const Tensor& choice = trainer.model().expert_choice(c.model.n_dense_layers);
+  const Tensor& choice = trainer.model().expert_choice(c.model.moe_layer(0));
   std::vector<int32_t> counts(static_cast<size_t>(E), 0);
   for (int64_t i = 0; i < choice.numel(); ++i) ++counts[static_cast<size_t>(choice.as<int32_t>()[i])];
   const int64_t R = choice.numel();

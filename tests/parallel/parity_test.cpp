@@ -11,8 +11,10 @@
 // nothing and must be bitwise equal (pipeline_test.cpp).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "parity_common.h"
@@ -89,6 +91,53 @@ TEST(Parity, PipelineDataExpertZero1) {
   c.parallel.ep = 2;
   c.parallel.zero1 = true;
   expect_f64_parity(c);
+}
+
+// Olmo-core 3's options together (docs/MODEL.md): reordered norms, scaled and normed embedding,
+// a dense layer inside the stack, per-head QK-norm, sigmoid scores with their epsilon, L2-normed
+// weights times K, a scale and sqrt(original_top_k / K), a shared expert, loss-free bias.
+Config olmo_core3_options_config() {
+  Config c = parity_config();
+  ModelConfig& m = c.model;
+  m.n_dense_layers = 0;
+  m.dense_layers.push_back('2');  // (not = "2": g++ 12 -O3 reports a false -Wrestrict in the inlined assign)
+  m.dense_hidden = 40;
+  m.norm_placement = "reordered";
+  m.embed_scale = std::sqrt(32.0);
+  m.embedding_norm = true;
+  m.qk_norm = "per_head";
+  m.score_func = "sigmoid";
+  m.sigmoid_eps = 1e-7;
+  m.norm_topk_prob = true;
+  m.norm_topk_p = 2;
+  m.restore_weight_scale = true;
+  m.expert_weight_scale = 0.8;
+  m.original_top_k = 4;
+  m.shared_hidden = 16;
+  return c;
+}
+
+// ... in every layout of the matrix: DP + ZeRO-1, DP x EP over each expert transport, the
+// pipeline (a stage that starts with the dense layer), and at 4 ranks all of them with recompute.
+TEST(Parity, OlmoCore3OptionsInEveryLayout) {
+  const int n = world().size();
+  if (n != 2 && n != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
+  // {dp, ep, pp, zero1, padded transport, recompute}
+  std::vector<std::array<int64_t, 6>> cases = {
+      {n, 1, 1, 1, 0, 0}, {n, n, 1, 0, 0, 0}, {n, 2, 1, 0, 1, 0}, {n / 2, 1, 2, 0, 0, 0}};
+  if (n == 4) cases.push_back({2, 2, 2, 1, 1, 1});
+  for (const auto& k : cases) {
+    SCOPED_TRACE(testing::Message() << "dp " << k[0] << " ep " << k[1] << " pp " << k[2] << " zero1 " << k[3]
+                                    << " padded " << k[4] << " recompute " << k[5]);
+    Config c = olmo_core3_options_config();
+    c.parallel.dp = k[0];
+    c.parallel.ep = k[1];
+    c.parallel.pp = k[2];
+    c.parallel.zero1 = k[3] != 0;
+    if (k[4] != 0) c.parallel.ep_transport = "padded";
+    c.train.recompute = k[5] != 0;
+    expect_f64_parity(c);
+  }
 }
 
 // The fast fp32 path: per-step loss and grad norm within 1e-6 (parameters: see the top).

@@ -134,7 +134,7 @@ TEST(PlanBytes, PredictedTrafficEqualsTheByteCounters) {
         const PlannedStage& st = plan.stages[static_cast<size_t>(g.coords.pp)];
         for (int64_t l = st.layer_begin; l < st.layer_end; ++l)
           if (c.model.is_moe_layer(l)) {
-            EXPECT_DOUBLE_EQ(r.ep_drop_fraction.at(static_cast<size_t>(l - c.model.n_dense_layers)), plan.drop_fraction);
+            EXPECT_DOUBLE_EQ(r.ep_drop_fraction.at(static_cast<size_t>(c.model.moe_index(l))), plan.drop_fraction);
           }
         if (c.parallel.ep_capacity_factor > 0 && c.parallel.ep_capacity_factor < 0.7) {
           EXPECT_GT(plan.drop_fraction, 0);

@@ -7,6 +7,8 @@
 #include <limits>
 
 #include "common/paths.h"
+#include <nlohmann/json.hpp>
+
 #include "config/config.h"
 #include "core/check.h"
 
@@ -44,6 +46,20 @@ TEST(Config, DefaultsAreValidAndRoundTripThroughToml) {
   EXPECT_EQ(config_to_toml(c), config_to_toml(j));
 }
 
+// Checkpoints and fixtures written before a key existed carry configs without it: they read as
+// the key's default, which keeps the function they were trained with.
+TEST(Config, JsonWithoutTheOlmoCore3KeysReadsAsTheModelItWasWrittenFor) {
+  nlohmann::json j = nlohmann::json::parse(config_to_json(parse_config("", {"model.norm_placement=peri"})));
+  for (const char* key : {"dense_layers", "sigmoid_eps", "norm_topk_p", "restore_weight_scale", "expert_weight_scale",
+                          "original_top_k", "embed_scale", "embedding_norm"})
+    ASSERT_EQ(j["model"].erase(key), 1u) << key;
+  const Config c = config_from_json(j.dump());
+  EXPECT_EQ(config_to_toml(c), config_to_toml(parse_config("", {"model.norm_placement=peri"})));
+  EXPECT_DOUBLE_EQ(c.model.expert_weight_factor(), 1);
+  EXPECT_DOUBLE_EQ(c.model.expert_weight_norm_p(), 0);
+  EXPECT_EQ(c.model.num_moe_layers(), c.model.n_layers);
+}
+
 TEST(Config, TheCommittedDefaultConfigParses) {
   std::ifstream in(std::string(::moe::test::source_dir()) + "/configs/default.toml");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -72,6 +88,52 @@ TEST(Config, CrossFieldChecksNameBothFields) {
   expect_mentions(error_of("", {"model.top_k=9", "model.num_experts=8"}), {"top_k = 9", "num_experts = 8"});
   expect_mentions(error_of("", {"train.batch_size=6", "train.micro_batch_size=4"}), {"batch_size = 6", "micro_batch_size = 4"});
   expect_mentions(error_of("", {"train.precision=bf16", "train.backend=ref"}), {"precision", "backend"});
+}
+
+// Olmo-core 3's options (docs/MODEL.md): dense layers anywhere number the MoE layers in order;
+// each option's check names its key.
+TEST(Config, OlmoCore3OptionsParseAndNameTheirKeysInErrors) {
+  Config c = parse_config("", {"model.n_layers=5", "model.dense_layers=1,3", "model.norm_placement=reordered",
+                               "model.score_func=sigmoid", "model.sigmoid_eps=1e-7", "model.norm_topk_prob=true",
+                               "model.norm_topk_p=2", "model.restore_weight_scale=true", "model.top_k=2",
+                               "model.original_top_k=8", "model.expert_weight_scale=0.5", "model.embed_scale=16",
+                               "model.embedding_norm=true"});
+  const ModelConfig& m = c.model;
+  EXPECT_EQ(m.num_moe_layers(), 3);
+  EXPECT_EQ(m.num_dense_layers(), 2);
+  const bool moe[] = {true, false, true, false, true};
+  for (int64_t l = 0; l < 5; ++l) EXPECT_EQ(m.is_moe_layer(l), moe[l]) << l;
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(m.moe_layer(i), 2 * i);
+    EXPECT_EQ(m.moe_index(2 * i), i);
+  }
+  EXPECT_THROW(m.moe_index(1), Error);
+  EXPECT_DOUBLE_EQ(m.expert_weight_norm_p(), 2);
+  EXPECT_DOUBLE_EQ(m.expert_weight_factor(), 2 * 0.5 * 2);  // K, the scale, sqrt(8 / 2)
+  EXPECT_EQ(config_to_toml(parse_config(config_to_toml(c), {})), config_to_toml(c));
+  EXPECT_EQ(model_choices(m).norm_placement, NormPlacement::kReordered);
+  // A softmax over the chosen logits divides by their sum.
+  EXPECT_DOUBLE_EQ(parse_config("", {"model.score_func=topk_softmax"}).model.expert_weight_norm_p(), 1);
+  EXPECT_DOUBLE_EQ(parse_config("", {}).model.expert_weight_norm_p(), 0);
+
+  expect_mentions(error_of("", {"model.dense_layers=1,x"}), {"model.dense_layers", "'x'"});
+  expect_mentions(error_of("", {"model.dense_layers=4"}), {"model.dense_layers", "layer 4", "n_layers = 4"});
+  expect_mentions(error_of("", {"model.dense_layers=2,1"}), {"model.dense_layers", "increase"});
+  expect_mentions(error_of("", {"model.dense_layers=1", "model.n_dense_layers=1"}),
+                  {"model.dense_layers", "model.n_dense_layers"});
+  expect_mentions(error_of("", {"model.sigmoid_eps=1e-7"}), {"model.sigmoid_eps", "sigmoid", "softmax"});
+  expect_mentions(error_of("", {"model.norm_topk_p=2"}), {"model.norm_topk_p", "model.norm_topk_prob"});
+  expect_mentions(error_of("", {"model.score_func=top_k"}), {"model.score_func", "topk_softmax"});
+  expect_mentions(error_of("", {"model.embed_scale=0"}), {"model.embed_scale"});
+  expect_mentions(error_of("", {"model.n_group=2"}), {"model.n_group = 2", "model.topk_group = 0"});
+  expect_mentions(error_of("", {"model.n_group=3", "model.topk_group=1"}), {"model.n_group = 3", "num_experts = 8"});
+  expect_mentions(error_of("", {"model.n_group=4", "model.topk_group=5"}), {"model.topk_group = 5"});
+  expect_mentions(error_of("", {"model.n_group=8", "model.topk_group=1", "model.top_k=2"}), {"model.top_k = 2", "1 groups"});
+  expect_mentions(error_of("", {"model.n_group=4", "model.topk_group=2", "model.score_func=topk_softmax"}),
+                  {"model.n_group", "topk_softmax"});
+  expect_mentions(error_of("", {"model.score_correction_bias=true", "model.routing=uniform"}),
+                  {"model.score_correction_bias", "learned"});
+  expect_mentions(error_of("", {"loss.aux_divisor=labels"}), {"loss.aux_divisor", "labelled"});
 }
 
 TEST(Config, OverridesApplyInOrderWithTypes) {

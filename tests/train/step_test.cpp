@@ -39,6 +39,30 @@ Config small_config() {
   return c;
 }
 
+// Olmo-core 3's options on small_config (docs/MODEL.md): reordered norms, a scaled and normed
+// embedding, a dense layer between MoE layers, sigmoid scores with their epsilon, L2-normed
+// weights times K, scaled, loss-free bias.
+Config olmo_core3_config() {
+  Config c = small_config();
+  ModelConfig& m = c.model;
+  m.n_layers = 3;
+  m.dense_layers.push_back('1');
+  m.dense_hidden = 40;
+  m.norm_placement = "reordered";
+  m.embed_scale = std::sqrt(48.0);
+  m.embedding_norm = true;
+  m.qk_norm = "per_head";
+  m.score_func = "sigmoid";
+  m.sigmoid_eps = 1e-7;
+  m.norm_topk_prob = true;
+  m.norm_topk_p = 2;
+  m.restore_weight_scale = true;
+  m.expert_weight_scale = 0.8;
+  m.original_top_k = 4;
+  m.router_bias_gamma = 1e-3;
+  return c;
+}
+
 // A learnable synthetic stream with an entropy floor near 1.2 nats: token t+1 = (5 t + 3) mod V
 // with probability 0.6, else one of four neighbours of t.
 void synthetic_batch(int64_t B, int64_t S, int64_t V, uint64_t seed, int64_t step, OwnedTensor& ids, OwnedTensor& labels) {
@@ -185,10 +209,10 @@ TEST(Step, AuxiliaryLossWeightDoesNotChangeWithTheNumberOfMicroBatches) {
 }
 
 TEST(Step, BlockRecomputeGivesBitwiseEqualGradients) {
-  for (int dense : {0, 1}) {
-    Config c = small_config();
+  for (int dense : {0, 1, 2}) {  // 2: Olmo-core 3's options, the dense layer in the middle
+    Config c = dense == 2 ? olmo_core3_config() : small_config();
     c.model.n_layers = 3;
-    c.model.n_dense_layers = dense;
+    if (dense < 2) c.model.n_dense_layers = dense;
     OwnedTensor ids, labels;
     synthetic_batch(4, c.train.seq_len, c.model.vocab_size, 2, 0, ids, labels);
     StepOutcome plain = one_step(c, 2, ids, labels);
@@ -200,18 +224,25 @@ TEST(Step, BlockRecomputeGivesBitwiseEqualGradients) {
 }
 
 TEST(Step, Bf16StepZeroLossIsWithinOneHundredthOfFp32) {
-  Config c = small_config();
-  OwnedTensor ids, labels;
-  synthetic_batch(4, c.train.seq_len, c.model.vocab_size, 4, 0, ids, labels);
-  StepOutcome f32 = one_step(c, 2, ids, labels);
-  c.train.precision = "bf16";
-  StepOutcome b16 = one_step(c, 2, ids, labels);
-  EXPECT_NEAR(b16.r.total, f32.r.total, 1e-2);
-  EXPECT_NEAR(b16.r.ce, f32.r.ce, 1e-2);
+  for (bool oc3 : {false, true}) {
+    SCOPED_TRACE(oc3 ? "olmo_core3 options" : "small config");
+    Config c = oc3 ? olmo_core3_config() : small_config();
+    OwnedTensor ids, labels;
+    synthetic_batch(4, c.train.seq_len, c.model.vocab_size, 4, 0, ids, labels);
+    StepOutcome f32 = one_step(c, 2, ids, labels);
+    c.train.precision = "bf16";
+    StepOutcome b16 = one_step(c, 2, ids, labels);
+    EXPECT_NEAR(b16.r.total, f32.r.total, 1e-2);
+    EXPECT_NEAR(b16.r.ce, f32.r.ce, 1e-2);
+  }
 }
 
-TEST(Step, Bf16LossCurveTracksFp32Within2Percent) {
-  Config c = small_config();
+class Bf16Curve : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(Step, Bf16Curve, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "olmo_core3" : "small"; });
+
+TEST_P(Bf16Curve, LossCurveTracksFp32Within2Percent) {
+  Config c = GetParam() ? olmo_core3_config() : small_config();
   c.train.steps = 300;
   c.optim.warmup_steps = 20;
   c.optim.lr = 3e-3;

@@ -74,10 +74,26 @@ std::string file_bytes(const fs::path& p) {
 
 class StrictRun : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Variants, StrictRun,
-                         ::testing::Values("fp32", "recompute", "bf16", "mxfp8", "mxfp8_recompute", "mxfp8_attention"),
+                         ::testing::Values("fp32", "recompute", "bf16", "mxfp8", "mxfp8_recompute", "mxfp8_attention",
+                                           "olmo_core3_recompute", "olmo_core3_bf16", "olmo_core3_mxfp8"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
+// Olmo-core 3's options together (docs/MODEL.md): reordered norms, scaled and normed embedding,
+// a dense layer between MoE layers, sigmoid scores with their epsilon, L2-normed weights times K,
+// a scale and sqrt(original_top_k / K), a shared expert, loss-free bias.
+std::string olmo_core3_sets() {
+  return " --set model.n_layers=3 --set model.dense_layers=1 --set model.dense_hidden=24"
+         " --set model.norm_placement=reordered --set model.embed_scale=5.6568542494923806 --set model.embedding_norm=true"
+         " --set model.qk_norm=per_head --set model.score_func=sigmoid --set model.sigmoid_eps=1e-7"
+         " --set model.norm_topk_prob=true --set model.norm_topk_p=2 --set model.restore_weight_scale=true"
+         " --set model.expert_weight_scale=0.8 --set model.original_top_k=4 --set model.shared_hidden=16"
+         " --set model.router_bias_gamma=0.001";
+}
+
 std::string variant_sets(const std::string& v) {
+  if (v == "olmo_core3_recompute") return olmo_core3_sets() + " --set train.recompute=true";
+  if (v == "olmo_core3_bf16") return olmo_core3_sets() + " --set train.precision=bf16";
+  if (v == "olmo_core3_mxfp8") return olmo_core3_sets() + " --set train.precision=mxfp8 --set model.expert_hidden=32";
   if (v == "recompute") return " --set train.recompute=true";
   if (v == "bf16") return " --set train.precision=bf16";
   // MXFP8 needs blocks of 32 along the expert width.

@@ -13,7 +13,13 @@ Sources of truth:
 The training loop (micro-batches, accumulation, torch.nn.utils.clip_grad_norm_, MODEL.md's LR
 schedule, torch.optim.AdamW with weight-decay groups, loss-free bias update) is in this script.
 
+- Olmo-core 3 configurations (tests/golden/olmo_core3/oc3_*.safetensors): ai2-olmo-core 3.0.0's
+  own OLMoDDPModel built by tools/reference/olmo_core3.py (float64, CPU), its router's auxiliary
+  losses and its cross_entropy_loss, cross-checked against its Olmo3MoeForCausalLM
+  (olmo3moe_check.py) and against the plain module.
+
 Usage: /path/to/venv/bin/python tools/reference/make_fixtures.py [--only NAME ...] [--out DIR]
+(the oc3_* fixtures are written to DIR/olmo_core3/)
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ sys.path.insert(0, HERE)
 import moe_reference as R  # noqa: E402
 from hf_side import HFAdapter, PlainAdapter, hf_f64_patches, hf_supported  # noqa: E402
 from fixture_io import read_safetensors_plain, self_test_file, to_np, versions, write_fixture  # noqa: E402
+import olmo_core3 as OC  # noqa: E402
+import olmo3moe_check as O3  # noqa: E402
 
 F64 = torch.float64
 torch.set_num_threads(1)  # bitwise-repeatable regeneration
@@ -134,6 +142,61 @@ FIXTURES["olmo_v1"] = dict(
     design=dict(seed=4004, embed_std=1.0, embed_offset=3.0, router_std=0.3,
                 zero_experts=[(1, 0, -8.0)], final_norm_scale=0.15, out_norm_scale=None,
                 bias_std=0.0, masked=(3, 9)),
+)
+
+
+# Olmo-core 3 (source "olmo_core3": OLMoDDPModel through olmo_core3.OlmoCore3Adapter). Written to
+# tests/golden/olmo_core3/. S = 64 and small hidden sizes keep the three files under 3 MB.
+def oc3_model(**kw):
+    m = dict(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
+             norm_eps=1e-6, norm_placement="peri", tie_embeddings=False, rope_theta=500000.0,
+             qk_norm="per_head", n_dense_layers=0, dense_hidden=24, num_experts=8, top_k=2,
+             expert_hidden=8, score_func="softmax", norm_topk_prob=False, shared_hidden=0,
+             shared_merge="sum", routing="learned", router_bias_gamma=0.0, init_std=0.02)
+    m.update(kw)
+    return R.ModelConfig(**m)
+
+
+OC3_TRAIN = R.TrainConfig(steps=10, seq_len=64, batch_size=4, micro_batch_size=2)
+
+FIXTURES["oc3_reordered"] = dict(
+    source="olmo_core3",
+    model=oc3_model(norm_placement="reordered", embed_scale=math.sqrt(32.0), embedding_norm=True,
+                    norm_topk_prob=True, norm_topk_p=1.0, restore_weight_scale=True,
+                    qk_norm="per_head", shared_hidden=8, dense_layers="1"),
+    loss=R.LossConfig(lm_z_coef=0.0, lbl_coef=0.05, router_z_coef=0.005),
+    optim=optim(max_grad_norm=0.415),
+    train=OC3_TRAIN,
+    design=dict(seed=5005, embed_std=1.0, embed_offset=3.0, router_std=0.3,
+                zero_experts=[(2, 3, -8.0)], final_norm_scale=1.0, out_norm_scale=0.04,
+                bias_std=0.0, masked=(5, 13)),
+)
+
+FIXTURES["oc3_sigmoid"] = dict(
+    source="olmo_core3",
+    model=oc3_model(vocab_size=48, n_layers=4, norm_placement="peri", qk_norm="full",
+                    score_func="sigmoid", sigmoid_eps=1e-7, norm_topk_prob=True, norm_topk_p=2.0,
+                    expert_weight_scale=2.5, top_k=2, original_top_k=4, router_bias_gamma=1e-3,
+                    dense_layers="0,2", dense_hidden=16),
+    loss=R.LossConfig(lm_z_coef=0.0, lbl_coef=0.05, router_z_coef=0.005),
+    optim=optim(max_grad_norm=0.4),
+    train=OC3_TRAIN,
+    design=dict(seed=6006, embed_std=1.0, embed_offset=3.0, router_std=0.3,
+                zero_experts=[(3, 5, -8.0)], final_norm_scale=1.0, out_norm_scale=0.04,
+                bias_std=0.05, masked=(9, 2)),
+)
+
+FIXTURES["oc3_topk_softmax"] = dict(
+    source="olmo_core3",
+    model=oc3_model(n_layers=2, norm_placement="pre", qk_norm="full", tie_embeddings=True,
+                    embed_scale=2.0, score_func="topk_softmax", top_k=3, norm_topk_prob=False,
+                    router_bias_gamma=1e-3, rope_theta=10000.0, norm_eps=1e-5),
+    loss=R.LossConfig(lm_z_coef=1e-3, lbl_coef=0.05, router_z_coef=0.005),
+    optim=optim(max_grad_norm=2.8),
+    train=OC3_TRAIN,
+    design=dict(seed=7007, embed_std=1.0, embed_offset=3.0, router_std=0.3,
+                zero_experts=[(0, 6, -8.0)], final_norm_scale=0.15, out_norm_scale=None,
+                bias_std=0.05, masked=(3, 17)),
 )
 
 
@@ -251,6 +314,8 @@ def olmo_core_aux(route, Bm, S, E, K, score_func, T_step):
 
 def lm_losses(adapter, logits, labels, n_loss):
     V = logits.shape[-1]
+    if hasattr(adapter, "lm_losses"):  # olmo_core3.OlmoCore3Adapter: Olmo-core's cross_entropy_loss
+        return adapter.lm_losses(logits, labels, n_loss)
     if isinstance(adapter, HFAdapter):
         from transformers.loss.loss_utils import fixed_cross_entropy
         ce = fixed_cross_entropy(logits.reshape(-1, V), labels.reshape(-1),
@@ -293,9 +358,15 @@ def run_training(adapter, fx, ids, labels, bias0, checks=None):
             assert [r["layer"] for r in info] == moe_layers
             ce, lmz = lm_losses(adapter, logits, labels[sl], n_loss)
             total = ce + lc.lm_z_coef * lmz
+            aux_in_graph = 0.0  # value of the aux losses the model attached to its own graph
             for r in info:
-                l_, z_, c_ = olmo_core_aux(r, mbs, S, E, K, cfg.score_func, T_step)
-                total = total + lc.lbl_coef * l_ + lc.router_z_coef * z_
+                if "lbl" in r:  # Olmo-core 3: its router's compute_aux_loss (loss_div_factor =
+                    # T_step), already attached to the graph by the block; counts from its router
+                    l_, z_, c_ = r["lbl"], r["rz"], r["counts"]
+                    aux_in_graph += float(lc.lbl_coef * l_ + lc.router_z_coef * z_)
+                else:
+                    l_, z_, c_ = olmo_core_aux(r, mbs, S, E, K, cfg.score_func, T_step)
+                    total = total + lc.lbl_coef * l_ + lc.router_z_coef * z_
                 lbl[r["layer"]] += float(l_.detach())
                 rz[r["layer"]] += float(z_.detach())
                 counts[r["layer"]] += c_.to(torch.int64)
@@ -304,7 +375,7 @@ def run_training(adapter, fx, ids, labels, bias0, checks=None):
                 if n == 1 and m == 0 and checks is not None:
                     aux_definition_checks(r, mbs, S, cfg, T_step, checks)
             total.backward()
-            acc["total"] += float(total.detach())
+            acc["total"] += float(total.detach()) + aux_in_graph
             acc["ce"] += float(ce.detach())
             acc["lm_z"] += float(lmz.detach())
             logits_all.append(logits.detach().clone())
@@ -325,6 +396,8 @@ def run_training(adapter, fx, ids, labels, bias0, checks=None):
         if bias is not None:
             for L in moe_layers:
                 bias[L] = R.loss_free_bias_update(bias[L], counts[L], cfg.router_bias_gamma)
+        if hasattr(adapter, "after_step"):
+            adapter.after_step(bias, counts)
         rec["total"].append(acc["total"])
         rec["ce"].append(acc["ce"])
         rec["lm_z"].append(acc["lm_z"])
@@ -581,6 +654,73 @@ def roundtrip_check(path):
     return d
 
 
+def model_json(cfg, source):
+    """The model section: the fixtures from before the Olmo-core 3 options keep exactly their keys
+    (the new fields are at their defaults there and are left out); oc3_* write every field."""
+    return R.model_dict(cfg, with_new_fields=source == "olmo_core3")
+
+
+# Bounds of the Olmo-core 3 cross-checks (float64).
+OC3_BOUND = 1e-12
+
+
+def olmo_core3_checks(fx, P, bias0, ids, labels, checks, shared_checks):
+    """Runs the 10 steps on Olmo-core 3's model (the source of truth) and records the checks:
+    plain module vs Olmo-core on this config, Olmo-core vs Olmo3MoeForCausalLM, Olmo-core's own
+    post_batch vs the bias update, small-gradient counts, what get_hf_config makes of the model."""
+    cfg, lc, tr = fx["model"], fx["loss"], fx["train"]
+    T_step = tr.batch_size * tr.seq_len
+    adapter = OC.OlmoCore3Adapter(cfg, P, lc.lbl_coef, lc.router_z_coef, T_step, tr.seq_len)
+    rec = run_training(adapter, fx, ids, labels, bias0, checks)
+    rp = run_training(PlainAdapter(cfg, P), fx, ids, labels, bias0)
+    cmp = OC.compare_with_plain(rp, rec, cfg)
+    assert cmp["step0_logits_rel_to_max"] <= OC3_BOUND, cmp
+    assert cmp["step0_grad_max_rel_to_tensor_max"] <= OC3_BOUND, cmp
+    assert cmp["routing_counts_equal_all_steps"], cmp
+    checks["plain_vs_olmo_core3_this_config"] = cmp
+    hf = O3.check(cfg, P, ids, labels, tr.seq_len)
+    if hf["applicable"]:
+        assert hf["logits_rel_to_max"] <= OC3_BOUND, hf
+        assert hf.get("ce_grad_max_rel_to_tensor_max", 0.0) <= OC3_BOUND, hf
+    checks["olmo_core3_vs_Olmo3MoeForCausalLM"] = hf
+    bc = adapter.bias_checks
+    checks["olmo_core3_post_batch_vs_bias_update"] = dict(
+        bias_max_abs_all_steps=max(d["bias"] for d in bc),
+        router_counts_equal_all_steps=all(d["counts_equal"] for d in bc))
+    assert all(d["counts_equal"] for d in bc)
+    checks["olmo_core_get_hf_config_on_this_model"] = OC.olmo_core_hf_config_attempt(adapter.m)
+    checks["olmo_core3_stock_float32_casts_vs_float64_step0_logits_rel"] = \
+        OC.stock_precision_logits_rel(cfg, P, ids[:tr.micro_batch_size], bias0)
+    g = OC.small_grad_counts(rec["step0"]["grads"])
+    checks["step1_grad_elements_below_1e-4_of_tensor_max"] = dict(
+        total=sum(g.values()), of=sum(t.numel() for t in rec["step0"]["grads"].values()),
+        per_tensor={n: c for n, c in g.items() if c})
+    return rec
+
+
+def oc3_vs_plain_olmo3_peri():
+    """Olmo-core 3 reference vs the plain module on the olmo3_peri fixture's configuration (both
+    express it: peri, per-head QK-norm, dense layer 0, shared expert, sigmoid without epsilon,
+    loss-free bias): the whole 10-step run."""
+    fx = FIXTURES["olmo3_peri"]
+    cfg, design, tr, lc = fx["model"], fx["design"], fx["train"], fx["loss"]
+    gen = torch.Generator().manual_seed(design["seed"])
+    torch.manual_seed(design["seed"])
+    P = init_params(cfg, design, gen)
+    bias0 = init_bias(cfg, design, gen)
+    ids, labels = make_batch(cfg, tr, design, gen)
+    redraw_until_separated(cfg, design, P, bias0, ids, gen)
+    rp = run_training(PlainAdapter(cfg, P), fx, ids, labels, bias0)
+    ad = OC.OlmoCore3Adapter(cfg, P, lc.lbl_coef, lc.router_z_coef, tr.batch_size * tr.seq_len,
+                             tr.seq_len)
+    ro = run_training(ad, fx, ids, labels, bias0)
+    cmp = OC.compare_with_plain(rp, ro, cfg)
+    assert cmp["step0_logits_rel_to_max"] <= OC3_BOUND, cmp
+    assert cmp["step0_grad_max_rel_to_tensor_max"] <= OC3_BOUND, cmp
+    assert cmp["routing_counts_equal_all_steps"], cmp
+    return cmp
+
+
 # =========================================================================== main
 def build_fixture(name, fx, shared_checks):
     cfg, lc, oc, tr, design = fx["model"], fx["loss"], fx["optim"], fx["train"], fx["design"]
@@ -594,7 +734,9 @@ def build_fixture(name, fx, shared_checks):
 
     checks = OrderedDict()
     checks["embedding_rows_redrawn_for_routing_separation"] = n_redrawn
-    if fx["source"] == "hf":
+    if fx["source"] == "olmo_core3":
+        rec = olmo_core3_checks(fx, P, bias0, ids, labels, checks, shared_checks)
+    elif fx["source"] == "hf":
         with hf_f64_patches(True):
             adapter = HFAdapter(cfg, P)
             rec = run_training(adapter, fx, ids, labels, bias0, checks)
@@ -608,6 +750,8 @@ def build_fixture(name, fx, shared_checks):
             checks["olmo_core_dense_block_vs_plain_layer0"] = olmo_core_dense_block_check(
                 fx, P, ids)
     checks["plain_vs_OlmoeForCausalLM_olmoe_pre"] = shared_checks["plain_vs_hf"]
+    if fx["source"] == "olmo_core3":
+        checks["plain_vs_olmo_core3_olmo3_peri"] = shared_checks["plain_vs_oc3_olmo3_peri"]
 
     s0 = rec["step0"]
     mbs = tr.micro_batch_size
@@ -672,10 +816,16 @@ def build_fixture(name, fx, shared_checks):
         assert tuple(T["step0.grad." + n].shape) == R.param_shapes(cfg)[n]
         assert tuple(T["final.param." + n].shape) == R.param_shapes(cfg)[n]
 
-    source = ("transformers OlmoeForCausalLM (float64; RMSNorm/router-softmax/RoPE float32 "
-              "upcasts patched to keep float64) + olmo-core loss functions"
-              if fx["source"] == "hf" else
-              "tools/reference/moe_reference.py (plain float64 module) + olmo-core loss functions")
+    source = {
+        "hf": "transformers OlmoeForCausalLM (float64; RMSNorm/router-softmax/RoPE float32 "
+              "upcasts patched to keep float64) + olmo-core loss functions",
+        "plain": "tools/reference/moe_reference.py (plain float64 module) + olmo-core loss "
+                 "functions",
+        "olmo_core3": "olmo_core3: ai2-olmo-core 3.0.0's own OLMoDDPModel (moe_fused_v2 blocks) "
+                      "built by tools/reference/olmo_core3.py, float64 on CPU (only its GPU "
+                      "plumbing replaced: TE permute/unpermute, grouped GEMM, streams; its "
+                      "float32 casts keep float64), with its router's compute_aux_loss and its "
+                      "cross_entropy_loss"}[fx["source"]]
     notes = dict(
         source=source,
         batches="the same batch (ids, labels) is used at every one of the 10 steps",
@@ -687,11 +837,27 @@ def build_fixture(name, fx, shared_checks):
         train="train.X[n-1] is optimizer step n (n = 1..10): total/ce/grad_norm measured on the "
               "parameters before step n, train.lr the LR used by step n; final.* after step 10",
         aux_normalization="step LBL / router z-loss = sum_m (T_m/T_step) X_m (MODEL.md); olmo-core "
-                          "functions called with loss_div_factor = T_step",
+                          "functions called with loss_div_factor = T_step"
+                          + ("; olmo_core3: OLMoDDPModel.forward(loss_div_factor = T_step = all "
+                             "tokens of the step, not Olmo-core's trainer's labelled tokens), so "
+                             "its router's compute_aux_loss returns (T_m/T_step) X_m and attaches "
+                             "lbl_coef x LBL + router_z_coef x z to the graph"
+                             if fx["source"] == "olmo_core3" else ""),
         design=dict(design, zero_experts=[list(z) for z in design["zero_experts"]],
                     embedding_rows_redrawn=n_redrawn),
     )
-    cfg_json = dict(model=asdict(cfg), loss=asdict(lc), optim=asdict(oc), train=asdict(tr))
+    if fx["source"] == "olmo_core3":
+        notes["olmo_core3"] = (
+            "LM loss: Olmo-core's cross_entropy_loss (reduction sum, z multiplier 1) / labelled "
+            "tokens of the step; LBL (local batch) and router z-loss: its MoERouterV2."
+            "compute_aux_loss with loss_div_factor = all tokens of the step (moecore's definition; "
+            "Olmo-core's trainer would pass the labelled tokens), lb/z weights = lbl_coef / "
+            "router_z_coef; the loss-free bias update is run_training's (float64), checked against "
+            "Olmo-core's post_batch (checks). Plain-torch replacements of its GPU plumbing only; "
+            "its float32 casts keep float64 (tools/reference/olmo_core3.py). None of "
+            "make_fixtures' design requirements is relaxed.")
+    cfg_json = dict(model=model_json(cfg, fx["source"]), loss=asdict(lc), optim=asdict(oc),
+                    train=asdict(tr))
     metadata = OrderedDict()
     metadata["format"] = "moecore-golden-v1"
     metadata["config"] = json.dumps(cfg_json)
@@ -719,24 +885,31 @@ def main():
     plain_vs_hf, _ = hf_vs_plain(fx0, P0, ids0, labels0)
     print("plain vs HF (olmoe_pre):", json.dumps(plain_vs_hf, indent=1))
     shared = dict(plain_vs_hf=plain_vs_hf)
+    todo = [n for n in FIXTURES if not args.only or n in args.only]
+    if any(FIXTURES[n]["source"] == "olmo_core3" for n in todo):
+        shared["plain_vs_oc3_olmo3_peri"] = oc3_vs_plain_olmo3_peri()
+        print("plain vs Olmo-core 3 (olmo3_peri):", json.dumps(shared["plain_vs_oc3_olmo3_peri"]))
 
-    total = 0
-    for name, fx in FIXTURES.items():
-        if args.only and name not in args.only:
-            continue
+    total = dict(legacy=0, olmo_core3=0)
+    for name in todo:
+        fx = FIXTURES[name]
         T, meta, checks = build_fixture(name, fx, shared)
-        path = os.path.join(args.out, name + ".safetensors")
+        group = "olmo_core3" if fx["source"] == "olmo_core3" else "legacy"
+        out_dir = os.path.join(args.out, "olmo_core3") if group == "olmo_core3" else args.out
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, name + ".safetensors")
         arrays = write_fixture(path, T, meta)
         n = self_test_file(path, arrays, meta)
         rt = roundtrip_check(path)
         print(f"{name}: roundtrip (plain module rerun from the file) max diffs {rt}")
         assert max(rt.values()) < 1e-10, rt
         size = os.path.getsize(path)
-        total += size
+        total[group] += size
         print(f"{name}: {n} tensors, {size} bytes -> {path}")
         print(json.dumps(checks, indent=1)[:6000])
     print("total bytes", total)
-    assert total < 5 * 1024 * 1024
+    assert total["legacy"] < 5 * 1024 * 1024
+    assert total["olmo_core3"] <= 3 * 1000 * 1000
 
 
 if __name__ == "__main__":

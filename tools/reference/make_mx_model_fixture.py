@@ -381,7 +381,7 @@ def main():
         step0_ce_mxfp8_minus_unquantized=s0["ce"] - plain["step0"]["ce"],
         final_ce_rel_change_mxfp8_vs_unquantized=(rec["ce"][-1] - plain["ce"][-1]) / plain["ce"][-1],
     )
-    cfg_json = dict(model=asdict(cfg), loss=asdict(lc), optim=asdict(oc),
+    cfg_json = dict(model=R.model_dict(cfg, with_new_fields=False), loss=asdict(lc), optim=asdict(oc),
                     train=dict(asdict(tr), precision="mxfp8"),
                     mxfp8=dict(experts=True, dispatch=True, attention=True, scale_rule=RULE, grad_format=ELEM))
     ver = dict(versions(), torchao=pkg_version("torchao"), script="tools/reference/make_mx_model_fixture.py")

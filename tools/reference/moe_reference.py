@@ -5,9 +5,15 @@ it can be checked against both (see make_fixtures.py, which compares it with tra
 OlmoeForCausalLM and uses olmo-core's loss functions). Parameter names are exactly MODEL.md's
 (`embed`, `layers.0.wq`, `layers.1.experts.gate`, ...). Everything runs in float64.
 
-Options covered: norm_placement pre|peri, qk_norm none|full|per_head, n_dense_layers, shared expert
-(shared_merge sum|v1), score_func softmax|sigmoid, norm_topk_prob, router_bias (loss-free
-balancing), tie_embeddings, GQA, RoPE rotate-halves with theta, head_dim != d_model / n_heads.
+Options covered: norm_placement pre|peri|reordered, qk_norm none|full|per_head, n_dense_layers or
+dense_layers (any indices), shared expert (shared_merge sum|v1), score_func softmax|sigmoid|
+topk_softmax, sigmoid_eps, norm_topk_prob with norm_topk_p, restore_weight_scale,
+expert_weight_scale, original_top_k, router_bias (loss-free balancing), embed_scale,
+embedding_norm, tie_embeddings, GQA, RoPE rotate-halves with theta, head_dim != d_model / n_heads.
+The options added for Olmo-core 3 (reordered norm, embed_scale, embedding_norm, norm_topk_p,
+restore_weight_scale, expert_weight_scale, original_top_k, sigmoid_eps, topk_softmax,
+dense_layers) follow ai2-olmo-core 3.0.0's OLMoDDPModel / OLMoDDPTransformerBlock / MoERouterV2;
+see tools/reference/olmo_core3.py, which checks this module against that model.
 
 Nothing here is run by CI; CI only reads the fixtures written by make_fixtures.py.
 """
@@ -50,20 +56,63 @@ class ModelConfig:
     routing: str  # only "learned" here
     router_bias_gamma: float  # 0 = loss-free balancing off
     init_std: float
+    # ---- Olmo-core 3 options (defaults = the behaviour before they existed)
+    embed_scale: float = 1.0  # h = embed(ids) * embed_scale
+    embedding_norm: bool = False  # then h = rmsnorm(h, embed_norm)
+    norm_topk_p: float = 1.0  # norm_topk_prob: weights /= ||weights||_p
+    restore_weight_scale: bool = False  # weights *= top_k (after normalizing)
+    expert_weight_scale: float = 1.0  # weights *= expert_weight_scale
+    original_top_k: int = 0  # 0 = top_k; else weights *= sqrt(original_top_k / top_k)
+    sigmoid_eps: float = 0.0  # sigmoid scores + eps (selection, weights and LBL)
+    dense_layers: str = ""  # "1" or "0,2": dense layer indices ("" = the first n_dense_layers)
+
+    # the fields added for Olmo-core 3, in order (make_fixtures writes them only when set)
+    NEW_FIELDS = ("embed_scale", "embedding_norm", "norm_topk_p", "restore_weight_scale",
+                  "expert_weight_scale", "original_top_k", "sigmoid_eps", "dense_layers")
+
+    def dense_layer_set(self):
+        if self.dense_layers:
+            return sorted({int(v) for v in self.dense_layers.split(",")})
+        return list(range(self.n_dense_layers))
+
+    def is_dense(self, L):
+        return L in self.dense_layer_set()
 
     def moe_layers(self):
-        return [L for L in range(self.n_layers) if L >= self.n_dense_layers]
+        dense = self.dense_layer_set()
+        return [L for L in range(self.n_layers) if L not in dense]
 
     def validate(self):
-        assert self.norm_placement in ("pre", "peri")
+        assert self.norm_placement in ("pre", "peri", "reordered")
         assert self.qk_norm in ("none", "full", "per_head")
-        assert self.score_func in ("softmax", "sigmoid")
+        assert self.score_func in ("softmax", "sigmoid", "topk_softmax")
         assert self.shared_merge in ("sum", "v1")
         assert self.routing == "learned"
         assert self.n_heads % self.n_kv_heads == 0
         assert self.head_dim % 2 == 0
         assert 0 <= self.n_dense_layers <= self.n_layers
         assert 1 <= self.top_k < self.num_experts
+        if self.dense_layers:
+            assert self.n_dense_layers == 0, "dense_layers replaces n_dense_layers"
+            idx = [int(v) for v in self.dense_layers.split(",")]
+            assert len(set(idx)) == len(idx) and all(0 <= i < self.n_layers for i in idx)
+            assert ",".join(str(i) for i in sorted(idx)) == self.dense_layers
+        assert self.norm_topk_p > 0 and self.expert_weight_scale > 0 and self.sigmoid_eps >= 0
+        assert self.original_top_k >= 0
+        assert self.sigmoid_eps == 0 or self.score_func == "sigmoid"
+
+
+def model_dict(cfg: ModelConfig, with_new_fields: bool = True) -> dict:
+    """The config's fields as a dict (fixture metadata). with_new_fields=False leaves out the
+    Olmo-core 3 fields (asserting they are at their defaults), so fixtures written before those
+    options existed keep exactly their keys and bytes."""
+    from dataclasses import asdict
+    m = asdict(cfg)
+    if not with_new_fields:
+        for k in ModelConfig.NEW_FIELDS:
+            assert m[k] == ModelConfig.__dataclass_fields__[k].default, (k, m[k])
+            del m[k]
+    return m
 
 
 @dataclass
@@ -102,10 +151,15 @@ def param_shapes(cfg: ModelConfig) -> "OrderedDict[str, tuple]":
     E, Fe, Fd, Fs = cfg.num_experts, cfg.expert_hidden, cfg.dense_hidden, cfg.shared_hidden
     s = OrderedDict()
     s["embed"] = (V, D)
+    if cfg.embedding_norm:
+        s["embed_norm"] = (D,)
+    in_norm = cfg.norm_placement in ("pre", "peri")  # sublayer input norms
+    out_norm = cfg.norm_placement in ("peri", "reordered")  # sublayer output norms
     for L in range(cfg.n_layers):
         p = f"layers.{L}."
-        s[p + "attn_norm"] = (D,)
-        if cfg.norm_placement == "peri":
+        if in_norm:
+            s[p + "attn_norm"] = (D,)
+        if out_norm:
             s[p + "attn_out_norm"] = (D,)
         s[p + "wq"] = (H * hd, D)
         s[p + "wk"] = (G * hd, D)
@@ -117,10 +171,11 @@ def param_shapes(cfg: ModelConfig) -> "OrderedDict[str, tuple]":
         elif cfg.qk_norm == "per_head":
             s[p + "q_norm"] = (hd,)
             s[p + "k_norm"] = (hd,)
-        s[p + "ffn_norm"] = (D,)
-        if cfg.norm_placement == "peri":
+        if in_norm:
+            s[p + "ffn_norm"] = (D,)
+        if out_norm:
             s[p + "ffn_out_norm"] = (D,)
-        if L < cfg.n_dense_layers:
+        if cfg.is_dense(L):
             s[p + "mlp.gate"] = (Fd, D)
             s[p + "mlp.up"] = (Fd, D)
             s[p + "mlp.down"] = (D, Fd)
@@ -230,16 +285,34 @@ class MoEReference(torch.nn.Module):
         P = lambda n: self.param(f"layers.{L}.{n}")
         x = h.reshape(B * S, D)
         z = F.linear(x, P("router"))  # (T, E) router logits
-        s = torch.softmax(z, dim=-1) if c.score_func == "softmax" else torch.sigmoid(z)
-        sel = s.detach()
+        if c.score_func == "sigmoid":
+            s = torch.sigmoid(z)
+            if c.sigmoid_eps > 0:
+                s = s + c.sigmoid_eps
+        else:  # softmax, topk_softmax: the load-balancing loss uses the full softmax
+            s = torch.softmax(z, dim=-1)
+        # topk_softmax selects on the logits, the others on the scores
+        sel = z.detach() if c.score_func == "topk_softmax" else s.detach()
         if router_bias is not None:
             sel = sel + router_bias[None, :]
-        # Top-k of (scores + bias), ties to the lower expert id (stable descending sort).
+        # Top-k of (selection + bias), ties to the lower expert id (stable descending sort).
         order = torch.sort(sel, dim=-1, descending=True, stable=True).indices
         idx = order[:, : c.top_k]  # (T, K)
-        w = s.gather(1, idx)  # unbiased scores
+        if c.score_func == "topk_softmax":
+            w = torch.softmax(z.gather(1, idx), dim=-1)  # softmax over the selected logits
+        else:
+            w = s.gather(1, idx)  # unbiased scores
         if c.norm_topk_prob:
-            w = w / w.sum(dim=-1, keepdim=True)
+            if c.norm_topk_p == 1.0:
+                w = w / w.sum(dim=-1, keepdim=True)
+            else:
+                w = w / torch.linalg.vector_norm(w, ord=c.norm_topk_p, dim=-1, keepdim=True)
+        if c.restore_weight_scale:
+            w = w * c.top_k
+        if c.expert_weight_scale != 1.0:
+            w = w * c.expert_weight_scale
+        if c.original_top_k and c.original_top_k != c.top_k:
+            w = w * math.sqrt(c.original_top_k / c.top_k)
         out = torch.zeros_like(x)
         gate_w, up_w, down_w = P("experts.gate"), P("experts.up"), P("experts.down")
         for e in range(c.num_experts):
@@ -265,22 +338,28 @@ class MoEReference(torch.nn.Module):
         Returns logits (B,S,V) and a list of per-MoE-layer routing dicts."""
         c = self.cfg
         x = F.embedding(ids.long(), self.param("embed"))
+        if c.embed_scale != 1.0:
+            x = x * c.embed_scale
+        if c.embedding_norm:
+            x = rmsnorm(x, self.param("embed_norm"), c.norm_eps)
         info = []
         if hidden is not None:
             hidden.append(x)
+        in_norm = c.norm_placement in ("pre", "peri")
+        out_norm = c.norm_placement in ("peri", "reordered")
         for L in range(c.n_layers):
             P = lambda n: self.param(f"layers.{L}.{n}")
-            a = self._attention(L, rmsnorm(x, P("attn_norm"), c.norm_eps))
-            if c.norm_placement == "peri":
+            a = self._attention(L, rmsnorm(x, P("attn_norm"), c.norm_eps) if in_norm else x)
+            if out_norm:
                 a = rmsnorm(a, P("attn_out_norm"), c.norm_eps)
             x = x + a
-            h = rmsnorm(x, P("ffn_norm"), c.norm_eps)
-            if L < c.n_dense_layers:
+            h = rmsnorm(x, P("ffn_norm"), c.norm_eps) if in_norm else x
+            if c.is_dense(L):
                 f = swiglu_mlp(h, P("mlp.gate"), P("mlp.up"), P("mlp.down"))
             else:
                 rb = None if router_bias is None else router_bias.get(L)
                 f = self._moe(L, h, rb, info)
-            if c.norm_placement == "peri":
+            if out_norm:
                 f = rmsnorm(f, P("ffn_out_norm"), c.norm_eps)
             x = x + f
             if hidden is not None:
@@ -304,7 +383,7 @@ def lm_loss_sums(logits, labels):
 def lbl_definition(scores, counts, top_k, score_func):
     """MODEL.md / op_list load_balance_loss for one micro-batch: E * sum_i f_i P_i."""
     T, E = scores.shape
-    p = scores
+    p = scores  # topk_softmax: the full softmax
     if score_func == "sigmoid":
         p = p / p.sum(dim=-1, keepdim=True)
     f = counts.to(scores.dtype) / (top_k * T)

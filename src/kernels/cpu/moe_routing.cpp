@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/rng.h"
 #include "kernels/dtype_dispatch.h"
+#include "kernels/expert_weights.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ref/ref_ops.h"
 
@@ -49,8 +51,8 @@ template <class T> void topk_row(const T* sel, int64_t E, int64_t K, int32_t* ou
 
 }  // namespace
 
-void router_scores_fwd(const Tensor& logits, int kind, const Tensor& scores) {
-  check_same_shape(logits, scores, "router_scores_fwd");
+void router_scores_fwd(const Tensor& logits, int kind, double eps, const Tensor& scores) {
+  check_router_scores(logits, kind, eps, scores, "router_scores_fwd");
   dispatch_real(logits.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* z = logits.as<T>();
@@ -61,7 +63,7 @@ void router_scores_fwd(const Tensor& logits, int kind, const Tensor& scores) {
       const T* zr = z + t * E;
       T* sr = s + t * E;
       if (kind == 1) {
-        for (int64_t e = 0; e < E; ++e) sr[e] = T(1) / (T(1) + std::exp(-zr[e]));
+        for (int64_t e = 0; e < E; ++e) sr[e] = T(1) / (T(1) + std::exp(-zr[e])) + static_cast<T>(eps);
         continue;
       }
       T mx = zr[0];
@@ -74,9 +76,8 @@ void router_scores_fwd(const Tensor& logits, int kind, const Tensor& scores) {
   });
 }
 
-void router_scores_bwd(const Tensor& dscores, const Tensor& scores, int kind, const Tensor& dlogits) {
-  check_same_shape(dscores, scores, "router_scores_bwd");
-  check_same_shape(dlogits, scores, "router_scores_bwd");
+void router_scores_bwd(const Tensor& dscores, const Tensor& scores, int kind, double eps, const Tensor& dlogits) {
+  check_router_scores_bwd(dscores, scores, kind, eps, dlogits);
   dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* ds = dscores.as<T>();
@@ -89,7 +90,10 @@ void router_scores_bwd(const Tensor& dscores, const Tensor& scores, int kind, co
       const T* sr = s + t * E;
       T* zr = dz + t * E;
       if (kind == 1) {
-        for (int64_t e = 0; e < E; ++e) zr[e] += dr[e] * sr[e] * (T(1) - sr[e]);
+        for (int64_t e = 0; e < E; ++e) {
+          const T sig = sr[e] - static_cast<T>(eps);
+          zr[e] += dr[e] * sig * (T(1) - sig);
+        }
         continue;
       }
       T dot = 0;
@@ -99,11 +103,9 @@ void router_scores_bwd(const Tensor& dscores, const Tensor& scores, int kind, co
   });
 }
 
-void router_topk(const Tensor& scores, const Tensor& bias, const Tensor& expert_idx) {
-  const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
-  check_shape(expert_idx, {N, K}, "router_topk expert_idx");
-  MOE_CHECK(K <= E, "router_topk: K=", K, " > E=", E);
-  if (!bias.empty()) check_shape(bias, {E}, "router_topk bias");
+void router_topk(const Tensor& scores, const Tensor& bias, int64_t n_group, int64_t topk_group, const Tensor& expert_idx) {
+  const RoutingDims dims = check_router_topk(scores, bias, n_group, topk_group, expert_idx);
+  const int64_t N = dims.T, E = dims.E, K = dims.K;
   dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* s = scores.as<T>();
@@ -112,12 +114,19 @@ void router_topk(const Tensor& scores, const Tensor& bias, const Tensor& expert_
 #pragma omp parallel
     {
       T* sel = scratch<T, 1>(E);
+      uint32_t* allowed = scratch<uint32_t, 5>((n_group + 31) / 32 + 1);
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < N; ++t) {
         const T* row = s + t * E;
-        if (b) {
-          for (int64_t e = 0; e < E; ++e) sel[e] = row[e] + b[e];
+        if (b || n_group > 0) {
+          for (int64_t e = 0; e < E; ++e) sel[e] = row[e] + (b ? b[e] : T(0));
           row = sel;
+        }
+        if (n_group > 0) {  // experts outside the chosen groups cannot be chosen
+          allowed_groups([&](int64_t e) { return sel[e]; }, E, n_group, topk_group, allowed);
+          const int64_t per = E / n_group;
+          for (int64_t e = 0; e < E; ++e)
+            if (!(allowed[e / per / 32] & (1u << ((e / per) & 31)))) sel[e] = -std::numeric_limits<T>::infinity();
         }
         topk_row(row, E, K, idx + t * K);
       }
@@ -127,8 +136,8 @@ void router_topk(const Tensor& scores, const Tensor& bias, const Tensor& expert_
 
 void router_assign(int kind, uint64_t seed, uint64_t stream, int64_t token_base, int num_experts,
                    const Tensor& expert_idx) {
-  const int64_t N = expert_idx.rows(), K = expert_idx.cols(), E = num_experts;
-  MOE_CHECK(K <= E, "router_assign: K=", K, " > E=", E);
+  const RoutingDims dims = check_router_assign(kind, num_experts, expert_idx);
+  const int64_t N = dims.T, E = dims.E, K = dims.K;
   int32_t* idx = expert_idx.as<int32_t>();
 #pragma omp parallel
   {
@@ -148,9 +157,9 @@ void router_assign(int kind, uint64_t seed, uint64_t stream, int64_t token_base,
   }
 }
 
-void router_gather(const Tensor& scores, const Tensor& expert_idx, bool norm_topk, const Tensor& weights) {
-  const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
-  check_shape(weights, {N, K}, "router_gather weights");
+void router_gather(const Tensor& scores, const Tensor& expert_idx, const ExpertWeightRule& rule, const Tensor& weights) {
+  const RoutingDims dims = check_router_gather(scores, expert_idx, rule, weights);
+  const int64_t N = dims.T, E = dims.E, K = dims.K;
   dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* s = scores.as<T>();
@@ -158,35 +167,42 @@ void router_gather(const Tensor& scores, const Tensor& expert_idx, bool norm_top
     T* w = weights.as<T>();
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; ++t) {
-      T sum = 0;
-      for (int64_t j = 0; j < K; ++j) sum += (w[t * K + j] = s[t * E + idx[t * K + j]]);
-      if (norm_topk)
-        for (int64_t j = 0; j < K; ++j) w[t * K + j] /= sum;
+      for (int64_t j = 0; j < K; ++j) w[t * K + j] = s[t * E + idx[t * K + j]];
+      T c = static_cast<T>(rule.factor);
+      if (rule.norm_p > 0) c /= topk_norm(w + t * K, K, rule.norm_p);
+      for (int64_t j = 0; j < K; ++j) w[t * K + j] *= c;
     }
   });
 }
 
 void router_gather_bwd(const Tensor& dweights, const Tensor& scores, const Tensor& expert_idx,
-                       bool norm_topk, const Tensor& dscores) {
-  const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
-  check_same_shape(dscores, scores, "router_gather_bwd dscores");
+                       const ExpertWeightRule& rule, const Tensor& dscores) {
+  const RoutingDims dims = check_router_gather_bwd(dweights, scores, expert_idx, rule, dscores);
+  const int64_t N = dims.T, E = dims.E, K = dims.K;
   dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* s = scores.as<T>();
     const T* dw = dweights.as<T>();
     const int32_t* idx = expert_idx.as<int32_t>();
     T* ds = dscores.as<T>();
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; ++t) {
-      if (!norm_topk) {
-        for (int64_t j = 0; j < K; ++j) ds[t * E + idx[t * K + j]] += dw[t * K + j];
-        continue;
+    const T c = static_cast<T>(rule.factor);
+#pragma omp parallel
+    {
+      T* sel = scratch<T, 4>(K);
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < N; ++t) {
+        if (rule.norm_p <= 0) {
+          for (int64_t j = 0; j < K; ++j) ds[t * E + idx[t * K + j]] += c * dw[t * K + j];
+          continue;
+        }
+        // As the reference: ds_j = c (dw_j - (sum_i dw_i s_i / n) (s_j / n)^(p-1)) / n.
+        for (int64_t j = 0; j < K; ++j) sel[j] = s[t * E + idx[t * K + j]];
+        const T n = topk_norm(sel, K, rule.norm_p);
+        T dot = 0;
+        for (int64_t j = 0; j < K; ++j) dot += dw[t * K + j] * sel[j] / n;
+        for (int64_t j = 0; j < K; ++j)
+          ds[t * E + idx[t * K + j]] += c * (dw[t * K + j] - dot * norm_power(sel[j] / n, rule.norm_p - 1)) / n;
       }
-      T sum = 0;
-      for (int64_t j = 0; j < K; ++j) sum += s[t * E + idx[t * K + j]];
-      T dot = 0;
-      for (int64_t j = 0; j < K; ++j) dot += dw[t * K + j] * s[t * E + idx[t * K + j]] / sum;
-      for (int64_t j = 0; j < K; ++j) ds[t * E + idx[t * K + j]] += (dw[t * K + j] - dot) / sum;
     }
   });
 }
@@ -199,10 +215,8 @@ void add_counts(const Tensor& counts, const Tensor& total) { ref::add_counts(cou
 
 void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
               const Tensor& sorted_slot, const Tensor& slot_pos) {
+  check_moe_plan(expert_idx, counts, offsets, sorted_slot, slot_pos);
   const int64_t R = expert_idx.numel(), E = counts.numel();
-  check_shape(offsets, {E + 1}, "moe_plan offsets");
-  check_shape(sorted_slot, {R}, "moe_plan sorted_slot");
-  check_shape(slot_pos, {R}, "moe_plan slot_pos");
   const int32_t* idx = expert_idx.as<int32_t>();
   // Parallel stable counting sort: per-chunk histograms, an exclusive scan in (expert, chunk)
   // order, then each chunk scatters its slots in order. The result is the unique stable order.
@@ -247,11 +261,8 @@ void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offs
 }
 
 void moe_gather(const Tensor& x, const Tensor& sorted_slot, const Tensor& xs) {
-  const int64_t T = x.rows(), D = x.cols(), R = sorted_slot.numel();
-  MOE_CHECK(T > 0 && R % T == 0, "moe_gather: ", R, " slots for ", T, " tokens");
-  const int64_t K = R / T;
-  check_shape(xs, {R, D}, "moe_gather xs");
-  MOE_CHECK(xs.dtype == x.dtype, "moe_gather: dtypes differ");
+  const PermuteDims dims = check_moe_gather(x, sorted_slot, xs);
+  const int64_t D = dims.D, K = dims.K, R = dims.T * K;
   const size_t row = static_cast<size_t>(D) * dtype_size(x.dtype);
   const int32_t* sorted = sorted_slot.as<int32_t>();
 #pragma omp parallel for schedule(static)
@@ -262,7 +273,8 @@ void moe_gather(const Tensor& x, const Tensor& sorted_slot, const Tensor& xs) {
 }
 
 void moe_gather_bwd(const Tensor& dxs, const Tensor& slot_pos, const Tensor& dx) {
-  const int64_t T = dx.rows(), D = dx.cols(), K = slot_pos.numel() / T;
+  const PermuteDims dims = check_moe_gather_bwd(dxs, slot_pos, dx);
+  const int64_t T = dims.T, D = dims.D, K = dims.K;
   dispatch_real(dx.dtype, __func__, [&](auto zero) {
     using F = decltype(zero);
     const F* g = dxs.as<F>();
@@ -281,8 +293,8 @@ void moe_gather_bwd(const Tensor& dxs, const Tensor& slot_pos, const Tensor& dx)
 
 void moe_combine(const Tensor& ys, const Tensor& slot_pos, const Tensor& weights, const Tensor& out,
                  bool accumulate) {
-  const int64_t T = out.rows(), D = out.cols(), K = weights.cols();
-  check_shape(weights, {T, K}, "moe_combine weights");
+  const PermuteDims dims = check_moe_combine(ys, slot_pos, weights, out);
+  const int64_t T = dims.T, D = dims.D, K = dims.K;
   dispatch_real(out.dtype, __func__, [&](auto zero) {
     using F = decltype(zero);
     const F* y = ys.as<F>();
@@ -306,8 +318,8 @@ void moe_combine(const Tensor& ys, const Tensor& slot_pos, const Tensor& weights
 
 void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_pos,
                      const Tensor& weights, const Tensor& dys, const Tensor& dweights) {
-  const int64_t T = dout.rows(), D = dout.cols(), K = weights.cols();
-  check_shape(dweights, {T, K}, "moe_combine_bwd dweights");
+  const PermuteDims dims = check_moe_combine_bwd(dout, ys, slot_pos, weights, dys, dweights);
+  const int64_t T = dims.T, D = dims.D, K = dims.K;
   // ys may be stored in bf16 (bf16 mode's saved expert outputs); gradients stay in F.
   auto run = [&](auto zero, auto ys_zero) {
     using F = decltype(zero);
@@ -343,9 +355,8 @@ void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_po
 void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int top_k,
                        double value_scale, double grad_scale, const Tensor& out,
                        const Tensor& dscores, const Tensor& mean_prob) {
-  const int64_t T = scores.rows(), E = scores.cols();
-  check_shape(counts, {E}, "load_balance_loss counts");
-  check_shape(mean_prob, {E}, "load_balance_loss mean_prob");
+  const RoutingDims dims = check_load_balance_loss(scores, counts, kind, top_k, out, dscores, mean_prob);
+  const int64_t T = dims.T, E = dims.E;
   dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using F = decltype(zero);
     const F* s = scores.as<F>();
@@ -395,7 +406,8 @@ void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int
 
 void router_z_loss(const Tensor& logits, double value_scale, double grad_scale, const Tensor& out,
                    const Tensor& dlogits) {
-  const int64_t T = logits.rows(), E = logits.cols();
+  const RoutingDims dims = check_router_z_loss(logits, out, dlogits);
+  const int64_t T = dims.T, E = dims.E;
   dispatch_real(logits.dtype, __func__, [&](auto zero) {
     using F = decltype(zero);
     const F* z = logits.as<F>();

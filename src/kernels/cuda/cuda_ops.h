@@ -5,6 +5,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "kernels/routing_checks.h"
 
 namespace moe::cuda {
 

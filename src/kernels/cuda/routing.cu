@@ -11,6 +11,7 @@
 #include "kernels/cuda/dispatch.h"
 #include "kernels/ep_checks.h"
 #include "kernels/ep_plan_math.h"
+#include "kernels/expert_weights.h"
 #include "kernels/ops.h"
 #include "kernels/step_control.h"
 
@@ -36,13 +37,13 @@ __device__ __forceinline__ void row_max_and_exp_sum(const float* zr, int64_t E, 
   sum = warp_sum(sum);
 }
 
-__global__ void router_scores_fwd_kernel(const float* z, int kind, float* s, int64_t n, int64_t E) {
+__global__ void router_scores_fwd_kernel(const float* z, int kind, float eps, float* s, int64_t n, int64_t E) {
   const int lane = threadIdx.x & 31;
   MOE_WARP_LOOP(t, n) {
     const float* zr = z + t * E;
     float* sr = s + t * E;
     if (kind == 1) {
-      for (int64_t e = lane; e < E; e += 32) sr[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-zr[e])));
+      for (int64_t e = lane; e < E; e += 32) sr[e] = __fadd_rn(__fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-zr[e]))), eps);
       continue;
     }
     float mx, sum;
@@ -51,14 +52,18 @@ __global__ void router_scores_fwd_kernel(const float* z, int kind, float* s, int
   }
 }
 
-__global__ void router_scores_bwd_kernel(const float* ds, const float* s, int kind, float* dz, int64_t n, int64_t E) {
+__global__ void router_scores_bwd_kernel(const float* ds, const float* s, int kind, float eps, float* dz, int64_t n,
+                                         int64_t E) {
   const int lane = threadIdx.x & 31;
   MOE_WARP_LOOP(t, n) {
     const float* dr = ds + t * E;
     const float* sr = s + t * E;
     float* zr = dz + t * E;
     if (kind == 1) {
-      for (int64_t e = lane; e < E; e += 32) zr[e] = __fadd_rn(zr[e], __fmul_rn(__fmul_rn(dr[e], sr[e]), __fsub_rn(1.0f, sr[e])));
+      for (int64_t e = lane; e < E; e += 32) {
+        const float sig = __fsub_rn(sr[e], eps);
+        zr[e] = __fadd_rn(zr[e], __fmul_rn(__fmul_rn(dr[e], sig), __fsub_rn(1.0f, sig)));
+      }
       continue;
     }
     float dot = 0;
@@ -88,10 +93,24 @@ template <class Value> __device__ void topk_scan(Value value, int64_t E, int64_t
   }
 }
 
-__global__ void router_topk_kernel(const float* s, const float* bias, int32_t* idx, int64_t n, int64_t E, int64_t K) {
+__global__ void router_topk_kernel(const float* s, const float* bias, int64_t n_group, int64_t topk_group, int32_t* idx,
+                                   int64_t n, int64_t E, int64_t K) {
   MOE_GRID_LOOP(t, n) {
     const float* sr = s + t * E;
-    topk_scan([&](int64_t e) { return static_cast<double>(bias ? __fadd_rn(sr[e], bias[e]) : sr[e]); }, E, K, idx + t * K);
+    auto sel = [&](int64_t e) { return bias ? __fadd_rn(sr[e], bias[e]) : sr[e]; };
+    if (n_group == 0) {
+      topk_scan([&](int64_t e) { return static_cast<double>(sel(e)); }, E, K, idx + t * K);
+      continue;
+    }
+    uint32_t allowed[kMaxExperts / 32];
+    allowed_groups(sel, E, n_group, topk_group, allowed);
+    const int64_t per = E / n_group;
+    topk_scan(
+        [&](int64_t e) {
+          const int64_t g = e / per;
+          return (allowed[g >> 5] & (1u << (g & 31))) ? static_cast<double>(sel(e)) : -INFINITY;
+        },
+        E, K, idx + t * K);
   }
 }
 
@@ -109,29 +128,56 @@ __global__ void router_assign_kernel(int kind, uint64_t seed, uint64_t stream, i
   }
 }
 
-__global__ void router_gather_kernel(const float* s, const int32_t* idx, bool norm_topk, float* w, int64_t n, int64_t E, int64_t K) {
+// ||v||_p over a token's K chosen scores, in the order and rounding of kernels/expert_weights.h.
+__device__ float topk_norm_rn(const float* v, int64_t stride, int64_t K, double p) {
+  float acc = 0;
+  if (p == 1) {
+    for (int64_t j = 0; j < K; ++j) acc = __fadd_rn(acc, v[j * stride]);
+    return acc;
+  }
+  if (p == 2) {
+    for (int64_t j = 0; j < K; ++j) acc = __fadd_rn(acc, __fmul_rn(v[j * stride], v[j * stride]));
+    return static_cast<float>(sqrt(static_cast<double>(acc)));
+  }
+  for (int64_t j = 0; j < K; ++j) acc = __fadd_rn(acc, norm_power(v[j * stride], p));
+  return static_cast<float>(pow(static_cast<double>(acc), 1.0 / p));
+}
+
+__global__ void router_gather_kernel(const float* s, const int32_t* idx, double norm_p, double factor, float* w, int64_t n,
+                                     int64_t E, int64_t K) {
   MOE_GRID_LOOP(t, n) {
-    float sum = 0;
-    for (int64_t j = 0; j < K; ++j) sum = __fadd_rn(sum, (w[t * K + j] = s[t * E + idx[t * K + j]]));
-    if (norm_topk)
-      for (int64_t j = 0; j < K; ++j) w[t * K + j] = __fdiv_rn(w[t * K + j], sum);
+    float* wr = w + t * K;
+    for (int64_t j = 0; j < K; ++j) wr[j] = s[t * E + idx[t * K + j]];
+    float c = static_cast<float>(factor);
+    if (norm_p > 0) c = __fdiv_rn(c, topk_norm_rn(wr, 1, K, norm_p));
+    for (int64_t j = 0; j < K; ++j) wr[j] = __fmul_rn(wr[j], c);
   }
 }
 
-__global__ void router_gather_bwd_kernel(const float* dw, const float* s, const int32_t* idx, bool norm_topk, float* ds,
-                                         int64_t n, int64_t E, int64_t K) {
+__global__ void router_gather_bwd_kernel(const float* dw, const float* s, const int32_t* idx, double norm_p, double factor,
+                                         float* ds, int64_t n, int64_t E, int64_t K) {
+  const float c = static_cast<float>(factor);
   MOE_GRID_LOOP(t, n) {
-    if (!norm_topk) {
-      for (int64_t j = 0; j < K; ++j) ds[t * E + idx[t * K + j]] = __fadd_rn(ds[t * E + idx[t * K + j]], dw[t * K + j]);
+    const int32_t* ir = idx + t * K;
+    if (norm_p <= 0) {
+      for (int64_t j = 0; j < K; ++j) ds[t * E + ir[j]] = __fadd_rn(ds[t * E + ir[j]], __fmul_rn(c, dw[t * K + j]));
       continue;
     }
-    float sum = 0;
-    for (int64_t j = 0; j < K; ++j) sum = __fadd_rn(sum, s[t * E + idx[t * K + j]]);
-    float dot = 0;
-    for (int64_t j = 0; j < K; ++j) dot = __fadd_rn(dot, __fdiv_rn(__fmul_rn(dw[t * K + j], s[t * E + idx[t * K + j]]), sum));
+    // The chosen scores, read through idx (K is unbounded: no local copy).
+    float acc = 0;
     for (int64_t j = 0; j < K; ++j) {
-      float* d = ds + t * E + idx[t * K + j];
-      *d = __fadd_rn(*d, __fdiv_rn(__fsub_rn(dw[t * K + j], dot), sum));
+      const float v = s[t * E + ir[j]];
+      acc = norm_p == 1 ? __fadd_rn(acc, v) : norm_p == 2 ? __fadd_rn(acc, __fmul_rn(v, v)) : __fadd_rn(acc, norm_power(v, norm_p));
+    }
+    const float nrm = norm_p == 1 ? acc
+                      : norm_p == 2 ? static_cast<float>(sqrt(static_cast<double>(acc)))
+                                    : static_cast<float>(pow(static_cast<double>(acc), 1.0 / norm_p));
+    float dot = 0;
+    for (int64_t j = 0; j < K; ++j) dot = __fadd_rn(dot, __fdiv_rn(__fmul_rn(dw[t * K + j], s[t * E + ir[j]]), nrm));
+    for (int64_t j = 0; j < K; ++j) {
+      float* d = ds + t * E + ir[j];
+      const float pw = norm_power(__fdiv_rn(s[t * E + ir[j]], nrm), norm_p - 1);
+      *d = __fadd_rn(*d, __fdiv_rn(__fmul_rn(c, __fsub_rn(dw[t * K + j], __fmul_rn(dot, pw))), nrm));
     }
   }
 }
@@ -438,51 +484,49 @@ unsigned row_blocks(int64_t n) { return static_cast<unsigned>(n < 65535 * 4 ? (n
 
 }  // namespace
 
-void router_scores_fwd(Context& ctx, const Tensor& logits, int kind, const Tensor& scores) {
+void router_scores_fwd(Context& ctx, const Tensor& logits, int kind, double eps, const Tensor& scores) {
   check_all({&logits, &scores}, "router_scores_fwd");
-  check_same_shape(logits, scores, "router_scores_fwd");
+  const RoutingDims d = check_router_scores(logits, kind, eps, scores, "router_scores_fwd");
   require_f32(logits, "router_scores_fwd");
   require_f32(scores, "router_scores_fwd");
-  const int64_t N = logits.rows(), E = logits.cols();
+  const int64_t N = d.T, E = d.E;
   if (N == 0) return;
-  router_scores_fwd_kernel<<<warp_blocks(N), kThreads, 0, ctx.stream>>>(ptr<const float>(logits), kind, ptr<float>(scores), N, E);
+  router_scores_fwd_kernel<<<warp_blocks(N), kThreads, 0, ctx.stream>>>(ptr<const float>(logits), kind,
+                                                                        static_cast<float>(eps), ptr<float>(scores), N, E);
   check_launch("router_scores_fwd");
 }
 
-void router_scores_bwd(Context& ctx, const Tensor& dscores, const Tensor& scores, int kind, const Tensor& dlogits) {
+void router_scores_bwd(Context& ctx, const Tensor& dscores, const Tensor& scores, int kind, double eps,
+                       const Tensor& dlogits) {
   check_all({&dscores, &scores, &dlogits}, "router_scores_bwd");
-  check_same_shape(dscores, scores, "router_scores_bwd");
-  check_same_shape(dlogits, scores, "router_scores_bwd");
+  const RoutingDims d = check_router_scores_bwd(dscores, scores, kind, eps, dlogits);
   for (const Tensor* t : {&dscores, &scores, &dlogits}) require_f32(*t, "router_scores_bwd");
-  const int64_t N = scores.rows(), E = scores.cols();
+  const int64_t N = d.T, E = d.E;
   if (N == 0) return;
   router_scores_bwd_kernel<<<warp_blocks(N), kThreads, 0, ctx.stream>>>(ptr<const float>(dscores), ptr<const float>(scores),
-                                                                        kind, ptr<float>(dlogits), N, E);
+                                                                        kind, static_cast<float>(eps), ptr<float>(dlogits), N, E);
   check_launch("router_scores_bwd");
 }
 
-void router_topk(Context& ctx, const Tensor& scores, const Tensor& bias, const Tensor& expert_idx) {
+void router_topk(Context& ctx, const Tensor& scores, const Tensor& bias, int64_t n_group, int64_t topk_group,
+                 const Tensor& expert_idx) {
   check_all({&scores, &bias, &expert_idx}, "router_topk");
-  const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
-  check_shape(expert_idx, {N, K}, "router_topk expert_idx");
-  MOE_CHECK(K <= E, "router_topk: K=", K, " > E=", E);
+  const RoutingDims d = check_router_topk(scores, bias, n_group, topk_group, expert_idx);
+  const int64_t N = d.T, E = d.E, K = d.K;
   MOE_CHECK(E <= kMaxExperts, "router_topk: ", E, " experts exceed the CUDA kernel's ", kMaxExperts);
-  if (!bias.empty()) {
-    check_shape(bias, {E}, "router_topk bias");
-    require_f32(bias, "router_topk bias");
-  }
+  if (!bias.empty()) require_f32(bias, "router_topk bias");
   require_f32(scores, "router_topk");
   if (N == 0) return;
-  router_topk_kernel<<<blocks_for(N, 128), 128, 0, ctx.stream>>>(ptr<const float>(scores), ptr<const float>(bias),
-                                                                 ptr<int32_t>(expert_idx), N, E, K);
+  router_topk_kernel<<<blocks_for(N, 128), 128, 0, ctx.stream>>>(ptr<const float>(scores), ptr<const float>(bias), n_group,
+                                                                 topk_group, ptr<int32_t>(expert_idx), N, E, K);
   check_launch("router_topk");
 }
 
 void router_assign(Context& ctx, int kind, uint64_t seed, uint64_t stream, int64_t token_base, int num_experts,
                    const Tensor& expert_idx) {
   check_device(expert_idx, "router_assign");
-  const int64_t N = expert_idx.rows(), K = expert_idx.cols(), E = num_experts;
-  MOE_CHECK(K <= E, "router_assign: K=", K, " > E=", E);
+  const RoutingDims d = check_router_assign(kind, num_experts, expert_idx);
+  const int64_t N = d.T, E = d.E, K = d.K;
   MOE_CHECK(E <= kMaxExperts, "router_assign: ", E, " experts exceed the CUDA kernel's ", kMaxExperts);
   if (N == 0) return;
   router_assign_kernel<<<blocks_for(N, 128), 128, 0, ctx.stream>>>(kind, seed, stream, token_base, E,
@@ -490,35 +534,36 @@ void router_assign(Context& ctx, int kind, uint64_t seed, uint64_t stream, int64
   check_launch("router_assign");
 }
 
-void router_gather(Context& ctx, const Tensor& scores, const Tensor& expert_idx, bool norm_topk, const Tensor& weights) {
+void router_gather(Context& ctx, const Tensor& scores, const Tensor& expert_idx, const ExpertWeightRule& rule,
+                   const Tensor& weights) {
   check_all({&scores, &expert_idx, &weights}, "router_gather");
-  const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
-  check_shape(weights, {N, K}, "router_gather weights");
+  const RoutingDims d = check_router_gather(scores, expert_idx, rule, weights);
+  const int64_t N = d.T, E = d.E, K = d.K;
   require_f32(scores, "router_gather");
+  require_f32(weights, "router_gather");
   if (N == 0) return;
   router_gather_kernel<<<blocks_for(N, kThreads), kThreads, 0, ctx.stream>>>(
-      ptr<const float>(scores), ptr<const int32_t>(expert_idx), norm_topk, ptr<float>(weights), N, E, K);
+      ptr<const float>(scores), ptr<const int32_t>(expert_idx), rule.norm_p, rule.factor, ptr<float>(weights), N, E, K);
   check_launch("router_gather");
 }
 
-void router_gather_bwd(Context& ctx, const Tensor& dweights, const Tensor& scores, const Tensor& expert_idx, bool norm_topk,
-                       const Tensor& dscores) {
+void router_gather_bwd(Context& ctx, const Tensor& dweights, const Tensor& scores, const Tensor& expert_idx,
+                       const ExpertWeightRule& rule, const Tensor& dscores) {
   check_all({&dweights, &scores, &expert_idx, &dscores}, "router_gather_bwd");
-  const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
-  check_same_shape(dscores, scores, "router_gather_bwd dscores");
-  require_f32(scores, "router_gather_bwd");
+  const RoutingDims d = check_router_gather_bwd(dweights, scores, expert_idx, rule, dscores);
+  const int64_t N = d.T, E = d.E, K = d.K;
+  for (const Tensor* t : {&dweights, &scores, &dscores}) require_f32(*t, "router_gather_bwd");
   if (N == 0) return;
   router_gather_bwd_kernel<<<blocks_for(N, kThreads), kThreads, 0, ctx.stream>>>(
-      ptr<const float>(dweights), ptr<const float>(scores), ptr<const int32_t>(expert_idx), norm_topk, ptr<float>(dscores),
-      N, E, K);
+      ptr<const float>(dweights), ptr<const float>(scores), ptr<const int32_t>(expert_idx), rule.norm_p, rule.factor,
+      ptr<float>(dscores), N, E, K);
   check_launch("router_gather_bwd");
 }
 
 namespace {
 void bias_update(Context& ctx, const Tensor& step_counts, double gamma, const Tensor& bias, const double* control,
                  const char* op) {
-  const int64_t E = step_counts.numel();
-  check_shape(bias, {E}, "router_bias_update bias");
+  const int64_t E = check_router_bias_update(step_counts, bias);
   require_f32(bias, op);
   if (E == 0) return;
   router_bias_update_kernel<<<1, kThreads, 0, ctx.stream>>>(ptr<const int32_t>(step_counts), gamma, ptr<float>(bias), E, control);
@@ -541,7 +586,7 @@ void router_bias_update_by_control(Context& ctx, const Tensor& step_counts, doub
 
 void add_counts(Context& ctx, const Tensor& counts, const Tensor& total) {
   check_all({&counts, &total}, "add_counts");
-  check_same_shape(counts, total, "add_counts");
+  check_add_counts(counts, total);
   const int64_t n = counts.numel();
   if (n == 0) return;
   add_counts_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(ptr<const int32_t>(counts), ptr<int32_t>(total), n);
@@ -551,10 +596,8 @@ void add_counts(Context& ctx, const Tensor& counts, const Tensor& total) {
 void moe_plan(Context& ctx, const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets, const Tensor& sorted_slot,
               const Tensor& slot_pos) {
   check_all({&expert_idx, &counts, &offsets, &sorted_slot, &slot_pos}, "moe_plan");
+  check_moe_plan(expert_idx, counts, offsets, sorted_slot, slot_pos);
   const int64_t R = expert_idx.numel(), E = counts.numel();
-  check_shape(offsets, {E + 1}, "moe_plan offsets");
-  check_shape(sorted_slot, {R}, "moe_plan sorted_slot");
-  check_shape(slot_pos, {R}, "moe_plan slot_pos");
   MOE_CHECK(E >= 1 && E <= kMaxExperts, "moe_plan: ", E, " experts (the CUDA kernel takes 1..", kMaxExperts, ")");
   const int64_t nb = (R + kThreads - 1) / kThreads > 0 ? (R + kThreads - 1) / kThreads : 1;
   int32_t* block = ctx.scratch_as<int32_t>(static_cast<size_t>(nb * E), "moe_plan");
@@ -569,11 +612,8 @@ void moe_plan(Context& ctx, const Tensor& expert_idx, const Tensor& counts, cons
 
 void moe_gather(Context& ctx, const Tensor& x, const Tensor& sorted_slot, const Tensor& xs) {
   check_all({&x, &sorted_slot, &xs}, "moe_gather");
-  const int64_t T = x.rows(), D = x.cols(), R = sorted_slot.numel();
-  MOE_CHECK(T > 0 && R % T == 0, "moe_gather: ", R, " slots for ", T, " tokens");
-  const int64_t K = R / T;
-  check_shape(xs, {R, D}, "moe_gather xs");
-  MOE_CHECK(xs.dtype == x.dtype, "moe_gather: dtypes differ");
+  const PermuteDims d = check_moe_gather(x, sorted_slot, xs);
+  const int64_t D = d.D, K = d.K, R = d.T * K;
   if (R == 0) return;
   dispatch_storage(x.dtype, "moe_gather", [&](auto* tag) {
     using S = std::remove_pointer_t<decltype(tag)>;
@@ -584,9 +624,8 @@ void moe_gather(Context& ctx, const Tensor& x, const Tensor& sorted_slot, const 
 
 void moe_gather_bwd(Context& ctx, const Tensor& dxs, const Tensor& slot_pos, const Tensor& dx) {
   check_all({&dxs, &slot_pos, &dx}, "moe_gather_bwd");
-  const int64_t T = dx.rows(), D = dx.cols();
-  MOE_CHECK(T > 0 && slot_pos.numel() % T == 0, "moe_gather_bwd: ", slot_pos.numel(), " slots for ", T, " tokens");
-  const int64_t K = slot_pos.numel() / T;
+  const PermuteDims d = check_moe_gather_bwd(dxs, slot_pos, dx);
+  const int64_t T = d.T, D = d.D, K = d.K;
   require_f32(dx, "moe_gather_bwd");
   require_f32(dxs, "moe_gather_bwd");
   moe_gather_bwd_kernel<<<row_blocks(T), 128, 0, ctx.stream>>>(ptr<const float>(dxs), ptr<const int32_t>(slot_pos), ptr<float>(dx),
@@ -597,8 +636,8 @@ void moe_gather_bwd(Context& ctx, const Tensor& dxs, const Tensor& slot_pos, con
 void moe_combine(Context& ctx, const Tensor& ys, const Tensor& slot_pos, const Tensor& weights, const Tensor& out,
                  bool accumulate) {
   check_all({&ys, &slot_pos, &weights, &out}, "moe_combine");
-  const int64_t T = out.rows(), D = out.cols(), K = weights.cols();
-  check_shape(weights, {T, K}, "moe_combine weights");
+  const PermuteDims d = check_moe_combine(ys, slot_pos, weights, out);
+  const int64_t T = d.T, D = d.D, K = d.K;
   for (const Tensor* t : {&ys, &weights, &out}) require_f32(*t, "moe_combine");
   if (T == 0) return;
   moe_combine_kernel<<<row_blocks(T), 128, 0, ctx.stream>>>(ptr<const float>(ys), ptr<const int32_t>(slot_pos),
@@ -609,8 +648,8 @@ void moe_combine(Context& ctx, const Tensor& ys, const Tensor& slot_pos, const T
 void moe_combine_bwd(Context& ctx, const Tensor& dout, const Tensor& ys, const Tensor& slot_pos, const Tensor& weights,
                      const Tensor& dys, const Tensor& dweights) {
   check_all({&dout, &ys, &slot_pos, &weights, &dys, &dweights}, "moe_combine_bwd");
-  const int64_t T = dout.rows(), D = dout.cols(), K = weights.cols();
-  check_shape(dweights, {T, K}, "moe_combine_bwd dweights");
+  const PermuteDims d = check_moe_combine_bwd(dout, ys, slot_pos, weights, dys, dweights);
+  const int64_t T = d.T, D = d.D, K = d.K;
   for (const Tensor* t : {&dout, &weights, &dys, &dweights}) require_f32(*t, "moe_combine_bwd");
   if (T * K == 0) return;
   dispatch_storage(ys.dtype, "moe_combine_bwd ys", [&](auto* tag) {
@@ -625,14 +664,12 @@ void moe_combine_bwd(Context& ctx, const Tensor& dout, const Tensor& ys, const T
 void load_balance_loss(Context& ctx, const Tensor& scores, const Tensor& counts, int kind, int top_k, double value_scale,
                        double grad_scale, const Tensor& out, const Tensor& dscores, const Tensor& mean_prob) {
   check_all({&scores, &counts, &out, &dscores, &mean_prob}, "load_balance_loss");
-  const int64_t T = scores.rows(), E = scores.cols();
-  check_shape(counts, {E}, "load_balance_loss counts");
-  check_shape(mean_prob, {E}, "load_balance_loss mean_prob");
+  const RoutingDims d = check_load_balance_loss(scores, counts, kind, top_k, out, dscores, mean_prob);
+  const int64_t T = d.T, E = d.E;
   require_f32(scores, "load_balance_loss");
   require_f32(mean_prob, "load_balance_loss");
   check_dtype(out, DType::kF64, "load_balance_loss out");
   if (!dscores.empty()) require_f32(dscores, "load_balance_loss dscores");
-  MOE_CHECK(T > 0, "load_balance_loss: no tokens");
   const int chunks = static_cast<int>(T < kRowChunks ? T : kRowChunks);
   float* norm = ctx.scratch_as<float>(static_cast<size_t>(T + E + chunks * E), "load_balance_loss");
   float* f = norm + T;
@@ -653,14 +690,11 @@ void load_balance_loss(Context& ctx, const Tensor& scores, const Tensor& counts,
 void router_z_loss(Context& ctx, const Tensor& logits, double value_scale, double grad_scale, const Tensor& out,
                    const Tensor& dlogits) {
   check_all({&logits, &out, &dlogits}, "router_z_loss");
-  const int64_t T = logits.rows(), E = logits.cols();
+  const RoutingDims d = check_router_z_loss(logits, out, dlogits);
+  const int64_t T = d.T, E = d.E;
   require_f32(logits, "router_z_loss");
   check_dtype(out, DType::kF64, "router_z_loss out");
-  if (!dlogits.empty()) {
-    require_f32(dlogits, "router_z_loss dlogits");
-    check_same_shape(dlogits, logits, "router_z_loss dlogits");
-  }
-  MOE_CHECK(T > 0, "router_z_loss: no tokens");
+  if (!dlogits.empty()) require_f32(dlogits, "router_z_loss dlogits");
   float* lse = ctx.scratch_as<float>(static_cast<size_t>(T), "router_z_loss");
   z_rows_kernel<<<warp_blocks(T), kThreads, 0, ctx.stream>>>(ptr<const float>(logits), static_cast<float>(grad_scale), lse,
                                                              ptr<float>(dlogits), T, E);

@@ -2,10 +2,12 @@
 // auxiliary losses, as plain loops in the tensors' precision (f32 or f64).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/rng.h"
 #include "kernels/dtype_dispatch.h"
+#include "kernels/expert_weights.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe::ref {
@@ -22,8 +24,8 @@ void topk_row(const double* sel, int64_t E, int64_t K, int32_t* out) {
 
 }  // namespace
 
-void router_scores_fwd(const Tensor& logits, int kind, const Tensor& scores) {
-  check_same_shape(logits, scores, "router_scores_fwd");
+void router_scores_fwd(const Tensor& logits, int kind, double eps, const Tensor& scores) {
+  check_router_scores(logits, kind, eps, scores, "router_scores_fwd");
   dispatch_real(logits.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* z = logits.as<T>();
@@ -33,7 +35,7 @@ void router_scores_fwd(const Tensor& logits, int kind, const Tensor& scores) {
       const T* zr = z + t * E;
       T* sr = s + t * E;
       if (kind == 1) {
-        for (int64_t e = 0; e < E; ++e) sr[e] = T(1) / (T(1) + std::exp(-zr[e]));
+        for (int64_t e = 0; e < E; ++e) sr[e] = T(1) / (T(1) + std::exp(-zr[e])) + static_cast<T>(eps);
         continue;
       }
       T mx = zr[0];
@@ -45,9 +47,8 @@ void router_scores_fwd(const Tensor& logits, int kind, const Tensor& scores) {
   });
 }
 
-void router_scores_bwd(const Tensor& dscores, const Tensor& scores, int kind, const Tensor& dlogits) {
-  check_same_shape(dscores, scores, "router_scores_bwd");
-  check_same_shape(dlogits, scores, "router_scores_bwd");
+void router_scores_bwd(const Tensor& dscores, const Tensor& scores, int kind, double eps, const Tensor& dlogits) {
+  check_router_scores_bwd(dscores, scores, kind, eps, dlogits);
   dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* ds = dscores.as<T>();
@@ -59,7 +60,10 @@ void router_scores_bwd(const Tensor& dscores, const Tensor& scores, int kind, co
       const T* sr = s + t * E;
       T* zr = dz + t * E;
       if (kind == 1) {
-        for (int64_t e = 0; e < E; ++e) zr[e] += dr[e] * sr[e] * (T(1) - sr[e]);
+        for (int64_t e = 0; e < E; ++e) {
+          const T sig = sr[e] - static_cast<T>(eps);
+          zr[e] += dr[e] * sig * (T(1) - sig);
+        }
         continue;
       }
       T dot = 0;
@@ -69,19 +73,26 @@ void router_scores_bwd(const Tensor& dscores, const Tensor& scores, int kind, co
   });
 }
 
-void router_topk(const Tensor& scores, const Tensor& bias, const Tensor& expert_idx) {
-  const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
-  check_shape(expert_idx, {N, K}, "router_topk expert_idx");
-  MOE_CHECK(K <= E, "router_topk: K=", K, " > E=", E);
-  if (!bias.empty()) check_shape(bias, {E}, "router_topk bias");
+void router_topk(const Tensor& scores, const Tensor& bias, int64_t n_group, int64_t topk_group, const Tensor& expert_idx) {
+  const RoutingDims dims = check_router_topk(scores, bias, n_group, topk_group, expert_idx);
+  const int64_t N = dims.T, E = dims.E, K = dims.K;
   dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* s = scores.as<T>();
     const T* b = bias.empty() ? nullptr : bias.as<T>();
     std::vector<double> sel(static_cast<size_t>(E));
+    std::vector<uint32_t> allowed(static_cast<size_t>((n_group + 31) / 32));
     for (int64_t t = 0; t < N; ++t) {
       for (int64_t e = 0; e < E; ++e)
         sel[static_cast<size_t>(e)] = static_cast<double>(s[t * E + e] + (b ? b[e] : T(0)));
+      if (n_group > 0) {  // experts outside the chosen groups cannot be chosen
+        const T* row = s + t * E;
+        allowed_groups([&](int64_t e) { return row[e] + (b ? b[e] : T(0)); }, E, n_group, topk_group, allowed.data());
+        const int64_t per = E / n_group;
+        for (int64_t e = 0; e < E; ++e)
+          if (!(allowed[static_cast<size_t>(e / per / 32)] & (1u << ((e / per) & 31))))
+            sel[static_cast<size_t>(e)] = -std::numeric_limits<double>::infinity();
+      }
       topk_row(sel.data(), E, K, expert_idx.as<int32_t>() + t * K);
     }
   });
@@ -89,8 +100,8 @@ void router_topk(const Tensor& scores, const Tensor& bias, const Tensor& expert_
 
 void router_assign(int kind, uint64_t seed, uint64_t stream, int64_t token_base, int num_experts,
                    const Tensor& expert_idx) {
-  const int64_t N = expert_idx.rows(), K = expert_idx.cols(), E = num_experts;
-  MOE_CHECK(K <= E, "router_assign: K=", K, " > E=", E);
+  const RoutingDims dims = check_router_assign(kind, num_experts, expert_idx);
+  const int64_t N = dims.T, E = dims.E, K = dims.K;
   int32_t* idx = expert_idx.as<int32_t>();
   std::vector<double> draw(static_cast<size_t>(E));
   for (int64_t t = 0; t < N; ++t) {
@@ -106,51 +117,54 @@ void router_assign(int kind, uint64_t seed, uint64_t stream, int64_t token_base,
   }
 }
 
-void router_gather(const Tensor& scores, const Tensor& expert_idx, bool norm_topk, const Tensor& weights) {
-  const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
-  check_shape(weights, {N, K}, "router_gather weights");
+void router_gather(const Tensor& scores, const Tensor& expert_idx, const ExpertWeightRule& rule, const Tensor& weights) {
+  const RoutingDims dims = check_router_gather(scores, expert_idx, rule, weights);
+  const int64_t N = dims.T, E = dims.E, K = dims.K;
   dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* s = scores.as<T>();
     const int32_t* idx = expert_idx.as<int32_t>();
     T* w = weights.as<T>();
     for (int64_t t = 0; t < N; ++t) {
-      T sum = 0;
-      for (int64_t j = 0; j < K; ++j) sum += (w[t * K + j] = s[t * E + idx[t * K + j]]);
-      if (norm_topk)
-        for (int64_t j = 0; j < K; ++j) w[t * K + j] /= sum;
+      for (int64_t j = 0; j < K; ++j) w[t * K + j] = s[t * E + idx[t * K + j]];
+      T c = static_cast<T>(rule.factor);
+      if (rule.norm_p > 0) c /= topk_norm(w + t * K, K, rule.norm_p);
+      for (int64_t j = 0; j < K; ++j) w[t * K + j] *= c;
     }
   });
 }
 
 void router_gather_bwd(const Tensor& dweights, const Tensor& scores, const Tensor& expert_idx,
-                       bool norm_topk, const Tensor& dscores) {
-  const int64_t N = scores.rows(), E = scores.cols(), K = expert_idx.cols();
-  check_same_shape(dscores, scores, "router_gather_bwd dscores");
+                       const ExpertWeightRule& rule, const Tensor& dscores) {
+  const RoutingDims dims = check_router_gather_bwd(dweights, scores, expert_idx, rule, dscores);
+  const int64_t N = dims.T, E = dims.E, K = dims.K;
   dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using T = decltype(zero);
     const T* s = scores.as<T>();
     const T* dw = dweights.as<T>();
     const int32_t* idx = expert_idx.as<int32_t>();
     T* ds = dscores.as<T>();
+    std::vector<T> sel(static_cast<size_t>(K));
+    const T c = static_cast<T>(rule.factor);
     for (int64_t t = 0; t < N; ++t) {
-      if (!norm_topk) {
-        for (int64_t j = 0; j < K; ++j) ds[t * E + idx[t * K + j]] += dw[t * K + j];
+      if (rule.norm_p <= 0) {
+        for (int64_t j = 0; j < K; ++j) ds[t * E + idx[t * K + j]] += c * dw[t * K + j];
         continue;
       }
-      // w_j = s_j / S with S = sum_j s_j: ds_j = (dw_j - sum_i dw_i w_i) / S.
-      T sum = 0;
-      for (int64_t j = 0; j < K; ++j) sum += s[t * E + idx[t * K + j]];
+      // w_j = c s_j / N, N = (sum_i s_i^p)^(1/p): ds_j = c (dw_j - (sum_i dw_i s_i / N) (s_j / N)^(p-1)) / N.
+      for (int64_t j = 0; j < K; ++j) sel[static_cast<size_t>(j)] = s[t * E + idx[t * K + j]];
+      const T n = topk_norm(sel.data(), K, rule.norm_p);
       T dot = 0;
-      for (int64_t j = 0; j < K; ++j) dot += dw[t * K + j] * s[t * E + idx[t * K + j]] / sum;
-      for (int64_t j = 0; j < K; ++j) ds[t * E + idx[t * K + j]] += (dw[t * K + j] - dot) / sum;
+      for (int64_t j = 0; j < K; ++j) dot += dw[t * K + j] * sel[static_cast<size_t>(j)] / n;
+      for (int64_t j = 0; j < K; ++j)
+        ds[t * E + idx[t * K + j]] +=
+            c * (dw[t * K + j] - dot * norm_power(sel[static_cast<size_t>(j)] / n, rule.norm_p - 1)) / n;
     }
   });
 }
 
 void router_bias_update(const Tensor& step_counts, double gamma, const Tensor& bias) {
-  const int64_t E = step_counts.numel();
-  check_shape(bias, {E}, "router_bias_update bias");
+  const int64_t E = check_router_bias_update(step_counts, bias);
   const int32_t* c = step_counts.as<int32_t>();
   double mean = 0;
   for (int64_t e = 0; e < E; ++e) mean += c[e];
@@ -166,16 +180,14 @@ void router_bias_update(const Tensor& step_counts, double gamma, const Tensor& b
 }
 
 void add_counts(const Tensor& counts, const Tensor& total) {
-  check_same_shape(counts, total, "add_counts");
+  check_add_counts(counts, total);
   for (int64_t e = 0; e < counts.numel(); ++e) total.as<int32_t>()[e] += counts.as<int32_t>()[e];
 }
 
 void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
               const Tensor& sorted_slot, const Tensor& slot_pos) {
+  check_moe_plan(expert_idx, counts, offsets, sorted_slot, slot_pos);
   const int64_t R = expert_idx.numel(), E = counts.numel();
-  check_shape(offsets, {E + 1}, "moe_plan offsets");
-  check_shape(sorted_slot, {R}, "moe_plan sorted_slot");
-  check_shape(slot_pos, {R}, "moe_plan slot_pos");
   const int32_t* idx = expert_idx.as<int32_t>();
   int32_t* c = counts.as<int32_t>();
   int32_t* off = offsets.as<int32_t>();
@@ -195,11 +207,9 @@ void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offs
 }
 
 void moe_gather(const Tensor& x, const Tensor& sorted_slot, const Tensor& xs) {
-  const int64_t T = x.rows(), D = x.cols(), R = sorted_slot.numel();
-  MOE_CHECK(R % T == 0, "moe_gather: ", R, " slots for ", T, " tokens");
-  const int64_t K = R / T;
-  check_shape(xs, {R, D}, "moe_gather xs");
-  MOE_CHECK(xs.dtype == x.dtype, "moe_gather: dtypes differ");
+  const PermuteDims dims = check_moe_gather(x, sorted_slot, xs);
+  const int64_t T = dims.T, D = dims.D, K = dims.K;
+  const int64_t R = T * K;
   const size_t row = static_cast<size_t>(D) * dtype_size(x.dtype);
   for (int64_t p = 0; p < R; ++p) {
     int64_t t = sorted_slot.as<int32_t>()[p] / K;
@@ -208,7 +218,8 @@ void moe_gather(const Tensor& x, const Tensor& sorted_slot, const Tensor& xs) {
 }
 
 void moe_gather_bwd(const Tensor& dxs, const Tensor& slot_pos, const Tensor& dx) {
-  const int64_t T = dx.rows(), D = dx.cols(), K = slot_pos.numel() / T;
+  const PermuteDims dims = check_moe_gather_bwd(dxs, slot_pos, dx);
+  const int64_t T = dims.T, D = dims.D, K = dims.K;
   dispatch_real(dx.dtype, __func__, [&](auto zero) {
     using F = decltype(zero);
     const F* g = dxs.as<F>();
@@ -222,8 +233,8 @@ void moe_gather_bwd(const Tensor& dxs, const Tensor& slot_pos, const Tensor& dx)
 
 void moe_combine(const Tensor& ys, const Tensor& slot_pos, const Tensor& weights, const Tensor& out,
                  bool accumulate) {
-  const int64_t T = out.rows(), D = out.cols(), K = weights.cols();
-  check_shape(weights, {T, K}, "moe_combine weights");
+  const PermuteDims dims = check_moe_combine(ys, slot_pos, weights, out);
+  const int64_t T = dims.T, D = dims.D, K = dims.K;
   dispatch_real(out.dtype, __func__, [&](auto zero) {
     using F = decltype(zero);
     const F* y = ys.as<F>();
@@ -241,8 +252,8 @@ void moe_combine(const Tensor& ys, const Tensor& slot_pos, const Tensor& weights
 
 void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_pos,
                      const Tensor& weights, const Tensor& dys, const Tensor& dweights) {
-  const int64_t T = dout.rows(), D = dout.cols(), K = weights.cols();
-  check_shape(dweights, {T, K}, "moe_combine_bwd dweights");
+  const PermuteDims dims = check_moe_combine_bwd(dout, ys, slot_pos, weights, dys, dweights);
+  const int64_t T = dims.T, D = dims.D, K = dims.K;
   // ys may be stored in bf16 (bf16 mode's saved expert outputs); gradients stay in F.
   auto run = [&](auto zero, auto ys_zero) {
     using F = decltype(zero);
@@ -275,9 +286,8 @@ void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_po
 void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int top_k,
                        double value_scale, double grad_scale, const Tensor& out,
                        const Tensor& dscores, const Tensor& mean_prob) {
-  const int64_t T = scores.rows(), E = scores.cols();
-  check_shape(counts, {E}, "load_balance_loss counts");
-  check_shape(mean_prob, {E}, "load_balance_loss mean_prob");
+  const RoutingDims dims = check_load_balance_loss(scores, counts, kind, top_k, out, dscores, mean_prob);
+  const int64_t T = dims.T, E = dims.E;
   dispatch_real(scores.dtype, __func__, [&](auto zero) {
     using F = decltype(zero);
     const F* s = scores.as<F>();
@@ -321,7 +331,8 @@ void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int
 
 void router_z_loss(const Tensor& logits, double value_scale, double grad_scale, const Tensor& out,
                    const Tensor& dlogits) {
-  const int64_t T = logits.rows(), E = logits.cols();
+  const RoutingDims dims = check_router_z_loss(logits, out, dlogits);
+  const int64_t T = dims.T, E = dims.E;
   dispatch_real(logits.dtype, __func__, [&](auto zero) {
     using F = decltype(zero);
     const F* z = logits.as<F>();

@@ -1,0 +1,178 @@
+// ModelConfig's own logic: its checks, the enums its strings parse to, which layers are MoE,
+// the routed weights' constants, and its parameter and FLOP counts.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/check.h"
+
+namespace moe {
+namespace {
+// model.dense_layers as indices (checked: integers in [0, n_layers), increasing).
+std::vector<int64_t> parse_dense_layers(const std::string& text, int64_t n_layers) {
+  std::vector<int64_t> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(',', at);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(at, end - at);
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    char* stop = nullptr;
+    const long long v = item.empty() ? -1 : std::strtoll(item.c_str(), &stop, 10);
+    MOE_CHECK(!item.empty() && stop && *stop == '\0', "model.dense_layers = \"", text,
+              "\": '", item, "' is not a layer index (write indices separated by commas, e.g. \"0,3\")");
+    MOE_CHECK(v >= 0 && v < n_layers, "model.dense_layers = \"", text, "\": layer ", v,
+              " is outside [0, model.n_layers = ", n_layers, ")");
+    MOE_CHECK(out.empty() || v > out.back(), "model.dense_layers = \"", text,
+              "\": indices must increase (each layer once)");
+    out.push_back(v);
+    at = end + 1;
+  }
+  return out;
+}
+}  // namespace
+
+bool ModelConfig::is_moe_layer(int64_t layer) const {
+  if (dense_layers.empty()) return layer >= n_dense_layers;
+  const std::vector<int64_t> dense = parse_dense_layers(dense_layers, n_layers);
+  return !std::binary_search(dense.begin(), dense.end(), layer);
+}
+
+int64_t ModelConfig::num_moe_layers() const {
+  if (dense_layers.empty()) return n_layers - n_dense_layers;
+  return n_layers - static_cast<int64_t>(parse_dense_layers(dense_layers, n_layers).size());
+}
+
+int64_t ModelConfig::moe_index(int64_t layer) const {
+  MOE_CHECK(layer >= 0 && layer < n_layers && is_moe_layer(layer), "layer ", layer, " is not an MoE layer");
+  if (dense_layers.empty()) return layer - n_dense_layers;
+  const std::vector<int64_t> dense = parse_dense_layers(dense_layers, n_layers);
+  return layer - (std::lower_bound(dense.begin(), dense.end(), layer) - dense.begin());
+}
+
+int64_t ModelConfig::moe_layer(int64_t m) const {
+  MOE_CHECK(m >= 0 && m < num_moe_layers(), "MoE layer ", m, " of ", num_moe_layers());
+  for (int64_t l = 0, seen = 0; l < n_layers; ++l)
+    if (is_moe_layer(l) && seen++ == m) return l;
+  MOE_FAIL("MoE layer ", m, " not found");
+}
+
+double ModelConfig::expert_weight_norm_p() const {
+  if (norm_topk_prob) return norm_topk_p;
+  return score_func == "topk_softmax" ? 1.0 : 0.0;  // a softmax over the chosen logits
+}
+
+double ModelConfig::expert_weight_factor() const {
+  double f = restore_weight_scale ? static_cast<double>(top_k) : 1.0;
+  f *= expert_weight_scale;
+  if (original_top_k > 0 && original_top_k != top_k)
+    f *= std::sqrt(static_cast<double>(original_top_k) / static_cast<double>(top_k));
+  return f;
+}
+
+void ModelConfig::validate() const {
+  Config whole_config;
+  whole_config.model = *this;
+  check_ranges(whole_config, "model");
+  MOE_CHECK(pad_id < vocab_size, "model.pad_id = ", pad_id, " is not below model.vocab_size = ", vocab_size);
+  MOE_CHECK(n_heads % n_kv_heads == 0, "model.n_kv_heads = ", n_kv_heads,
+            " does not divide model.n_heads = ", n_heads);
+  MOE_CHECK(head_dim > 0 || d_model % n_heads == 0, "model.d_model = ", d_model,
+            " is not divisible by model.n_heads = ", n_heads, " (set model.head_dim explicitly)");
+  MOE_CHECK(hd() % 2 == 0, "head dim ", hd(), " must be even for rotate-halves RoPE");
+  MOE_CHECK(n_dense_layers <= n_layers, "model.n_dense_layers = ", n_dense_layers,
+            " exceeds model.n_layers = ", n_layers);
+  MOE_CHECK(top_k <= num_experts, "model.top_k = ", top_k, " exceeds model.num_experts = ", num_experts);
+  MOE_CHECK(router_bias_gamma == 0 || routing == "learned",
+            "model.router_bias_gamma needs model.routing = \"learned\"");
+  MOE_CHECK(dense_layers.empty() || n_dense_layers == 0, "model.dense_layers = \"", dense_layers,
+            "\" and model.n_dense_layers = ", n_dense_layers, " both name dense layers: set one of them");
+  parse_dense_layers(dense_layers, n_layers);  // throws naming a bad model.dense_layers
+  MOE_CHECK(sigmoid_eps == 0 || score_func == "sigmoid", "model.sigmoid_eps = ", sigmoid_eps,
+            " applies to sigmoid scores only (model.score_func = \"", score_func, "\")");
+  MOE_CHECK((n_group == 0) == (topk_group == 0), "model.n_group = ", n_group, " and model.topk_group = ", topk_group,
+            ": group-limited routing needs both (or neither)");
+  if (n_group > 0) {
+    MOE_CHECK(num_experts % n_group == 0, "model.n_group = ", n_group, " does not divide model.num_experts = ",
+              num_experts);
+    MOE_CHECK(topk_group <= n_group, "model.topk_group = ", topk_group, " exceeds model.n_group = ", n_group);
+    MOE_CHECK(top_k <= topk_group * (num_experts / n_group), "model.top_k = ", top_k, " exceeds the ",
+              topk_group * (num_experts / n_group), " experts of model.topk_group = ", topk_group, " groups");
+    MOE_CHECK(score_func != "topk_softmax", "model.n_group: group-limited routing chooses on scores; "
+              "model.score_func = \"topk_softmax\" chooses on logits (Olmo-core 3 refuses the pair too)");
+    MOE_CHECK(routing == "learned", "model.n_group needs model.routing = \"learned\"");
+  }
+  MOE_CHECK(!score_correction_bias || routing == "learned",
+            "model.score_correction_bias needs model.routing = \"learned\"");
+  MOE_CHECK(norm_topk_prob || norm_topk_p == 1.0, "model.norm_topk_p = ", norm_topk_p,
+            " has no effect without model.norm_topk_prob = true");
+}
+
+namespace {
+template <typename E>
+E parse_choice(const std::string& key, const std::string& value, std::initializer_list<std::pair<const char*, E>> allowed) {
+  std::string names;
+  for (const auto& [name, e] : allowed) {
+    if (value == name) return e;
+    names += names.empty() ? name : std::string(", ") + name;
+  }
+  MOE_FAIL(key, " = \"", value, "\" (allowed: ", names, ")");
+}
+}  // namespace
+
+ModelChoices model_choices(const ModelConfig& c) {
+  ModelChoices m;
+  m.norm_placement = parse_choice<NormPlacement>("model.norm_placement", c.norm_placement,
+                                                 {{"pre", NormPlacement::kPre}, {"peri", NormPlacement::kPeri}, {"reordered", NormPlacement::kReordered}});
+  m.qk_norm = parse_choice<QkNorm>("model.qk_norm", c.qk_norm,
+                                   {{"none", QkNorm::kNone}, {"full", QkNorm::kFull}, {"per_head", QkNorm::kPerHead}});
+  m.score_func = parse_choice<ScoreFunc>("model.score_func", c.score_func,
+                                         {{"softmax", ScoreFunc::kSoftmax}, {"sigmoid", ScoreFunc::kSigmoid}, {"topk_softmax", ScoreFunc::kTopkSoftmax}});
+  m.routing = parse_choice<Routing>("model.routing", c.routing,
+                                    {{"learned", Routing::kLearned}, {"uniform", Routing::kUniform}, {"random", Routing::kRandom}});
+  m.shared_merge = parse_choice<SharedMerge>("model.shared_merge", c.shared_merge,
+                                             {{"sum", SharedMerge::kSum}, {"v1", SharedMerge::kV1}});
+  return m;
+}
+
+int64_t ModelConfig::num_params() const {
+  const int64_t D = d_model, q = n_heads * hd(), kv = n_kv_heads * hd();
+  int64_t n = vocab_size * D * (tie_embeddings ? 1 : 2) + D + (embedding_norm ? D : 0);
+  const int64_t norms_per_layer = norm_placement == "peri" ? 4 : 2;  // pre: inputs, reordered: outputs
+  for (int64_t l = 0; l < n_layers; ++l) {
+    n += D * norms_per_layer;
+    n += D * q * 2 + D * kv * 2;
+    if (qk_norm == "full") n += q + kv;
+    if (qk_norm == "per_head") n += 2 * hd();
+    if (!is_moe_layer(l)) n += 3 * D * dense_width();
+    else n += num_experts * D + 3 * num_experts * expert_hidden * D + 3 * D * shared_hidden;
+  }
+  return n;
+}
+
+int64_t ModelConfig::num_active_matmul_params() const {
+  const int64_t D = d_model, q = n_heads * hd(), kv = n_kv_heads * hd();
+  int64_t n = vocab_size * D;  // LM head (runs even when tied)
+  for (int64_t l = 0; l < n_layers; ++l) {
+    n += D * q * 2 + D * kv * 2;
+    if (!is_moe_layer(l)) n += 3 * D * dense_width();
+    else n += num_experts * D + 3 * top_k * expert_hidden * D + 3 * D * shared_hidden;
+  }
+  return n;
+}
+
+double ModelConfig::train_flops_per_token(int64_t seq_len) const {
+  return 6.0 * static_cast<double>(num_active_matmul_params()) +
+         12.0 * static_cast<double>(n_layers * n_heads * hd()) * static_cast<double>(seq_len + 1) / 2.0;
+}
+
+double ModelConfig::train_flops_per_token_noncausal(int64_t seq_len) const {
+  return 6.0 * static_cast<double>(num_active_matmul_params()) +
+         12.0 * static_cast<double>(n_layers * n_heads * hd()) * static_cast<double>(seq_len);
+}
+
+}  // namespace moe
