@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "common/olmo_core3_options.h"
 #include "parity_common.h"
 #include "train/trainer.h"
 #include "world.h"
@@ -98,22 +99,8 @@ TEST(Parity, PipelineDataExpertZero1) {
 // weights times K, a scale and sqrt(original_top_k / K), a shared expert, loss-free bias.
 Config olmo_core3_options_config() {
   Config c = parity_config();
-  ModelConfig& m = c.model;
-  m.n_dense_layers = 0;
-  m.dense_layers.push_back('2');  // (not = "2": g++ 12 -O3 reports a false -Wrestrict in the inlined assign)
-  m.dense_hidden = 40;
-  m.norm_placement = "reordered";
-  m.embed_scale = std::sqrt(32.0);
-  m.embedding_norm = true;
-  m.qk_norm = "per_head";
-  m.score_func = "sigmoid";
-  m.sigmoid_eps = 1e-7;
-  m.norm_topk_prob = true;
-  m.norm_topk_p = 2;
-  m.restore_weight_scale = true;
-  m.expert_weight_scale = 0.8;
-  m.original_top_k = 4;
-  m.shared_hidden = 16;
+  apply_olmo_core3_options(c.model, '2');
+  c.model.shared_hidden = 16;
   return c;
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/olmo_core3_options.h"
 #include "common/test_util.h"
 #include "core/rng.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -44,22 +45,9 @@ Config small_config() {
 // weights times K, scaled, loss-free bias.
 Config olmo_core3_config() {
   Config c = small_config();
-  ModelConfig& m = c.model;
-  m.n_layers = 3;
-  m.dense_layers.push_back('1');
-  m.dense_hidden = 40;
-  m.norm_placement = "reordered";
-  m.embed_scale = std::sqrt(48.0);
-  m.embedding_norm = true;
-  m.qk_norm = "per_head";
-  m.score_func = "sigmoid";
-  m.sigmoid_eps = 1e-7;
-  m.norm_topk_prob = true;
-  m.norm_topk_p = 2;
-  m.restore_weight_scale = true;
-  m.expert_weight_scale = 0.8;
-  m.original_top_k = 4;
-  m.router_bias_gamma = 1e-3;
+  c.model.n_layers = 3;
+  test::apply_olmo_core3_options(c.model, '1');
+  c.model.router_bias_gamma = 1e-3;
   return c;
 }
 
