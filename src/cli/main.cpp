@@ -244,8 +244,16 @@ int run(int argc, char** argv) {
               << "\n# active matmul parameters per token: " << m.num_active_matmul_params()
               << "\n# training FLOPs per token (causal attention): " << m.train_flops_per_token(c.train.seq_len)
               << "\n# training FLOPs per token (non-causal convention, 12*L*H*hd*S): "
-              << m.train_flops_per_token_noncausal(c.train.seq_len) << "\n"
-              << "# memory estimate (the trainer's own plans measured, src/model/memory.cpp; micro-batch of "
+              << m.train_flops_per_token_noncausal(c.train.seq_len) << "\n";
+    if (!m.attention_windows().empty()) {
+      std::cout << "# attention window per layer (keys a query sees; full = causal):";
+      for (int64_t l = 0; l < m.n_layers; ++l) {
+        const int64_t w = m.attention_window(l);
+        std::cout << (l ? ", " : " ") << (w > 0 ? std::to_string(w) : std::string("full"));
+      }
+      std::cout << "\n";
+    }
+    std::cout << "# memory estimate (the trainer's own plans measured, src/model/memory.cpp; micro-batch of "
               << c.train.micro_batch_size << " x " << c.train.seq_len << " tokens, " << c.train.precision
               << (c.train.recompute ? ", block recompute" : "") << "):\n"
               << moe::format_memory(moe::estimate_memory(c));

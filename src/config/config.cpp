@@ -55,6 +55,12 @@ const std::vector<Field>& fields() {
     add("model", "tie_embeddings", M(tie_embeddings), 0, 0, {}, "LM head shares the embedding");
     add("model", "rope_theta", M(rope_theta), 1, kInf, {}, "RoPE base");
     add("model", "qk_norm", M(qk_norm), 0, 0, {"none", "full", "per_head"}, "QK RMSNorm");
+    add("model", "sliding_window", M(sliding_window), 0, 0, {},
+        "window sizes repeated over the layers, -1 = full (\"4096,4096,4096,-1\"; \"\" = all full)");
+    add("model", "sliding_window_full_first", M(sliding_window_full_first), 0, 0, {},
+        "with sliding_window: layer 0 full, the pattern starting at layer 1");
+    add("model", "sliding_window_full_last", M(sliding_window_full_last), 0, 0, {},
+        "with sliding_window: the last layer full");
     add("model", "n_dense_layers", M(n_dense_layers), 0, 4096, {}, "leading dense-FFN blocks");
     add("model", "dense_layers", M(dense_layers), 0, 0, {},
         "dense-FFN blocks at these indices, comma-separated (\"\" = the first n_dense_layers)");

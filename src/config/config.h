@@ -27,6 +27,14 @@ struct ModelConfig {
   bool tie_embeddings = false;
   double rope_theta = 10000.0;
   std::string qk_norm = "full";  // none | full | per_head
+  // Sliding-window attention (Olmo-core 3's SlidingWindowAttentionConfig): window sizes repeated
+  // over the layers, comma-separated, -1 = full causal ("4096,4096,4096,-1"); "" = every layer
+  // full. A window W lets a query see itself and the W-1 keys before it (flash-attn's (W-1, 0)).
+  // full_first / full_last force full attention on the first / last layer; with full_first the
+  // pattern starts at layer 1.
+  std::string sliding_window;
+  bool sliding_window_full_first = true;
+  bool sliding_window_full_last = true;
   int64_t n_dense_layers = 0;
   // Dense-FFN layers at any indices, comma-separated ("1" or "0,3"; Olmo-core 3's
   // dense_layers_indices); "" = the first n_dense_layers. At most one of the two is set.
@@ -85,6 +93,13 @@ struct ModelConfig {
   // The routed weights' normalization p (0 = none) and their constant factor (config above).
   double expert_weight_norm_p() const;
   double expert_weight_factor() const;
+  // Keys a query of `layer` may see, counting itself: the window, or 0 for full causal attention.
+  int64_t attention_window(int64_t layer) const;
+  // The distinct windows of the model's layers, increasing (empty: every layer full).
+  std::vector<int64_t> attention_windows() const;
+  // Query-key pairs of one layer's attention over a sequence of S tokens: S(S+1)/2 causal, less
+  // what the window cuts (Olmo-core 3's _causal_attention_positions).
+  double attention_pairs(int64_t layer, int64_t S) const;
   // The router bias takes part in the choice (loss-free balancing or score_correction_bias).
   bool router_bias_selects() const { return router_bias_gamma > 0 || score_correction_bias; }
   // Throws moe::Error naming the inconsistent fields.
@@ -92,9 +107,10 @@ struct ModelConfig {
   int64_t num_params() const;
   // Parameters one token touches: routed experts counted K times out of E; embedding excluded.
   int64_t num_active_matmul_params() const;
-  // Training FLOPs per token, causal attention: 6*active + 12*L*H*hd*(S+1)/2.
+  // Training FLOPs per token, causal attention: 6*active + 12*H*hd*sum over layers of
+  // attention_pairs / S (= 12*L*H*hd*(S+1)/2 without sliding windows).
   double train_flops_per_token(int64_t seq_len) const;
-  // The non-causal convention many published MFU figures use: 6*active + 12*L*H*hd*S.
+  // The non-causal convention many published MFU figures use: 6*active + 12*L*H*hd*S (a windowed layer: its window).
   double train_flops_per_token_noncausal(int64_t seq_len) const;
 };
 

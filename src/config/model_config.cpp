@@ -34,7 +34,51 @@ std::vector<int64_t> parse_dense_layers(const std::string& text, int64_t n_layer
   }
   return out;
 }
+
+// model.sliding_window as window sizes (checked: integers > 0 or -1, at least one).
+std::vector<int64_t> parse_window_pattern(const std::string& text) {
+  std::vector<int64_t> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(',', at);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(at, end - at);
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    char* stop = nullptr;
+    const long long v = item.empty() ? 0 : std::strtoll(item.c_str(), &stop, 10);
+    MOE_CHECK(!item.empty() && stop && *stop == '\0' && (v > 0 || v == -1), "model.sliding_window = \"", text,
+              "\": '", item, "' is not a window (write sizes > 0 or -1 for full, e.g. \"4096,4096,4096,-1\")");
+    out.push_back(v);
+    at = end + 1;
+  }
+  return out;
+}
 }  // namespace
+
+int64_t ModelConfig::attention_window(int64_t layer) const {
+  if (sliding_window.empty()) return 0;
+  if (sliding_window_full_first && layer == 0) return 0;
+  if (sliding_window_full_last && layer == n_layers - 1) return 0;
+  const std::vector<int64_t> pattern = parse_window_pattern(sliding_window);
+  const int64_t i = layer - (sliding_window_full_first ? 1 : 0);
+  const int64_t w = pattern[static_cast<size_t>(i % static_cast<int64_t>(pattern.size()))];
+  return w == -1 ? 0 : w;
+}
+
+std::vector<int64_t> ModelConfig::attention_windows() const {
+  std::vector<int64_t> out;
+  for (int64_t l = 0; l < n_layers; ++l)
+    if (const int64_t w = attention_window(l); w > 0 && std::find(out.begin(), out.end(), w) == out.end()) out.push_back(w);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+double ModelConfig::attention_pairs(int64_t layer, int64_t S) const {
+  const double s = static_cast<double>(S), w = static_cast<double>(attention_window(layer));
+  if (w == 0 || w >= s) return s * (s + 1) / 2;
+  return w * (w + 1) / 2 + (s - w) * w;
+}
 
 bool ModelConfig::is_moe_layer(int64_t layer) const {
   if (dense_layers.empty()) return layer >= n_dense_layers;
@@ -108,6 +152,9 @@ void ModelConfig::validate() const {
   }
   MOE_CHECK(!score_correction_bias || routing == "learned",
             "model.score_correction_bias needs model.routing = \"learned\"");
+  parse_window_pattern(sliding_window);  // throws naming a bad model.sliding_window
+  MOE_CHECK(!sliding_window.empty() || (sliding_window_full_first && sliding_window_full_last),
+            "model.sliding_window_full_first / _full_last apply only with model.sliding_window");
   MOE_CHECK(norm_topk_prob || norm_topk_p == 1.0, "model.norm_topk_p = ", norm_topk_p,
             " has no effect without model.norm_topk_prob = true");
 }
@@ -166,13 +213,19 @@ int64_t ModelConfig::num_active_matmul_params() const {
 }
 
 double ModelConfig::train_flops_per_token(int64_t seq_len) const {
+  double pairs = 0;
+  for (int64_t l = 0; l < n_layers; ++l) pairs += attention_pairs(l, seq_len);
   return 6.0 * static_cast<double>(num_active_matmul_params()) +
-         12.0 * static_cast<double>(n_layers * n_heads * hd()) * static_cast<double>(seq_len + 1) / 2.0;
+         12.0 * static_cast<double>(n_heads * hd()) * pairs / static_cast<double>(seq_len);
 }
 
 double ModelConfig::train_flops_per_token_noncausal(int64_t seq_len) const {
-  return 6.0 * static_cast<double>(num_active_matmul_params()) +
-         12.0 * static_cast<double>(n_layers * n_heads * hd()) * static_cast<double>(seq_len);
+  double keys = 0;  // each query against every key of the layer's reach
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const int64_t w = attention_window(l);
+    keys += static_cast<double>(w > 0 ? std::min(w, seq_len) : seq_len);
+  }
+  return 6.0 * static_cast<double>(num_active_matmul_params()) + 12.0 * static_cast<double>(n_heads * hd()) * keys;
 }
 
 }  // namespace moe

@@ -1,6 +1,9 @@
 #include "model/transformer.h"
 
+#include <algorithm>
+
 #include "model/attention_block.h"
+#include "model/attention_masks.h"
 #include "model/dense_ffn.h"
 #include "moe/p2p_transport.h"
 #include "moe/padded_transport.h"
@@ -37,6 +40,11 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
             ") does not match EP rank ", o.ep ? o.ep->rank() : 0, " of ", ep, " over ", cfg_.num_experts, " experts");
   layer_begin_ = shard.layer_begin;
   layer_end_ = shard.layer_end;
+  const std::vector<int64_t> windows = cfg_.attention_windows();
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const auto at = std::find(windows.begin(), windows.end(), cfg_.attention_window(l));
+    window_slot_.push_back(at == windows.end() ? -1 : static_cast<int>(at - windows.begin()));
+  }
   if (ep > 1) {
     const int64_t M = cfg_.num_moe_layers(), words = ExchangePlan::words(ep, cfg_.num_experts);
     if (o.ep_transport == ExchangeTransportKind::kPadded)
@@ -139,8 +147,7 @@ void Transformer::stage_forward(int64_t slot, const MicroBatch& mb) {
     check_shape(mb.ids, {dims_.B, dims_.S}, "ids");
     embed_forward(slot, mb.ids.view({dims_.T}));
   }
-  const SublayerContext ctx = sublayer_context(mb.doc_start);
-  for (int64_t l = layer_begin_; l < layer_end_; ++l) layer_forward(ctx, slot, l, mb, false);
+  for (int64_t l = layer_begin_; l < layer_end_; ++l) layer_forward(sublayer_context(mb, l), slot, l, mb, false);
 }
 
 void Transformer::head_step(int64_t slot, const MicroBatch& mb, StepStats& stats) {
@@ -151,8 +158,8 @@ void Transformer::head_step(int64_t slot, const MicroBatch& mb, StepStats& stats
 }
 
 void Transformer::stage_backward(int64_t slot, const MicroBatch& mb, StepStats& stats) {
-  const SublayerContext ctx = sublayer_context(mb.doc_start);
   for (int64_t l = layer_end_ - 1; l >= layer_begin_; --l) {
+    const SublayerContext ctx = sublayer_context(mb, l);
     if (recompute_) layer_forward(ctx, slot, l, mb, /*recomputing=*/true);
     layer_backward(ctx, slot, l, mb, stats);
     if (layer_grads_hook_) layer_grads_hook_(l);
@@ -191,12 +198,22 @@ void Transformer::forward_backward(const MicroBatch& mb, StepStats& stats) {
   stage_backward(0, mb, stats);
 }
 
-void Transformer::forward_logits(const Tensor& ids, const Tensor& logits, const Tensor& doc_start) {
+SublayerContext Transformer::sublayer_context(const MicroBatch& mb, int64_t l) {
+  const int w = window_slot_[static_cast<size_t>(l)];
+  MOE_CHECK(w < 0 || static_cast<size_t>(w) < mb.window_start.size(), "layer ", l,
+            " has a sliding window but the micro-batch carries ", mb.window_start.size(),
+            " window tables (build them with AttentionMasks)");
+  return SublayerContext{ops_, cfg_, choice_, dims_, plan_.scratch(), w < 0 ? mb.doc_start : mb.window_start[static_cast<size_t>(w)]};
+}
+
+void Transformer::forward_logits(const Tensor& ids, const Tensor& logits, const Tensor& host_doc_start) {
   MOE_CHECK(first_stage() && last_stage(), "forward_logits runs the whole model only");
   check_shape(logits, {dims_.T, cfg_.vocab_size}, "logits");
+  AttentionMasks masks;
+  masks.build(ops_, cfg_.attention_windows(), host_doc_start, dims_.B, dims_.S);
   MicroBatch mb;
   mb.ids = ids;
-  mb.doc_start = doc_start;
+  masks.fill(mb, 0, dims_.B);
   stage_forward(0, mb);
   lm_head_logits(head_context(), head_weights(), stage_output(0), logits);
 }

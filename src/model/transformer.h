@@ -44,6 +44,9 @@ struct MicroBatchScales {
 struct MicroBatch {
   Tensor ids, labels;  // (B,S) i32; label < 0: no loss
   Tensor doc_start;    // (B,S) i32 document starts (intra-document masking), or empty: plain causal
+  // Sliding windows: per window of ModelConfig::attention_windows(), (B,S) i32 the first key each
+  // query sees, document starts included (AttentionMasks builds them).
+  std::vector<Tensor> window_start;
   MicroBatchScales scales;
 };
 
@@ -119,9 +122,9 @@ class Transformer {
   // Called after each layer's backward with its index (data-parallel gradient reduction starts
   // a finished layer's bucket there); empty = none.
   void set_layer_grads_hook(std::function<void(int64_t)> hook) { layer_grads_hook_ = std::move(hook); }
-  // Forward only: full logits (B*S, V) in the compute dtype (tests, evaluation); doc_start as in
-  // MicroBatch.
-  void forward_logits(const Tensor& ids, const Tensor& logits, const Tensor& doc_start = Tensor());
+  // Forward only: full logits (B*S, V) in the compute dtype (tests, generation); doc_start: (B,S)
+  // i32 document starts in host memory, or empty.
+  void forward_logits(const Tensor& ids, const Tensor& logits, const Tensor& host_doc_start = Tensor());
   // Forward only: summed cross-entropy over labeled positions added to out (1) f64 (validation).
   // Whole model only; Trainer::forward_loss runs it across pipeline stages.
   void forward_loss(const MicroBatch& mb, const Tensor& out);
@@ -153,10 +156,8 @@ class Transformer {
   size_t activation_arena_bytes() const { return plan_.bytes(); }
 
  private:
-  // The context every sublayer of this micro-batch gets.
-  SublayerContext sublayer_context(const Tensor& doc_start) {
-    return SublayerContext{ops_, cfg_, choice_, dims_, plan_.scratch(), doc_start};
-  }
+  // The context every sublayer of layer l on this micro-batch gets (its attention's first keys).
+  SublayerContext sublayer_context(const MicroBatch& mb, int64_t l);
   HeadContext head_context() {
     return HeadContext{ops_, cfg_, dims_, plan_.scratch(), plan_.final_norm(), plan_.head_chunk()};
   }
@@ -178,6 +179,7 @@ class Transformer {
   bool recompute_ = false;
   uint64_t seed_ = 0;
   int64_t layer_begin_ = 0, layer_end_ = 0;  // the stage's layers
+  std::vector<int> window_slot_;  // per layer: its window in MicroBatch::window_start, -1 = full causal
 
   ModelState state_;
   ActivationPlan plan_;

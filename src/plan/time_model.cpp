@@ -78,9 +78,14 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
   const double rows = T * K * (1 - plan.drop_fraction);
 
   // Forward time of one layer on one micro-batch (and, into *grouped, its grouped expert GEMMs').
-  const auto layer_forward = [&](bool moe, double* grouped) {
+  // Attention's QK^T and PV of one layer on one micro-batch: causal, cut by a sliding window.
+  const auto attention_s = [&](int64_t layer) {
+    return 4 * T * H * hd * (c.attention_pairs(layer, t.seq_len) / S) / (roof.peak * roof.attn_eff);
+  };
+  const auto layer_forward = [&](int64_t layer, double* grouped) {
+    const bool moe = c.is_moe_layer(layer);
     double s = roof.gemm(T, H * hd, D) + 2 * roof.gemm(T, G * hd, D) + roof.gemm(T, D, H * hd);
-    s += 2 * T * H * hd * (S + 1) / (roof.peak * roof.attn_eff);  // causal QK^T and PV
+    s += attention_s(layer);
     double bytes = 4 * T * D * 10 + 8 * T * (H + 2 * G) * hd;   // norms, residual adds; QK-norm, RoPE
     if (moe) {
       s += roof.gemm(T, E, D, dev.fp32_flops);  // the router runs in fp32
@@ -96,11 +101,11 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
     }
     return s + roof.memory(bytes);
   };
-  const auto layer_backward = [&](bool moe, double* grouped) {
+  const auto layer_backward = [&](int64_t layer, double* grouped) {
     // Data and weight gradients: twice the forward GEMMs; attention's backward 2.5x its forward.
-    const double fwd_attn = 2 * T * H * hd * (S + 1) / (roof.peak * roof.attn_eff);
+    const double fwd_attn = attention_s(layer);
     double g = 0;
-    const double f = layer_forward(moe, &g);
+    const double f = layer_forward(layer, &g);
     if (grouped) *grouped += 2 * g;
     return 2 * (f - fwd_attn) + 2.5 * fwd_attn;
   };
@@ -112,9 +117,8 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
     const PlannedStage& st = plan.stages[s];
     StageTime x;
     for (int64_t l = st.layer_begin; l < st.layer_end; ++l) {
-      const bool moe = c.is_moe_layer(l);
-      x.forward_compute_s += layer_forward(moe, &x.grouped_s);
-      x.backward_compute_s += layer_backward(moe, &x.grouped_s) + (t.recompute ? layer_forward(moe, &x.grouped_s) : 0);
+      x.forward_compute_s += layer_forward(l, &x.grouped_s);
+      x.backward_compute_s += layer_backward(l, &x.grouped_s) + (t.recompute ? layer_forward(l, &x.grouped_s) : 0);
     }
     if (st.layer_begin == 0) x.backward_compute_s += roof.memory(3 * T * D * 4);  // embedding
     if (st.layer_end == c.n_layers) x.backward_compute_s += 3 * roof.gemm(T, V, D) + roof.memory(4 * T * V * 4);

@@ -4,6 +4,7 @@
 
 #include "core/buffer.h"
 #include "core/check.h"
+#include "model/attention_masks.h"
 
 namespace moe {
 
@@ -14,6 +15,8 @@ EvalResult evaluate(Transformer& model, const TokenDataset& data, int64_t batch,
   Backend& ops = model.ops();
   OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S});          // host
   OwnedTensor d_ids(ops, DType::kI32, {B, S}), d_labels(ops, DType::kI32, {B, S}), sum(ops, DType::kF64, {1});
+  AttentionMasks masks;  // sliding windows only (evaluation runs without document masking)
+  masks.build(ops, model.config().attention_windows(), Tensor(), B, S);
   ops.fill(sum.t, 0.0);
   EvalResult r;
   for (int64_t m = 0; m < batches; ++m) {
@@ -27,6 +30,7 @@ EvalResult evaluate(Transformer& model, const TokenDataset& data, int64_t batch,
     MicroBatch mb;
     mb.ids = d_ids;
     mb.labels = d_labels;
+    masks.fill(mb, 0, B);
     model.forward_loss(mb, sum);
   }
   r.batches = batches;

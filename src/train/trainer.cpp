@@ -16,6 +16,7 @@ namespace moe {
 Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroups* groups)
     : config_(config), ops_(ops), groups_(groups) {
   config_.validate();
+  windows_ = config_.model.attention_windows();
   const Layout layout = layout_from_config(config_.parallel);
   MOE_CHECK(groups_ || layout.world() == 1, "parallel.dp x parallel.pp = ", layout.world(),
             " ranks, but this is a single process (launch with mpirun -np ", layout.world(), ")");
@@ -94,7 +95,8 @@ void Trainer::forward_loss(const Tensor& ids, const Tensor& labels, const Tensor
   MicroBatch mb;
   mb.ids = on_device(ids, eval_ids_);
   mb.labels = on_device(labels, eval_labels_);
-  mb.doc_start = doc_start.data ? on_device(doc_start, eval_doc_) : Tensor();
+  eval_masks_.build(ops_, windows_, doc_start, ids.dim(0), ids.dim(1));
+  eval_masks_.fill(mb, 0, ids.dim(0));
   pipeline_->forward_loss(mb, out);
 }
 
@@ -285,7 +287,7 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
 
   // The batch as the backend sees it (uploaded unless the backend's memory is the host's).
   const Tensor d_ids = on_device(ids, batch_ids_), d_labels = on_device(labels, batch_labels_);
-  const Tensor d_doc = doc_start.data ? on_device(doc_start, batch_doc_) : Tensor();
+  batch_masks_.build(ops_, windows_, doc_start, local, tc.seq_len);
   // The step's decisions start from the host's count of applied updates and a clear non-finite
   // flag once the host has read the last step's outcome; with a step in flight (submit) from the
   // device's count and flag as that step leaves them, so a non-finite step also stops this one.
@@ -305,7 +307,7 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
     MicroBatch& mb = micro[static_cast<size_t>(m)];
     mb.ids = d_ids.slice(m * mbs, (m + 1) * mbs);
     mb.labels = d_labels.slice(m * mbs, (m + 1) * mbs);
-    mb.doc_start = d_doc.data ? d_doc.slice(m * mbs, (m + 1) * mbs) : Tensor();
+    batch_masks_.fill(mb, m * mbs, (m + 1) * mbs);
     mb.scales.ce_scale = 1.0 / static_cast<double>(r.loss_tokens);
     mb.scales.stat_weight = 1.0 / static_cast<double>(global_micro);  // equal-size micro-batches: T_m / T_step
     mb.scales.aux_weight = aux_by_labels ? static_cast<double>(mbs * tc.seq_len) / static_cast<double>(r.loss_tokens)

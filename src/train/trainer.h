@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint.h"
 #include "config/config.h"
 #include "kernels/ops.h"
+#include "model/attention_masks.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "parallel/grad_sync.h"
@@ -149,7 +150,11 @@ class Trainer {
   StepStats stats_;
   // The batch in the backend's memory (used only when the host cannot address it): the step's
   // (local_batch, seq_len) ids, labels, document starts, and validation's micro-batch.
-  OwnedTensor batch_ids_, batch_labels_, batch_doc_, eval_ids_, eval_labels_, eval_doc_;
+  OwnedTensor batch_ids_, batch_labels_, eval_ids_, eval_labels_;
+  // The attention's first-key tables (document starts, sliding windows) of the step's and the
+  // evaluation's batch; windows_: the model's distinct windows.
+  AttentionMasks batch_masks_, eval_masks_;
+  std::vector<int64_t> windows_;
   Tensor on_device(const Tensor& host, OwnedTensor& slot);
   // The pieces of a step: forward/backward/reductions and the device decisions (step_control);
   // the update those decisions gate; the one download and what the host makes of it.

@@ -1,9 +1,11 @@
 // Olmo-core 3's options together on a test model (docs/MODEL.md): reordered norms, a scaled
 // (sqrt(d_model)) and normed embedding, a dense layer at `dense_layer`, per-head QK-norm, sigmoid
-// scores with their epsilon, L2-normed weights times K, a scale and sqrt(original_top_k / K).
+// scores with their epsilon, L2-normed weights times K, a scale and sqrt(original_top_k / K),
+// sliding windows of 5 keys between a full first and a full last layer.
 #pragma once
 
 #include <cmath>
+#include <string>
 
 #include "config/config.h"
 
@@ -25,6 +27,8 @@ inline void apply_olmo_core3_options(ModelConfig& m, char dense_layer) {
   m.restore_weight_scale = true;
   m.expert_weight_scale = 0.8;
   m.original_top_k = 4;
+  m.sliding_window.clear();
+  m.sliding_window.append(std::to_string(5));  // (appended: g++ 12's false -Wrestrict on = "5")
 }
 
 }  // namespace moe::test

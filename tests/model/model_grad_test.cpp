@@ -220,6 +220,12 @@ INSTANTIATE_TEST_SUITE_P(
                   c.model.score_correction_bias = true;
                   c.model.score_func = "sigmoid";
                 }},
+        // A sliding window of 3 of the 7 positions on layer 0, the last layer full.
+        Variant{"sliding_window_first_layer",
+                [](Config& c) {
+                  c.model.sliding_window.push_back('3');  // (not = "3": g++ 12's false -Wrestrict)
+                  c.model.sliding_window_full_first = false;
+                }},
         Variant{"uniform_routing", [](Config& c) { c.model.routing = "uniform"; }},
         Variant{"random_routing_mha", [](Config& c) {
                   c.model.routing = "random";

@@ -218,6 +218,27 @@ TEST(StepTime, FollowsTheDeviceAndTheLayout) {
 
 // The sweep: every layout of the world the trainer accepts, best first; what does not fit names
 // its stage and its largest part; what the trainer refuses carries the config's error.
+// A sliding window shortens exactly the attention terms: the forward loses 4 T H hd (full - windowed
+// pairs) / S over (peak x attention efficiency) per windowed layer; the backward 2.5x that.
+TEST(StepTime, SlidingWindowsCutOnlyTheAttentionTime) {
+  const Cluster cpu = load_cluster("cpu-corex2");
+  const Config full = small(), win = small({"model.sliding_window=4", "model.sliding_window_full_first=false",
+                                            "model.sliding_window_full_last=false"});
+  const Plan p = make_plan(full);
+  const StepTime a = estimate_step_time(full, p, cpu), b = estimate_step_time(win, make_plan(win), cpu);
+  const ModelConfig& m = full.model;
+  const double S = static_cast<double>(full.train.seq_len), T = static_cast<double>(p.tokens_per_micro);
+  ASSERT_LT(4, S);
+  const double pairs_cut = m.attention_pairs(0, full.train.seq_len) - win.model.attention_pairs(0, full.train.seq_len);
+  const double peak = full.train.precision == "fp32" ? cpu.device.fp32_flops : cpu.device.bf16_flops;
+  const double eff = full.train.precision == "fp32" ? cpu.device.attention_efficiency_fp32 : cpu.device.attention_efficiency;
+  const double per_layer = 4 * T * static_cast<double>(m.n_heads * m.hd()) * pairs_cut / S / (peak * eff);
+  const double L = static_cast<double>(m.n_layers);
+  EXPECT_NEAR(a.stages[0].forward_compute_s - b.stages[0].forward_compute_s, L * per_layer, 1e-9 * a.stages[0].forward_compute_s);
+  EXPECT_NEAR(a.stages[0].backward_compute_s - b.stages[0].backward_compute_s, 2.5 * L * per_layer,
+              1e-9 * a.stages[0].backward_compute_s);
+}
+
 TEST(Sweep, RanksFittingLayoutsAndSaysWhyOthersFail) {
   Cluster tiny = load_cluster("cpu-core");
   tiny.nodes = 2;  // 4 ranks

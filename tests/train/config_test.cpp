@@ -158,6 +158,47 @@ TEST(Config, FlopsFollowTheStatedFormula) {
   EXPECT_DOUBLE_EQ(m.train_flops_per_token_noncausal(256), 6.0 * active + 12.0 * m.n_layers * m.n_heads * hd * S);
 }
 
+// Olmo-core 3's SlidingWindowAttentionConfig: the pattern repeats from layer 1 (full_first), the
+// last layer is full, -1 is full; the FLOP count takes each layer's query-key pairs.
+TEST(Config, SlidingWindowsFollowOlmoCore3sPatternAndCutTheAttentionFlops) {
+  Config c = parse_config("", {"model.n_layers=6", "model.sliding_window=\"64,64,-1\""});
+  const ModelConfig& m = c.model;
+  const std::vector<int64_t> want{0, 64, 64, 0, 64, 0};
+  for (int64_t l = 0; l < 6; ++l) EXPECT_EQ(m.attention_window(l), want[static_cast<size_t>(l)]) << "layer " << l;
+  EXPECT_EQ(m.attention_windows(), std::vector<int64_t>{64});
+  Config flat = parse_config("", {"model.n_layers=3", "model.sliding_window=\"8,16\"", "model.sliding_window_full_first=false",
+                                  "model.sliding_window_full_last=false"});
+  EXPECT_EQ(flat.model.attention_window(0), 8);
+  EXPECT_EQ(flat.model.attention_window(1), 16);
+  EXPECT_EQ(flat.model.attention_window(2), 8);
+  EXPECT_EQ(flat.model.attention_windows(), (std::vector<int64_t>{8, 16}));
+  // Hand count at S = 256: a full layer has S(S+1)/2 = 32896 pairs, a window of 64 has
+  // 64*65/2 + (256-64)*64 = 14368 (the first 64 queries a triangle, the rest 64 keys each).
+  const double S = 256, active = static_cast<double>(m.num_active_matmul_params());
+  const double per_pair = 12.0 * static_cast<double>(m.n_heads * m.hd()) / S;
+  EXPECT_DOUBLE_EQ(m.attention_pairs(1, 256), 14368.0);
+  EXPECT_DOUBLE_EQ(m.attention_pairs(0, 256), 32896.0);
+  EXPECT_DOUBLE_EQ(m.train_flops_per_token(256), 6.0 * active + per_pair * (3 * 32896.0 + 3 * 14368.0));
+  EXPECT_DOUBLE_EQ(m.train_flops_per_token_noncausal(256),
+                   6.0 * active + 12.0 * static_cast<double>(m.n_heads * m.hd()) * (3 * S + 3 * 64));
+  EXPECT_LT(m.train_flops_per_token(256), parse_config("", {"model.n_layers=6"}).model.train_flops_per_token(256));
+  // A window at least S is full attention.
+  EXPECT_DOUBLE_EQ(m.attention_pairs(1, 64), 64.0 * 65 / 2);
+  for (const char* bad : {"model.sliding_window=\"64,0\"", "model.sliding_window=\"64,x\"", "model.sliding_window=\"-2\""})
+    EXPECT_THROW(
+        {
+          try {
+            parse_config("", {bad});
+          } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("model.sliding_window"), std::string::npos) << e.what();
+            throw;
+          }
+        },
+        Error)
+        << bad;
+  EXPECT_THROW(parse_config("", {"model.sliding_window_full_last=false"}), Error);  // no window to apply it to
+}
+
 // Every number of a config is finite: inf, -inf and nan are refused for every numeric key, in
 // TOML and in --set, naming the key (where "no limit" makes sense, 0 means off).
 TEST(Config, EveryNumericKeyRefusesInfinityAndNan) {

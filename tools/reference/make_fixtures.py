@@ -163,13 +163,14 @@ FIXTURES["oc3_reordered"] = dict(
     source="olmo_core3",
     model=oc3_model(norm_placement="reordered", embed_scale=math.sqrt(32.0), embedding_norm=True,
                     norm_topk_prob=True, norm_topk_p=1.0, restore_weight_scale=True,
-                    qk_norm="per_head", shared_hidden=8, dense_layers="1"),
-    loss=R.LossConfig(lm_z_coef=0.0, lbl_coef=0.05, router_z_coef=0.005),
+                    qk_norm="per_head", shared_hidden=8, dense_layers="1", sliding_window="16",
+                    score_correction_bias=True),
+    loss=R.LossConfig(lm_z_coef=0.0, lbl_coef=0.05, router_z_coef=0.005, aux_divisor="labelled"),
     optim=optim(max_grad_norm=0.415),
     train=OC3_TRAIN,
     design=dict(seed=5005, embed_std=1.0, embed_offset=3.0, router_std=0.3,
                 zero_experts=[(2, 3, -8.0)], final_norm_scale=1.0, out_norm_scale=0.04,
-                bias_std=0.0, masked=(5, 13)),
+                bias_std=0.05, masked=(5, 13)),
 )
 
 FIXTURES["oc3_sigmoid"] = dict(
@@ -177,7 +178,8 @@ FIXTURES["oc3_sigmoid"] = dict(
     model=oc3_model(vocab_size=48, n_layers=4, norm_placement="peri", qk_norm="full",
                     score_func="sigmoid", sigmoid_eps=1e-7, norm_topk_prob=True, norm_topk_p=2.0,
                     expert_weight_scale=2.5, top_k=2, original_top_k=4, router_bias_gamma=1e-3,
-                    dense_layers="0,2", dense_hidden=16),
+                    dense_layers="0,2", dense_hidden=16, sliding_window="24,-1",
+                    sliding_window_full_first=False, n_group=4, topk_group=2),
     loss=R.LossConfig(lm_z_coef=0.0, lbl_coef=0.05, router_z_coef=0.005),
     optim=optim(max_grad_norm=0.4),
     train=OC3_TRAIN,
@@ -240,7 +242,7 @@ def init_params(cfg: R.ModelConfig, design, gen):
 
 
 def init_bias(cfg, design, gen):
-    if cfg.router_bias_gamma <= 0:
+    if not cfg.has_router_bias():
         return None
     s = design["bias_std"]
     return OrderedDict((L, unif((cfg.num_experts,), -s, s, gen)) for L in cfg.moe_layers())
@@ -265,6 +267,9 @@ def make_batch(cfg, tr: R.TrainConfig, design, gen):
 def selection_gaps(info, K):
     """min over tokens of (K-th - (K+1)-th) selection score, per layer; and per-token gaps."""
     g = {r["layer"]: (r["sel_sorted"][:, K - 1] - r["sel_sorted"][:, K]) for r in info}
+    for r in info:  # group-limited routing: the chosen groups' margin too
+        if r.get("group_gap") is not None:
+            g[r["layer"]] = torch.minimum(g[r["layer"]], r["group_gap"])
     return g
 
 
@@ -331,8 +336,8 @@ def run_training(adapter, fx, ids, labels, bias0, checks=None):
     cfg, lc, oc, tr = fx["model"], fx["loss"], fx["optim"], fx["train"]
     B, S, mbs, E, K = tr.batch_size, tr.seq_len, tr.micro_batch_size, cfg.num_experts, cfg.top_k
     M = B // mbs
-    T_step = B * S
     n_loss = int((labels >= 0).sum())
+    T_step = n_loss if lc.aux_divisor == "labelled" else B * S  # the auxiliary losses' divisor
     moe_layers = cfg.moe_layers()
     triples = adapter.opt_params()
     params = [p for _, p, _ in triples]
@@ -371,6 +376,8 @@ def run_training(adapter, fx, ids, labels, bias0, checks=None):
                 rz[r["layer"]] += float(z_.detach())
                 counts[r["layer"]] += c_.to(torch.int64)
                 g = r["sel_sorted"][:, K - 1] - r["sel_sorted"][:, K]
+                if r.get("group_gap") is not None:  # the chosen groups' margin too
+                    g = torch.minimum(g, r["group_gap"])
                 min_gap = min(min_gap, float(g.min()))
                 if n == 1 and m == 0 and checks is not None:
                     aux_definition_checks(r, mbs, S, cfg, T_step, checks)
@@ -393,7 +400,7 @@ def run_training(adapter, fx, ids, labels, bias0, checks=None):
         for gr in opt.param_groups:
             gr["lr"] = lr
         opt.step()
-        if bias is not None:
+        if bias is not None and cfg.router_bias_gamma > 0:  # a score-correction bias stays fixed
             for L in moe_layers:
                 bias[L] = R.loss_free_bias_update(bias[L], counts[L], cfg.router_bias_gamma)
         if hasattr(adapter, "after_step"):
@@ -630,7 +637,7 @@ def roundtrip_check(path):
 
     P = OrderedDict((n, T("param." + n)) for n in R.param_shapes(cfg))
     bias0 = None
-    if cfg.router_bias_gamma > 0:
+    if cfg.has_router_bias():
         bias0 = OrderedDict((L, T(f"router_bias.{L}")) for L in cfg.moe_layers())
     rec = run_training(PlainAdapter(cfg, P), fx, T("ids"), T("labels"), bias0)
     s0 = rec["step0"]
@@ -670,6 +677,8 @@ def olmo_core3_checks(fx, P, bias0, ids, labels, checks, shared_checks):
     post_batch vs the bias update, small-gradient counts, what get_hf_config makes of the model."""
     cfg, lc, tr = fx["model"], fx["loss"], fx["train"]
     T_step = tr.batch_size * tr.seq_len
+    if lc.aux_divisor == "labelled":  # Olmo-core 3's train module: loss_div_factor = labelled tokens
+        T_step = int((labels >= 0).sum())
     adapter = OC.OlmoCore3Adapter(cfg, P, lc.lbl_coef, lc.router_z_coef, T_step, tr.seq_len)
     rec = run_training(adapter, fx, ids, labels, bias0, checks)
     rp = run_training(PlainAdapter(cfg, P), fx, ids, labels, bias0)
@@ -837,9 +846,9 @@ def build_fixture(name, fx, shared_checks):
         train="train.X[n-1] is optimizer step n (n = 1..10): total/ce/grad_norm measured on the "
               "parameters before step n, train.lr the LR used by step n; final.* after step 10",
         aux_normalization="step LBL / router z-loss = sum_m (T_m/T_step) X_m (MODEL.md); olmo-core "
-                          "functions called with loss_div_factor = T_step"
-                          + ("; olmo_core3: OLMoDDPModel.forward(loss_div_factor = T_step = all "
-                             "tokens of the step, not Olmo-core's trainer's labelled tokens), so "
+                          "functions called with loss_div_factor = T_step (loss.aux_divisor = "
+                          "labelled: T_step = the step's labelled tokens)"
+                          + ("; olmo_core3: OLMoDDPModel.forward(loss_div_factor = T_step), so "
                              "its router's compute_aux_loss returns (T_m/T_step) X_m and attaches "
                              "lbl_coef x LBL + router_z_coef x z to the graph"
                              if fx["source"] == "olmo_core3" else ""),
@@ -850,13 +859,16 @@ def build_fixture(name, fx, shared_checks):
         notes["olmo_core3"] = (
             "LM loss: Olmo-core's cross_entropy_loss (reduction sum, z multiplier 1) / labelled "
             "tokens of the step; LBL (local batch) and router z-loss: its MoERouterV2."
-            "compute_aux_loss with loss_div_factor = all tokens of the step (moecore's definition; "
-            "Olmo-core's trainer would pass the labelled tokens), lb/z weights = lbl_coef / "
+            "compute_aux_loss with loss_div_factor = all tokens of the step, or with loss.aux_divisor = "
+            "labelled the step's labelled tokens as Olmo-core's train module passes, lb/z weights = lbl_coef / "
             "router_z_coef; the loss-free bias update is run_training's (float64), checked against "
             "Olmo-core's post_batch (checks). Plain-torch replacements of its GPU plumbing only; "
             "its float32 casts keep float64 (tools/reference/olmo_core3.py). None of "
             "make_fixtures' design requirements is relaxed.")
-    cfg_json = dict(model=model_json(cfg, fx["source"]), loss=asdict(lc), optim=asdict(oc),
+    loss_json = asdict(lc)
+    if fx["source"] != "olmo_core3":  # fixtures from before the option keep their keys
+        assert loss_json.pop("aux_divisor") == "tokens"
+    cfg_json = dict(model=model_json(cfg, fx["source"]), loss=loss_json, optim=asdict(oc),
                     train=asdict(tr))
     metadata = OrderedDict()
     metadata["format"] = "moecore-golden-v1"

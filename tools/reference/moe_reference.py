@@ -65,10 +65,37 @@ class ModelConfig:
     original_top_k: int = 0  # 0 = top_k; else weights *= sqrt(original_top_k / top_k)
     sigmoid_eps: float = 0.0  # sigmoid scores + eps (selection, weights and LBL)
     dense_layers: str = ""  # "1" or "0,2": dense layer indices ("" = the first n_dense_layers)
+    # sliding windows, Olmo-core 3's SlidingWindowAttentionConfig: pattern "16,-1" (-1 = full)
+    sliding_window: str = ""
+    sliding_window_full_first: bool = True
+    sliding_window_full_last: bool = True
+    # group-limited routing: experts in n_group groups of consecutive ids, topk_group allowed
+    n_group: int = 0
+    topk_group: int = 0
+    # the router bias selects without loss-free balancing too (loaded, fixed)
+    score_correction_bias: bool = False
 
     # the fields added for Olmo-core 3, in order (make_fixtures writes them only when set)
     NEW_FIELDS = ("embed_scale", "embedding_norm", "norm_topk_p", "restore_weight_scale",
-                  "expert_weight_scale", "original_top_k", "sigmoid_eps", "dense_layers")
+                  "expert_weight_scale", "original_top_k", "sigmoid_eps", "dense_layers",
+                  "sliding_window", "sliding_window_full_first", "sliding_window_full_last",
+                  "n_group", "topk_group", "score_correction_bias")
+
+    def window(self, L):
+        """Keys a query of layer L sees counting itself (0 = full causal): Olmo-core 3's
+        SlidingWindowAttentionConfig._get_window_size."""
+        if not self.sliding_window:
+            return 0
+        if self.sliding_window_full_first and L == 0:
+            return 0
+        if self.sliding_window_full_last and L == self.n_layers - 1:
+            return 0
+        pattern = [int(v) for v in self.sliding_window.split(",")]
+        w = pattern[(L - (1 if self.sliding_window_full_first else 0)) % len(pattern)]
+        return 0 if w == -1 else w
+
+    def has_router_bias(self):
+        return self.router_bias_gamma > 0 or self.score_correction_bias
 
     def dense_layer_set(self):
         if self.dense_layers:
@@ -100,6 +127,12 @@ class ModelConfig:
         assert self.norm_topk_p > 0 and self.expert_weight_scale > 0 and self.sigmoid_eps >= 0
         assert self.original_top_k >= 0
         assert self.sigmoid_eps == 0 or self.score_func == "sigmoid"
+        if self.sliding_window:
+            assert all(int(v) > 0 or int(v) == -1 for v in self.sliding_window.split(","))
+        assert (self.n_group == 0) == (self.topk_group == 0)
+        if self.n_group:
+            assert self.num_experts % self.n_group == 0 and self.topk_group <= self.n_group
+            assert self.score_func != "topk_softmax"
 
 
 def model_dict(cfg: ModelConfig, with_new_fields: bool = True) -> dict:
@@ -120,6 +153,7 @@ class LossConfig:
     lm_z_coef: float
     lbl_coef: float
     router_z_coef: float
+    aux_divisor: str = "tokens"  # "labelled": Olmo-core 3's train module (loss_div_factor)
 
 
 @dataclass
@@ -217,8 +251,25 @@ def rope(x, theta):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def causal_gqa_attention(q, k, v):
-    """q (B,S,H,hd), k v (B,S,G,hd) -> o (B,S,H,hd). Query head h reads kv head h // (H/G)."""
+def group_limited(sel, c):
+    """Group-limited routing: sel (T,E) with the experts outside each token's topk_group groups
+    (the groups whose two best selection values sum highest) set to -inf, and the per-token
+    margin of the last chosen group over the next (None when every group is chosen or n_group = 0)."""
+    if c.n_group == 0:
+        return sel, None
+    gs = sel.view(-1, c.n_group, c.num_experts // c.n_group)
+    gsum = gs.topk(min(2, gs.shape[-1]), dim=-1)[0].sum(dim=-1)  # (T, n_group)
+    gsorted = torch.sort(gsum, dim=-1, descending=True).values
+    gap = gsorted[:, c.topk_group - 1] - gsorted[:, c.topk_group] if c.topk_group < c.n_group else None
+    gidx = torch.sort(gsum, dim=-1, descending=True, stable=True).indices[:, : c.topk_group]
+    allowed = torch.zeros_like(gsum, dtype=torch.bool).scatter_(1, gidx, True)
+    allowed = allowed[:, :, None].expand_as(gs).reshape_as(sel)
+    return sel.masked_fill(~allowed, float("-inf")), gap
+
+
+def causal_gqa_attention(q, k, v, window=0):
+    """q (B,S,H,hd), k v (B,S,G,hd) -> o (B,S,H,hd). Query head h reads kv head h // (H/G).
+    window > 0: query i sees keys i - window + 1 .. i."""
     B, S, H, hd = q.shape
     G = k.shape[2]
     rep = H // G
@@ -228,6 +279,8 @@ def causal_gqa_attention(q, k, v):
     qh, kh, vh = (t.permute(0, 2, 1, 3) for t in (q, k, v))  # (B,H,S,hd)
     sc = qh @ kh.transpose(-1, -2) / math.sqrt(hd)
     mask = torch.ones(S, S, dtype=torch.bool).tril()
+    if window > 0:
+        mask &= torch.ones(S, S, dtype=torch.bool).triu(diagonal=-(window - 1))
     sc = sc.masked_fill(~mask, float("-inf"))
     p = torch.softmax(sc, dim=-1)
     return (p @ vh).permute(0, 2, 1, 3)
@@ -276,7 +329,7 @@ class MoEReference(torch.nn.Module):
             k = rmsnorm(k, P("k_norm"), c.norm_eps)
         q = rope(q, c.rope_theta)
         k = rope(k, c.rope_theta)
-        o = causal_gqa_attention(q, k, v).reshape(B, S, c.n_heads * c.head_dim)
+        o = causal_gqa_attention(q, k, v, c.window(L)).reshape(B, S, c.n_heads * c.head_dim)
         return F.linear(o, P("wo"))
 
     def _moe(self, L, h, router_bias, info):
@@ -295,6 +348,7 @@ class MoEReference(torch.nn.Module):
         sel = z.detach() if c.score_func == "topk_softmax" else s.detach()
         if router_bias is not None:
             sel = sel + router_bias[None, :]
+        sel, group_gap = group_limited(sel, c)
         # Top-k of (selection + bias), ties to the lower expert id (stable descending sort).
         order = torch.sort(sel, dim=-1, descending=True, stable=True).indices
         idx = order[:, : c.top_k]  # (T, K)
@@ -329,7 +383,8 @@ class MoEReference(torch.nn.Module):
                 out = u / (c.top_k + 1) + out * (c.top_k / (c.top_k + 1))
         # sorted selection scores, for the tie-gap check
         sel_sorted = torch.sort(sel, dim=-1, descending=True).values
-        info.append(dict(layer=L, logits=z, scores=s, idx=idx, weights=w, sel_sorted=sel_sorted))
+        info.append(dict(layer=L, logits=z, scores=s, idx=idx, weights=w, sel_sorted=sel_sorted,
+                         group_gap=group_gap))
         return out.view(B, S, D)
 
     def forward(self, ids, router_bias=None, hidden=None):

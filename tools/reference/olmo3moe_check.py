@@ -50,8 +50,12 @@ def not_expressible(cfg: R.ModelConfig):
         why.append("shared_merge v1")
     if cfg.expert_weight_scale != 1.0:
         variant.append("expert_weight_scale (no olmo3moe field): folded into experts' down_proj")
-    if cfg.router_bias_gamma > 0:
-        variant.append("loss-free router bias (olmo3moe has no score bias): bias 0 on both sides")
+    if cfg.n_group > 0:
+        why.append("group-limited routing (olmo3moe has no n_group / topk_group)")
+    if len({cfg.window(L) for L in range(cfg.n_layers)} - {0}) > 1:
+        why.append("several sliding-window sizes (olmo3moe has one sliding_window)")
+    if cfg.has_router_bias():
+        variant.append("router bias (olmo3moe has no score bias): bias 0 on both sides")
     return why, variant
 
 
@@ -72,9 +76,11 @@ def hf_config(cfg: R.ModelConfig, seq_len: int):
         pad_token_id=None, bos_token_id=None, eos_token_id=None,
         tie_word_embeddings=cfg.tie_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        attention_bias=False, rms_norm_eps=cfg.norm_eps, sliding_window=None,
+        attention_bias=False, rms_norm_eps=cfg.norm_eps,
+        sliding_window=max([cfg.window(L) for L in range(cfg.n_layers)]) or None,
         use_head_qk_norm=cfg.qk_norm == "per_head",
-        layer_types=["full_attention"] * cfg.n_layers,
+        layer_types=["sliding_attention" if cfg.window(L) else "full_attention"
+                     for L in range(cfg.n_layers)],
         dense_layers_indices=cfg.dense_layer_set(), dense_layers_use_shared_expert=True,
         embed_scale=cfg.embed_scale, embed_norm=cfg.embedding_norm,
         use_peri_ln=cfg.norm_placement == "peri", attn_implementation="sdpa")

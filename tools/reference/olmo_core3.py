@@ -121,7 +121,8 @@ def check_expressible(cfg: R.ModelConfig):
 def build_model(cfg: R.ModelConfig, seq_len: int, lbl_coef=0.0, router_z_coef=0.0, f64_rope=True):
     """OLMoDDPModel for `cfg`, float64, CPU, train mode (weights: Olmo-core's init; overwrite)."""
     from olmo_core.config import DType
-    from olmo_core.nn.attention import AttentionBackendName, AttentionConfig
+    from olmo_core.nn.attention import (AttentionBackendName, AttentionConfig,
+                                        SlidingWindowAttentionConfig)
     from olmo_core.nn.ddp.block import OLMoDDPTransformerBlockConfig
     from olmo_core.nn.layer_norm import LayerNormConfig, LayerNormType
     from olmo_core.nn.lm_head import LMHeadConfig
@@ -143,7 +144,11 @@ def build_model(cfg: R.ModelConfig, seq_len: int, lbl_coef=0.0, router_z_coef=0.
     att = AttentionConfig(
         n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, bias=False,
         rope=RoPEConfig(theta=cfg.rope_theta), backend=AttentionBackendName.torch,
-        qk_norm=None if cfg.qk_norm == "none" else ln, use_head_qk_norm=cfg.qk_norm == "per_head")
+        qk_norm=None if cfg.qk_norm == "none" else ln, use_head_qk_norm=cfg.qk_norm == "per_head",
+        sliding_window=None if not cfg.sliding_window else SlidingWindowAttentionConfig(
+            pattern=[int(v) for v in cfg.sliding_window.split(",")],
+            force_full_attention_on_first_layer=cfg.sliding_window_full_first,
+            force_full_attention_on_last_layer=cfg.sliding_window_full_last))
     router = MoERouterConfigV2(
         d_model=D, num_experts=cfg.num_experts, top_k=cfg.top_k,
         gating_function=MoERouterGatingFunction(cfg.score_func),
@@ -153,6 +158,8 @@ def build_model(cfg: R.ModelConfig, seq_len: int, lbl_coef=0.0, router_z_coef=0.
         original_top_k=cfg.original_top_k or None,
         bias_gamma=cfg.router_bias_gamma if cfg.router_bias_gamma > 0 else None,
         sigmoid_stability_epsilon=cfg.sigmoid_eps,
+        score_correction_bias=cfg.score_correction_bias,
+        n_group=cfg.n_group or None, topk_group=cfg.topk_group or None,
         lb_loss_weight=lbl_coef, z_loss_weight=router_z_coef,
         lb_loss_granularity=MoELoadBalancingLossGranularity.local_batch)
     placement = dict(use_peri_norm=cfg.norm_placement == "peri",
@@ -361,9 +368,11 @@ class OlmoCore3Adapter:
             sel = (z if c.score_func == "topk_softmax" else scores).detach().reshape(-1, E)
             if rt.score_bias is not None:
                 sel = sel + rt.score_bias[None, :]
+            sel, group_gap = R.group_limited(sel, c)
             rec = dict(layer=L, logits=z.reshape(-1, E), scores=scores.reshape(-1, E),
                        idx=idx.reshape(-1, K), weights=w.reshape(-1, K),
                        sel_sorted=torch.sort(sel, dim=-1, descending=True).values,
+                       group_gap=group_gap,
                        counts=bspe.to(torch.int64), router_input=x)
             if self.m.training and torch.is_grad_enabled():
                 rec["lbl"] = rt.load_balancing_loss.detach().clone()

@@ -57,7 +57,7 @@ def load_fixture(path):
     cfg = fx["model"]
     P = OrderedDict((n, T["param." + n]) for n in R.param_shapes(cfg))
     bias0 = None
-    if cfg.router_bias_gamma > 0:
+    if cfg.has_router_bias():
         bias0 = OrderedDict((L, T[f"router_bias.{L}"]) for L in cfg.moe_layers())
     return fx, P, bias0, T["ids"].long(), T["labels"].long(), T, json.loads(meta["checks"])
 
@@ -113,6 +113,8 @@ def f32_tensors(model):
 def run(kind, fx, P, bias0, ids, labels):
     cfg, lc, tr = fx["model"], fx["loss"], fx["train"]
     T_step, S = tr.batch_size * tr.seq_len, tr.seq_len
+    if lc.aux_divisor == "labelled":  # the auxiliary losses' divisor, as make_fixtures passes it
+        T_step = int((labels >= 0).sum())
     if kind == "oc64":
         torch.set_default_dtype(F64)
         ad = with_snapshots(OC.OlmoCore3Adapter)(cfg, P, lc.lbl_coef, lc.router_z_coef, T_step, S)
