@@ -46,7 +46,9 @@
 namespace {
 
 struct Args {
-  std::string command, config_path, input, out, from, dtype = "f32", checkpoint, prompt;
+  std::string command, config_path, input, out, from, dtype = "f32", checkpoint, prompt, hf_format;
+  int64_t max_shard_bytes = 5'000'000'000;
+  bool no_carry = false;
   std::vector<std::string> overrides, run_dirs;
   bool resume = false, kernels = false, json = false;
   std::string layout, cluster, overlap_ep;
@@ -131,18 +133,26 @@ struct CommandLine {
     gen->add_option("--seed", a.seed, "sampling seed")->capture_default_str();
     sets(gen);
 
-    CLI::App* exp = app.add_subcommand("export-hf", "write an OlmoeForCausalLM folder (config.json, generation_config.json, "
-                                                     "model.safetensors)");
+    CLI::App* exp = app.add_subcommand("export-hf", "write a Hugging Face folder, OlmoeForCausalLM or Olmo-core 3's "
+                                                     "Olmo3MoeForCausalLM (config.json, generation_config.json, "
+                                                     "model.safetensors or shards with an index, carried tokenizer files)");
     CLI::Option* from = exp->add_option("--from", a.from, "our parameters (an import-hf file or a golden fixture)")
                             ->type_name("PARAMS");
     CLI::Option* ckpt = exp->add_option("--checkpoint", a.checkpoint, "a training checkpoint")->type_name("PATH");
     from->excludes(ckpt);
     exp->add_option("--out", a.out, "output directory")->type_name("DIR")->required();
     exp->add_option("--dtype", a.dtype, "weight dtype")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+    exp->add_option("--format", a.hf_format, "olmoe or olmo3moe (default: the format an import-hf file came from, "
+                    "else olmoe)")->check(CLI::IsMember({"olmoe", "olmo3moe"}));
+    exp->add_flag("--no-carry", a.no_carry, "write config.json from moecore's settings alone, without the imported "
+                  "file's other fields and tokenizer files");
+    exp->add_option("--max-shard-bytes", a.max_shard_bytes, "largest shard; a larger export is sharded with "
+                    "model.safetensors.index.json")->check(CLI::PositiveNumber)->capture_default_str();
     config(exp);
     sets(exp);
 
-    CLI::App* imp = app.add_subcommand("import-hf", "read a Hugging Face OLMoE folder into our parameter file");
+    CLI::App* imp = app.add_subcommand("import-hf", "read a Hugging Face folder (model_type olmoe or olmo3moe) into our "
+                                                     "parameter file, carrying its config.json and tokenizer files");
     imp->add_option("--from", a.from, "folder with config.json and model.safetensors (or a sharded index)")
         ->type_name("DIR")->required();
     imp->add_option("--out", a.out, "parameter file to write (use with train.init_from)")->type_name("PARAMS")->required();
@@ -374,8 +384,12 @@ int run(int argc, char** argv) {
   }
   if (a.command == "export-hf" && !a.checkpoint.empty()) {
     Restored r = restore(a);
-    moe::export_hf(r.trainer->model(), r.trainer->config(), a.out, a.dtype);
-    std::cout << "exported " << a.out << "/{config.json, generation_config.json, model.safetensors} (" << a.dtype << ")\n";
+    moe::HfExportOptions o;
+    o.format = moe::hf_format_from_name(a.hf_format.empty() ? "olmoe" : a.hf_format);
+    o.dtype = a.dtype;
+    o.max_shard_bytes = a.max_shard_bytes;
+    moe::export_hf(r.trainer->model(), r.trainer->config(), a.out, o);
+    std::cout << "exported " << a.out << " (" << moe::hf_format_name(o.format) << ", " << a.dtype << ")\n";
     return 0;
   }
   if (a.command == "export-hf") {
@@ -387,15 +401,25 @@ int run(int argc, char** argv) {
                                     moe::SafetensorsFile(a.from, "export-hf --from").meta("config"))),
                                 a.overrides, a.from + " (stored config)")
             : resolve(a);
-    const std::vector<float> params = moe::load_our_params(a.from, config.model, "export-hf --from");
-    moe::export_hf(config, params.data(), a.out, a.dtype);
-    std::cout << "exported " << a.out << "/{config.json, generation_config.json, model.safetensors} (" << a.dtype << ")\n";
+    const moe::SafetensorsFile file(a.from, "export-hf --from");
+    const std::vector<float> params = moe::load_our_params(file, config.model);
+    const moe::HfCarried carried = moe::load_hf_carried(file);  // config.json and tokenizer of an import
+    moe::HfExportOptions o;
+    o.format = moe::hf_format_from_name(!a.hf_format.empty() ? a.hf_format : !carried.format.empty() ? carried.format : "olmoe");
+    o.dtype = a.dtype;
+    o.max_shard_bytes = a.max_shard_bytes;
+    if (!a.no_carry) o.carried = &carried;
+    moe::export_hf(config, params.data(), a.out, o);
+    std::cout << "exported " << a.out << " (" << moe::hf_format_name(o.format) << ", " << a.dtype << ")";
+    if (o.carried && carried.format == moe::hf_format_name(o.format) && !carried.files.empty())
+      std::cout << " with " << carried.files.size() << " carried tokenizer file(s)";
+    std::cout << "\n";
     return 0;
   }
   if (a.command == "import-hf") {
     const moe::HfModel m = moe::import_hf(a.from);
     for (const std::string& n : m.notes) std::cout << "note: " << n << "\n";
-    moe::save_our_params(a.out, m.config, m.params.data());
+    moe::save_our_params(a.out, m.config, m.params.data(), &m.carried);
     std::cout << "imported " << a.from << " into " << a.out << " (" << m.params.size() << " floats)\n";
     return 0;
   }

@@ -209,7 +209,7 @@ TEST(HfImport, ImportedModelsComputeTheFixtureLogits) {
                 dir.c_str(), err);
     // and the live model exports the recorded bytes (fused: f32 values are the fixture's)
     if (dir == "fused") {
-      export_hf(model, m.config, tmp("from_model"), "f32");
+      export_hf(model, m.config, tmp("from_model"), HfExportOptions{});
       EXPECT_EQ(sha256_file(tmp("from_model") + "/model.safetensors"),
                 recorded()["olmoe_pre"]["f32"]["model.safetensors"].get<std::string>());
     }

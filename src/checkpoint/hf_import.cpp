@@ -1,0 +1,317 @@
+// Reading Hugging Face checkpoints (olmoe and olmo3moe folders) and our own parameter files.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "checkpoint/hf_export.h"
+#include "checkpoint/hf_json.h"
+#include "checkpoint/hf_olmo3moe.h"
+#include "checkpoint/hf_targets.h"
+#include "checkpoint/safetensors.h"
+#include "core/check.h"
+#include "core/user_path.h"
+#include "model/params.h"
+
+namespace moe {
+namespace {
+
+const nlohmann::json& need(const nlohmann::json& j, const char* key) {
+  MOE_CHECK(j.contains(key), "config.json lacks '", key, "'");
+  return j.at(key);
+}
+
+int64_t need_int(const nlohmann::json& j, const char* key) {
+  const auto& v = need(j, key);
+  MOE_CHECK(v.is_number_integer() && v.get<int64_t>() > 0, "config.json: '", key, "' = ", v.dump(),
+            " (need a positive integer)");
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
+Config config_from_hf_json(const std::string& text, std::vector<std::string>* notes) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    MOE_FAIL("config.json is not valid JSON: ", e.what());
+  }
+  MOE_CHECK(j.is_object(), "config.json is not a JSON object");
+  MOE_CHECK(j.contains("model_type") && (j["model_type"] == "olmoe" || j["model_type"] == "olmo3moe"),
+            "config.json: model_type ", j.contains("model_type") ? j["model_type"].dump() : std::string("missing"),
+            " (supported: \"olmoe\", OlmoeForCausalLM; \"olmo3moe\", Olmo-core 3's Olmo3MoeForCausalLM)");
+  if (j["model_type"] == "olmo3moe") return config_from_olmo3moe(j, notes);
+  static const char* kIgnored[] = {"architectures", "model_type", "use_cache", "output_router_logits",
+                                   "router_aux_loss_coef", "transformers_version", "dtype", "torch_dtype",
+                                   "_name_or_path", "initializer_range", "return_dict", "output_hidden_states",
+                                   "output_attentions", "tokenizer_class"};
+  static const char* kRead[] = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                "num_attention_heads", "num_key_value_heads", "num_experts", "num_local_experts",
+                                "num_experts_per_tok", "norm_topk_prob", "rms_norm_eps", "rope_theta",
+                                "rope_parameters", "rope_scaling", "tie_word_embeddings", "hidden_act",
+                                "attention_bias", "attention_dropout", "clip_qkv", "head_dim", "pad_token_id",
+                                "bos_token_id", "eos_token_id", "max_position_embeddings"};
+  for (auto& [key, v] : j.items()) {
+    bool known = false;
+    for (const char* k : kIgnored) known |= key == k;
+    for (const char* k : kRead) known |= key == k;
+    MOE_CHECK(known, "config.json: unsupported field '", key, "' = ", v.dump(), " (moecore cannot honour it)");
+  }
+  if (j.contains("architectures") && !j["architectures"].is_null())
+    MOE_CHECK(j["architectures"] == nlohmann::json::array({"OlmoeForCausalLM"}), "config.json: architectures ",
+              j["architectures"].dump(), " (only [\"OlmoeForCausalLM\"] is supported)");
+  Config full;
+  ModelConfig& c = full.model;
+  c.vocab_size = need_int(j, "vocab_size");
+  c.d_model = need_int(j, "hidden_size");
+  c.expert_hidden = need_int(j, "intermediate_size");
+  c.n_layers = need_int(j, "num_hidden_layers");
+  c.n_heads = need_int(j, "num_attention_heads");
+  c.n_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                     ? need_int(j, "num_key_value_heads") : c.n_heads;
+  c.num_experts = j.contains("num_local_experts") && !j.contains("num_experts") ? need_int(j, "num_local_experts")
+                                                                                : need_int(j, "num_experts");
+  c.top_k = need_int(j, "num_experts_per_tok");
+  c.head_dim = 0;
+  c.norm_placement = "pre";
+  c.qk_norm = "full";
+  c.n_dense_layers = 0;
+  c.shared_hidden = 0;
+  c.score_func = "softmax";
+  c.routing = "learned";
+  c.router_bias_gamma = 0;
+  auto get_bool = [&](const char* key, bool dflt) {
+    if (!j.contains(key)) return dflt;
+    MOE_CHECK(j[key].is_boolean(), "config.json: '", key, "' = ", j[key].dump(), " (need true or false)");
+    return j[key].get<bool>();
+  };
+  auto get_num = [&](const nlohmann::json& obj, const char* key, double dflt) {
+    if (!obj.contains(key)) return dflt;
+    MOE_CHECK(obj[key].is_number() && obj[key].get<double>() > 0, "config.json: '", key, "' = ", obj[key].dump(),
+              " (need a positive number)");
+    return obj[key].get<double>();
+  };
+  c.norm_topk_prob = get_bool("norm_topk_prob", false);
+  c.tie_embeddings = get_bool("tie_word_embeddings", false);
+  c.norm_eps = get_num(j, "rms_norm_eps", 1e-5);
+  c.rope_theta = get_num(j, "rope_theta", 10000.0);
+  if (j.contains("initializer_range") && j["initializer_range"].is_number())
+    c.init_std = j["initializer_range"].get<double>();
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    const auto& rp = j["rope_parameters"];
+    MOE_CHECK(rp.is_object(), "config.json: rope_parameters is not an object");
+    for (auto& [k, v] : rp.items()) {
+      MOE_CHECK(k == "rope_theta" || k == "rope_type", "config.json: unsupported rope_parameters field '", k,
+                "' = ", v.dump(), " (only default RoPE)");
+      if (k == "rope_type")
+        MOE_CHECK(v == "default", "config.json: rope_parameters.rope_type ", v.dump(), " (only \"default\" RoPE)");
+    }
+    c.rope_theta = get_num(rp, "rope_theta", c.rope_theta);
+  }
+  if (j.contains("rope_scaling"))
+    MOE_CHECK(j["rope_scaling"].is_null(), "config.json: rope_scaling ", j["rope_scaling"].dump(),
+              " (only unscaled default RoPE)");
+  if (j.contains("hidden_act"))
+    MOE_CHECK(j["hidden_act"] == "silu", "config.json: hidden_act ", j["hidden_act"].dump(), " (only \"silu\")");
+  MOE_CHECK(get_bool("attention_bias", false) == false, "config.json: attention_bias = true (moecore has no biases)");
+  if (j.contains("attention_dropout"))
+    MOE_CHECK(j["attention_dropout"].is_number() && j["attention_dropout"].get<double>() == 0.0,
+              "config.json: attention_dropout ", j["attention_dropout"].dump(), " (only 0)");
+  if (j.contains("clip_qkv"))
+    MOE_CHECK(j["clip_qkv"].is_null(), "config.json: clip_qkv ", j["clip_qkv"].dump(),
+              " (moecore does not clip q, k, v; only null)");
+  MOE_CHECK(c.d_model % c.n_heads == 0, "config.json: hidden_size ", c.d_model,
+            " is not a multiple of num_attention_heads ", c.n_heads);
+  if (j.contains("head_dim") && !j["head_dim"].is_null())
+    MOE_CHECK(j["head_dim"] == c.d_model / c.n_heads, "config.json: head_dim ", j["head_dim"].dump(),
+              " != hidden_size / num_attention_heads = ", c.d_model / c.n_heads);
+  // Token ids: an integer in [0, vocab_size) or null (-1). moecore keeps one id of each kind.
+  auto token_id = [&](const char* key) { return hf_json::token_id(j, key, c.vocab_size); };
+  c.pad_id = token_id("pad_token_id");
+  full.data.eos_id = token_id("eos_token_id");
+  full.data.bos_id = token_id("bos_token_id");
+  if (j.contains("max_position_embeddings") && !j["max_position_embeddings"].is_null())
+    c.max_position_embeddings = need_int(j, "max_position_embeddings");
+  // pad == eos (common for models without a pad token): a pad id equal to the end-of-text id
+  // would unlabel every document end and freeze its embedding, so only the eos id is kept.
+  if (c.pad_id >= 0 && c.pad_id == full.data.eos_id) {
+    if (notes)
+      notes->push_back("pad_token_id = eos_token_id = " + std::to_string(c.pad_id) +
+                       ": kept as data.eos_id only (a pad id equal to the end-of-text id would unlabel every "
+                       "document end); model.pad_id = -1");
+    c.pad_id = -1;
+  }
+  try {
+    c.validate();
+  } catch (const std::exception& e) {
+    MOE_FAIL("config.json: ", e.what());
+  }
+  return full;
+}
+
+HfModel import_hf(const std::string& dir) {
+  HfModel m;
+  check_input_dir(dir, "Hugging Face checkpoint folder");
+  m.carried.config_json = read_input_file(dir + "/config.json", "Hugging Face config");
+  m.config = config_from_hf_json(m.carried.config_json, &m.notes);
+  const HfFormat format = hf_format_from_name(nlohmann::json::parse(m.carried.config_json)["model_type"].get<std::string>());
+  m.carried.format = hf_format_name(format);
+  for (const std::string& name : hf_tokenizer_files())
+    if (path_entry_exists(dir + "/" + name))
+      m.carried.files[name] = read_input_file(dir + "/" + name, "tokenizer file", /*allow_empty=*/true);
+  const ModelConfig& c = m.config.model;
+  const ParamLayout layout(c);
+  m.params.assign(static_cast<size_t>(layout.total()), 0.0f);
+
+  // The files and which keys each should hold (from the index, if sharded).
+  std::vector<std::string> files;
+  std::map<std::string, std::string> index_of;  // key -> shard file named by the index
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (path_entry_exists(index_path)) {
+    nlohmann::json idx;
+    try {
+      idx = nlohmann::json::parse(read_input_file(index_path, "Hugging Face shard index"));
+    } catch (const std::exception& e) {
+      MOE_FAIL("'", index_path, "' is not valid JSON: ", e.what());
+    }
+    MOE_CHECK(idx.is_object() && idx.contains("weight_map") && idx["weight_map"].is_object(), "'", index_path,
+              "' has no weight_map object");
+    for (auto& [k, v] : idx["weight_map"].items()) {
+      MOE_CHECK(v.is_string(), "'", index_path, "': weight_map['", k, "'] is not a file name");
+      const std::string f = v.get<std::string>();
+      MOE_CHECK(f.find('/') == std::string::npos && f.find("..") == std::string::npos, "'", index_path,
+                "': shard name '", f, "' is not a plain file name");
+      index_of[k] = f;
+      if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
+    }
+    std::sort(files.begin(), files.end());
+  } else {
+    MOE_CHECK(path_entry_exists(dir + "/model.safetensors"), "'", dir,
+              "' has neither model.safetensors nor model.safetensors.index.json");
+    files.push_back("model.safetensors");
+  }
+
+  const auto targets = hf::targets(c, layout, format);
+  std::map<std::string, int64_t> covered;  // our parameter -> elements written
+  std::map<std::string, std::string> seen;  // HF key -> file
+  std::vector<float> tied_head;
+  for (const std::string& f : files) {
+    SafetensorsFile st(dir + "/" + f, "Hugging Face weights file");
+    for (const auto& [key, e] : st.entries()) {
+      auto prev = seen.find(key);
+      MOE_CHECK(prev == seen.end(), "tensor '", key, "' appears in both '", prev->second, "' and '", f, "'");
+      seen[key] = f;
+      if (!index_of.empty()) {
+        auto it = index_of.find(key);
+        MOE_CHECK(it != index_of.end() && it->second == f, "'", dir + "/" + f, "' holds '", key,
+                  "', which the index places ", it == index_of.end() ? std::string("nowhere") : "in '" + it->second + "'");
+      }
+      if (key == "lm_head.weight" && c.tie_embeddings) {  // tied: must equal the embedding (checked below)
+        MOE_CHECK(e.shape == layout.find("embed").shape, "'", dir + "/", f, "': tied lm_head.weight has shape ",
+                  hf::shape_str(e.shape), ", expected ", hf::shape_str(layout.find("embed").shape));
+        OwnedTensor v = st.read(key, DType::kF32);
+        tied_head.assign(v.as<float>(), v.as<float>() + v.t.numel());
+        continue;
+      }
+      auto t = targets.find(key);
+      MOE_CHECK(t != targets.end(), "'", dir + "/", f, "': unexpected tensor '", key, "' (not part of ",
+                format == HfFormat::kOlmoe ? "OlmoeForCausalLM" : "Olmo3MoeForCausalLM", " with this config.json)");
+      const hf::Target& tg = t->second;
+      MOE_CHECK(e.shape == tg.shape, "'", dir + "/", f, "': tensor '", key, "' has shape ", hf::shape_str(e.shape),
+                ", expected ", hf::shape_str(tg.shape));
+      MOE_CHECK(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16" || e.dtype == "F64", "'", dir + "/", f,
+                "': tensor '", key, "' has dtype ", e.dtype, " (need a float type)");
+      OwnedTensor v = st.read(key, DType::kF32);
+      const float* src = v.as<float>();
+      if (tg.kind == hf::Kind::kCopy) {
+        std::memcpy(m.params.data() + tg.offset, src, static_cast<size_t>(v.t.numel()) * sizeof(float));
+        covered[tg.ours] += v.t.numel();
+      } else {
+        const int64_t per = tg.F * tg.D;
+        for (int64_t x = 0; x < tg.E; ++x) {
+          std::memcpy(m.params.data() + tg.gate_offset + x * per, src + x * 2 * per, per * sizeof(float));
+          std::memcpy(m.params.data() + tg.up_offset + x * per, src + x * 2 * per + per, per * sizeof(float));
+        }
+        const std::string base = tg.ours.substr(0, tg.ours.size() - 7);  // "layers.L.experts."
+        covered[base + "gate"] += tg.E * per;
+        covered[base + "up"] += tg.E * per;
+      }
+    }
+  }
+  if (!tied_head.empty()) {
+    const ParamInfo emb = layout.find("embed");  // a copy: no reference to a call given a temporary
+    MOE_CHECK(std::memcmp(tied_head.data(), m.params.data() + emb.offset, tied_head.size() * sizeof(float)) == 0,
+              "'", dir, "': tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight");
+  }
+  for (const auto& [k, f] : index_of)
+    MOE_CHECK(seen.count(k), "the index places '", k, "' in '", f, "', which does not hold it");
+  for (const ParamInfo& p : layout.entries()) {
+    const int64_t n = covered.count(p.name) ? covered[p.name] : 0;
+    MOE_CHECK(n <= p.numel, "'", dir, "' gives parameter '", p.name, "' more than once (per-expert and fused keys both present?)");
+    MOE_CHECK(n == p.numel, "'", dir, "' lacks tensors for parameter '", p.name, "' (", n, " of ", p.numel,
+              " elements present)");
+  }
+  return m;
+}
+
+std::vector<float> load_our_params(const std::string& path, const ModelConfig& c, std::string_view what) {
+  return load_our_params(SafetensorsFile(path, what), c);
+}
+
+std::vector<float> load_our_params(const SafetensorsFile& st, const ModelConfig& c) {
+  const std::string& path = st.path();
+  const ParamLayout layout(c);
+  std::vector<float> out(static_cast<size_t>(layout.total()), 0.0f);
+  for (const ParamInfo& p : layout.entries()) {
+    const std::string name = st.contains("param." + p.name) ? "param." + p.name : p.name;
+    MOE_CHECK(st.contains(name), "'", path, "' has no parameter '", p.name, "'");
+    const auto& e = st.entry(name);
+    MOE_CHECK(e.shape == p.shape, "'", path, "': parameter '", p.name, "' has shape ", hf::shape_str(e.shape),
+              ", expected ", hf::shape_str(p.shape));
+    OwnedTensor v = st.read(name, DType::kF32);
+    std::memcpy(out.data() + p.offset, v.as<float>(), static_cast<size_t>(p.numel) * sizeof(float));
+  }
+  return out;
+}
+
+void save_our_params(const std::string& path, const Config& config, const float* params, const HfCarried* carried) {
+  const ModelConfig& c = config.model;
+  const ParamLayout layout(c);
+  std::vector<SafetensorsTensorOut> tensors;
+  for (const ParamInfo& p : layout.entries())
+    tensors.push_back(hf::make_tensor(p.name, p.shape, params + p.offset, p.numel, false));
+  Config stored;  // the settings that belong to the weights; the rest stays at the defaults
+  stored.model = c;
+  stored.data.eos_id = config.data.eos_id;
+  stored.data.bos_id = config.data.bos_id;
+  std::map<std::string, std::string> meta{{"config", config_to_json(stored)}, {"format", "moecore-params-v1"}};
+  if (carried && !carried->format.empty()) {  // what the import read and our config does not hold
+    meta["hf_format"] = carried->format;
+    meta["hf_config"] = carried->config_json;
+    for (const auto& [name, bytes] : carried->files) meta["hf_file." + name] = bytes;
+  }
+  write_safetensors(path, std::move(tensors), meta);
+}
+
+HfCarried load_hf_carried(const SafetensorsFile& st) {
+  HfCarried c;
+  const auto& meta = st.metadata();
+  auto it = meta.find("hf_format");
+  if (it == meta.end()) return c;
+  c.format = it->second;
+  hf_format_from_name(c.format);  // a known format, or an error naming it
+  if (auto cfg = meta.find("hf_config"); cfg != meta.end()) c.config_json = cfg->second;
+  for (const auto& [key, value] : meta)
+    if (key.rfind("hf_file.", 0) == 0) {
+      const std::string name = key.substr(8);
+      MOE_CHECK(std::find(hf_tokenizer_files().begin(), hf_tokenizer_files().end(), name) != hf_tokenizer_files().end(),
+                "'", st.path(), "': carried file '", name, "' is not a tokenizer file moecore carries");
+      c.files[name] = value;
+    }
+  return c;
+}
+
+}  // namespace moe
