@@ -116,34 +116,48 @@ void check_ranks_agree(const Config& config, Communicator& world, bool with_data
   MOE_FAIL("ranks disagree on their configuration digest but list the same items (hash collision?)");
 }
 
+namespace {
+// Settings stored with weights that change nothing the weights compute: the run's values apply.
+bool changes_no_computation(const std::string& key) {
+  return key == "model.init_std" || key == "model.router_bias_gamma" || key == "model.max_position_embeddings" ||
+         key == "model.pad_id" || key == "data.eos_id" || key == "data.bos_id";
+}
+}  // namespace
+
 std::vector<SettingDifference> init_from_differences(const Config& run, const Config& stored) {
   const auto a = config_entries(run), b = config_entries(stored);
   std::vector<SettingDifference> out;
   for (size_t i = 0; i < a.size(); ++i) {
     const std::string& key = a[i].first;
-    const bool compared = (key.rfind("model.", 0) == 0 && key != "model.init_std" && key != "model.router_bias_gamma") ||
-                          key == "data.eos_id" || key == "data.bos_id";
-    if (compared && a[i].second != b[i].second) out.push_back({key, a[i].second, b[i].second});
+    const bool stored_key = key.rfind("model.", 0) == 0 || key == "data.eos_id" || key == "data.bos_id";
+    if (stored_key && a[i].second != b[i].second)
+      out.push_back({key, a[i].second, b[i].second, !changes_no_computation(key)});
   }
   return out;
 }
 
-bool check_init_from(const Config& run, const SafetensorsFile& file) {
+InitFromCheck check_init_from(const Config& run, const SafetensorsFile& file) {
+  InitFromCheck result;
   auto it = file.metadata().find("config");
-  if (it == file.metadata().end()) return false;
+  if (it == file.metadata().end()) return result;
+  result.settings_checked = true;
   Config stored;
   try {
     stored = config_from_json(it->second);
   } catch (const std::exception& e) {
     MOE_FAIL("train.init_from '", file.path(), "': its stored model settings do not parse: ", e.what());
   }
-  const std::vector<SettingDifference> diffs = init_from_differences(run, stored);
-  if (diffs.empty()) return true;
   std::string lines, flags;
-  for (const SettingDifference& d : diffs) {
+  for (const SettingDifference& d : init_from_differences(run, stored)) {
+    if (!d.changes_function) {
+      result.notes.push_back(d.key + " = " + echo(d.run_value) + " (this run; the file has " + echo(d.file_value) +
+                             "): the run's value applies, it changes nothing the weights compute");
+      continue;
+    }
     lines += "\n  " + d.key + " = " + echo(d.run_value) + " (this run) differs from " + echo(d.file_value) + " (the file)";
     flags += " --set " + d.key + "=" + echo(d.file_value);
   }
+  if (lines.empty()) return result;
   MOE_FAIL("train.init_from '", file.path(), "' holds weights of a different model:", whole(lines),
            "\nthe weights were made with the file's settings; train with them:", whole(flags));
 }

@@ -29,17 +29,23 @@ std::vector<std::pair<std::string, std::string>> rank_agreement_items(const Conf
 void check_ranks_agree(const Config& config, Communicator& world, bool with_data_files);
 
 // The model settings a parameter file stores with its weights (import-hf, save_our_params: the
-// "config" metadata) against this run's: every model key except init_std (the weights replace
-// the initialization) and router_bias_gamma (loss-free balancing biases start at zero, so the
-// imported model's function is unchanged), plus data.eos_id and data.bos_id. Values as
-// config_to_toml writes them.
+// "config" metadata) against this run's: every model key, plus data.eos_id and data.bos_id.
+// changes_function is false for the settings that change nothing the weights compute: init_std
+// (the weights replace the initialization), router_bias_gamma (loss-free balancing biases start
+// at zero), max_position_embeddings (metadata), pad_id and the token ids (what the run labels and
+// masks). Values as config_to_toml writes them.
 struct SettingDifference {
   std::string key, run_value, file_value;
+  bool changes_function = true;
 };
 std::vector<SettingDifference> init_from_differences(const Config& run, const Config& stored);
-// Throws naming train.init_from, the file and every difference ("model.rope_theta = 10000.0
-// (this run) differs from 500000.0 (the file)", with the --set flags that adopt the file's
-// values); returns false when the file stores no settings (only tensor shapes are checked).
-bool check_init_from(const Config& run, const SafetensorsFile& file);
+struct InitFromCheck {
+  bool settings_checked = false;   // false: the file stores no settings (only tensor shapes are checked)
+  std::vector<std::string> notes;  // differences that change no computation: the run's values apply
+};
+// Throws naming train.init_from, the file and every difference that changes the function
+// ("model.rope_theta = 10000.0 (this run) differs from 500000.0 (the file)", with the --set flags
+// that adopt the file's values); the others come back as notes for the log.
+InitFromCheck check_init_from(const Config& run, const SafetensorsFile& file);
 
 }  // namespace moe

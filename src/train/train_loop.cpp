@@ -124,11 +124,12 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
   if (!tc.init_from.empty() && !resume) {
     // Continue training from imported weights (e.g. a Hugging Face OLMoE checkpoint, import-hf).
     const SafetensorsFile file(tc.init_from, "train.init_from");  // read once: settings, then weights
-    const bool settings_checked = check_init_from(config, file);
+    const InitFromCheck checked = check_init_from(config, file);
     load_into(load_our_params(file, config.model), trainer.model());
     log << "parameters initialized from " << tc.init_from
-        << (settings_checked ? " (its stored model settings match this run's)"
-                             : " (it stores no model settings: only tensor shapes were checked)") << "\n";
+        << (checked.settings_checked ? " (its stored model settings match this run's)"
+                                     : " (it stores no model settings: only tensor shapes were checked)") << "\n";
+    for (const std::string& n : checked.notes) log << "  note: " << n << "\n";
   }
   const CheckpointInfo start = begin_checkpointing(config, trainer, resume, log);  // step, data position
   step_now = start.step;

@@ -670,6 +670,13 @@ TEST(CheckpointCli, TrainingContinuesFromAnImportedHuggingFaceCheckpoint) {
   EXPECT_NE(theta_out.find("model.rope_theta = 500000.0 (this run) differs from 10000.0 (the file)"), std::string::npos)
       << theta_out;
   EXPECT_NE(theta_out.find("--set model.rope_theta=10000.0"), std::string::npos) << theta_out;
+  // A setting that changes nothing the weights compute: noted, the run's value applies.
+  auto [meta_status, meta_out] =
+      run_cli("train" + model + " --set model.expert_hidden=16 --set model.max_position_embeddings=0 --set data.eos_id=7");
+  EXPECT_EQ(meta_status, 0) << meta_out;
+  EXPECT_NE(meta_out.find("note: model.max_position_embeddings = 0 (this run; the file has 150)"), std::string::npos)
+      << meta_out;
+  EXPECT_NE(meta_out.find("note: data.eos_id = 7"), std::string::npos) << meta_out;
   auto [bad_status, bad_out] = run_cli("train" + model + " --set model.expert_hidden=24");
   EXPECT_EQ(bad_status, 1) << bad_out;
   EXPECT_NE(bad_out.find("model.expert_hidden = 24 (this run) differs from 16 (the file)"), std::string::npos) << bad_out;

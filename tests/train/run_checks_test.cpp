@@ -55,7 +55,7 @@ TEST(InitFrom, EveryModelSettingMustMatchTheFile) {
   const Config file = imported_config();
   const std::string path = params_file("a.safetensors", file);
   Config run = file;  // the same settings: accepted
-  EXPECT_TRUE(check_init_from(run, SafetensorsFile(path)));
+  EXPECT_TRUE(check_init_from(run, SafetensorsFile(path)).notes.empty());
   // Settings that keep every tensor shape, so the shape check cannot see them.
   struct Case {
     std::string key;
@@ -69,10 +69,7 @@ TEST(InitFrom, EveryModelSettingMustMatchTheFile) {
       {"model.norm_topk_prob", [](Config& c) { c.model.norm_topk_prob = true; }, "true", "false"},
       {"model.score_func", [](Config& c) { c.model.score_func = "sigmoid"; }, "\"sigmoid\"", "\"softmax\""},
       {"model.routing", [](Config& c) { c.model.routing = "random"; }, "\"random\"", "\"learned\""},
-      {"model.pad_id", [](Config& c) { c.model.pad_id = -1; }, "-1", "1"},
-      {"model.max_position_embeddings", [](Config& c) { c.model.max_position_embeddings = 0; }, "0", "4096"},
-      {"data.eos_id", [](Config& c) { c.data.eos_id = -1; }, "-1", "50"},
-      {"data.bos_id", [](Config& c) { c.data.bos_id = 0; }, "0", "-1"},
+      {"model.sliding_window", [](Config& c) { c.model.sliding_window.append(std::to_string(8)); }, "\"8\"", "\"\""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.key);
@@ -87,10 +84,26 @@ TEST(InitFrom, EveryModelSettingMustMatchTheFile) {
   // Several differences are all listed.
   Config two = file;
   two.model.rope_theta = 10000;
-  two.data.eos_id = -1;
+  two.model.top_k = 4;
   const std::string msg = error_of([&] { check_init_from(two, SafetensorsFile(path)); });
   EXPECT_NE(msg.find("model.rope_theta"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("data.eos_id"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.top_k"), std::string::npos) << msg;
+  // Settings that change nothing the weights compute are noted, the run's values applying: an
+  // imported max_position_embeddings against the run's 0, a file without an eos id (-1) against
+  // data.eos_id = 7, another pad id, a bos id.
+  Config meta = file;
+  meta.model.max_position_embeddings = 0;
+  meta.data.eos_id = 7;
+  meta.model.pad_id = -1;
+  meta.data.bos_id = 0;
+  const InitFromCheck noted = check_init_from(meta, SafetensorsFile(path));
+  EXPECT_TRUE(noted.settings_checked);
+  ASSERT_EQ(noted.notes.size(), 4u);
+  for (const char* key : {"model.max_position_embeddings = 0", "data.eos_id = 7", "model.pad_id = -1", "data.bos_id = 0"}) {
+    bool found = false;
+    for (const std::string& n : noted.notes) found = found || n.find(key) != std::string::npos;
+    EXPECT_TRUE(found) << key;
+  }
   // Not compared: the init scale (the weights replace the init) and loss-free balancing (its
   // biases start at zero), and everything outside [model] and the token ids.
   Config free = file;
@@ -99,7 +112,7 @@ TEST(InitFrom, EveryModelSettingMustMatchTheFile) {
   free.optim.lr = 0.1;
   free.train.seq_len = 1024;
   free.data.intra_doc_mask = true;
-  EXPECT_TRUE(check_init_from(free, SafetensorsFile(path)));
+  EXPECT_TRUE(check_init_from(free, SafetensorsFile(path)).notes.size() == 2u);  // init_std, router_bias_gamma
   fs::remove(path);
 }
 
@@ -109,7 +122,7 @@ TEST(InitFrom, AFileWithoutStoredSettingsIsCheckedByShapesOnly) {
   std::vector<SafetensorsTensorOut> none;
   none.push_back({"embed", "F32", {1}, std::vector<unsigned char>(4, 0)});
   write_safetensors(path, none);
-  EXPECT_FALSE(check_init_from(c, SafetensorsFile(path)));
+  EXPECT_FALSE(check_init_from(c, SafetensorsFile(path)).settings_checked);
   fs::remove(path);
 }
 
