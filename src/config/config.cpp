@@ -100,6 +100,9 @@ const std::vector<Field>& fields() {
     add("loss", "aux_divisor", L(aux_divisor), 0, 0, {"tokens", "labelled"},
         "auxiliary losses summed over the step's tokens divided by all its tokens, or by its labelled ones "
         "(Olmo-core 3's train module)");
+    add("loss", "lbl_granularity", L(lbl_granularity), 0, 0, {"local_batch", "instance", "global"},
+        "load-balancing loss over each micro-batch, each sequence, or with counts summed over the data-parallel group "
+        "(Olmo-core 3's global_load_balancing)");
 #undef L
 #define O(name) [](Config& c) -> Ref { return &c.optim.name; }
     add("optim", "lr", O(lr), 0, kInf, {}, "peak learning rate");

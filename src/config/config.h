@@ -142,6 +142,12 @@ struct LossConfig {
   // T_m / divisor: "tokens" (all the step's tokens: a token-weighted mean) or "labelled" (the
   // step's labelled positions, as Olmo-core 3's train module divides them).
   std::string aux_divisor = "tokens";
+  // What the load-balancing loss balances (Olmo-core 3's lb_loss_granularity and
+  // global_load_balancing): "local_batch" each micro-batch's tokens on this rank; "instance" each
+  // sequence (the loss is the mean over the micro-batch's sequences); "global" the counts of the
+  // micro-batch summed over the data-parallel group and divided by its size (an all-reduce of E
+  // integers per MoE layer and micro-batch), against this rank's probabilities.
+  std::string lbl_granularity = "local_batch";
 };
 
 struct OptimConfig {

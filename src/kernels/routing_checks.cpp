@@ -102,6 +102,13 @@ int64_t check_router_bias_update(const Tensor& step_counts, const Tensor& bias) 
 
 void check_add_counts(const Tensor& counts, const Tensor& total) { check_same_shape(counts, total, "add_counts"); }
 
+void check_expert_counts(const Tensor& expert_idx, const Tensor& counts) {
+  MOE_CHECK(expert_idx.ndim == 2, "expert_counts: expert_idx must be (T,K), got ", expert_idx.shape_str());
+  MOE_CHECK(counts.ndim == 1 && counts.numel() >= 1, "expert_counts: counts must be (E), got ", counts.shape_str());
+  check_dtype(expert_idx, DType::kI32, "expert_counts expert_idx");
+  check_dtype(counts, DType::kI32, "expert_counts counts");
+}
+
 RoutingDims check_moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
                            const Tensor& sorted_slot, const Tensor& slot_pos) {
   const int64_t R = expert_idx.numel(), E = counts.numel();

@@ -45,6 +45,7 @@ RoutingDims check_router_gather_bwd(const Tensor& dweights, const Tensor& scores
 // step_counts and bias (E); returns E.
 int64_t check_router_bias_update(const Tensor& step_counts, const Tensor& bias);
 void check_add_counts(const Tensor& counts, const Tensor& total);
+void check_expert_counts(const Tensor& expert_idx, const Tensor& counts);
 // expert_idx (T,K) or (R), counts (E), offsets (E+1), sorted_slot and slot_pos (R = T*K).
 RoutingDims check_moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
                            const Tensor& sorted_slot, const Tensor& slot_pos);

@@ -186,6 +186,7 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
     s.dscores_TE = A(d.cdt, {T, E});
     s.dlogits_TE = A(d.cdt, {T, E});
     s.mean_prob_E = A(d.cdt, {E});
+    s.lbl_counts_E = A(DType::kI32, {E});
     if (d.slab_rows > 0) s.ep_slabs = A(d.cdt, {2 * d.ep * d.slab_rows * D});
     if (d.mx.experts) {
       const int64_t F = c.expert_hidden, b = mx::kBlock;

@@ -160,6 +160,7 @@ struct FinalNormActs {
 //   dy_operand_N     operand_grad: bf16 copy of a gradient   the GEMMs right after it
 //   logits_CV, row_ce_C, row_z_C   LM-head chunk             the same chunk
 //   mean_prob_E      load_balance_loss                       the step statistics' axpy
+//   lbl_counts_E     expert_counts (instance, global)        the same layer's load_balance_loss
 //   ep_slabs         EP, padded transport: the send and the  the same exchange (one move)
 //                    receive slabs, (2, ep, slab_rows, D)
 struct Scratch {
@@ -175,6 +176,7 @@ struct Scratch {
   Tensor dy_operand_N;             // operand dtype
   Tensor logits_CV, row_ce_C, row_z_C;
   Tensor mean_prob_E;
+  Tensor lbl_counts_E;             // i32: a sequence's or the group's counts (load-balancing granularity)
   Tensor ep_slabs;                 // compute dtype, 2*ep*slab_rows*D elements; padded transport only
   // MXFP8 experts (moe/mx_experts.cpp): the gathered rows before quantization, the quantized send
   // buffer (EP with dispatch) or the bf16 receive buffer (EP without), the quantized output

@@ -40,6 +40,9 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
             ") does not match EP rank ", o.ep ? o.ep->rank() : 0, " of ", ep, " over ", cfg_.num_experts, " experts");
   layer_begin_ = shard.layer_begin;
   layer_end_ = shard.layer_end;
+  lbl_granularity_ = loss.lbl_granularity == "instance" ? LblGranularity::kInstance
+                     : loss.lbl_granularity == "global" ? LblGranularity::kGlobal
+                                                         : LblGranularity::kLocalBatch;
   const std::vector<int64_t> windows = cfg_.attention_windows();
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     const auto at = std::find(windows.begin(), windows.end(), cfg_.attention_window(l));
@@ -129,6 +132,9 @@ void Transformer::layer_backward(const SublayerContext& ctx, int64_t slot, int64
     out.stat_weight = mb.scales.stat_weight;
     out.lbl_coef = loss_.lbl_coef;
     out.router_z_coef = loss_.router_z_coef;
+    out.granularity = lbl_granularity_;
+    out.count_sum = count_sum_.sum ? &count_sum_ : nullptr;
+    out.sequences = dims_.B;
     out.lbl = stats.lbl(m);
     out.router_z = stats.router_z(m);
     out.mean_prob = stats.mean_prob[static_cast<size_t>(m)];

@@ -122,6 +122,9 @@ class Transformer {
   // Called after each layer's backward with its index (data-parallel gradient reduction starts
   // a finished layer's bucket there); empty = none.
   void set_layer_grads_hook(std::function<void(int64_t)> hook) { layer_grads_hook_ = std::move(hook); }
+  // loss.lbl_granularity = "global": how a micro-batch's counts are summed over the data-parallel
+  // group (the trainer's; without one, or with one rank, the local counts are used).
+  void set_count_sum(CountSum sum) { count_sum_ = std::move(sum); }
   // Forward only: full logits (B*S, V) in the compute dtype (tests, generation); doc_start: (B,S)
   // i32 document starts in host memory, or empty.
   void forward_logits(const Tensor& ids, const Tensor& logits, const Tensor& host_doc_start = Tensor());
@@ -184,6 +187,8 @@ class Transformer {
   ModelState state_;
   ActivationPlan plan_;
   std::function<void(int64_t)> layer_grads_hook_;
+  LblGranularity lbl_granularity_ = LblGranularity::kLocalBatch;
+  CountSum count_sum_;
 
   // Expert parallelism (ep > 1): the transport and exchange, the plan per MoE layer (made in the
   // forward, reused by the backward and by recompute), counters.

@@ -115,6 +115,40 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
   ctx.finish_sublayer(y, W.ffn_out_norm, a.rstd_out, x_in, x_out);
 }
 
+namespace {
+// The load-balancing loss at the configured granularity (MoeLossOutputs); its value into out.lbl,
+// its score gradient into scratch.dscores_TE, the mean probabilities into out.mean_prob.
+void load_balance(const SublayerContext& ctx, const MoeLossOutputs& out, const FfnActs& a, int kind) {
+  Backend& ops = ctx.ops;
+  Scratch& s = ctx.scratch;
+  const int K = static_cast<int>(ctx.cfg.top_k);
+  const double value = out.aux_weight, grad = out.lbl_coef * out.aux_weight;
+  if (out.granularity == LblGranularity::kInstance) {
+    // The mean over sequences of each sequence's loss: its own counts and probabilities.
+    const int64_t B = out.sequences, S = a.scores.dim(0) / B;
+    MOE_CHECK(B >= 1 && S * B == a.scores.dim(0), "instance load balancing: ", a.scores.dim(0), " tokens in ", B,
+              " sequences");
+    for (int64_t b = 0; b < B; ++b) {
+      ops.expert_counts(a.expert_idx.slice(b * S, (b + 1) * S), s.lbl_counts_E);
+      ops.load_balance_loss(a.scores.slice(b * S, (b + 1) * S), s.lbl_counts_E, kind, K, value / static_cast<double>(B),
+                            grad / static_cast<double>(B), out.lbl, s.dscores_TE.slice(b * S, (b + 1) * S), s.mean_prob_E);
+      ops.axpy(out.stat_weight / static_cast<double>(B), s.mean_prob_E, out.mean_prob);
+    }
+    return;
+  }
+  if (out.granularity == LblGranularity::kGlobal && out.count_sum && out.count_sum->ranks > 1) {
+    // Olmo-core 3's global_load_balancing: the group's summed counts over its size.
+    const double r = static_cast<double>(out.count_sum->ranks);
+    ops.expert_counts(a.expert_idx, s.lbl_counts_E);
+    out.count_sum->sum(s.lbl_counts_E);
+    ops.load_balance_loss(a.scores, s.lbl_counts_E, kind, K, value / r, grad / r, out.lbl, s.dscores_TE, s.mean_prob_E);
+  } else {
+    ops.load_balance_loss(a.scores, a.counts, kind, K, value, grad, out.lbl, s.dscores_TE, s.mean_prob_E);
+  }
+  ops.axpy(out.stat_weight, s.mean_prob_E, out.mean_prob);
+}
+}  // namespace
+
 void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const MoeExchangeStep& ex,
                       const MoeLossOutputs& out, const Tensor& x_in, FfnActs& a) {
   Backend& ops = ctx.ops;
@@ -203,9 +237,7 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
   phase.emplace(Phase::kRouter);
   ops.fill(s.dscores_TE, 0.0);
   ops.router_gather_bwd(s.dweights_TK, a.scores, a.expert_idx, weight_rule(c), s.dscores_TE);
-  ops.load_balance_loss(a.scores, a.counts, kind, static_cast<int>(c.top_k), out.aux_weight,
-                        out.lbl_coef * out.aux_weight, out.lbl, s.dscores_TE, s.mean_prob_E);
-  ops.axpy(out.stat_weight, s.mean_prob_E, out.mean_prob);
+  load_balance(ctx, out, a, kind);
   ops.add_counts(a.counts, out.counts);
   ops.fill(s.dlogits_TE, 0.0);
   ops.router_scores_bwd(s.dscores_TE, a.scores, kind, c.sigmoid_eps, s.dlogits_TE);

@@ -12,6 +12,8 @@
 // GEMMs are moe/mx_experts.h's.
 #pragma once
 
+#include <functional>
+
 #include "model/model_state.h"
 #include "model/sublayer.h"
 #include "moe/expert_exchange.h"
@@ -37,7 +39,19 @@ struct MoeExchangeStep {
 };
 
 // Where the backward adds the auxiliary losses and routing statistics, and their weights.
+// Global load balancing: sums a micro-batch's counts (E) i32 of one layer over the data-parallel
+// group, in place (installed by the trainer; the model itself crosses no ranks).
+struct CountSum {
+  std::function<void(const Tensor& counts)> sum;
+  int64_t ranks = 1;
+};
+
+enum class LblGranularity { kLocalBatch, kInstance, kGlobal };
+
 struct MoeLossOutputs {
+  LblGranularity granularity = LblGranularity::kLocalBatch;
+  const CountSum* count_sum = nullptr;  // kGlobal
+  int64_t sequences = 1;                // kInstance: the micro-batch's sequences (equal lengths)
   double aux_weight = 1;   // the auxiliary losses' weight: tokens in this micro-batch / loss.aux_divisor
   double stat_weight = 1;  // the mean probabilities' weight: tokens in this micro-batch / in the step
   double lbl_coef = 0, router_z_coef = 0;

@@ -169,6 +169,11 @@ void GradSync::reduce_stats(StepStats& stats) {
   }
 }
 
+void GradSync::sum_over_dp(const Tensor& t) {
+  if (!groups_ || groups_->dp->size() == 1) return;
+  comm_.all_reduce_sum(*groups_->dp, t);
+}
+
 int64_t GradSync::sum_over_dp(int64_t value) {
   if (!groups_ || groups_->dp->size() == 1) return value;
   double v = static_cast<double>(value);  // exact below 2^53

@@ -72,6 +72,9 @@ class GradSync {
   void reduce_stats(StepStats& stats);
   // Sum of an integer over the dp group (e.g. the global batch's loss tokens).
   int64_t sum_over_dp(int64_t value);
+  // A backend tensor summed over the dp group in place (global load balancing: a micro-batch's
+  // expert counts of one layer), staged through the host when the communicator needs it.
+  void sum_over_dp(const Tensor& t);
   // Number of data-parallel replicas and this rank's index among them.
   int64_t dp_size() const;
   int64_t dp_rank() const;

@@ -230,6 +230,12 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
         move("expert combine, backward", 1, cdt, false);
       }
     }
+    // loss.lbl_granularity = "global": each MoE layer's counts of each micro-batch summed over dp
+    // (E i32, in the backward; Olmo-core 3's global_load_balancing).
+    if (config.loss.lbl_granularity == "global" && st.moe_layers > 0) {
+      const double n = static_cast<double>(st.moe_layers) * Md;
+      tr.add("dp", "all_reduce", "load-balancing counts", n, n * static_cast<double>(E) * 4);
+    }
     // GradSync::reduce_stats over dp, then pp: loss terms (f64), per MoE layer counts (i32) and
     // mean probabilities (compute dtype) of the whole model.
     for (const char* g : {"dp", "pp"}) {

@@ -56,6 +56,8 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
     sync_ = std::make_unique<GradSync>(ops_, model_->layout(), groups_, config_.parallel.zero1,
                                        config_.parallel.overlap_grad_reduce);
     if (sync_->overlapping()) model_->set_layer_grads_hook([this](int64_t layer) { sync_->layer_done(layer); });
+    if (config_.loss.lbl_granularity == "global")  // Olmo-core 3's global_load_balancing
+      model_->set_count_sum(CountSum{[this](const Tensor& counts) { sync_->sum_over_dp(counts); }, sync_->dp_size()});
     const AllocationScope scope("AdamW moments");
     optim_ = std::make_unique<AdamW>(ops_, model_->layout(), config_.optim, compute, sync_->owned_ranges());
     const AllocationScope stats_scope("step statistics");

@@ -226,6 +226,12 @@ INSTANTIATE_TEST_SUITE_P(
                   c.model.sliding_window.push_back('3');  // (not = "3": g++ 12's false -Wrestrict)
                   c.model.sliding_window_full_first = false;
                 }},
+        // The load-balancing loss per sequence (the micro-batch holds two), sigmoid scores.
+        Variant{"instance_load_balancing_sigmoid",
+                [](Config& c) {
+                  c.loss.lbl_granularity = "instance";
+                  c.model.score_func = "sigmoid";
+                }},
         Variant{"uniform_routing", [](Config& c) { c.model.routing = "uniform"; }},
         Variant{"random_routing_mha", [](Config& c) {
                   c.model.routing = "random";

@@ -101,7 +101,43 @@ Config olmo_core3_options_config() {
   Config c = parity_config();
   apply_olmo_core3_options(c.model, '2');
   c.model.shared_hidden = 16;
+  c.loss.lbl_granularity = "instance";  // per sequence: every layout splits the same sequences
+  c.train.micro_batch_size = 2;         // two sequences per micro-batch (one would be local_batch)
   return c;
+}
+
+// Olmo-core 3's global load balancing at dp = n, one micro-batch per rank, equals one process
+// whose single micro-batch holds the same sequences with local-batch balancing: E/K times the
+// group's summed counts over n, dotted with each rank's mean probabilities and summed over the
+// ranks, is the whole batch's counts dotted with its mean probabilities. With EP (the counts are
+// the tokens' ranks') and with a pipeline (the dp group of each stage).
+TEST(Parity, GlobalLoadBalancingEqualsOneProcessOverTheWholeBatch) {
+  const int n = world().size();
+  if (n != 2 && n != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
+  // {dp, ep, pp}
+  std::vector<std::array<int64_t, 3>> cases = {{n, 1, 1}, {n, 2, 1}};
+  if (n == 4) cases.push_back({2, 2, 2});
+  for (const auto& k : cases) {
+    SCOPED_TRACE(testing::Message() << "dp " << k[0] << " ep " << k[1] << " pp " << k[2]);
+    Config c = parity_config();
+    c.parallel.dp = k[0];
+    c.parallel.ep = k[1];
+    c.parallel.pp = k[2];
+    c.train.micro_batch_size = c.train.batch_size / k[0];
+    c.loss.lbl_granularity = "global";
+    ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
+    const RunResult dist = run_distributed(c, g, DType::kF64);
+    Config one = c;
+    one.parallel = ParallelConfig{};
+    one.train.micro_batch_size = c.train.batch_size;
+    one.loss.lbl_granularity = "local_batch";
+    expect_parity(dist, run_single(one, DType::kF64), 1e-9);
+    // ... which the local loss of the same layout is not.
+    Config local = c;
+    local.loss.lbl_granularity = "local_batch";
+    const RunResult loc = run_distributed(local, g, DType::kF64);
+    EXPECT_GT(std::abs(loc.total[0] - dist.total[0]), 1e-6 * std::abs(dist.total[0]));
+  }
 }
 
 // ... in every layout of the matrix: DP + ZeRO-1, DP x EP over each expert transport, the

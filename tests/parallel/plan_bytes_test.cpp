@@ -68,6 +68,9 @@ TEST(PlanBytes, PredictedTrafficEqualsTheByteCounters) {
        {"parallel.dp=2", "parallel.ep=2", "parallel.ep_transport=padded", "parallel.ep_capacity_factor=0.5"}},
       {"dp2 ep2 zero1", 2, {"parallel.dp=2", "parallel.ep=2", "parallel.zero1=true"}},
       {"dp2 zero1", 2, {"parallel.dp=2", "parallel.zero1=true"}},
+      // Global load balancing: E counts per MoE layer and micro-batch, all-reduced over dp.
+      {"dp2 ep2 global load balancing overlap", 2,
+       {"parallel.dp=2", "parallel.ep=2", "loss.lbl_granularity=global", "parallel.overlap_grad_reduce=true"}},
       // MXFP8: the forward dispatch as codes then scales (33/32 bytes per value).
       {"dp2 ep2 mxfp8 uneven recompute", 2,
        {"parallel.dp=2", "parallel.ep=2", "train.precision=mxfp8", "model.expert_hidden=32", "train.seq_len=13",
@@ -82,6 +85,7 @@ TEST(PlanBytes, PredictedTrafficEqualsTheByteCounters) {
       {"dp4 ep2 zero1", 4, {"parallel.dp=4", "parallel.ep=2", "parallel.zero1=true", "parallel.ep_capacity_factor=0.8"}},
       {"dp4 ep4", 4, {"parallel.dp=4", "parallel.ep=4", "train.seq_len=13", "model.top_k=3"}},
       {"dp2 pp2 zero1", 4, {"parallel.dp=2", "parallel.pp=2", "parallel.zero1=true"}},
+      {"dp2 pp2 global load balancing", 4, {"parallel.dp=2", "parallel.pp=2", "loss.lbl_granularity=global"}},
   };
   int ran = 0;
   for (const Case& k : cases) {

@@ -193,7 +193,7 @@ FIXTURES["oc3_topk_softmax"] = dict(
     model=oc3_model(n_layers=2, norm_placement="pre", qk_norm="full", tie_embeddings=True,
                     embed_scale=2.0, score_func="topk_softmax", top_k=3, norm_topk_prob=False,
                     router_bias_gamma=1e-3, rope_theta=10000.0, norm_eps=1e-5),
-    loss=R.LossConfig(lm_z_coef=1e-3, lbl_coef=0.05, router_z_coef=0.005),
+    loss=R.LossConfig(lm_z_coef=1e-3, lbl_coef=0.05, router_z_coef=0.005, lbl_granularity="instance"),
     optim=optim(max_grad_norm=2.8),
     train=OC3_TRAIN,
     design=dict(seed=7007, embed_std=1.0, embed_offset=3.0, router_std=0.3,
@@ -297,7 +297,7 @@ def redraw_until_separated(cfg, design, P, bias, ids, gen, max_iter=200):
 
 
 # =========================================================================== losses and training
-def olmo_core_aux(route, Bm, S, E, K, score_func, T_step):
+def olmo_core_aux(route, Bm, S, E, K, score_func, T_step, granularity="local_batch"):
     """LBL and router z-loss of one layer on one micro-batch with olmo-core's functions, scaled to
     the step (loss_div_factor = T_step gives (T_m / T_step) * X_m, MODEL.md's token weighting)."""
     from olmo_core.nn.moe.loss import (MoELoadBalancingLossGranularity, load_balancing_loss,
@@ -311,7 +311,7 @@ def olmo_core_aux(route, Bm, S, E, K, score_func, T_step):
         counts = batched.sum(dim=0)
     lbl = load_balancing_loss(num_experts=E, top_k=K, expert_scores=scores.view(Bm, S, E),
                               batch_size_per_expert=counts, batched_batch_size_per_expert=batched,
-                              granularity=MoELoadBalancingLossGranularity.local_batch,
+                              granularity=MoELoadBalancingLossGranularity(granularity),
                               loss_div_factor=T_step)
     rz = router_z_loss(expert_logits=route["logits"].view(Bm, S, E), loss_div_factor=T_step)
     return lbl, rz, counts
@@ -370,7 +370,7 @@ def run_training(adapter, fx, ids, labels, bias0, checks=None):
                     l_, z_, c_ = r["lbl"], r["rz"], r["counts"]
                     aux_in_graph += float(lc.lbl_coef * l_ + lc.router_z_coef * z_)
                 else:
-                    l_, z_, c_ = olmo_core_aux(r, mbs, S, E, K, cfg.score_func, T_step)
+                    l_, z_, c_ = olmo_core_aux(r, mbs, S, E, K, cfg.score_func, T_step, lc.lbl_granularity)
                     total = total + lc.lbl_coef * l_ + lc.router_z_coef * z_
                 lbl[r["layer"]] += float(l_.detach())
                 rz[r["layer"]] += float(z_.detach())
@@ -679,7 +679,8 @@ def olmo_core3_checks(fx, P, bias0, ids, labels, checks, shared_checks):
     T_step = tr.batch_size * tr.seq_len
     if lc.aux_divisor == "labelled":  # Olmo-core 3's train module: loss_div_factor = labelled tokens
         T_step = int((labels >= 0).sum())
-    adapter = OC.OlmoCore3Adapter(cfg, P, lc.lbl_coef, lc.router_z_coef, T_step, tr.seq_len)
+    adapter = OC.OlmoCore3Adapter(cfg, P, lc.lbl_coef, lc.router_z_coef, T_step, tr.seq_len,
+                                  lbl_granularity=lc.lbl_granularity)
     rec = run_training(adapter, fx, ids, labels, bias0, checks)
     rp = run_training(PlainAdapter(cfg, P), fx, ids, labels, bias0)
     cmp = OC.compare_with_plain(rp, rec, cfg)
@@ -866,8 +867,9 @@ def build_fixture(name, fx, shared_checks):
             "its float32 casts keep float64 (tools/reference/olmo_core3.py). None of "
             "make_fixtures' design requirements is relaxed.")
     loss_json = asdict(lc)
-    if fx["source"] != "olmo_core3":  # fixtures from before the option keep their keys
+    if fx["source"] != "olmo_core3":  # fixtures from before the options keep their keys
         assert loss_json.pop("aux_divisor") == "tokens"
+        assert loss_json.pop("lbl_granularity") == "local_batch"
     cfg_json = dict(model=model_json(cfg, fx["source"]), loss=loss_json, optim=asdict(oc),
                     train=asdict(tr))
     metadata = OrderedDict()

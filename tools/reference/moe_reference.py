@@ -154,6 +154,7 @@ class LossConfig:
     lbl_coef: float
     router_z_coef: float
     aux_divisor: str = "tokens"  # "labelled": Olmo-core 3's train module (loss_div_factor)
+    lbl_granularity: str = "local_batch"  # "instance": Olmo-core's per-sequence load balancing
 
 
 @dataclass

@@ -118,7 +118,8 @@ def check_expressible(cfg: R.ModelConfig):
     assert cfg.routing == "learned"
 
 
-def build_model(cfg: R.ModelConfig, seq_len: int, lbl_coef=0.0, router_z_coef=0.0, f64_rope=True):
+def build_model(cfg: R.ModelConfig, seq_len: int, lbl_coef=0.0, router_z_coef=0.0, f64_rope=True,
+                lbl_granularity="local_batch"):
     """OLMoDDPModel for `cfg`, float64, CPU, train mode (weights: Olmo-core's init; overwrite)."""
     from olmo_core.config import DType
     from olmo_core.nn.attention import (AttentionBackendName, AttentionConfig,
@@ -161,7 +162,7 @@ def build_model(cfg: R.ModelConfig, seq_len: int, lbl_coef=0.0, router_z_coef=0.
         score_correction_bias=cfg.score_correction_bias,
         n_group=cfg.n_group or None, topk_group=cfg.topk_group or None,
         lb_loss_weight=lbl_coef, z_loss_weight=router_z_coef,
-        lb_loss_granularity=MoELoadBalancingLossGranularity.local_batch)
+        lb_loss_granularity=MoELoadBalancingLossGranularity(lbl_granularity))
     placement = dict(use_peri_norm=cfg.norm_placement == "peri",
                      use_pre_norm=cfg.norm_placement == "pre")
 
@@ -301,11 +302,12 @@ class OlmoCore3Adapter:
 
     aux_in_graph = True
 
-    def __init__(self, cfg, params, lbl_coef=0.0, router_z_coef=0.0, T_step=None, seq_len=None):
+    def __init__(self, cfg, params, lbl_coef=0.0, router_z_coef=0.0, T_step=None, seq_len=None,
+                 lbl_granularity="local_batch"):
         self.cfg = cfg
         self.patched = True
         self.T_step = T_step
-        self.m = build_model(cfg, seq_len, lbl_coef, router_z_coef)
+        self.m = build_model(cfg, seq_len, lbl_coef, router_z_coef, lbl_granularity=lbl_granularity)
         self.views = load_params(self.m, cfg, params)
         self.routers = routers(self.m, cfg)
         self.bias_checks = []  # Olmo-core's post_batch vs run_training's bias update, per step

@@ -76,12 +76,12 @@ def with_snapshots(base, oc_bias=False):
     return Snap
 
 
-def build_fp32(cfg, seq_len, lbl_coef=0.0, router_z_coef=0.0, f64_rope=True):
+def build_fp32(cfg, seq_len, lbl_coef=0.0, router_z_coef=0.0, f64_rope=True, lbl_granularity="local_batch"):
     """olmo_core3.build_model's model in float32 (it asserts a float64 default dtype and casts to
     float64: built that way, cast back exactly, router accumulators re-created in float32)."""
     torch.set_default_dtype(F64)
     try:
-        m = ORIG_BUILD(cfg, seq_len, lbl_coef, router_z_coef, f64_rope=False)
+        m = ORIG_BUILD(cfg, seq_len, lbl_coef, router_z_coef, f64_rope=False, lbl_granularity=lbl_granularity)
     finally:
         torch.set_default_dtype(F32)
     m = m.to(F32)
@@ -117,7 +117,8 @@ def run(kind, fx, P, bias0, ids, labels):
         T_step = int((labels >= 0).sum())
     if kind == "oc64":
         torch.set_default_dtype(F64)
-        ad = with_snapshots(OC.OlmoCore3Adapter)(cfg, P, lc.lbl_coef, lc.router_z_coef, T_step, S)
+        ad = with_snapshots(OC.OlmoCore3Adapter)(cfg, P, lc.lbl_coef, lc.router_z_coef, T_step, S,
+                                                 lbl_granularity=lc.lbl_granularity)
         ad.snaps = []
         return MF.run_training(ad, fx, ids, labels, bias0), ad
     P32 = OrderedDict((n, t.to(F32)) for n, t in P.items())
@@ -127,7 +128,7 @@ def run(kind, fx, P, bias0, ids, labels):
         if kind == "oc32":
             OC.build_model, OC.oc_cpu_patches = build_fp32, stock_fp32_patches
             ad = with_snapshots(OC.OlmoCore3Adapter, oc_bias=True)(
-                cfg, P32, lc.lbl_coef, lc.router_z_coef, T_step, S)
+                cfg, P32, lc.lbl_coef, lc.router_z_coef, T_step, S, lbl_granularity=lc.lbl_granularity)
         else:  # plain fp32
             R.DTYPE = F32
             ad = with_snapshots(PlainAdapter)(cfg, P32)

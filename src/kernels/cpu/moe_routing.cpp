@@ -212,6 +212,8 @@ void router_bias_update(const Tensor& step_counts, double gamma, const Tensor& b
 }
 
 void add_counts(const Tensor& counts, const Tensor& total) { ref::add_counts(counts, total); }
+// B small (T*K) integer loop, not hot: the reference's.
+void expert_counts(const Tensor& expert_idx, const Tensor& counts) { ref::expert_counts(expert_idx, counts); }
 
 void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
               const Tensor& sorted_slot, const Tensor& slot_pos) {

@@ -193,6 +193,23 @@ __global__ void router_bias_update_kernel(const int32_t* c, double gamma, float*
   }
 }
 
+// One block: counts zeroed, then each choice counted (shared-memory integer adds: order-free).
+__global__ void expert_counts_kernel(const int32_t* idx, int64_t R, int64_t E, int32_t* counts, DeviceError* err) {
+  extern __shared__ int c[];
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) c[e] = 0;
+  __syncthreads();
+  for (int64_t r = threadIdx.x; r < R; r += blockDim.x) {
+    const int32_t e = idx[r];
+    if (e < 0 || e >= E) {
+      report_error(err, err_code(OpId::expert_counts), e, r);
+      continue;
+    }
+    atomicAdd(&c[e], 1);
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) counts[e] = c[e];
+}
+
 __global__ void add_counts_kernel(const int32_t* c, int32_t* total, int64_t n) {
   MOE_GRID_LOOP(i, n) total[i] += c[i];
 }
@@ -582,6 +599,16 @@ void router_bias_update_by_control(Context& ctx, const Tensor& step_counts, doub
   check_dtype(control, DType::kF64, "router_bias_update_by_control control");
   check_shape(control, {kCtlSize}, "router_bias_update_by_control control");
   bias_update(ctx, step_counts, gamma, bias, ptr<const double>(control), "router_bias_update_by_control");
+}
+
+void expert_counts(Context& ctx, const Tensor& expert_idx, const Tensor& counts) {
+  check_all({&expert_idx, &counts}, "expert_counts");
+  check_expert_counts(expert_idx, counts);
+  const int64_t R = expert_idx.numel(), E = counts.numel();
+  MOE_CHECK(E <= kMaxExperts, "expert_counts: ", E, " experts (the CUDA kernel takes 1..", kMaxExperts, ")");
+  expert_counts_kernel<<<1, kThreads, sizeof(int) * static_cast<size_t>(E), ctx.stream>>>(ptr<const int32_t>(expert_idx), R, E,
+                                                                                          ptr<int32_t>(counts), ctx.error);
+  check_launch("expert_counts");
 }
 
 void add_counts(Context& ctx, const Tensor& counts, const Tensor& total) {

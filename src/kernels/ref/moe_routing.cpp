@@ -184,6 +184,18 @@ void add_counts(const Tensor& counts, const Tensor& total) {
   for (int64_t e = 0; e < counts.numel(); ++e) total.as<int32_t>()[e] += counts.as<int32_t>()[e];
 }
 
+void expert_counts(const Tensor& expert_idx, const Tensor& counts) {
+  check_expert_counts(expert_idx, counts);
+  const int64_t R = expert_idx.numel(), E = counts.numel();
+  const int32_t* idx = expert_idx.as<int32_t>();
+  int32_t* c = counts.as<int32_t>();
+  for (int64_t e = 0; e < E; ++e) c[e] = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    MOE_CHECK(idx[r] >= 0 && idx[r] < E, "expert_counts: expert id ", idx[r], " out of range [0,", E, ")");
+    ++c[idx[r]];
+  }
+}
+
 void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
               const Tensor& sorted_slot, const Tensor& slot_pos) {
   check_moe_plan(expert_idx, counts, offsets, sorted_slot, slot_pos);
