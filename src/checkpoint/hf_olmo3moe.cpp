@@ -279,8 +279,8 @@ Config config_from_olmo3moe(const nlohmann::json& j, std::vector<std::string>* n
     c.pad_id = -1;
   }
   if (notes && H::boolean(j, "global_load_balancing", false))
-    notes->push_back("global_load_balancing = true: a training setting (the load-balancing loss over the data-parallel "
-                     "group), not part of the weights' function");
+    notes->push_back("global_load_balancing = true: a training setting, not part of the weights' function; train "
+                     "with --set loss.lbl_granularity=global to balance over the data-parallel group as it did");
   try {
     c.validate();
   } catch (const std::exception& e) {

@@ -243,6 +243,30 @@ TEST_P(MoeRouting, PlanIsAStableCountingSortAndEqualsRef) {
   EXPECT_THROW(test::fast().moe_plan(bad, counts, off, sorted.t.slice(0, 2), pos.t.slice(0, 2)), Error);
 }
 
+// The instance load-balancing loss's per-sequence counts: moe_plan's counts, overwritten.
+TEST_P(MoeRouting, ExpertCountsEqualThePlansCountsAndRefuseBadIds) {
+  const uint64_t seed = recorded_seed();
+  SCOPED_TRACE(seed);
+  const int64_t T = 700, K = 3, E = 24;
+  OwnedTensor idx(DType::kI32, {T, K});
+  test::fill_ids(idx, seed, 8, static_cast<int32_t>(E - 1));  // expert E-1 receives none
+  OwnedTensor counts(DType::kI32, {E}), plan(DType::kI32, {E}), off(DType::kI32, {E + 1}), sorted(DType::kI32, {T * K}),
+      pos(DType::kI32, {T * K});
+  test::poison(counts);
+  test::fast().expert_counts(idx, counts);
+  ref::moe_plan(idx, plan, off, sorted, pos);
+  EXPECT_TRUE(test::bitwise_equal(counts, plan));
+  EXPECT_EQ(counts.as<int32_t>()[E - 1], 0);
+  test::fast().expert_counts(idx.t.slice(0, 1), counts);  // overwritten, not added to
+  int32_t total = 0;
+  for (int64_t e = 0; e < E; ++e) total += counts.as<int32_t>()[e];
+  EXPECT_EQ(total, K);
+  int32_t bad_ids[2] = {0, 99};
+  const Tensor bad(bad_ids, DType::kI32, {1, 2});
+  EXPECT_THROW(test::fast().expert_counts(bad, counts), Error);
+  EXPECT_THROW(ref::expert_counts(bad, counts), Error);
+}
+
 TEST_P(MoeRouting, GatherCombineAndTheirBackwardsMatchFiniteDifferences) {
   const uint64_t seed = recorded_seed();
   SCOPED_TRACE(seed);
