@@ -146,6 +146,7 @@ std::string olmoe_unsupported_reason(const ModelConfig& c) {
   if (c.n_group > 0) r.push_back("group-limited routing (model.n_group > 0): OLMoE chooses among all experts");
   if (!c.attention_windows().empty())
     r.push_back("sliding windows (model.sliding_window = \"" + c.sliding_window + "\"): OLMoE attends to every earlier position");
+  if (c.rope != "all") r.push_back("model.rope = \"" + c.rope + "\": OLMoE applies RoPE on every layer");
   if (c.routing != "learned")
     r.push_back("non-learned routing (model.routing = \"" + c.routing + "\"): OLMoE routes by the learned router");
   if (c.hd() * c.n_heads != c.d_model)

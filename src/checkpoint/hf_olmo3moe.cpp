@@ -51,8 +51,9 @@ const std::set<std::string>& known_fields() {
       "rope_scaling", "rope_parameters", "attention_bias", "attention_dropout", "rms_norm_eps", "sliding_window",
       "use_head_qk_norm", "layer_types", "dense_layers_indices", "dense_layers_use_shared_expert", "embed_scale",
       "embed_norm", "use_peri_ln",
+      "use_rope",
       // only their neutral values
-      "qk_norm_per_head_gains", "scalable_softmax", "use_rope", "attention_gate_type", "attention_gate_full_precision",
+      "qk_norm_per_head_gains", "scalable_softmax", "attention_gate_type", "attention_gate_full_precision",
       "latent_moe_dim", "latent_moe_bias", "latent_moe_up_proj_input_norm", "emo_min_document_expert_pool",
       "emo_max_document_expert_pool", "emo_eval_document_expert_pool", "emo_eos_token_id", "linear_num_key_heads",
       "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
@@ -88,6 +89,8 @@ std::string olmo3moe_unsupported_reason(const ModelConfig& c) {
                 "none (Olmo-core's own converter refuses score_bias too)");
   if (c.n_group > 0) r.push_back("group-limited routing (model.n_group > 0): olmo3moe has no n_group / topk_group");
   if (c.routing != "learned") r.push_back("model.routing = \"" + c.routing + "\": olmo3moe routes by the learned router");
+  if (c.rope == "windowed")
+    r.push_back("RoPE on the sliding-window layers only (model.rope = \"windowed\"): olmo3moe has use_rope for all or none");
   if (c.attention_windows().size() > 1)
     r.push_back("several window sizes (model.sliding_window = \"" + c.sliding_window + "\"): olmo3moe has one sliding_window");
   std::string out;
@@ -139,6 +142,7 @@ nlohmann::ordered_json olmo3moe_config(const Config& full, const std::string& to
   j["rms_norm_eps"] = c.norm_eps;
   j["sliding_window"] = windows.empty() ? nlohmann::json(nullptr) : nlohmann::json(windows[0]);
   j["use_head_qk_norm"] = c.qk_norm == "per_head";
+  j["use_rope"] = c.rope != "none";
   j["layer_types"] = layer_types;
   j["dense_layers_indices"] = dense;
   // Olmo-core's converter then loads dense layers into its shared-expert-only blocks (its form).
@@ -166,7 +170,6 @@ Config config_from_olmo3moe(const nlohmann::json& j, std::vector<std::string>* n
               j["architectures"].dump(), " (olmo3moe: [\"Olmo3MoeForCausalLM\"])");
   require_neutral(j, "qk_norm_per_head_gains", false, "per-head QK gains");
   require_neutral(j, "scalable_softmax", false, "scalable softmax");
-  require_neutral(j, "use_rope", true, "moecore always applies RoPE");
   require_neutral(j, "attention_gate_type", nullptr, "attention output gates");
   require_neutral(j, "latent_moe_dim", nullptr, "latent MoE");
   for (const char* k : {"emo_min_document_expert_pool", "emo_max_document_expert_pool", "emo_eval_document_expert_pool"})
@@ -223,6 +226,7 @@ Config config_from_olmo3moe(const nlohmann::json& j, std::vector<std::string>* n
   c.tie_embeddings = H::boolean(j, "tie_word_embeddings", false);
   c.norm_placement = H::boolean(j, "use_peri_ln", false) ? "peri" : "reordered";
   c.qk_norm = H::boolean(j, "use_head_qk_norm", false) ? "per_head" : "full";
+  c.rope = H::boolean(j, "use_rope", true) ? "all" : "none";
   c.embed_scale = H::positive_number(j, "embed_scale", 1.0);
   c.embedding_norm = H::boolean(j, "embed_norm", false);
   // Dense layers (default [0]).

@@ -54,6 +54,8 @@ const std::vector<Field>& fields() {
         "block norms: pre x+f(n(x)), peri x+n(f(n(x))), reordered x+n(f(x)) (Olmo-core 3's block)");
     add("model", "tie_embeddings", M(tie_embeddings), 0, 0, {}, "LM head shares the embedding");
     add("model", "rope_theta", M(rope_theta), 1, kInf, {}, "RoPE base");
+    add("model", "rope", M(rope), 0, 0, {"all", "none", "windowed"},
+        "layers that apply RoPE: all, none, or only the sliding-window ones (Olmo-core 3's no_global_rope)");
     add("model", "qk_norm", M(qk_norm), 0, 0, {"none", "full", "per_head"}, "QK RMSNorm");
     add("model", "sliding_window", M(sliding_window), 0, 0, {},
         "window sizes repeated over the layers, -1 = full (\"4096,4096,4096,-1\"; \"\" = all full)");

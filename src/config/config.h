@@ -26,6 +26,9 @@ struct ModelConfig {
   std::string norm_placement = "pre";  // pre | peri | reordered
   bool tie_embeddings = false;
   double rope_theta = 10000.0;
+  // Which layers apply RoPE: all; none (Olmo-core 3's rope = None, olmo3moe use_rope = false);
+  // windowed: only the sliding-window layers (Olmo-core 3's RoPEConfig.no_global_rope).
+  std::string rope = "all";  // all | none | windowed
   std::string qk_norm = "full";  // none | full | per_head
   // Sliding-window attention (Olmo-core 3's SlidingWindowAttentionConfig): window sizes repeated
   // over the layers, comma-separated, -1 = full causal ("4096,4096,4096,-1"); "" = every layer
@@ -95,6 +98,8 @@ struct ModelConfig {
   double expert_weight_factor() const;
   // Keys a query of `layer` may see, counting itself: the window, or 0 for full causal attention.
   int64_t attention_window(int64_t layer) const;
+  // Whether `layer` applies RoPE (model.rope).
+  bool rope_on(int64_t layer) const;
   // The distinct windows of the model's layers, increasing (empty: every layer full).
   std::vector<int64_t> attention_windows() const;
   // Query-key pairs of one layer's attention over a sequence of S tokens: S(S+1)/2 causal, less

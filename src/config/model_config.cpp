@@ -66,6 +66,11 @@ int64_t ModelConfig::attention_window(int64_t layer) const {
   return w == -1 ? 0 : w;
 }
 
+bool ModelConfig::rope_on(int64_t layer) const {
+  if (rope == "none") return false;
+  return rope != "windowed" || attention_window(layer) > 0;
+}
+
 std::vector<int64_t> ModelConfig::attention_windows() const {
   std::vector<int64_t> out;
   for (int64_t l = 0; l < n_layers; ++l)
@@ -153,6 +158,8 @@ void ModelConfig::validate() const {
   MOE_CHECK(!score_correction_bias || routing == "learned",
             "model.score_correction_bias needs model.routing = \"learned\"");
   parse_window_pattern(sliding_window);  // throws naming a bad model.sliding_window
+  MOE_CHECK(rope != "windowed" || !sliding_window.empty(),
+            "model.rope = \"windowed\" applies RoPE on the sliding-window layers only, but model.sliding_window is empty");
   MOE_CHECK(!sliding_window.empty() || (sliding_window_full_first && sliding_window_full_last),
             "model.sliding_window_full_first / _full_last apply only with model.sliding_window");
   MOE_CHECK(norm_topk_prob || norm_topk_p == 1.0, "model.norm_topk_p = ", norm_topk_p,

@@ -63,8 +63,10 @@ void attention_forward(const SublayerContext& ctx, const LayerParams& p, const T
     }
   }
   project(Wc.wv, mx ? &mx->wv : nullptr, a.v.view({T, G * hd}));
-  ops.rope_fwd(a.q, c.rope_theta);
-  ops.rope_fwd(a.k, c.rope_theta);
+  if (ctx.rope) {
+    ops.rope_fwd(a.q, c.rope_theta);
+    ops.rope_fwd(a.k, c.rope_theta);
+  }
   // bf16 mode runs attention's matrix products on bf16 operands too (fp32 softmax and sums).
   ops.attention_fwd(a.q, a.k, a.v, a.o, a.lse, ctx.doc_start, ctx.bf16_operands());
   Tensor y = ctx.choice.output_norm() ? a.out : x_out;
@@ -101,8 +103,10 @@ void attention_backward(const SublayerContext& ctx, const LayerParams& p, const 
   ops.linear_bwd_weight(dy_act, o_act, dW.wo);
   ops.attention_bwd(s.do_BSHd, a.q, a.k, a.v, a.o, a.lse, s.dq_BSHd, s.dk_BSGd, s.dv_BSGd, ctx.doc_start,
                     ctx.bf16_operands());
-  ops.rope_bwd(s.dq_BSHd, c.rope_theta);
-  ops.rope_bwd(s.dk_BSGd, c.rope_theta);
+  if (ctx.rope) {
+    ops.rope_bwd(s.dq_BSHd, c.rope_theta);
+    ops.rope_bwd(s.dk_BSGd, c.rope_theta);
+  }
 
   Tensor dq = s.dq_BSHd.view({T, H * hd}), dk = s.dk_BSGd.view({T, G * hd});
   if (ctx.choice.qk_norm != QkNorm::kNone) {

@@ -19,7 +19,8 @@ struct SublayerContext {
   const ModelChoices& choice;
   const Dims& dims;
   Scratch& scratch;
-  Tensor doc_start;  // (B,S) i32 document starts of the micro-batch, or empty (plain causal)
+  Tensor doc_start;  // (B,S) i32 the first key each query sees (document starts, the layer's window), or empty
+  bool rope = true;  // the layer applies RoPE to q and k (model.rope)
 
   bool bf16_operands() const { return dims.adt != dims.cdt; }
   // A GEMM operand view of x: x itself, or x converted into store (bf16 mode).

@@ -47,6 +47,7 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     const auto at = std::find(windows.begin(), windows.end(), cfg_.attention_window(l));
     window_slot_.push_back(at == windows.end() ? -1 : static_cast<int>(at - windows.begin()));
+    rope_layer_.push_back(cfg_.rope_on(l) ? 1 : 0);
   }
   if (ep > 1) {
     const int64_t M = cfg_.num_moe_layers(), words = ExchangePlan::words(ep, cfg_.num_experts);
@@ -209,7 +210,9 @@ SublayerContext Transformer::sublayer_context(const MicroBatch& mb, int64_t l) {
   MOE_CHECK(w < 0 || static_cast<size_t>(w) < mb.window_start.size(), "layer ", l,
             " has a sliding window but the micro-batch carries ", mb.window_start.size(),
             " window tables (build them with AttentionMasks)");
-  return SublayerContext{ops_, cfg_, choice_, dims_, plan_.scratch(), w < 0 ? mb.doc_start : mb.window_start[static_cast<size_t>(w)]};
+  SublayerContext ctx{ops_, cfg_, choice_, dims_, plan_.scratch(), w < 0 ? mb.doc_start : mb.window_start[static_cast<size_t>(w)]};
+  ctx.rope = rope_layer_[static_cast<size_t>(l)] != 0;
+  return ctx;
 }
 
 void Transformer::forward_logits(const Tensor& ids, const Tensor& logits, const Tensor& host_doc_start) {

@@ -183,6 +183,7 @@ class Transformer {
   uint64_t seed_ = 0;
   int64_t layer_begin_ = 0, layer_end_ = 0;  // the stage's layers
   std::vector<int> window_slot_;  // per layer: its window in MicroBatch::window_start, -1 = full causal
+  std::vector<char> rope_layer_;  // per layer: applies RoPE (model.rope)
 
   ModelState state_;
   ActivationPlan plan_;

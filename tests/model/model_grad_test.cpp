@@ -226,6 +226,14 @@ INSTANTIATE_TEST_SUITE_P(
                   c.model.sliding_window.push_back('3');  // (not = "3": g++ 12's false -Wrestrict)
                   c.model.sliding_window_full_first = false;
                 }},
+        // RoPE on the windowed layer only (Olmo-core 3's no_global_rope); and no RoPE at all.
+        Variant{"rope_on_windowed_layers_only",
+                [](Config& c) {
+                  c.model.sliding_window.push_back('3');
+                  c.model.sliding_window_full_first = false;
+                  c.model.rope = "windowed";
+                }},
+        Variant{"no_rope", [](Config& c) { c.model.rope = "none"; }},
         // The load-balancing loss per sequence (the micro-batch holds two), sigmoid scores.
         Variant{"instance_load_balancing_sigmoid",
                 [](Config& c) {

@@ -198,6 +198,7 @@ TEST(Olmo3moe, ExportRefusesByNameWhatOlmo3moeCannotCompute) {
   refused([](ModelConfig& c) { c.expert_weight_scale = 2; }, "model.expert_weight_scale");
   refused([](ModelConfig& c) { c.router_bias_gamma = 1e-3; }, "router bias");
   refused([](ModelConfig& c) { c.sliding_window.append(",24"); }, "several window sizes");
+  refused([](ModelConfig& c) { c.rope = "windowed"; }, "model.rope = \"windowed\"");
   refused(
       [](ModelConfig& c) {
         c.n_group = 4;
@@ -232,12 +233,15 @@ TEST(Olmo3moe, MissingFieldsTakeOlmo3MoeConfigsDefaults) {
   // Refused by name: values that change the function and that moecore cannot compute.
   for (const auto& [key, value] : {std::pair<const char*, nlohmann::json>{"qk_norm_per_head_gains", true},
                                    {"latent_moe_dim", 16}, {"attention_gate_type", "elementwise"},
-                                   {"gating_function", "relu"}, {"use_rope", false}}) {
+                                   {"gating_function", "relu"}}) {
     nlohmann::json bad = read_json(kFolder + "/config.json");
     bad[key] = value;
     const std::string msg = test::error_of([&] { config_from_hf_json(bad.dump()); });
     EXPECT_NE(msg.find(key), std::string::npos) << msg;
   }
+  nlohmann::json nope = read_json(kFolder + "/config.json");
+  nope["use_rope"] = false;  // Olmo-core's rope = None
+  EXPECT_EQ(config_from_hf_json(nope.dump()).model.rope, "none");
   nlohmann::json kda = read_json(kFolder + "/config.json");
   kda["layer_types"][1] = "linear_attention";
   EXPECT_NE(test::error_of([&] { config_from_hf_json(kda.dump()); }).find("layer_types[1]"), std::string::npos);

@@ -179,7 +179,7 @@ FIXTURES["oc3_sigmoid"] = dict(
                     score_func="sigmoid", sigmoid_eps=1e-7, norm_topk_prob=True, norm_topk_p=2.0,
                     expert_weight_scale=2.5, top_k=2, original_top_k=4, router_bias_gamma=1e-3,
                     dense_layers="0,2", dense_hidden=16, sliding_window="24,-1",
-                    sliding_window_full_first=False, n_group=4, topk_group=2),
+                    sliding_window_full_first=False, n_group=4, topk_group=2, rope="windowed"),
     loss=R.LossConfig(lm_z_coef=0.0, lbl_coef=0.05, router_z_coef=0.005),
     optim=optim(max_grad_norm=0.4),
     train=OC3_TRAIN,

@@ -74,12 +74,14 @@ class ModelConfig:
     topk_group: int = 0
     # the router bias selects without loss-free balancing too (loaded, fixed)
     score_correction_bias: bool = False
+    # which layers apply RoPE: "all", "none", "windowed" (Olmo-core 3's no_global_rope)
+    rope: str = "all"
 
     # the fields added for Olmo-core 3, in order (make_fixtures writes them only when set)
     NEW_FIELDS = ("embed_scale", "embedding_norm", "norm_topk_p", "restore_weight_scale",
                   "expert_weight_scale", "original_top_k", "sigmoid_eps", "dense_layers",
                   "sliding_window", "sliding_window_full_first", "sliding_window_full_last",
-                  "n_group", "topk_group", "score_correction_bias")
+                  "n_group", "topk_group", "score_correction_bias", "rope")
 
     def window(self, L):
         """Keys a query of layer L sees counting itself (0 = full causal): Olmo-core 3's
@@ -93,6 +95,9 @@ class ModelConfig:
         pattern = [int(v) for v in self.sliding_window.split(",")]
         w = pattern[(L - (1 if self.sliding_window_full_first else 0)) % len(pattern)]
         return 0 if w == -1 else w
+
+    def rope_on(self, L):
+        return self.rope == "all" or (self.rope == "windowed" and self.window(L) > 0)
 
     def has_router_bias(self):
         return self.router_bias_gamma > 0 or self.score_correction_bias
@@ -130,6 +135,8 @@ class ModelConfig:
         if self.sliding_window:
             assert all(int(v) > 0 or int(v) == -1 for v in self.sliding_window.split(","))
         assert (self.n_group == 0) == (self.topk_group == 0)
+        assert self.rope in ("all", "none", "windowed")
+        assert self.rope != "windowed" or self.sliding_window
         if self.n_group:
             assert self.num_experts % self.n_group == 0 and self.topk_group <= self.n_group
             assert self.score_func != "topk_softmax"
@@ -328,8 +335,9 @@ class MoEReference(torch.nn.Module):
         if c.qk_norm == "per_head":
             q = rmsnorm(q, P("q_norm"), c.norm_eps)
             k = rmsnorm(k, P("k_norm"), c.norm_eps)
-        q = rope(q, c.rope_theta)
-        k = rope(k, c.rope_theta)
+        if c.rope_on(L):
+            q = rope(q, c.rope_theta)
+            k = rope(k, c.rope_theta)
         o = causal_gqa_attention(q, k, v, c.window(L)).reshape(B, S, c.n_heads * c.head_dim)
         return F.linear(o, P("wo"))
 

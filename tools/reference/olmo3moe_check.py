@@ -52,6 +52,8 @@ def not_expressible(cfg: R.ModelConfig):
         variant.append("expert_weight_scale (no olmo3moe field): folded into experts' down_proj")
     if cfg.n_group > 0:
         why.append("group-limited routing (olmo3moe has no n_group / topk_group)")
+    if cfg.rope == "windowed":
+        why.append("RoPE on windowed layers only (olmo3moe: use_rope for all layers or none)")
     if len({cfg.window(L) for L in range(cfg.n_layers)} - {0}) > 1:
         why.append("several sliding-window sizes (olmo3moe has one sliding_window)")
     if cfg.has_router_bias():
@@ -78,7 +80,7 @@ def hf_config(cfg: R.ModelConfig, seq_len: int):
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
         attention_bias=False, rms_norm_eps=cfg.norm_eps,
         sliding_window=max([cfg.window(L) for L in range(cfg.n_layers)]) or None,
-        use_head_qk_norm=cfg.qk_norm == "per_head",
+        use_head_qk_norm=cfg.qk_norm == "per_head", use_rope=cfg.rope != "none",
         layer_types=["sliding_attention" if cfg.window(L) else "full_attention"
                      for L in range(cfg.n_layers)],
         dense_layers_indices=cfg.dense_layer_set(), dense_layers_use_shared_expert=True,
@@ -152,7 +154,8 @@ def build_hf(cfg, oc_model, seq_len, scale_down=1.0):
     assert m.config._attn_implementation == "sdpa"
     assert m.model.embed_tokens.padding_idx is None
     hd = cfg.head_dim  # float64 inverse frequencies (the config computes them in float32)
-    m.model.rotary_embs.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=F64) / hd))
+    if m.model.rotary_embs is not None:  # use_rope = false: none
+        m.model.rotary_embs.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=F64) / hd))
     state = {k: v.detach() for k, v in oc_model.state_dict().items() if not k.endswith("score_bias")}
     hs = convert_olmo3moe_state_to_hf(hc, state)
     if scale_down != 1.0:

@@ -144,7 +144,8 @@ def build_model(cfg: R.ModelConfig, seq_len: int, lbl_coef=0.0, router_z_coef=0.
     ln = LayerNormConfig(name=LayerNormType.rms, eps=cfg.norm_eps, bias=False)
     att = AttentionConfig(
         n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, bias=False,
-        rope=RoPEConfig(theta=cfg.rope_theta), backend=AttentionBackendName.torch,
+        rope=None if cfg.rope == "none" else RoPEConfig(theta=cfg.rope_theta, no_global_rope=cfg.rope == "windowed"),
+        backend=AttentionBackendName.torch,
         qk_norm=None if cfg.qk_norm == "none" else ln, use_head_qk_norm=cfg.qk_norm == "per_head",
         sliding_window=None if not cfg.sliding_window else SlidingWindowAttentionConfig(
             pattern=[int(v) for v in cfg.sliding_window.split(",")],
@@ -204,6 +205,8 @@ def _fill_rope_cache(model, cfg, S):
     pos = torch.cat((freqs, freqs), dim=-1)
     for blk in model.blocks.values():
         rope = blk.attention.rope
+        if rope is None:  # model.rope = "none", or a full layer under no_global_rope
+            continue
         rope._cache["rope_pos_sin"] = pos.sin()
         rope._cache["rope_pos_cos"] = pos.cos()
 
