@@ -199,6 +199,26 @@ TEST(Config, SlidingWindowsFollowOlmoCore3sPatternAndCutTheAttentionFlops) {
   EXPECT_THROW(parse_config("", {"model.sliding_window_full_last=false"}), Error);  // no window to apply it to
 }
 
+// Every Olmo-core 3 option that changes the FLOP count, together: a dense layer inside the stack
+// (its own width), a shared expert, windows on some layers, per-head QK-norm and the embedding norm
+// (no matmul), counted by hand.
+TEST(Config, AllOptionsFlopCountByHand) {
+  Config c = parse_config("", {"model.n_layers=4", "model.dense_layers=\"2\"", "model.dense_hidden=300",
+                                "model.shared_hidden=64", "model.sliding_window=\"32\"", "model.qk_norm=per_head",
+                                "model.norm_placement=reordered", "model.embedding_norm=true", "model.embed_scale=16",
+                                "model.restore_weight_scale=true", "model.rope=windowed", "train.seq_len=100"});
+  const ModelConfig& m = c.model;
+  const double D = static_cast<double>(m.d_model), hd = static_cast<double>(m.hd());
+  const double q = static_cast<double>(m.n_heads) * hd, kv = static_cast<double>(m.n_kv_heads) * hd;
+  const double attn = 2 * D * q + 2 * D * kv;
+  const double moe = static_cast<double>(m.num_experts) * D + 3.0 * static_cast<double>(m.top_k * m.expert_hidden) * D + 3.0 * 64 * D;
+  const double active = static_cast<double>(m.vocab_size) * D + 4 * attn + 3 * moe + 3.0 * 300 * D;
+  EXPECT_DOUBLE_EQ(static_cast<double>(m.num_active_matmul_params()), active);
+  // Layers 0 and 3 full (forced), 1 and 2 windowed (32 of 100): 2 x 5050 + 2 x (528 + 68 x 32) pairs.
+  const double pairs = 2 * 5050.0 + 2 * (32.0 * 33 / 2 + 68.0 * 32);
+  EXPECT_DOUBLE_EQ(m.train_flops_per_token(100), 6 * active + 12 * static_cast<double>(m.n_heads) * hd * pairs / 100);
+}
+
 // Every number of a config is finite: inf, -inf and nan are refused for every numeric key, in
 // TOML and in --set, naming the key (where "no limit" makes sense, 0 means off).
 TEST(Config, EveryNumericKeyRefusesInfinityAndNan) {
