@@ -83,40 +83,18 @@ Config config_from_hf_json(const std::string& text, std::vector<std::string>* no
   c.score_func = "softmax";
   c.routing = "learned";
   c.router_bias_gamma = 0;
-  auto get_bool = [&](const char* key, bool dflt) {
-    if (!j.contains(key)) return dflt;
-    MOE_CHECK(j[key].is_boolean(), "config.json: '", key, "' = ", j[key].dump(), " (need true or false)");
-    return j[key].get<bool>();
-  };
-  auto get_num = [&](const nlohmann::json& obj, const char* key, double dflt) {
-    if (!obj.contains(key)) return dflt;
-    MOE_CHECK(obj[key].is_number() && obj[key].get<double>() > 0, "config.json: '", key, "' = ", obj[key].dump(),
-              " (need a positive number)");
-    return obj[key].get<double>();
-  };
-  c.norm_topk_prob = get_bool("norm_topk_prob", false);
-  c.tie_embeddings = get_bool("tie_word_embeddings", false);
-  c.norm_eps = get_num(j, "rms_norm_eps", 1e-5);
-  c.rope_theta = get_num(j, "rope_theta", 10000.0);
+  c.norm_topk_prob = hf_json::boolean(j, "norm_topk_prob", false);
+  c.tie_embeddings = hf_json::boolean(j, "tie_word_embeddings", false);
+  c.norm_eps = hf_json::positive_number(j, "rms_norm_eps", 1e-5);
+  c.rope_theta = hf_json::rope_theta(j, 10000.0);
   if (j.contains("initializer_range") && j["initializer_range"].is_number())
     c.init_std = j["initializer_range"].get<double>();
-  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
-    const auto& rp = j["rope_parameters"];
-    MOE_CHECK(rp.is_object(), "config.json: rope_parameters is not an object");
-    for (auto& [k, v] : rp.items()) {
-      MOE_CHECK(k == "rope_theta" || k == "rope_type", "config.json: unsupported rope_parameters field '", k,
-                "' = ", v.dump(), " (only default RoPE)");
-      if (k == "rope_type")
-        MOE_CHECK(v == "default", "config.json: rope_parameters.rope_type ", v.dump(), " (only \"default\" RoPE)");
-    }
-    c.rope_theta = get_num(rp, "rope_theta", c.rope_theta);
-  }
   if (j.contains("rope_scaling"))
     MOE_CHECK(j["rope_scaling"].is_null(), "config.json: rope_scaling ", j["rope_scaling"].dump(),
               " (only unscaled default RoPE)");
   if (j.contains("hidden_act"))
     MOE_CHECK(j["hidden_act"] == "silu", "config.json: hidden_act ", j["hidden_act"].dump(), " (only \"silu\")");
-  MOE_CHECK(get_bool("attention_bias", false) == false, "config.json: attention_bias = true (moecore has no biases)");
+  MOE_CHECK(hf_json::boolean(j, "attention_bias", false) == false, "config.json: attention_bias = true (moecore has no biases)");
   if (j.contains("attention_dropout"))
     MOE_CHECK(j["attention_dropout"].is_number() && j["attention_dropout"].get<double>() == 0.0,
               "config.json: attention_dropout ", j["attention_dropout"].dump(), " (only 0)");
@@ -135,15 +113,7 @@ Config config_from_hf_json(const std::string& text, std::vector<std::string>* no
   full.data.bos_id = token_id("bos_token_id");
   if (j.contains("max_position_embeddings") && !j["max_position_embeddings"].is_null())
     c.max_position_embeddings = need_int(j, "max_position_embeddings");
-  // pad == eos (common for models without a pad token): a pad id equal to the end-of-text id
-  // would unlabel every document end and freeze its embedding, so only the eos id is kept.
-  if (c.pad_id >= 0 && c.pad_id == full.data.eos_id) {
-    if (notes)
-      notes->push_back("pad_token_id = eos_token_id = " + std::to_string(c.pad_id) +
-                       ": kept as data.eos_id only (a pad id equal to the end-of-text id would unlabel every "
-                       "document end); model.pad_id = -1");
-    c.pad_id = -1;
-  }
+  c.pad_id = hf_json::pad_unless_eos(c.pad_id, full.data.eos_id, notes);
   try {
     c.validate();
   } catch (const std::exception& e) {

@@ -210,18 +210,7 @@ Config config_from_olmo3moe(const nlohmann::json& j, std::vector<std::string>* n
   }
   c.restore_weight_scale = H::boolean(j, "restore_weight_scale", true);
   c.norm_eps = H::positive_number(j, "rms_norm_eps", 1e-5);
-  c.rope_theta = H::positive_number(j, "rope_theta", 10000.0);
-  if (H::present(j, "rope_parameters")) {
-    const auto& rp = j["rope_parameters"];
-    MOE_CHECK(rp.is_object(), "config.json: rope_parameters is not an object");
-    for (auto& [k, v] : rp.items()) {
-      MOE_CHECK(k == "rope_theta" || k == "rope_type", "config.json: unsupported rope_parameters field '", k,
-                "' = ", v.dump(), " (only default RoPE)");
-      if (k == "rope_type")
-        MOE_CHECK(v == "default", "config.json: rope_parameters.rope_type ", v.dump(), " (only \"default\" RoPE)");
-    }
-    c.rope_theta = H::positive_number(rp, "rope_theta", c.rope_theta);
-  }
+  c.rope_theta = H::rope_theta(j, 10000.0);
   if (j.contains("initializer_range") && j["initializer_range"].is_number()) c.init_std = j["initializer_range"].get<double>();
   c.tie_embeddings = H::boolean(j, "tie_word_embeddings", false);
   c.norm_placement = H::boolean(j, "use_peri_ln", false) ? "peri" : "reordered";
@@ -275,13 +264,7 @@ Config config_from_olmo3moe(const nlohmann::json& j, std::vector<std::string>* n
   full.data.eos_id = H::token_id(j, "eos_token_id", c.vocab_size, kDefaultEos < c.vocab_size ? kDefaultEos : -1);
   full.data.bos_id = H::token_id(j, "bos_token_id", c.vocab_size);
   c.max_position_embeddings = H::positive_int(j, "max_position_embeddings", 2048);
-  if (c.pad_id >= 0 && c.pad_id == full.data.eos_id) {
-    if (notes)
-      notes->push_back("pad_token_id = eos_token_id = " + std::to_string(c.pad_id) +
-                       ": kept as data.eos_id only (a pad id equal to the end-of-text id would unlabel every "
-                       "document end); model.pad_id = -1");
-    c.pad_id = -1;
-  }
+  c.pad_id = H::pad_unless_eos(c.pad_id, full.data.eos_id, notes);
   if (notes && H::boolean(j, "global_load_balancing", false))
     notes->push_back("global_load_balancing = true: a training setting, not part of the weights' function; train "
                      "with --set loss.lbl_granularity=global to balance over the data-parallel group as it did");

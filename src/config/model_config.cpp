@@ -11,32 +11,10 @@
 
 namespace moe {
 namespace {
-// model.dense_layers as indices (checked: integers in [0, n_layers), increasing).
-std::vector<int64_t> parse_dense_layers(const std::string& text, int64_t n_layers) {
-  std::vector<int64_t> out;
-  size_t at = 0;
-  while (at < text.size()) {
-    size_t end = text.find(',', at);
-    if (end == std::string::npos) end = text.size();
-    std::string item = text.substr(at, end - at);
-    item.erase(0, item.find_first_not_of(' '));
-    item.erase(item.find_last_not_of(' ') + 1);
-    char* stop = nullptr;
-    const long long v = item.empty() ? -1 : std::strtoll(item.c_str(), &stop, 10);
-    MOE_CHECK(!item.empty() && stop && *stop == '\0', "model.dense_layers = \"", text,
-              "\": '", item, "' is not a layer index (write indices separated by commas, e.g. \"0,3\")");
-    MOE_CHECK(v >= 0 && v < n_layers, "model.dense_layers = \"", text, "\": layer ", v,
-              " is outside [0, model.n_layers = ", n_layers, ")");
-    MOE_CHECK(out.empty() || v > out.back(), "model.dense_layers = \"", text,
-              "\": indices must increase (each layer once)");
-    out.push_back(v);
-    at = end + 1;
-  }
-  return out;
-}
-
-// model.sliding_window as window sizes (checked: integers > 0 or -1, at least one).
-std::vector<int64_t> parse_window_pattern(const std::string& text) {
+// The integers of a comma-separated list ("0,3"); `key` and `example` name them in errors, each
+// value must satisfy ok (described by `want`).
+template <class Ok>
+std::vector<int64_t> parse_int_list(const std::string& text, const char* key, const char* want, const char* example, Ok ok) {
   std::vector<int64_t> out;
   size_t at = 0;
   while (at < text.size()) {
@@ -47,12 +25,30 @@ std::vector<int64_t> parse_window_pattern(const std::string& text) {
     item.erase(item.find_last_not_of(' ') + 1);
     char* stop = nullptr;
     const long long v = item.empty() ? 0 : std::strtoll(item.c_str(), &stop, 10);
-    MOE_CHECK(!item.empty() && stop && *stop == '\0' && (v > 0 || v == -1), "model.sliding_window = \"", text,
-              "\": '", item, "' is not a window (write sizes > 0 or -1 for full, e.g. \"4096,4096,4096,-1\")");
+    MOE_CHECK(!item.empty() && stop && *stop == '\0' && ok(v), key, " = \"", text, "\": '", item, "' is not ", want,
+              " (e.g. \"", example, "\")");
     out.push_back(v);
     at = end + 1;
   }
   return out;
+}
+
+// model.dense_layers as indices (checked: integers in [0, n_layers), increasing).
+std::vector<int64_t> parse_dense_layers(const std::string& text, int64_t n_layers) {
+  const std::vector<int64_t> out =
+      parse_int_list(text, "model.dense_layers", "a layer index", "0,3", [](long long) { return true; });
+  for (size_t i = 0; i < out.size(); ++i) {
+    MOE_CHECK(out[i] >= 0 && out[i] < n_layers, "model.dense_layers = \"", text, "\": layer ", out[i],
+              " is outside [0, model.n_layers = ", n_layers, ")");
+    MOE_CHECK(i == 0 || out[i] > out[i - 1], "model.dense_layers = \"", text, "\": indices must increase (each layer once)");
+  }
+  return out;
+}
+
+// model.sliding_window as window sizes (checked: integers > 0 or -1).
+std::vector<int64_t> parse_window_pattern(const std::string& text) {
+  return parse_int_list(text, "model.sliding_window", "a window (a size > 0, or -1 for full)", "4096,4096,4096,-1",
+                        [](long long v) { return v > 0 || v == -1; });
 }
 }  // namespace
 

@@ -899,13 +899,13 @@ def main():
     plain_vs_hf, _ = hf_vs_plain(fx0, P0, ids0, labels0)
     print("plain vs HF (olmoe_pre):", json.dumps(plain_vs_hf, indent=1))
     shared = dict(plain_vs_hf=plain_vs_hf)
-    todo = [n for n in FIXTURES if not args.only or n in args.only]
-    if any(FIXTURES[n]["source"] == "olmo_core3" for n in todo):
+    chosen = [n for n in FIXTURES if not args.only or n in args.only]
+    if any(FIXTURES[n]["source"] == "olmo_core3" for n in chosen):
         shared["plain_vs_oc3_olmo3_peri"] = oc3_vs_plain_olmo3_peri()
         print("plain vs Olmo-core 3 (olmo3_peri):", json.dumps(shared["plain_vs_oc3_olmo3_peri"]))
 
     total = dict(legacy=0, olmo_core3=0)
-    for name in todo:
+    for name in chosen:
         fx = FIXTURES[name]
         T, meta, checks = build_fixture(name, fx, shared)
         group = "olmo_core3" if fx["source"] == "olmo_core3" else "legacy"

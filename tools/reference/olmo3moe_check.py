@@ -43,7 +43,7 @@ def not_expressible(cfg: R.ModelConfig):
     if cfg.score_func not in ("softmax", "sigmoid"):
         why.append(f"gating {cfg.score_func} (olmo3moe: softmax | sigmoid)")
     if cfg.score_func == "sigmoid" and cfg.sigmoid_eps != 1e-7:
-        why.append("sigmoid eps != 1e-7 (hard-coded in olmo3moe)")
+        why.append("sigmoid eps != 1e-7 (olmo3moe adds exactly 1e-7)")
     if cfg.qk_norm == "none":
         why.append("qk_norm none (olmo3moe always has q/k norms)")
     if cfg.shared_merge != "sum":
