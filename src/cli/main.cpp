@@ -53,7 +53,7 @@ struct Args {
   bool resume = false, kernels = false, json = false;
   std::string layout, cluster, overlap_ep;
   bool sweep = false, calibrate = false, power_capped = false;
-  int64_t ranks_per_node = 0, plan_step = 1, interleave = 1;
+  int64_t ranks_per_node = 0, plan_step = 1, interleave = 0;
   int64_t warmup = 3, bench_steps = 10;
   int64_t batches = 0, max_tokens = 200, top_k = 40;
   double temperature = 0.8;
@@ -108,7 +108,7 @@ struct CommandLine {
     plan->add_option("--overlap-ep", a.overlap_ep, "expert exchange overlapped with compute (not in the trainer): "
                      "hidden fraction and grouped-GEMM slowdown, e.g. 0.72,0.25")->type_name("HIDDEN,SLOWDOWN");
     plan->add_option("--interleave", a.interleave, "model chunks per pipeline stage: the interleaved 1F1B schedule "
-                     "(not in the trainer; timing only)")->check(CLI::PositiveNumber)->capture_default_str();
+                     "(sets parallel.pp_interleave)")->check(CLI::PositiveNumber);
     plan->add_flag("--power-capped", a.power_capped, "GEMMs at the device's power-capped rate (where the cluster file gives one)");
     plan->add_flag("--json", a.json, "JSON for scripts (every number at full precision)");
 
@@ -289,7 +289,7 @@ int run(int argc, char** argv) {
     r.ranks_per_node = a.ranks_per_node;
     r.step = a.plan_step;
     r.sweep = a.sweep;
-    r.time.interleave = a.interleave;
+    r.interleave = a.interleave;
     r.time.power_capped = a.power_capped;
     if (!a.overlap_ep.empty()) {
       const size_t comma = a.overlap_ep.find(',');

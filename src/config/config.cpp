@@ -183,7 +183,10 @@ const std::vector<Field>& fields() {
         "expert parallelism: rows each rank's experts keep per MoE layer = ceil(cf x top_k x local tokens), the tail dropped (0 = dropless)");
     add("parallel", "ep_transport", P(ep_transport), 0, 0, {"p2p", "padded"},
         "expert parallelism: p2p (messages sized by the plan, one host read of the counts per plan) or padded (fixed slabs per peer, no host read; sends (ep - 1) whole slabs)");
-    add("parallel", "stage_layers", P(stage_layers), 0, 0, {}, "layers per pipeline stage, comma-separated (\"\" = balanced)");
+    add("parallel", "pp_interleave", P(pp_interleave), 1, 64, {},
+        "interleaved 1F1B: model chunks per pipeline stage (1 = plain 1F1B; micro-batches per step a multiple of pp)");
+    add("parallel", "stage_layers", P(stage_layers), 0, 0, {},
+        "layers per pipeline stage, comma-separated (\"\" = balanced); with pp_interleave, per chunk: pp x pp_interleave counts");
     add("parallel", "communicator", P(communicator), 0, 0, {"mpi", "nccl"},
         "what carries tensors between ranks (nccl: device buffers, needs train.backend = \"cuda\")");
 #undef P
@@ -580,7 +583,14 @@ void Config::validate() const {
             "after the backward)");
   // The world size is only known at launch (checked there, src/parallel/layout.h).
   validate_layout(layout_from_config(parallel), -1, model.num_experts, model.n_layers);
-  configured_stage_layers(parallel, model.n_layers, 0);  // throws naming a bad parallel.stage_layers
+  configured_stage_chunks(parallel, model.n_layers, 0);  // throws naming a bad parallel.stage_layers
+  if (parallel.pp_interleave > 1) {
+    MOE_CHECK(parallel.pp > 1, "parallel.pp_interleave = ", parallel.pp_interleave, " needs parallel.pp > 1");
+    const int64_t micro = train.batch_size / (train.micro_batch_size * parallel.dp);
+    MOE_CHECK(micro % parallel.pp == 0, "parallel.pp_interleave = ", parallel.pp_interleave, " needs the ", micro,
+              " micro-batches per step and rank (train.batch_size / (train.micro_batch_size x parallel.dp)) to be a "
+              "multiple of parallel.pp = ", parallel.pp, " (the interleaved schedule takes them in groups of pp)");
+  }
 }
 
 }  // namespace moe

@@ -224,6 +224,10 @@ struct ParallelConfig {
   int64_t dp = 1;  // data-parallel replicas per pipeline stage
   int64_t ep = 1;  // expert-parallel group size (divides dp and num_experts)
   int64_t pp = 1;  // pipeline stages (at most n_layers)
+  // Interleaved 1F1B (Megatron's virtual stages, Olmo-core 3's production schedule): model chunks
+  // per pipeline stage; the layers form pp x pp_interleave chunks, stage s holding chunks s,
+  // s + pp, ... (train/pipeline_schedule.h). 1 = plain 1F1B.
+  int64_t pp_interleave = 1;
   bool zero1 = false;  // shard Adam moments over dp (dense) and edp (experts)
   bool overlap_grad_reduce = false;  // DDP: per-layer all-reduce started during the backward
   // Expert parallelism: each receiving rank keeps at most ceil(cf * top_k * tokens per rank)
@@ -242,9 +246,10 @@ struct ParallelConfig {
 };
 
 inline Layout layout_from_config(const ParallelConfig& c) { return Layout{c.dp, c.ep, c.pp}; }
-// Layers [begin, end) of pipeline stage `stage` under parallel.pp and parallel.stage_layers.
-inline std::pair<int64_t, int64_t> configured_stage_layers(const ParallelConfig& c, int64_t n_layers, int64_t stage) {
-  return stage_layers_from_counts(c.stage_layers, c.pp, n_layers, stage);
+// The layer chunks of pipeline stage `stage` under parallel.pp, pp_interleave and stage_layers
+// (one chunk without interleaving).
+inline std::vector<LayerRange> configured_stage_chunks(const ParallelConfig& c, int64_t n_layers, int64_t stage) {
+  return stage_chunks(c.stage_layers, c.pp, c.pp_interleave, n_layers, stage);
 }
 
 // Where train.precision = "mxfp8" quantizes (core/mxfp8.h; as Olmo-core 3's switches). Everything

@@ -222,45 +222,57 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
 }  // namespace
 
 ActivationPlan::ActivationPlan(const ModelConfig& c, const Dims& d, const StagePlan& stage, Allocator* memory)
-    : stage_(stage), head_chunk_(lm_head_chunk_rows(c.vocab_size, d.T)) {
-  MOE_CHECK(stage.slots >= 1, "activation slots = ", stage.slots, " must be at least 1");
+    : recompute_(stage.recompute), head_chunk_(lm_head_chunk_rows(c.vocab_size, d.T)) {
+  chunks_ = stage.chunks;
+  const std::vector<int64_t>& chunk_slots = stage.chunk_slots;
+  MOE_CHECK(!chunks_.empty() && chunk_slots.size() == chunks_.size(), "activation plan: ", chunk_slots.size(),
+            " slot counts for ", chunks_.size(), " chunks");
+  for (const int64_t n : chunk_slots) MOE_CHECK(n >= 1, "activation slots = ", n, " must be at least 1");
   const ModelChoices choice = model_choices(c);
-  const int64_t n_local = stage.layer_end - stage.layer_begin;
   // The stage's layer kinds, and one layer of each (dense layers may sit anywhere).
   int64_t a_moe = -1, a_dense = -1;
-  for (int64_t l = stage.layer_begin; l < stage.layer_end; ++l) (c.is_moe_layer(l) ? a_moe : a_dense) = l;
+  for (const LayerRange& r : chunks_)
+    for (int64_t l = r.begin; l < r.end; ++l) (c.is_moe_layer(l) ? a_moe : a_dense) = l;
   const bool stage_moe = a_moe >= 0, stage_dense = a_dense >= 0;
-  const auto slots = static_cast<size_t>(stage.slots);
+  const size_t n_chunks = chunks_.size();
   // Plan twice with memory: measure, then carve the same tensors, in the same order, out of
   // one arena. Measure mode stops after the first pass.
   for (int pass = 0; pass < (memory ? 2 : 1); ++pass) {
     ArenaPlan alloc{pass == 0 ? nullptr : &arena_};
-    resid_.assign(slots, std::vector<Tensor>(static_cast<size_t>(n_local + 1)));
-    for (auto& slot : resid_)
-      for (auto& r : slot) r = alloc(d.cdt, {d.T, c.d_model});
+    resid_.assign(n_chunks, {});
+    for (size_t k = 0; k < n_chunks; ++k) {
+      const auto n_local = static_cast<size_t>(chunks_[k].end - chunks_[k].begin);
+      resid_[k].assign(static_cast<size_t>(chunk_slots[k]), std::vector<Tensor>(n_local + 1));
+      for (auto& slot : resid_[k])
+        for (auto& r : slot) r = alloc(d.cdt, {d.T, c.d_model});
+    }
     const size_t resid_bytes = alloc.bytes;
     if (stage.recompute) {
       // The single shared LayerActs must fit the stage's largest layer kind.
-      acts_.assign(1, std::vector<LayerActs>(1));
-      plan_layer(alloc, c, choice, d, stage_moe ? a_moe : a_dense, acts_[0][0]);
+      acts_.assign(1, std::vector<std::vector<LayerActs>>(1, std::vector<LayerActs>(1)));
+      plan_layer(alloc, c, choice, d, stage_moe ? a_moe : a_dense, acts_[0][0][0]);
       // Dense layers reuse the MoE-shaped activations; their (T, dense_width) buffers come extra.
       recompute_dense_ = LayerActs();
       if (stage_moe && stage_dense) plan_layer(alloc, c, choice, d, a_dense, recompute_dense_);
     } else {
-      acts_.assign(slots, std::vector<LayerActs>(static_cast<size_t>(n_local)));
-      for (auto& slot : acts_)
-        for (int64_t l = stage.layer_begin; l < stage.layer_end; ++l)
-          plan_layer(alloc, c, choice, d, l, slot[static_cast<size_t>(l - stage.layer_begin)]);
+      acts_.assign(n_chunks, {});
+      for (size_t k = 0; k < n_chunks; ++k) {
+        const LayerRange r = chunks_[k];
+        acts_[k].assign(static_cast<size_t>(chunk_slots[k]), std::vector<LayerActs>(static_cast<size_t>(r.end - r.begin)));
+        for (auto& slot : acts_[k])
+          for (int64_t l = r.begin; l < r.end; ++l) plan_layer(alloc, c, choice, d, l, slot[static_cast<size_t>(l - r.begin)]);
+      }
     }
     layer_bytes_ = alloc.bytes - resid_bytes;
     saved_bytes_ = alloc.tensor_bytes;
     plan_scratch(alloc, c, d, head_chunk_, scratch_);
-    embed_.assign(stage.layer_begin == 0 && c.embedding_norm ? slots : 0, EmbedActs());
+    embed_.assign(chunks_.front().begin == 0 && c.embedding_norm ? static_cast<size_t>(chunk_slots.front()) : 0,
+                  EmbedActs());
     for (EmbedActs& e : embed_) {
       e.x0 = alloc(d.cdt, {d.T, c.d_model});
       e.rstd = alloc(d.cdt, {d.T});
     }
-    if (stage.layer_end == c.n_layers) {
+    if (chunks_.back().end == c.n_layers) {
       final_norm_.rstd = alloc(d.cdt, {d.T});
       final_norm_.out_act = alloc(d.adt, {d.T, c.d_model});
     }

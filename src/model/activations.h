@@ -14,6 +14,7 @@
 // share one LayerActs and only the residual stream is kept per layer.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
@@ -196,9 +197,15 @@ struct Scratch {
 };
 
 // What one plan covers: a pipeline stage's layers and its in-flight micro-batches.
+// slots: micro-batches whose saved activations the stage holds at once (1F1B); with interleaved
+// pipelining, per chunk of the stage's layers.
 struct StagePlan {
-  int64_t layer_begin = 0, layer_end = 0;
-  int64_t slots = 1;  // micro-batches whose saved activations the stage holds at once (1F1B)
+  StagePlan(int64_t layer_begin, int64_t layer_end, int64_t slots, bool recompute_)
+      : chunks{{layer_begin, layer_end}}, chunk_slots{slots}, recompute(recompute_) {}
+  StagePlan(std::vector<LayerRange> chunks_, std::vector<int64_t> chunk_slots_, bool recompute_)
+      : chunks(std::move(chunks_)), chunk_slots(std::move(chunk_slots_)), recompute(recompute_) {}
+  std::vector<LayerRange> chunks;
+  std::vector<int64_t> chunk_slots;
   bool recompute = false;
 };
 
@@ -213,17 +220,26 @@ class ActivationPlan {
   uint64_t bytes() const { return bytes_; }                    // the arena, padding included
   uint64_t saved_tensor_bytes() const { return saved_bytes_; }  // kept for backward: residual + layers
   uint64_t layer_bytes() const { return layer_bytes_; }         // the arena bytes of the layers' activations
-  int64_t slots() const { return static_cast<int64_t>(resid_.size()); }
+  int64_t chunks() const { return static_cast<int64_t>(chunks_.size()); }
+  int64_t slots(int64_t chunk) const { return static_cast<int64_t>(resid_[static_cast<size_t>(chunk)].size()); }
   int64_t head_chunk() const { return head_chunk_; }
-  // (T,D) the residual stream into stage layer l of a slot; l = layer_end: after the last layer.
+  // (T,D) the residual stream into layer l of a slot (l = a chunk's end: after its last layer).
+  // The chunk is l's: chunks are apart, so each l names one.
   const Tensor& resid(int64_t slot, int64_t l) const {
-    return resid_[static_cast<size_t>(slot)][static_cast<size_t>(l - stage_.layer_begin)];
+    const size_t c = chunk_at(l);
+    return resid_[c][static_cast<size_t>(slot)][static_cast<size_t>(l - chunks_[c].begin)];
   }
-  const Tensor& stage_input(int64_t slot) const { return resid_[static_cast<size_t>(slot)].front(); }
-  const Tensor& stage_output(int64_t slot) const { return resid_[static_cast<size_t>(slot)].back(); }
+  const Tensor& stage_input(int64_t chunk, int64_t slot) const {
+    return resid_[static_cast<size_t>(chunk)][static_cast<size_t>(slot)].front();
+  }
+  const Tensor& stage_output(int64_t chunk, int64_t slot) const {
+    return resid_[static_cast<size_t>(chunk)][static_cast<size_t>(slot)].back();
+  }
   // Saved activations of layer l in a slot (with recompute: the one shared set).
   LayerActs& layer(int64_t slot, int64_t l) {
-    return stage_.recompute ? acts_[0][0] : acts_[static_cast<size_t>(slot)][static_cast<size_t>(l - stage_.layer_begin)];
+    if (recompute_) return acts_[0][0][0];
+    const size_t c = chunk_at(l);
+    return acts_[c][static_cast<size_t>(slot)][static_cast<size_t>(l - chunks_[c].begin)];
   }
   // A dense layer's FFN activations (with recompute in a stage of both kinds: their own buffers).
   FfnActs& dense_ffn(int64_t slot, int64_t l) { return recompute_dense_.x_mid.data ? recompute_dense_.ffn : layer(slot, l).ffn; }
@@ -233,14 +249,20 @@ class ActivationPlan {
   const EmbedActs& embed(int64_t slot) const { return embed_[static_cast<size_t>(slot)]; }
 
  private:
-  StagePlan stage_;
+  size_t chunk_at(int64_t l) const {
+    size_t c = 0;
+    while (c + 1 < chunks_.size() && l > chunks_[c].end) ++c;
+    return c;
+  }
+  std::vector<LayerRange> chunks_;
+  bool recompute_ = false;
   int64_t head_chunk_ = 0;
   Arena arena_;
   uint64_t bytes_ = 0, saved_bytes_ = 0, layer_bytes_ = 0;
-  std::vector<std::vector<Tensor>> resid_;     // [slot][stage layer, and after the last]
-  std::vector<std::vector<LayerActs>> acts_;   // [slot][stage layer]; recompute: one, [0][0]
+  std::vector<std::vector<std::vector<Tensor>>> resid_;    // [chunk][slot][chunk layer, and after the last]
+  std::vector<std::vector<std::vector<LayerActs>>> acts_;  // [chunk][slot][chunk layer]; recompute: one
   LayerActs recompute_dense_;  // recompute in a stage with dense and MoE layers: dense FFN buffers
-  std::vector<EmbedActs> embed_;  // [slot], model.embedding_norm on the first stage
+  std::vector<EmbedActs> embed_;  // [slot of chunk 0], model.embedding_norm on the first stage
   Scratch scratch_;
   FinalNormActs final_norm_;
 };

@@ -25,12 +25,21 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
                                      bool recompute, int64_t layer_begin, int64_t layer_end, int64_t slots,
                                      int64_t ep, double capacity_factor, int64_t zero1_dp, bool padded_exchange,
                                      const MxMode& mx) {
+  return estimate_stage_memory(c, micro_batch, seq_len, bf16, StagePlan(layer_begin, layer_end, slots, recompute),
+                               ep, capacity_factor, zero1_dp, padded_exchange, mx);
+}
+
+MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
+                                     const StagePlan& stage, int64_t ep, double capacity_factor, int64_t zero1_dp,
+                                     bool padded_exchange, const MxMode& mx) {
   MemoryEstimate m;
   ModelShard shard;
-  shard.layer_begin = layer_begin;
-  shard.layer_end = layer_end;
+  shard.chunks = stage.chunks;
   shard.num_local_experts = c.num_experts / ep;
-  const bool whole = layer_begin == 0 && layer_end == c.n_layers && ep == 1;
+  const bool whole = stage.chunks.size() == 1 && stage.chunks[0].begin == 0 && stage.chunks[0].end == c.n_layers && ep == 1;
+  int64_t held_layers = 0, most_slots = 0;
+  for (const LayerRange& r : stage.chunks) held_layers += r.end - r.begin;
+  for (const int64_t n : stage.chunk_slots) most_slots = std::max(most_slots, n);
   // A shard's parameters: its layers, its 1/ep of the experts (padding included).
   const ParamLayout held(c, shard, zero1_dp, std::max<int64_t>(zero1_dp / ep, 1));
   const double N = static_cast<double>(whole && zero1_dp == 1 ? c.num_params() : held.total());
@@ -49,7 +58,7 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   const double H = static_cast<double>(c.n_heads), G = static_cast<double>(c.n_kv_heads), hd = static_cast<double>(c.hd());
   const double Ha = H * hd, Ga = G * hd;
   const Dims dims = model_dims(c, micro_batch, seq_len, DType::kF32, bf16, ep, capacity_factor, padded_exchange, mx);
-  const ActivationPlan plan(c, dims, StagePlan{layer_begin, layer_end, slots, recompute}, nullptr);
+  const ActivationPlan plan(c, dims, stage, nullptr);
   m.activations = static_cast<double>(plan.bytes());
   // Per layer per token: one MoE layer (a dense one if the model has none), as its own plan.
   const int64_t widest = c.num_moe_layers() > 0 ? c.moe_layer(0) : 0;
@@ -59,23 +68,24 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   // Outside the arena (train/pipeline.cpp, model/transformer.cpp, model/step_stats.cpp).
   const double D = static_cast<double>(c.d_model), nm = static_cast<double>(c.num_moe_layers());
   const double E = static_cast<double>(c.num_experts), cdt = 4;
-  if (layer_begin > 0) m.comm_buffers += static_cast<double>(slots) * T * D * cdt;
+  for (size_t k = 0; k < stage.chunks.size(); ++k)  // a chunk after the model's start: its gradient copies
+    if (stage.chunks[k].begin > 0) m.comm_buffers += static_cast<double>(stage.chunk_slots[k]) * T * D * cdt;
   if (ep > 1)
-    m.comm_buffers += 4 * (static_cast<double>(slots) * nm * static_cast<double>(exchange_plan_words(ep, c.num_experts)) +
+    m.comm_buffers += 4 * (static_cast<double>(most_slots) * nm * static_cast<double>(exchange_plan_words(ep, c.num_experts)) +
                            nm * static_cast<double>(4 + ep));
   const double P = static_cast<double>(ParamLayout(c).num_global_params());
   m.step_stats = 8 * (2 + 2 * nm + static_cast<double>(kCtlSize) + P) + nm * E * (cdt + 4) + (ep > 1 ? 4 * nm * static_cast<double>(4 + ep) : 0);
   int64_t local_moe = 0;
-  for (int64_t l = layer_begin; l < layer_end; ++l) local_moe += c.is_moe_layer(l) ? 1 : 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) local_moe += shard.holds_layer(l) && c.is_moe_layer(l) ? 1 : 0;
   if (mx.experts && nm > 0) {
     m.mx_caches = static_cast<double>(local_moe * mx_expert_cache_bytes(c, c.num_experts / ep));
     m.step_stats += 2 * 8 * 8 * nm;  // the quantization statistics: the record's and the model's
   }
-  if (mx.attention) m.mx_caches += static_cast<double>((layer_end - layer_begin) * mx_attention_cache_bytes(c));
+  if (mx.attention) m.mx_caches += static_cast<double>(held_layers * mx_attention_cache_bytes(c));
   // bf16 mode: the attention kernel packs q, k, v and dO once per op (kernels/cpu/attention_bf16.h:
   // a bf16 copy, 64 bytes of alignment, and pair rows of ceil(S/2) positions; grow-only per slot,
   // so two slots of q's size and two of k's).
-  if (bf16 && c.hd() % 2 == 0 && layer_end > layer_begin) {
+  if (bf16 && c.hd() % 2 == 0 && held_layers > 0) {
     const double Bm = static_cast<double>(micro_batch), Sp = static_cast<double>((seq_len + 1) / 2);
     auto pack = [&](double row) { return 2 * T * row + 64 + 4 * Bm * Sp * row; };
     m.kernel_scratch = 2 * pack(Ha) + 2 * pack(Ga);
@@ -84,7 +94,7 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   // the widest row operand, experts (Rx, max(D,F)) or attention (T, max(D,H*hd)), and the widest
   // weight, one layer's local experts (El, F, D) or a projection (max(H,G)*hd, D).
   const bool mx_experts = mx.experts && local_moe > 0;
-  if ((mx_experts || mx.attention) && layer_end > layer_begin) {
+  if ((mx_experts || mx.attention) && held_layers > 0) {
     const double F = static_cast<double>(c.expert_hidden);
     double rows = 0, weight = 0;
     if (mx_experts) {
@@ -103,12 +113,12 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
 MemoryEstimate estimate_stage_memory(const Config& config, int64_t stage) {
   const ParallelConfig& pc = config.parallel;
   const int64_t pp = pc.pp, zero1_dp = pc.zero1 ? pc.dp : 1;
-  // 1F1B activation slots: min(pp - stage, micro-batches).
+  // 1F1B activation slots: min(pp - stage, micro-batches); interleaved: per chunk, from its schedule.
   const int64_t micro = config.train.batch_size / (config.train.micro_batch_size * pc.dp);
-  const auto [begin, end] = configured_stage_layers(pc, config.model.n_layers, stage);
+  const StagePlan plan(configured_stage_chunks(pc, config.model.n_layers, stage),
+                       stage_chunk_slots(pp, stage, micro, pc.pp_interleave), config.train.recompute);
   MemoryEstimate m = estimate_stage_memory(config.model, config.train.micro_batch_size, config.train.seq_len,
-                                           config.train.precision != "fp32", config.train.recompute, begin, end,
-                                           pipeline_slots(pp, stage, micro), pc.ep, pc.ep_capacity_factor,
+                                           config.train.precision != "fp32", plan, pc.ep, pc.ep_capacity_factor,
                                            zero1_dp, pc.ep_transport == "padded", mx_mode(config));
   if (config.train.backend == "cuda") {
     // The cpu attention's packing is not made on the GPU; the cuda backend's buffers are.

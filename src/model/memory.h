@@ -55,6 +55,11 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
                                      bool recompute, int64_t layer_begin, int64_t layer_end, int64_t slots,
                                      int64_t ep = 1, double capacity_factor = 0, int64_t zero1_dp = 1,
                                      bool padded_exchange = false, const MxMode& mx = {});
+// The same for a stage given as its layer chunks and their slots (interleaved pipelining;
+// stage.recompute applies).
+MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,
+                                     const StagePlan& stage, int64_t ep = 1, double capacity_factor = 0,
+                                     int64_t zero1_dp = 1, bool padded_exchange = false, const MxMode& mx = {});
 // Human-readable lines ("# memory ..."), bytes and GiB.
 std::string format_memory(const MemoryEstimate& m);
 

@@ -77,15 +77,16 @@ ModelState::ModelState(const ModelConfig& config, const ModelShard& shard, int64
     const ModelShard& held = layout_.shard();  // -1s resolved
     const int64_t El = held.num_local_experts;
     int64_t moe_layers = 0;
-    for (int64_t l = held.layer_begin; l < held.layer_end; ++l) moe_layers += cfg_.is_moe_layer(l) ? 1 : 0;
+    for (int64_t l = 0; l < cfg_.n_layers; ++l) moe_layers += held.holds_layer(l) && cfg_.is_moe_layer(l) ? 1 : 0;
     const int64_t bytes = (mx_experts ? moe_layers * mx_expert_cache_bytes(cfg_, El) : 0) +
-                          (mx_attention ? (held.layer_end - held.layer_begin) * mx_attention_cache_bytes(cfg_) : 0);
+                          (mx_attention ? held.held_layers() * mx_attention_cache_bytes(cfg_) : 0);
     const AllocationScope mx_scope("MXFP8 weight caches");
     mx_mem_ = Buffer(ops, static_cast<size_t>(std::max<int64_t>(1, bytes)));
     char* at = static_cast<char*>(mx_mem_.data());
     if (mx_experts) mx_.resize(static_cast<size_t>(cfg_.n_layers));
     if (mx_attention) mx_attn_.resize(static_cast<size_t>(cfg_.n_layers));
-    for (int64_t l = held.layer_begin; l < held.layer_end; ++l) {
+    for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+      if (!held.holds_layer(l)) continue;
       if (mx_experts && cfg_.is_moe_layer(l))
         mx_[static_cast<size_t>(l)] = carve_mx(at, ops.device(), El, cfg_.expert_hidden, cfg_.d_model);
       if (mx_attention) mx_attn_[static_cast<size_t>(l)] = carve_mx_attention(at, ops.device(), cfg_);

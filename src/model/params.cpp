@@ -2,16 +2,38 @@
 
 namespace moe {
 
+bool ModelShard::holds_layer(int64_t l) const {
+  if (chunks.empty()) return l >= layer_begin && l < layer_end;
+  for (const LayerRange& r : chunks)
+    if (l >= r.begin && l < r.end) return true;
+  return false;
+}
+
+int64_t ModelShard::held_layers() const {
+  int64_t n = 0;
+  for (const LayerRange& r : chunks) n += r.end - r.begin;
+  return n;
+}
+
 ModelShard ModelShard::resolved(const ModelConfig& c) const {
   ModelShard s = *this;
-  if (s.layer_end < 0) s.layer_end = c.n_layers;
+  if (s.chunks.empty()) {
+    if (s.layer_end < 0) s.layer_end = c.n_layers;
+    s.chunks = {LayerRange{s.layer_begin, s.layer_end}};
+  }
   if (s.num_local_experts < 0) s.num_local_experts = c.num_experts - s.expert_begin;
-  MOE_CHECK(s.layer_begin >= 0 && s.layer_begin < s.layer_end && s.layer_end <= c.n_layers, "model shard: layers [",
-            s.layer_begin, ", ", s.layer_end, ") outside the ", c.n_layers, " layers");
+  int64_t after = 0;
+  for (const LayerRange& r : s.chunks) {
+    MOE_CHECK(r.begin >= after && r.begin < r.end && r.end <= c.n_layers, "model shard: layers [", r.begin, ", ",
+              r.end, ") outside the ", c.n_layers, " layers or not after the previous chunk");
+    after = r.end + (s.chunks.size() > 1 ? 1 : 0);  // chunks apart: another stage's layers lie between
+  }
+  s.layer_begin = s.chunks.front().begin;
+  s.layer_end = s.chunks.back().end;
   MOE_CHECK(s.expert_begin >= 0 && s.num_local_experts >= 1 && s.expert_begin + s.num_local_experts <= c.num_experts,
             "model shard: experts [", s.expert_begin, ", ", s.expert_begin + s.num_local_experts, ") outside the ",
             c.num_experts, " experts");
-  MOE_CHECK(!c.tie_embeddings || (s.layer_begin == 0 && s.layer_end == c.n_layers),
+  MOE_CHECK(!c.tie_embeddings || (s.chunks.size() == 1 && s.layer_begin == 0 && s.layer_end == c.n_layers),
             "model.tie_embeddings = true needs the embedding and the LM head on one pipeline stage (use pp = 1 "
             "or model.tie_embeddings = false)");
   return s;
@@ -35,7 +57,7 @@ ParamLayout::ParamLayout(const ModelConfig& c, const ModelShard& shard, int64_t 
   }
   total_ = dense_end_ + round_up(total_ - dense_end_, 16 * expert_chunks);
   // Global indices: positions in the whole model's layout (same two-pass order).
-  const bool whole_model = shard_.layer_begin == 0 && shard_.layer_end == c.n_layers &&
+  const bool whole_model = shard_.chunks.size() == 1 && shard_.layer_begin == 0 && shard_.layer_end == c.n_layers &&
                            shard_.num_local_experts == c.num_experts;
   if (whole_model) {
     for (size_t i = 0; i < entries_.size(); ++i) entries_[i].global_index = static_cast<int64_t>(i);

@@ -12,16 +12,23 @@
 namespace moe {
 
 // The part of the model one rank holds: a contiguous range of layers (a pipeline stage; the
-// first stage holds the embedding, the last the final norm and LM head) and a contiguous range
-// of experts in every MoE layer (its expert-parallel shard). The default is the whole model.
+// first stage holds the embedding, the last the final norm and LM head), or with interleaved
+// pipelining several ranges (chunks), and a contiguous range of experts in every MoE layer (its
+// expert-parallel shard). The default is the whole model.
 struct ModelShard {
   int64_t layer_begin = 0, layer_end = -1;         // -1: n_layers
+  // Interleaved pipelining: the layer chunks held, increasing and apart (set instead of the range
+  // above, which resolved() then spans). resolved() always fills it: one chunk without interleaving.
+  std::vector<LayerRange> chunks;
   int64_t expert_begin = 0, num_local_experts = -1;  // -1: num_experts
   // The same shard with -1 resolved against config (and checked).
   ModelShard resolved(const ModelConfig& config) const;
-  bool holds_layer(int64_t l) const { return l >= layer_begin && l < layer_end; }
-  bool first_stage() const { return layer_begin == 0; }
-  bool last_stage(const ModelConfig& config) const { return layer_end == config.n_layers; }
+  bool holds_layer(int64_t l) const;
+  bool first_stage() const { return (chunks.empty() ? layer_begin : chunks.front().begin) == 0; }
+  bool last_stage(const ModelConfig& config) const {
+    return (chunks.empty() ? layer_end : chunks.back().end) == config.n_layers;
+  }
+  int64_t held_layers() const;  // layers in every chunk (resolved shards)
 };
 
 struct ParamInfo {

@@ -16,6 +16,8 @@ Dims checked_dims(const ModelConfig& c, const ModelOptions& o) {
   MOE_CHECK(o.compute == DType::kF32 || o.compute == DType::kF64, "compute dtype must be f32 or f64");
   MOE_CHECK(!(o.bf16_operands && o.compute != DType::kF32), "bf16 operands need f32 compute");
   MOE_CHECK(o.pipeline_slots >= 1, "pipeline_slots = ", o.pipeline_slots, " must be at least 1");
+  MOE_CHECK(o.chunk_slots.empty() || o.chunk_slots.size() == o.shard.chunks.size(), "interleaved pipelining: ",
+            o.chunk_slots.size(), " slot counts for ", o.shard.chunks.size(), " layer chunks");
   MOE_CHECK(!(o.mx.experts || o.mx.attention) || o.bf16_operands || o.compute == DType::kF64,
             "MXFP8 GEMMs run with bf16 operands elsewhere (f32 compute) or on the f64 reference path");
   return model_dims(c, o.batch, o.seq_len, o.compute, o.bf16_operands, o.ep ? o.ep->size() : 1, o.ep_capacity_factor,
@@ -38,8 +40,9 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
   MOE_CHECK(shard.num_local_experts * ep == cfg_.num_experts && (ep == 1 || shard.expert_begin == o.ep->rank() * shard.num_local_experts),
             "expert shard [", shard.expert_begin, ", ", shard.expert_begin + shard.num_local_experts,
             ") does not match EP rank ", o.ep ? o.ep->rank() : 0, " of ", ep, " over ", cfg_.num_experts, " experts");
-  layer_begin_ = shard.layer_begin;
-  layer_end_ = shard.layer_end;
+  chunks_ = shard.chunks;
+  const std::vector<int64_t> chunk_slots = o.chunk_slots.empty() ? std::vector<int64_t>{o.pipeline_slots} : o.chunk_slots;
+  const int64_t most_slots = *std::max_element(chunk_slots.begin(), chunk_slots.end());
   lbl_granularity_ = loss.lbl_granularity == "instance" ? LblGranularity::kInstance
                      : loss.lbl_granularity == "global" ? LblGranularity::kGlobal
                                                          : LblGranularity::kLocalBatch;
@@ -57,11 +60,12 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
       transport_ = std::make_unique<P2pExpertTransport>(*o.ep, ops, cfg_.num_experts);
     exchange_ = std::make_unique<ExpertExchange>(*transport_, ops, cfg_.num_experts,
                                                  expert_capacity(dims_.T, cfg_.top_k, o.ep_capacity_factor));
-    // One plan per (activation slot, MoE layer): 1F1B keeps several micro-batches in flight.
-    plan_mem_ = Buffer(ops, static_cast<size_t>(o.pipeline_slots * M * words) * sizeof(int32_t));
-    const Tensor all = plan_mem_.view(DType::kI32, {o.pipeline_slots * M * words});
-    plans_.resize(static_cast<size_t>(o.pipeline_slots));
-    for (int64_t s = 0; s < o.pipeline_slots; ++s)
+    // One plan per (activation slot, MoE layer): 1F1B keeps several micro-batches in flight (a
+    // MoE layer lies in one chunk, so slots of different chunks do not share a plan).
+    plan_mem_ = Buffer(ops, static_cast<size_t>(most_slots * M * words) * sizeof(int32_t));
+    const Tensor all = plan_mem_.view(DType::kI32, {most_slots * M * words});
+    plans_.resize(static_cast<size_t>(most_slots));
+    for (int64_t s = 0; s < most_slots; ++s)
       for (int64_t m = 0; m < M; ++m) {
         const int64_t at = (s * M + m) * words;
         plans_[static_cast<size_t>(s)].push_back(ExchangePlan::over(all.slice(at, at + words), ep, cfg_.num_experts));
@@ -73,7 +77,7 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
     quant_stats_ = OwnedTensor(ops, DType::kF64, {cfg_.num_moe_layers(), 8});
     reset_quant_stats();
   }
-  plan_ = ActivationPlan(cfg_, dims_, StagePlan{layer_begin_, layer_end_, o.pipeline_slots, recompute_}, &ops);
+  plan_ = ActivationPlan(cfg_, dims_, StagePlan(chunks_, chunk_slots, recompute_), &ops);
 }
 
 void Transformer::reset_exchange_counts() {
@@ -148,34 +152,37 @@ void Transformer::layer_backward(const SublayerContext& ctx, int64_t slot, int64
   attention_backward(ctx, p, plan_.resid(slot, l), a.attn);
 }
 
-void Transformer::stage_forward(int64_t slot, const MicroBatch& mb) {
-  MOE_CHECK(slot >= 0 && slot < pipeline_slots(), "activation slot ", slot, " of ", pipeline_slots());
-  if (first_stage()) {
+void Transformer::stage_forward(int64_t chunk, int64_t slot, const MicroBatch& mb) {
+  MOE_CHECK(chunk >= 0 && chunk < pipeline_chunks() && slot >= 0 && slot < pipeline_slots(chunk), "activation slot ",
+            slot, " of chunk ", chunk, " (", pipeline_chunks(), " chunks)");
+  if (chunk == 0 && first_stage()) {
     check_shape(mb.ids, {dims_.B, dims_.S}, "ids");
     embed_forward(slot, mb.ids.view({dims_.T}));
   }
-  for (int64_t l = layer_begin_; l < layer_end_; ++l) layer_forward(sublayer_context(mb, l), slot, l, mb, false);
+  const LayerRange r = chunks_[static_cast<size_t>(chunk)];
+  for (int64_t l = r.begin; l < r.end; ++l) layer_forward(sublayer_context(mb, l), slot, l, mb, false);
 }
 
 void Transformer::head_step(int64_t slot, const MicroBatch& mb, StepStats& stats) {
   MOE_CHECK(last_stage(), "head_step needs the last pipeline stage (final norm and LM head)");
   check_shape(mb.labels, {dims_.B, dims_.S}, "labels");
-  lm_head_loss_step(head_context(), head_weights(), stage_output(slot), mb.labels.view({dims_.T}), mb.scales.ce_scale,
+  lm_head_loss_step(head_context(), head_weights(), stage_output(pipeline_chunks() - 1, slot), mb.labels.view({dims_.T}), mb.scales.ce_scale,
                     loss_.lm_z_coef, stats.ce(), stats.lm_z(), grads().final_norm, grads().lm_head);
 }
 
-void Transformer::stage_backward(int64_t slot, const MicroBatch& mb, StepStats& stats) {
-  for (int64_t l = layer_end_ - 1; l >= layer_begin_; --l) {
+void Transformer::stage_backward(int64_t chunk, int64_t slot, const MicroBatch& mb, StepStats& stats) {
+  const LayerRange r = chunks_[static_cast<size_t>(chunk)];
+  for (int64_t l = r.end - 1; l >= r.begin; --l) {
     const SublayerContext ctx = sublayer_context(mb, l);
     if (recompute_) layer_forward(ctx, slot, l, mb, /*recomputing=*/true);
     layer_backward(ctx, slot, l, mb, stats);
     if (layer_grads_hook_) layer_grads_hook_(l);
   }
-  if (first_stage()) embed_backward(slot, mb.ids.view({dims_.T}));
+  if (chunk == 0 && first_stage()) embed_backward(slot, mb.ids.view({dims_.T}));
 }
 
 void Transformer::embed_forward(int64_t slot, const Tensor& ids) {
-  const Tensor& x = stage_input(slot);
+  const Tensor& x = stage_input(0, slot);
   if (!cfg_.embedding_norm) {
     ops_.embedding_fwd(ids, params().embed, x);
     if (cfg_.embed_scale != 1.0) ops_.scale(x, cfg_.embed_scale);
@@ -200,9 +207,9 @@ void Transformer::embed_backward(int64_t slot, const Tensor& ids) {
 
 void Transformer::forward_backward(const MicroBatch& mb, StepStats& stats) {
   MOE_CHECK(first_stage() && last_stage(), "forward_backward runs the whole model (a stage: stage_forward/backward)");
-  stage_forward(0, mb);
+  stage_forward(0, 0, mb);
   head_step(0, mb, stats);
-  stage_backward(0, mb, stats);
+  stage_backward(0, 0, mb, stats);
 }
 
 SublayerContext Transformer::sublayer_context(const MicroBatch& mb, int64_t l) {
@@ -223,18 +230,18 @@ void Transformer::forward_logits(const Tensor& ids, const Tensor& logits, const 
   MicroBatch mb;
   mb.ids = ids;
   masks.fill(mb, 0, dims_.B);
-  stage_forward(0, mb);
-  lm_head_logits(head_context(), head_weights(), stage_output(0), logits);
+  stage_forward(0, 0, mb);
+  lm_head_logits(head_context(), head_weights(), stage_output(0, 0), logits);
 }
 
 void Transformer::stage_loss(int64_t slot, const Tensor& labels, const Tensor& out) {
   MOE_CHECK(last_stage(), "stage_loss needs the last pipeline stage (final norm and LM head)");
-  lm_head_eval_loss(head_context(), head_weights(), stage_output(slot), labels.view({dims_.T}), out);
+  lm_head_eval_loss(head_context(), head_weights(), stage_output(pipeline_chunks() - 1, slot), labels.view({dims_.T}), out);
 }
 
 void Transformer::forward_loss(const MicroBatch& mb, const Tensor& out) {
   MOE_CHECK(first_stage() && last_stage(), "forward_loss runs the whole model (pipeline: Trainer::forward_loss)");
-  stage_forward(0, mb);
+  stage_forward(0, 0, mb);
   stage_loss(0, mb.labels, out);
 }
 

@@ -9,8 +9,9 @@
 // Each sublayer is a free function of an explicit context (backend, dims, choices, scratch, the
 // micro-batch's document starts), its weights and its saved activations. Auxiliary MoE losses
 // are computed in each MoE layer's backward, where their gradients are injected; their values
-// land in StepStats. A pipeline stage holds layers [layer_begin, layer_end) of its ModelShard;
-// train/pipeline.h runs the schedule: stage_forward, head_step (last stage), stage_backward.
+// land in StepStats. A pipeline stage holds the layer chunks of its ModelShard (one range, or
+// several with interleaved pipelining); train/pipeline.h runs the schedule: stage_forward,
+// head_step (last stage), stage_backward, each on one chunk.
 #pragma once
 
 #include <functional>
@@ -68,6 +69,8 @@ struct ModelOptions {
   // Micro-batches whose saved activations a pipeline stage holds at once (1F1B: min(pp - stage,
   // micro-batches)); each slot is a residual stream + per-layer activations, scratch is shared.
   int64_t pipeline_slots = 1;
+  // Interleaved pipelining: slots per chunk of shard.chunks (set instead of pipeline_slots).
+  std::vector<int64_t> chunk_slots;
   MxMode mx;  // MXFP8 experts (train.precision = "mxfp8"): model/activations.h, moe/mx_experts.h
 };
 
@@ -96,28 +99,32 @@ class Transformer {
   // parameter gradients of the step's total loss and adds the micro-batch's loss terms to stats.
   void forward_backward(const MicroBatch& mb, StepStats& stats);
 
-  // Pipeline stage API (the shard's layers [layer_begin, layer_end); train/pipeline.h runs the
-  // schedule). A slot holds one in-flight micro-batch's saved activations.
-  int64_t pipeline_slots() const { return plan_.slots(); }
-  bool first_stage() const { return layout().shard().first_stage(); }
-  bool last_stage() const { return layout().shard().last_stage(cfg_); }
-  // (T,D) compute dtype: a non-first stage receives the previous stage's output here.
-  const Tensor& stage_input(int64_t slot) const { return plan_.stage_input(slot); }
-  // (T,D): the residual stream after the stage's last layer (a non-last stage sends it).
-  const Tensor& stage_output(int64_t slot) const { return plan_.stage_output(slot); }
+  // Pipeline stage API (the shard's layer chunks, 0 .. pipeline_chunks() - 1 in layer order;
+  // train/pipeline.h runs the schedule). A slot holds one in-flight micro-batch's saved
+  // activations of one chunk.
+  int64_t pipeline_chunks() const { return plan_.chunks(); }
+  int64_t pipeline_slots(int64_t chunk = 0) const { return plan_.slots(chunk); }
+  bool first_stage() const { return layout().shard().first_stage(); }  // holds the embedding (chunk 0)
+  bool last_stage() const { return layout().shard().last_stage(cfg_); }  // holds the head (the last chunk)
+  // (T,D) compute dtype: a chunk that does not start the model receives the previous one's output here.
+  const Tensor& stage_input(int64_t chunk, int64_t slot) const { return plan_.stage_input(chunk, slot); }
+  // (T,D): the residual stream after the chunk's last layer (sent on unless it ends the model).
+  const Tensor& stage_output(int64_t chunk, int64_t slot) const { return plan_.stage_output(chunk, slot); }
   // (T,D) gradient of the residual stream: before stage_backward it holds d(stage output) (a
   // non-last stage receives it here; the last stage's head_step writes it); after, on a
   // non-first stage, d(stage input) (valid until the next backward).
   const Tensor& stage_grad() { return plan_.scratch().dresid_TD; }
-  // Forward of the stage's layers (the first stage embeds mb.ids; others read stage_input(slot)).
-  void stage_forward(int64_t slot, const MicroBatch& mb);
-  // Last stage, after stage_forward(slot): final norm, LM head and loss, forward and backward
-  // (mb.labels, scales.ce_scale); loss terms added to stats; d(stage output) into stage_grad().
+  // Forward of a chunk's layers (the first stage's chunk 0 embeds mb.ids; others read
+  // stage_input(chunk, slot)).
+  void stage_forward(int64_t chunk, int64_t slot, const MicroBatch& mb);
+  // Last stage, after stage_forward of its last chunk: final norm, LM head and loss, forward and
+  // backward (mb.labels, scales.ce_scale); loss terms added to stats; d(output) into stage_grad().
   void head_step(int64_t slot, const MicroBatch& mb, StepStats& stats);
-  // Backward of the stage's layers from stage_grad(), gradients accumulating (with recompute each
-  // layer's forward re-runs first); the first stage ends with the embedding.
-  void stage_backward(int64_t slot, const MicroBatch& mb, StepStats& stats);
-  // Last stage, after stage_forward: summed cross-entropy over labeled positions added to out (1) f64.
+  // Backward of a chunk's layers from stage_grad(), gradients accumulating (with recompute each
+  // layer's forward re-runs first); the first stage's chunk 0 ends with the embedding.
+  void stage_backward(int64_t chunk, int64_t slot, const MicroBatch& mb, StepStats& stats);
+  // Last stage, after stage_forward of its last chunk: summed cross-entropy over labeled positions
+  // added to out (1) f64.
   void stage_loss(int64_t slot, const Tensor& labels, const Tensor& out);
   // Called after each layer's backward with its index (data-parallel gradient reduction starts
   // a finished layer's bucket there); empty = none.
@@ -181,7 +188,7 @@ class Transformer {
   Dims dims_;
   bool recompute_ = false;
   uint64_t seed_ = 0;
-  int64_t layer_begin_ = 0, layer_end_ = 0;  // the stage's layers
+  std::vector<LayerRange> chunks_;  // the stage's layers
   std::vector<int> window_slot_;  // per layer: its window in MicroBatch::window_start, -1 = full causal
   std::vector<char> rope_layer_;  // per layer: applies RoPE (model.rope)
 

@@ -71,4 +71,23 @@ std::pair<int64_t, int64_t> stage_layers_from_counts(const std::string& spec, in
   return {begin, begin + counts[static_cast<size_t>(stage)]};
 }
 
+std::vector<LayerRange> stage_chunks(const std::string& counts, int64_t pp, int64_t chunks, int64_t n_layers,
+                                     int64_t stage) {
+  MOE_CHECK(chunks >= 1, "parallel.pp_interleave = ", chunks, " must be at least 1");
+  MOE_CHECK(pp * chunks <= n_layers, "parallel.pp x parallel.pp_interleave = ", pp, " x ", chunks, " = ", pp * chunks,
+            " virtual stages exceed the ", n_layers, " layers (each needs at least one)");
+  if (chunks > 1 && !counts.empty()) {
+    const auto n = std::count(counts.begin(), counts.end(), ',') + 1;
+    MOE_CHECK(n == pp * chunks, "parallel.stage_layers = \"", counts, "\" has ", n,
+              " counts, but interleaving needs one per chunk: parallel.pp x parallel.pp_interleave = ", pp, " x ", chunks);
+  }
+  std::vector<LayerRange> out;
+  for (int64_t k = 0; k < chunks; ++k) {
+    const auto [begin, end] = stage_layers_from_counts(counts, pp * chunks, n_layers, k * pp + stage);
+    out.push_back({begin, end});
+  }
+  return out;
+}
+
 }  // namespace moe
+

@@ -19,8 +19,13 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace moe {
+
+struct LayerRange {
+  int64_t begin = 0, end = 0;  // layers [begin, end)
+};
 
 struct Layout {
   int64_t dp = 1, ep = 1, pp = 1;
@@ -48,5 +53,12 @@ std::pair<int64_t, int64_t> stage_layers(int64_t n_layers, int64_t pp, int64_t s
 // count that is not a positive integer, or counts not summing to n_layers.
 std::pair<int64_t, int64_t> stage_layers_from_counts(const std::string& counts, int64_t pp, int64_t n_layers,
                                                      int64_t stage);
+
+// The layer chunks of stage `stage` under interleaved pipelining (parallel.pp_interleave =
+// chunks): the layers split into pp x chunks virtual stages (by counts as above, pp x chunks of
+// them, or balanced), the stage holding virtual stages stage, stage + pp, ... in order. chunks = 1:
+// the one range of stage_layers_from_counts.
+std::vector<LayerRange> stage_chunks(const std::string& counts, int64_t pp, int64_t chunks, int64_t n_layers,
+                                     int64_t stage);
 
 }  // namespace moe

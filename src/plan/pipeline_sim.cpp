@@ -1,8 +1,6 @@
 #include "plan/pipeline_sim.h"
 
 #include <algorithm>
-#include <map>
-#include <tuple>
 
 #include "core/check.h"
 #include "train/pipeline_schedule.h"
@@ -66,39 +64,19 @@ std::vector<TimelineEntry> run(const std::vector<std::vector<Action>>& order, co
 
 std::vector<TimelineEntry> simulate_1f1b(const std::vector<double>& forward_s, const std::vector<double>& backward_s,
                                          double transfer_s, int64_t M) {
-  const auto P = static_cast<int64_t>(forward_s.size());
-  MOE_CHECK(P >= 1 && backward_s.size() == forward_s.size() && M >= 1, "simulate_1f1b: ", P, " stages, ", M, " micro-batches");
-  std::vector<std::vector<Action>> order(static_cast<size_t>(P));
-  for (int64_t s = 0; s < P; ++s)
-    for (const PipelineAction& a : one_f_one_b(P, s, M)) order[static_cast<size_t>(s)].push_back({a.forward, 0, a.micro});
-  return run(order, forward_s, backward_s, transfer_s, M, 1);
+  return simulate_interleaved(forward_s, backward_s, transfer_s, M, 1);
 }
 
 std::vector<TimelineEntry> simulate_interleaved(const std::vector<double>& forward_s, const std::vector<double>& backward_s,
                                                 double transfer_s, int64_t M, int64_t v) {
   const auto P = static_cast<int64_t>(forward_s.size());
-  MOE_CHECK(P >= 1 && backward_s.size() == forward_s.size() && M >= 1 && v >= 1, "simulate_interleaved: ", P,
+  MOE_CHECK(P >= 1 && backward_s.size() == forward_s.size() && M >= 1 && v >= 1, "pipeline simulation: ", P,
             " stages, ", M, " micro-batches, ", v, " chunks");
-  if (v == 1) return simulate_1f1b(forward_s, backward_s, transfer_s, M);
-  MOE_CHECK(M % P == 0, "interleaved pipeline: ", M, " micro-batches per step are not a multiple of pp = ", P,
-            " (Megatron's interleaved schedule needs it)");
-  // The k-th forward (backward) of a stage: micro-batches in groups of P, chunk by chunk
-  // (backwards with the chunks in reverse).
-  const auto fwd = [&](int64_t k) { return Action{true, (k / P) % v, (k / (P * v)) * P + k % P}; };
-  const auto bwd = [&](int64_t k) { return Action{false, v - 1 - (k / P) % v, (k / (P * v)) * P + k % P}; };
-  const int64_t total = M * v;
+  // The trainer's own order (train/pipeline_schedule.h), so the simulation is of what runs.
   std::vector<std::vector<Action>> order(static_cast<size_t>(P));
-  for (int64_t s = 0; s < P; ++s) {
-    std::vector<Action>& o = order[static_cast<size_t>(s)];
-    const int64_t warmup = std::min((P - s - 1) * 2 + (v - 1) * P, total);
-    int64_t f = 0, b = 0;
-    for (; f < warmup; ++f) o.push_back(fwd(f));
-    while (f < total) {
-      o.push_back(fwd(f++));
-      o.push_back(bwd(b++));
-    }
-    while (b < total) o.push_back(bwd(b++));
-  }
+  for (int64_t s = 0; s < P; ++s)
+    for (const PipelineAction& a : interleaved_1f1b(P, s, M, v))
+      order[static_cast<size_t>(s)].push_back({a.forward, a.chunk, a.micro});
   return run(order, forward_s, backward_s, transfer_s, M, v);
 }
 

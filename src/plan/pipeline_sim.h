@@ -2,7 +2,8 @@
 // its input has arrived (a transfer time after the neighbour's action that produced it).
 //   - 1F1B, the trainer's schedule (train/pipeline_schedule.h);
 //   - interleaved 1F1B with v model chunks per stage (Megatron's virtual stages, which Olmo-core
-//     3's 1.2T run uses): not in the trainer.
+//     3's 1.2T run uses; the trainer's parallel.pp_interleave).
+// Both take their order from train/pipeline_schedule.h, the order the trainer executes.
 #pragma once
 
 #include <cstdint>

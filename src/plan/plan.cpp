@@ -128,9 +128,13 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
   std::vector<ParamLayout> held_of, unpadded_of;
   for (int64_t s = 0; s < L.pp; ++s) {
     PlannedStage st;
-    std::tie(st.layer_begin, st.layer_end) = configured_stage_layers(pc, c.n_layers, s);
-    for (int64_t l = st.layer_begin; l < st.layer_end; ++l) st.moe_layers += c.is_moe_layer(l);
-    st.slots = pipeline_slots(L.pp, s, M);
+    st.chunks = configured_stage_chunks(pc, c.n_layers, s);
+    st.layer_begin = st.chunks.front().begin;
+    st.layer_end = st.chunks.back().end;
+    for (const LayerRange& r : st.chunks)
+      for (int64_t l = r.begin; l < r.end; ++l) st.moe_layers += c.is_moe_layer(l);
+    st.chunk_slots = stage_chunk_slots(L.pp, s, M, pc.pp_interleave);
+    st.slots = *std::max_element(st.chunk_slots.begin(), st.chunk_slots.end());
     st.memory = estimate_stage_memory(config, s);
     // Sized by the expert rows: the arena less the same plan measured with none.
     Dims d = model_dims(c, t.micro_batch_size, t.seq_len, DType::kF32, bf16, L.ep, pc.ep_capacity_factor, padded,
@@ -138,10 +142,9 @@ Plan make_plan(const Config& config, const PlanOptions& options) {
     d.Rx = 0;
     st.expert_row_buffers =
         st.memory.activations -
-        static_cast<double>(ActivationPlan(c, d, StagePlan{st.layer_begin, st.layer_end, st.slots, t.recompute}, nullptr).bytes());
+        static_cast<double>(ActivationPlan(c, d, StagePlan(st.chunks, st.chunk_slots, t.recompute), nullptr).bytes());
     ModelShard shard;
-    shard.layer_begin = st.layer_begin;
-    shard.layer_end = st.layer_end;
+    shard.chunks = st.chunks;
     shard.num_local_experts = E / L.ep;
     held_of.emplace_back(c, shard, pc.zero1 ? L.dp : 1, pc.zero1 ? L.edp() : 1);
     unpadded_of.emplace_back(c, shard);

@@ -43,8 +43,12 @@ struct PlannedRank {
 };
 
 struct PlannedStage {
-  int64_t layer_begin = 0, layer_end = 0, moe_layers = 0;
-  int64_t slots = 1;  // micro-batches whose activations the stage holds (1F1B)
+  int64_t layer_begin = 0, layer_end = 0, moe_layers = 0;  // the layers the stage's chunks span
+  int64_t slots = 1;  // micro-batches whose activations the stage holds (1F1B; interleaved: its busiest chunk)
+  // Interleaved pipelining (parallel.pp_interleave): the stage's layer chunks and their slots
+  // (one chunk otherwise).
+  std::vector<LayerRange> chunks;
+  std::vector<int64_t> chunk_slots;
   MemoryEstimate memory;
   // The variant that also shards fp32 master weights over the replicas (Olmo-core's distributed
   // optimizer: 6 + 12/D bytes per parameter in bf16); not in the trainer.

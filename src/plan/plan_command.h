@@ -19,7 +19,8 @@ struct PlanRequest {
   int64_t ranks_per_node = 0;  // 0: the cluster's (or one node)
   int64_t step = 1;
   bool sweep = false;          // every layout of the cluster's ranks; the plan shown is the best
-  TimeOptions time;            // overlap and interleaved stages (neither in the trainer); none by default
+  int64_t interleave = 0;      // > 0: parallel.pp_interleave
+  TimeOptions time;            // overlap and the power cap (not in the trainer); none by default
 };
 
 struct PlanReport {

@@ -68,8 +68,13 @@ std::string format_plan(const Config& config, const Plan& plan) {
   o << buf;
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlannedStage& st = plan.stages[s];
-    std::snprintf(buf, sizeof buf, " %14s", ("stage " + std::to_string(s) + " [" + std::to_string(st.layer_begin) + "," +
-                                             std::to_string(st.layer_end) + ")").c_str());
+    char name[64];
+    if (st.chunks.size() > 1)  // interleaved: its chunks
+      std::snprintf(name, sizeof name, "stage %zu, v=%zu", s, st.chunks.size());
+    else
+      std::snprintf(name, sizeof name, "stage %zu [%lld,%lld)", s, static_cast<long long>(st.layer_begin),
+                    static_cast<long long>(st.layer_end));
+    std::snprintf(buf, sizeof buf, " %14s", name);
     o << buf;
   }
   o << "\n";
@@ -90,7 +95,8 @@ std::string format_plan(const Config& config, const Plan& plan) {
   row("  of the arena: sized by the expert rows", [](const PlannedStage& st) { return st.expert_row_buffers; });
   row("total", [](const PlannedStage& st) { return st.memory.total(); });
   row("total, master weights sharded too (not in trainer)", [](const PlannedStage& st) { return st.total_sharded_master; });
-  std::snprintf(buf, sizeof buf, "%-52s", "activation slots (1F1B)");
+  std::snprintf(buf, sizeof buf, "%-52s",
+                plan.stages.front().chunks.size() > 1 ? "activation slots (busiest chunk)" : "activation slots (1F1B)");
   o << buf;
   for (const PlannedStage& st : plan.stages) {
     std::snprintf(buf, sizeof buf, " %14lld", static_cast<long long>(st.slots));
@@ -149,7 +155,11 @@ nlohmann::json plan_json(const Config& config, const Plan& plan) {
   for (const PlannedStage& st : plan.stages) {
     json m;
     for (const MemoryRow& r : kMemoryRows) m[r.name] = st.memory.*r.field;
+    json chunks = json::array();
+    for (const LayerRange& r : st.chunks) chunks.push_back({r.begin, r.end});
     stages.push_back({{"layers", {st.layer_begin, st.layer_end}},
+                      {"chunks", chunks},
+                      {"chunk_slots", st.chunk_slots},
                       {"moe_layers", st.moe_layers},
                       {"slots", st.slots},
                       {"memory_bytes", m},

@@ -26,6 +26,7 @@ std::vector<SweepRow> sweep_layouts(const Config& config, const Cluster& cluster
       x.parallel.ep = ep;
       x.parallel.pp = pp;
       x.parallel.stage_layers.clear();  // balanced stages for every pp
+      if (pp == 1) x.parallel.pp_interleave = 1;  // one stage has nothing to interleave
       try {
         PlanOptions o;
         o.ranks_per_node = cluster.ranks_per_node;

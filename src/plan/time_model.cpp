@@ -116,10 +116,11 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlannedStage& st = plan.stages[s];
     StageTime x;
-    for (int64_t l = st.layer_begin; l < st.layer_end; ++l) {
-      x.forward_compute_s += layer_forward(l, &x.grouped_s);
-      x.backward_compute_s += layer_backward(l, &x.grouped_s) + (t.recompute ? layer_forward(l, &x.grouped_s) : 0);
-    }
+    for (const LayerRange& r : st.chunks)
+      for (int64_t l = r.begin; l < r.end; ++l) {
+        x.forward_compute_s += layer_forward(l, &x.grouped_s);
+        x.backward_compute_s += layer_backward(l, &x.grouped_s) + (t.recompute ? layer_forward(l, &x.grouped_s) : 0);
+      }
     if (st.layer_begin == 0) x.backward_compute_s += roof.memory(3 * T * D * 4);  // embedding
     if (st.layer_end == c.n_layers) x.backward_compute_s += 3 * roof.gemm(T, V, D) + roof.memory(4 * T * V * 4);
     // The stage's slowest rank's exchanges and sync (ranks of a stage differ in their traffic).
@@ -171,7 +172,7 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
     fwd.push_back(x.forward_s());
     bwd.push_back(x.backward_s());
   }
-  out.timeline = simulate_interleaved(fwd, bwd, transfer, plan.micro_batches, options.interleave);
+  out.timeline = simulate_interleaved(fwd, bwd, transfer, plan.micro_batches, config.parallel.pp_interleave);
   for (const TimelineEntry& e : out.timeline) out.pipeline_s = std::max(out.pipeline_s, e.end_s);
   double tail = 0;
   size_t critical = 0;

@@ -29,7 +29,6 @@ struct OverlapModel {
 
 struct TimeOptions {
   OverlapModel overlap;
-  int64_t interleave = 1;  // model chunks per stage (interleaved 1F1B; not in the trainer)
   bool power_capped = false;  // GEMMs at the device's power-capped rate
 };
 

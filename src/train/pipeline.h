@@ -1,17 +1,21 @@
 // Pipeline parallelism: the 1F1B schedule over a step's micro-batches and its execution on one
-// stage (a Transformer holding layers [layer_begin, layer_end)).
+// stage (a Transformer holding a range of layers, or with interleaving several chunks of them).
 //
 // Each micro-batch's steps on a stage: F = stage_forward; B = on the last stage head_step (final
-// norm, LM head and loss, forward and backward), then stage_backward.
+// norm, LM head and loss, forward and backward), then stage_backward. Interleaved 1F1B
+// (parallel.pp_interleave = v, train/pipeline_schedule.h) runs the same steps per chunk: chunk c of
+// stage s is virtual stage c P + s, which receives from the previous virtual stage (stage s - 1,
+// or stage P - 1's chunk c - 1) and sends to the next.
 // 1F1B (PipeDream-flush / Megatron): stage s of P runs min(P - s - 1, M) warm-up forwards, then
 // alternates one forward and one backward, then drains the remaining backwards. Stage s therefore
 // holds at most min(P - s, M) micro-batches of activations (the Transformer's slots), instead of
 // all M as in GPipe; stage 0 holds the most. Backwards run in micro-batch order on every stage, so
 // parameter gradients accumulate (+=) in the same order as in one process: PP alone is bitwise
-// equal to a single process.
+// equal to a single process. Interleaving keeps that: each layer lies in one chunk, whose
+// backwards also run in micro-batch order.
 //
 // Communication over the pp group (ranks ordered by stage): activations forward and gradients
-// backward as (T,D) compute-dtype buffers with distinct tags. Sends are non-blocking from buffers
+// backward as (T,D) compute-dtype buffers with tags per kind and receiving chunk. Sends are non-blocking from buffers
 // that stay untouched until their request completes (the slot's stage output; a per-slot copy
 // of the input gradient); receives block and land directly in the model's buffers. The time
 // blocked in receives is the pipeline bubble (plus any imbalance between stages): warm-up waits
@@ -38,8 +42,8 @@ class Pipeline {
   int64_t stages() const { return stages_; }
   int64_t stage() const { return stage_; }
 
-  // Forward and backward of every micro-batch in 1F1B order; gradients accumulate in the model,
-  // loss terms in stats. Returns the seconds blocked in receives (the bubble).
+  // Forward and backward of every micro-batch in (interleaved) 1F1B order; gradients accumulate
+  // in the model, loss terms in stats. Returns the seconds blocked in receives (the bubble).
   double run(const std::vector<MicroBatch>& micro, StepStats& stats);
   // Forward only of one micro-batch across the stages (validation): the summed cross-entropy is
   // added to out (1) f64 on the last stage, then out is broadcast to every stage of the group.
@@ -47,12 +51,20 @@ class Pipeline {
   void forward_loss(const MicroBatch& mb, const Tensor& out);
   // Bytes staged through the host for communication so far.
   const TransferStats& staged() const { return comm_.staged(); }
-  // The actions of the last run() in execution order ("F0", "F1", "B0", ...).
+  // The actions of the last run() in execution order ("F0", "F1", "B0", ...; interleaved: "F0.1" =
+  // micro-batch 0 on local chunk 1).
   const std::vector<std::string>& schedule_log() const { return log_; }
 
  private:
-  void forward(const MicroBatch& mb, int64_t m);
-  void backward(const MicroBatch& mb, int64_t m, StepStats& stats);
+  void forward(const MicroBatch& mb, int64_t chunk, int64_t m);
+  void backward(const MicroBatch& mb, int64_t chunk, int64_t m, StepStats& stats);
+  // The neighbouring virtual stages of a chunk: the rank and chunk before and after it.
+  bool model_start(int64_t chunk) const { return chunk == 0 && stage_ == 0; }
+  bool model_end(int64_t chunk) const { return chunk == chunks_ - 1 && stage_ == stages_ - 1; }
+  int prev_rank() const { return static_cast<int>((stage_ + stages_ - 1) % stages_); }
+  int next_rank() const { return static_cast<int>((stage_ + 1) % stages_); }
+  int64_t prev_chunk(int64_t chunk) const { return stage_ == 0 ? chunk - 1 : chunk; }
+  int64_t next_chunk(int64_t chunk) const { return stage_ == stages_ - 1 ? chunk + 1 : chunk; }
   // Blocking receive into t from stage `from` (an empty t: the end-of-step token, a host int);
   // the blocked time is added to bubble_s_.
   void receive(const Tensor& t, int64_t from, int tag);
@@ -60,16 +72,17 @@ class Pipeline {
 
   Transformer& model_;
   Communicator* pp_;
-  int64_t stages_ = 1, stage_ = 0;
+  int64_t stages_ = 1, stage_ = 0, chunks_ = 1;
   StagedComm comm_;
-  std::vector<OwnedTensor> grad_out_;  // per slot: d(stage input) while its send is in flight
-  // Per slot: the host copies of the in-flight sends when the backend's memory is not the host's.
-  std::vector<std::vector<unsigned char>> act_host_, grad_host_;
-  std::vector<Request> act_sent_, grad_sent_;  // per slot
+  // Per chunk and slot: d(chunk input) while its send is in flight; the host copies of the
+  // in-flight sends when the backend's memory is not the host's; the sends.
+  std::vector<std::vector<OwnedTensor>> grad_out_;
+  std::vector<std::vector<std::vector<unsigned char>>> act_host_, grad_host_;
+  std::vector<std::vector<Request>> act_sent_, grad_sent_;
   std::vector<Request> flush_sent_;            // stage 0: end-of-step tokens to the other stages
   int32_t flush_token_ = 0;
   std::vector<std::string> log_;
-  std::vector<PipelineAction> schedule_;  // 1F1B for schedule_micro_ micro-batches
+  std::vector<PipelineAction> schedule_;  // (interleaved) 1F1B for schedule_micro_ micro-batches
   int64_t schedule_micro_ = -1;
   double bubble_s_ = 0;
 };

@@ -35,11 +35,11 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
   if (groups_) {
     MOE_CHECK(groups_->layout.dp == layout.dp && groups_->layout.ep == layout.ep && groups_->layout.pp == layout.pp,
               "process groups were built for another layout than [parallel]");
-    const auto [begin, end] = configured_stage_layers(config_.parallel, config_.model.n_layers, groups_->coords.pp);
-    o.shard.layer_begin = begin;
-    o.shard.layer_end = end;
-    // 1F1B: this stage holds at most min(pp - stage, micro-batches) micro-batches of activations.
-    o.pipeline_slots = pipeline_slots(layout.pp, groups_->coords.pp, local_batch() / o.batch);
+    o.shard.chunks = configured_stage_chunks(config_.parallel, config_.model.n_layers, groups_->coords.pp);
+    // 1F1B: this stage holds at most min(pp - stage, micro-batches) micro-batches of activations;
+    // interleaved, each chunk what its schedule keeps in flight.
+    o.chunk_slots = stage_chunk_slots(layout.pp, groups_->coords.pp, local_batch() / o.batch,
+                                      config_.parallel.pp_interleave);
     o.shard.num_local_experts = config_.model.num_experts / layout.ep;
     o.shard.expert_begin = groups_->coords.ep * o.shard.num_local_experts;
     if (config_.parallel.zero1) {

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Device discipline under mpirun: `moecore train` on the strict backend (memory the host cannot
 # read; communication staged through counted host copies) against the cpu backend, for DP=2 with
-# ZeRO-1, DP=2 with EP=2 (p2p and padded transports), PP=2 and PP x DP x EP at 4 ranks. Each run: 6 steps with clipping, a
+# ZeRO-1, DP=2 with EP=2 (p2p and padded transports), PP=2 (plain and interleaved) and PP x DP x EP
+# at 4 ranks. Each run: 6 steps with clipping, a
 # skipped NaN step, evaluations, checkpoints; strict once more from its step-2 checkpoint with
 # --resume. Every logged number (time and transfer fields aside) and every rank's final state
 # file must be byte-identical, and a plain step of rank 0 must read the device exactly
@@ -64,5 +65,7 @@ layout dp2_ep2 2 5 --set parallel.dp=2 --set parallel.ep=2
 # The padded expert transport reads no routing count on the host: the statistics only.
 layout dp2_ep2_padded 2 1 --set parallel.dp=2 --set parallel.ep=2 --set parallel.ep_transport=padded
 layout pp2 2 1 --set parallel.pp=2
+# Interleaved 1F1B: 4 layers in 2 chunks per stage, the same single read.
+layout pp2_interleaved 2 1 --set parallel.pp=2 --set parallel.pp_interleave=2 --set model.n_layers=4
 layout pp2_dp2_ep2 4 3 --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2
 exit $fail
