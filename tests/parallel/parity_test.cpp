@@ -141,17 +141,19 @@ TEST(Parity, GlobalLoadBalancingEqualsOneProcessOverTheWholeBatch) {
 }
 
 // ... in every layout of the matrix: DP + ZeRO-1, DP x EP over each expert transport, the
-// pipeline (a stage that starts with the dense layer), and at 4 ranks all of them with recompute.
+// pipeline (a stage that starts with the dense layer), interleaved (one layer per chunk), and at
+// 4 ranks all of them with recompute.
 TEST(Parity, OlmoCore3OptionsInEveryLayout) {
   const int n = world().size();
   if (n != 2 && n != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
-  // {dp, ep, pp, zero1, padded transport, recompute}
-  std::vector<std::array<int64_t, 6>> cases = {
-      {n, 1, 1, 1, 0, 0}, {n, n, 1, 0, 0, 0}, {n, 2, 1, 0, 1, 0}, {n / 2, 1, 2, 0, 0, 0}};
-  if (n == 4) cases.push_back({2, 2, 2, 1, 1, 1});
+  // {dp, ep, pp, zero1, padded transport, recompute, pp_interleave}
+  std::vector<std::array<int64_t, 7>> cases = {{n, 1, 1, 1, 0, 0, 1},     {n, n, 1, 0, 0, 0, 1},
+                                               {n, 2, 1, 0, 1, 0, 1},     {n / 2, 1, 2, 0, 0, 0, 1},
+                                               {n / 2, 1, 2, 0, 0, 0, 2}};
+  if (n == 4) cases.push_back({2, 2, 2, 1, 1, 1, 2});
   for (const auto& k : cases) {
     SCOPED_TRACE(testing::Message() << "dp " << k[0] << " ep " << k[1] << " pp " << k[2] << " zero1 " << k[3]
-                                    << " padded " << k[4] << " recompute " << k[5]);
+                                    << " padded " << k[4] << " recompute " << k[5] << " interleave " << k[6]);
     Config c = olmo_core3_options_config();
     c.parallel.dp = k[0];
     c.parallel.ep = k[1];
@@ -159,6 +161,7 @@ TEST(Parity, OlmoCore3OptionsInEveryLayout) {
     c.parallel.zero1 = k[3] != 0;
     if (k[4] != 0) c.parallel.ep_transport = "padded";
     c.train.recompute = k[5] != 0;
+    c.parallel.pp_interleave = k[6];
     expect_f64_parity(c);
   }
 }
