@@ -62,7 +62,9 @@ void Pipeline::forward(const MicroBatch& mb, int64_t chunk, int64_t m) {
     PhaseScope phase(Phase::kCommunication);
     act_sent_[c][k].wait();  // the slot's output is about to be rewritten
   }
+  const auto t0 = std::chrono::steady_clock::now();
   model_.stage_forward(chunk, slot, mb);
+  forward_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!model_end(chunk)) {
     const Tensor& out = model_.stage_output(chunk, slot);
     act_sent_[c][k] = comm_.isend(*pp_, out, next_rank(), message_tag(kActivationTag, next_chunk(chunk)), act_host_[c][k]);
@@ -79,8 +81,10 @@ void Pipeline::backward(const MicroBatch& mb, int64_t chunk, int64_t m, StepStat
     PhaseScope phase(Phase::kCommunication);
     act_sent_[c][k].wait();
   }
+  const auto t0 = std::chrono::steady_clock::now();
   if (model_end(chunk)) model_.head_step(slot, mb, stats);
   model_.stage_backward(chunk, slot, mb, stats);
+  backward_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!model_start(chunk)) {
     {
       PhaseScope phase(Phase::kCommunication);
@@ -105,7 +109,7 @@ void Pipeline::wait_sends() {
 double Pipeline::run(const std::vector<MicroBatch>& micro, StepStats& stats) {
   const auto M = static_cast<int64_t>(micro.size());
   log_.clear();
-  bubble_s_ = 0;
+  bubble_s_ = forward_s_ = backward_s_ = 0;
   if (static_cast<int64_t>(schedule_micro_) != M) {  // computed once per micro-batch count: no allocation per step
     schedule_ = interleaved_1f1b(stages_, stage_, M, chunks_);
     schedule_micro_ = M;

@@ -51,6 +51,10 @@ class Pipeline {
   void forward_loss(const MicroBatch& mb, const Tensor& out);
   // Bytes staged through the host for communication so far.
   const TransferStats& staged() const { return comm_.staged(); }
+  // Seconds the last run() spent computing forwards and backwards (host clock: the time to
+  // enqueue them on an asynchronous backend), for comparing the bubble with a simulation.
+  double forward_compute_s() const { return forward_s_; }
+  double backward_compute_s() const { return backward_s_; }
   // The actions of the last run() in execution order ("F0", "F1", "B0", ...; interleaved: "F0.1" =
   // micro-batch 0 on local chunk 1).
   const std::vector<std::string>& schedule_log() const { return log_; }
@@ -84,7 +88,7 @@ class Pipeline {
   std::vector<std::string> log_;
   std::vector<PipelineAction> schedule_;  // (interleaved) 1F1B for schedule_micro_ micro-batches
   int64_t schedule_micro_ = -1;
-  double bubble_s_ = 0;
+  double bubble_s_ = 0, forward_s_ = 0, backward_s_ = 0;
 };
 
 }  // namespace moe

@@ -124,6 +124,7 @@ class Trainer {
   void forward_loss(const Tensor& ids, const Tensor& labels, const Tensor& out, const Tensor& doc_start = Tensor());
   // This stage's forward/backward actions of the last step in execution order ("F0", "B0", ...).
   const std::vector<std::string>& pipeline_schedule() const { return pipeline_->schedule_log(); }
+  const Pipeline& pipeline() const { return *pipeline_; }
 
  private:
   Config config_;

@@ -544,8 +544,9 @@ TEST(PipelineParity, ForwardLossAcrossStages) {
 // The bubble: time blocked in receives per step, against the step time (printed by rank 0;
 // each rank's value is gathered), for plain 1F1B and, at pp = 2, interleaved 1F1B with v = 2 and
 // 3 (12 layers: even chunks for each v). The prediction is the planner's simulation of the same
-// schedule (plan/pipeline_sim.h) with each stage's measured compute (step less its bubble, split
-// 1 : 2 between forward and backward) and no transfer time; ideal 1F1B's fraction is
+// schedule (plan/pipeline_sim.h) with each stage's measured forward and backward compute per
+// micro-batch (the pipeline's own clocks) and no transfer time, as a fraction of the simulated
+// span; ideal 1F1B's fraction is
 // (pp - 1) / (M + pp - 1), interleaved (pp - 1) / (v M + pp - 1). The measured one adds stage
 // imbalance (the LM head on the last stage) and CPU sharing.
 // MOE_BUBBLE_SET="model.n_layers=8;parallel.stage_layers=5,3" overrides the model or layout.
@@ -572,7 +573,7 @@ TEST(PipelineBubble, MeasuredPerStep) {
       std::unique_ptr<Backend> ops = make_backend("cpu");
       Trainer trainer(c, *ops, DType::kF32, &g);
       std::vector<int32_t> ids, labels;
-      double bubble = 0, step_s = 0;
+      double bubble = 0, step_s = 0, fwd_s = 0, bwd_s = 0;
       for (int64_t s = 0; s < c.train.steps; ++s) {
         parity_batch(c, s, ids, labels);
         world().barrier();
@@ -583,18 +584,20 @@ TEST(PipelineBubble, MeasuredPerStep) {
         if (s == 0) continue;  // warm-up (first-touch of buffers)
         bubble += r.pp_bubble_s;
         step_s += dt;
+        fwd_s += trainer.pipeline().forward_compute_s();
+        bwd_s += trainer.pipeline().backward_compute_s();
         EXPECT_GE(r.pp_bubble_s, 0.0);
         EXPECT_LE(r.pp_bubble_s, dt);
       }
       const double steps = static_cast<double>(c.train.steps - 1);
-      std::vector<double> mine = {bubble / steps, step_s / steps}, all(static_cast<size_t>(2 * n));
-      world().all_gather(mine.data(), all.data(), 2, DType::kF64);
-      // The prediction: each stage's compute per micro-batch (its step less its bubble, over M).
-      std::vector<double> fwd, bwd;
+      const double per_micro = steps * static_cast<double>(M);
+      std::vector<double> mine = {bubble / steps, step_s / steps, fwd_s / per_micro, bwd_s / per_micro},
+                          all(static_cast<size_t>(4 * n));
+      world().all_gather(mine.data(), all.data(), 4, DType::kF64);
+      std::vector<double> fwd, bwd;  // each stage's compute per micro-batch
       for (int s = 0; s < n; ++s) {
-        const double compute = (all[static_cast<size_t>(2 * s + 1)] - all[static_cast<size_t>(2 * s)]) / static_cast<double>(M);
-        fwd.push_back(compute / 3);
-        bwd.push_back(2 * compute / 3);
+        fwd.push_back(all[static_cast<size_t>(4 * s + 2)]);
+        bwd.push_back(all[static_cast<size_t>(4 * s + 3)]);
       }
       const std::vector<TimelineEntry> tl = simulate_interleaved(fwd, bwd, 0.0, M, v);
       double makespan = 0;
@@ -602,13 +605,11 @@ TEST(PipelineBubble, MeasuredPerStep) {
       if (world().rank() == 0)
         for (int s = 0; s < n; ++s) {
           const double busy = static_cast<double>(M) * (fwd[static_cast<size_t>(s)] + bwd[static_cast<size_t>(s)]);
-          std::printf("[bubble] pp=%d v=%lld M=%lld stage %d: %.4f s blocked in receive per step of %.4f s (%.1f%%); "
-                      "predicted %.1f%% (simulated schedule), ideal %.1f%%\n",
-                      n, static_cast<long long>(v), static_cast<long long>(M), s, all[static_cast<size_t>(2 * s)],
-                      all[static_cast<size_t>(2 * s + 1)],
-                      100.0 * all[static_cast<size_t>(2 * s)] / all[static_cast<size_t>(2 * s + 1)],
-                      100.0 * (makespan - busy) / makespan,
-                      100.0 * (n - 1) / static_cast<double>(v * M + n - 1));
+          const double blocked = all[static_cast<size_t>(4 * s)], step = all[static_cast<size_t>(4 * s + 1)];
+          std::printf("[bubble] pp=%d v=%lld M=%lld stage %d: %.4f s blocked in receive, predicted %.4f s "
+                      "(simulated schedule); %.1f%% of the %.4f s step; ideal fraction %.1f%%\n",
+                      n, static_cast<long long>(v), static_cast<long long>(M), s, blocked, makespan - busy,
+                      100.0 * blocked / step, step, 100.0 * (n - 1) / static_cast<double>(v * M + n - 1));
         }
     }
 }
