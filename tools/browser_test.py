@@ -252,9 +252,9 @@ def main():
             return 0 if planted_errors_caught(b) else 1
         failures += compare(b, a.moecore, "default input")
         # A layout set through the page's controls, with recompute, ZeRO-1 and fp32.
-        set_controls(b, {"dp": 4, "ep": 2, "pp": 2, "recompute": True, "zero1": True, "precision": "fp32", "cf": 1.0})
-        failures += compare(b, a.moecore, "dp=4 ep=2 pp=2, recompute, ZeRO-1, fp32")
-        set_controls(b, {"model": "fine_grained", "cluster": "cpu-core", "ranks": 2, "dp": 2, "ep": 2, "pp": 1,
+        set_controls(b, {"dp": 4, "ep": 2, "pp": 2, "v": 2, "recompute": True, "zero1": True, "precision": "fp32", "cf": 1.0})
+        failures += compare(b, a.moecore, "dp=4 ep=2 pp=2 interleaved v=2, recompute, ZeRO-1, fp32")
+        set_controls(b, {"model": "fine_grained", "cluster": "cpu-core", "ranks": 2, "dp": 2, "ep": 2, "pp": 1, "v": "",
                          "micro": 4, "batch": 8, "recompute": False, "zero1": False, "cf": 0})
         failures += compare(b, a.moecore, "fine_grained on cpu-core x2")
         # An error reaches the page with the command line's message.
@@ -286,12 +286,12 @@ def main():
         os.unlink(metrics)
         # The 1.2T model on 512 B300 (random routing: the capacity drops' normal approximation, whose
         # exp and erfc come from the browser build's libm), and a layout sweep of 512 ranks.
-        set_controls(b, {"model": "olmo3_v7_1t", "cluster": "b300", "ranks": 512, "dp": 64, "ep": 8, "pp": 8, "micro": 1,
+        set_controls(b, {"model": "olmo3_v7_1t", "cluster": "b300", "ranks": 512, "dp": 64, "ep": 8, "pp": 8, "v": 2, "micro": 1,
                          "batch": 8192, "precision": "bf16", "recompute": True, "zero1": True, "cf": 1.1875})
         failures += compare(b, a.moecore, "Olmo-core 3's 1.2T on 512 B300")
         if a.screenshot:
             b.evaluate("moecore.clearMetrics()")
-            set_controls(b, {"model": "olmo3_v1_e32", "cluster": "b300", "ranks": 8, "dp": 4, "ep": 4, "pp": 2,
+            set_controls(b, {"model": "olmo3_v1_e32", "cluster": "b300", "ranks": 8, "dp": 4, "ep": 4, "pp": 2, "v": "",
                              "micro": 2, "batch": 512, "precision": "bf16", "recompute": False, "cf": 1.25})
             failures += compare(b, a.moecore, "screenshot layout")
             import base64

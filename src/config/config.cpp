@@ -584,13 +584,19 @@ void Config::validate() const {
   // The world size is only known at launch (checked there, src/parallel/layout.h).
   validate_layout(layout_from_config(parallel), -1, model.num_experts, model.n_layers);
   configured_stage_chunks(parallel, model.n_layers, 0);  // throws naming a bad parallel.stage_layers
-  if (parallel.pp_interleave > 1) {
-    MOE_CHECK(parallel.pp > 1, "parallel.pp_interleave = ", parallel.pp_interleave, " needs parallel.pp > 1");
-    const int64_t micro = train.batch_size / (train.micro_batch_size * parallel.dp);
-    MOE_CHECK(micro % parallel.pp == 0, "parallel.pp_interleave = ", parallel.pp_interleave, " needs the ", micro,
-              " micro-batches per step and rank (train.batch_size / (train.micro_batch_size x parallel.dp)) to be a "
-              "multiple of parallel.pp = ", parallel.pp, " (the interleaved schedule takes them in groups of pp)");
-  }
+  // pp = 1 passes here: a layout given after the config (moecore plan --layout) may set pp; the
+  // trainer and the planner check the layout they run.
+  if (parallel.pp > 1) check_interleave(*this);
+}
+
+void check_interleave(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  if (p.pp_interleave == 1) return;
+  MOE_CHECK(p.pp > 1, "parallel.pp_interleave = ", p.pp_interleave, " needs parallel.pp > 1");
+  const int64_t micro = c.train.batch_size / (c.train.micro_batch_size * p.dp);
+  MOE_CHECK(micro % p.pp == 0, "parallel.pp_interleave = ", p.pp_interleave, " needs the ", micro,
+            " micro-batches per step and rank (train.batch_size / (train.micro_batch_size x parallel.dp)) to be a "
+            "multiple of parallel.pp = ", p.pp, " (the interleaved schedule takes them in groups of pp)");
 }
 
 }  // namespace moe

@@ -246,6 +246,10 @@ struct ParallelConfig {
 };
 
 inline Layout layout_from_config(const ParallelConfig& c) { return Layout{c.dp, c.ep, c.pp}; }
+// parallel.pp_interleave > 1 against the layout: pp > 1 and micro-batches per step a multiple of
+// pp. Throws naming the keys.
+struct Config;
+void check_interleave(const Config& config);
 // The layer chunks of pipeline stage `stage` under parallel.pp, pp_interleave and stage_layers
 // (one chunk without interleaving).
 inline std::vector<LayerRange> configured_stage_chunks(const ParallelConfig& c, int64_t n_layers, int64_t stage) {

@@ -8,6 +8,7 @@ PlanReport run_plan(Config c, const PlanRequest& a) {
   if (!a.layout.empty()) apply_layout_arg(a.layout, c.parallel);
   if (a.interleave > 0) c.parallel.pp_interleave = a.interleave;
   c.validate();  // the layout and interleaving as planned
+  check_interleave(c);
   PlanOptions o;
   o.step = a.step;
   o.ranks_per_node = a.ranks_per_node;

@@ -16,6 +16,7 @@ namespace moe {
 Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroups* groups)
     : config_(config), ops_(ops), groups_(groups) {
   config_.validate();
+  check_interleave(config_);
   windows_ = config_.model.attention_windows();
   const Layout layout = layout_from_config(config_.parallel);
   MOE_CHECK(groups_ || layout.world() == 1, "parallel.dp x parallel.pp = ", layout.world(),
