@@ -90,6 +90,43 @@ TEST(Reshard, CheckpointContinuesUnderOtherLayouts) {
   expect_on_curve(r, ref, 6, "one process");
 }
 
+// Interleaved pipelining's checkpoints (each rank two layer chunks) continue in one process, and
+// one process's continue interleaved: pp = 2 with 2 chunks per stage for steps 1-3, one process
+// for 4-5, interleaved again for 6-8.
+TEST(Reshard, InterleavedCheckpointsContinueInOneProcessAndBack) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  Config base = parity_config();
+  base.train.steps = 8;
+  std::unique_ptr<Backend> ops = make_backend("ref");
+  const RunResult ref = run_single(base, DType::kF64);
+  SharedDir dir("interleaved");
+  Config a = base;
+  a.parallel.pp = 2;
+  a.parallel.pp_interleave = 2;
+  ProcessGroups g = make_process_groups(world(), layout_from_config(a.parallel));
+  {
+    Trainer t(a, *ops, DType::kF64, &g);
+    RunResult r;
+    train_steps(t, 0, 3, r);
+    expect_on_curve(r, ref, 0, "interleaved");
+    save_checkpoint(dir.path + "/a", t, 3 * a.train.batch_size);
+  }
+  if (world().rank() == 0) {
+    Trainer t(base, *ops, DType::kF64);
+    EXPECT_EQ(load_checkpoint(latest_checkpoint(dir.path + "/a"), t).step, 3);
+    RunResult r;
+    train_steps(t, 3, 5, r);
+    expect_on_curve(r, ref, 3, "one process");
+    save_checkpoint(dir.path + "/b", t, 5 * base.train.batch_size);
+  }
+  world().barrier();
+  Trainer t(a, *ops, DType::kF64, &g);
+  EXPECT_EQ(load_checkpoint(latest_checkpoint(dir.path + "/b"), t).step, 5);
+  RunResult r;
+  train_steps(t, 5, 8, r);
+  expect_on_curve(r, ref, 5, "interleaved again");
+}
+
 std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
