@@ -198,6 +198,9 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
       s.dshared_w_TS = A(d.cdt, {T * Es});
       s.dshared_scores_TS = A(d.cdt, {T * Es});
       s.dshared_logits_TS = A(d.cdt, {T * Es});
+      s.shared_zero_N = A(DType::kI32, {T * Es});
+      s.shared_sorted_N = A(DType::kI32, {T * Es});
+      s.shared_plan_3 = A(DType::kI32, {3});
     }
     if (c.shared_router_bias || c.router_logit_bias) s.ones_T1 = A(d.cdt, {T, 1});
     s.mean_prob_E = A(d.cdt, {E});

@@ -163,6 +163,8 @@ struct FinalNormActs {
 //   dyr_XD           EP: output gradients received            the expert GEMM gradients
 //   dweights_TK, dscores_TE, dlogits_TE   router backward    the router GEMM gradients
 //   dshared_w/scores/logits_TS  gated shared experts' backward  the shared router's GEMMs
+//   shared_zero_N, shared_sorted_N, shared_plan_3   the       the same forward
+//                    gated shared experts' identity plan
 //   ones_T1          a router logit bias: filled with 1 before  the same rank-1 GEMM
 //                    each use
 //   dy_operand_N     operand_grad: bf16 copy of a gradient   the GEMMs right after it
@@ -182,6 +184,7 @@ struct Scratch {
   Tensor dyr_XD, dxs_up_XD;        // EP only (dyr in the operand dtype)
   Tensor dweights_TK, dscores_TE, dlogits_TE;
   Tensor dshared_w_TS, dshared_scores_TS, dshared_logits_TS;  // model.shared_router
+  Tensor shared_zero_N, shared_sorted_N, shared_plan_3;        // (T*Es), (T*Es), (3) i32
   Tensor ones_T1;                                              // router logit biases
   Tensor dy_operand_N;             // operand dtype
   Tensor logits_CV, row_ce_C, row_z_C;

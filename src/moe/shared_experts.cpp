@@ -42,7 +42,11 @@ void shared_experts_forward(const SublayerContext& ctx, const LayerParams& p, co
                         a.shared_scores);
   ops.router_assign(0, 0, 0, 0, static_cast<int>(Es), a.shared_idx);
   ops.router_gather(a.shared_scores, a.shared_idx, gate_rule(c), a.shared_w);
-  ops.router_assign(0, 0, 0, 0, static_cast<int>(T * Es), a.shared_pos.view({1, T * Es}));  // 0..T*Es-1
+  // Identity slot positions 0..T*Es-1: the plan of T*Es rows that all choose the one "expert" 0.
+  const Tensor zeros = s.shared_zero_N.slice(0, T * Es).view({T * Es, 1});
+  ops.router_assign(0, 0, 0, 0, 1, zeros);
+  ops.moe_plan(zeros, s.shared_plan_3.slice(0, 1), s.shared_plan_3.slice(1, 3), s.shared_sorted_N.slice(0, T * Es),
+               a.shared_pos);
 
   // The experts: g and u saved (bf16 mode: rounded copies of fp32 scratch), the unscaled product
   // in fp32 scratch, the scaled product saved as the down GEMM's operand.
