@@ -81,7 +81,7 @@ const std::vector<Field>& fields() {
         "K weights times sqrt(original_top_k / top_k) (0 = top_k)");
     add("model", "shared_hidden", M(shared_hidden), 0, 1 << 24, {}, "shared expert width (0 = none)");
     add("model", "shared_merge", M(shared_merge), 0, 0, {"sum", "v1"}, "shared + routed merge rule");
-    add("model", "shared_experts", M(shared_experts), 1, 4096, {}, "shared experts, each shared_hidden wide (> 1 needs shared_router)");
+    add("model", "shared_experts", M(shared_experts), 1, 1024, {}, "shared experts, each shared_hidden wide (> 1 needs shared_router)");
     add("model", "shared_router", M(shared_router), 0, 0, {}, "gate the shared experts (Olmo-core 3's shared_experts_router)");
     add("model", "shared_router_score", M(shared_router_score), 0, 0, {"softmax", "sigmoid", "topk_softmax"},
         "shared router scores (topk_softmax is refused: the shared router has no top-k)");
