@@ -143,12 +143,12 @@ enum class ScoreFunc { kSoftmax, kSigmoid, kTopkSoftmax };
 enum class Routing { kLearned, kUniform, kRandom };
 enum class SharedMerge { kSum, kV1 };
 struct ModelChoices {
-  ScoreFunc shared_router_score = ScoreFunc::kSoftmax;
   NormPlacement norm_placement = NormPlacement::kPre;
   QkNorm qk_norm = QkNorm::kFull;
   ScoreFunc score_func = ScoreFunc::kSoftmax;
   Routing routing = Routing::kLearned;
   SharedMerge shared_merge = SharedMerge::kSum;
+  ScoreFunc shared_router_score = ScoreFunc::kSoftmax;  // softmax | sigmoid (the shared experts' gate)
   // Sublayer norms: on the input (pre, peri) and on the output (peri, reordered).
   bool input_norm() const { return norm_placement != NormPlacement::kReordered; }
   bool output_norm() const { return norm_placement != NormPlacement::kPre; }
