@@ -141,6 +141,7 @@ std::string olmoe_unsupported_reason(const ModelConfig& c) {
   if (c.embed_scale != 1.0)
     r.push_back("model.embed_scale = " + std::to_string(c.embed_scale) + ": OLMoE does not scale its embedding");
   if (c.embedding_norm) r.push_back("model.embedding_norm = true: OLMoE has no embedding norm");
+  if (c.router_logit_bias) r.push_back("model.router_logit_bias: OLMoE's gate is a Linear without bias");
   if (c.router_bias_selects())
     r.push_back("router bias (model.router_bias_gamma > 0 or model.score_correction_bias): OLMoE's router has none");
   if (c.n_group > 0) r.push_back("group-limited routing (model.n_group > 0): OLMoE chooses among all experts");

@@ -88,6 +88,11 @@ std::string olmo3moe_unsupported_reason(const ModelConfig& c) {
     r.push_back("router bias (model.router_bias_gamma > 0 or model.score_correction_bias): olmo3moe's router has "
                 "none (Olmo-core's own converter refuses score_bias too)");
   if (c.n_group > 0) r.push_back("group-limited routing (model.n_group > 0): olmo3moe has no n_group / topk_group");
+  if (c.shared_experts > 1 || c.shared_router)
+    r.push_back("gated shared experts (model.shared_experts = " + std::to_string(c.shared_experts) +
+                ", model.shared_router): olmo3moe has one ungated shared expert (Olmo-core's converter refuses "
+                "them too)");
+  if (c.router_logit_bias) r.push_back("model.router_logit_bias: olmo3moe's gate is a Linear without bias");
   if (c.routing != "learned") r.push_back("model.routing = \"" + c.routing + "\": olmo3moe routes by the learned router");
   if (c.rope == "windowed")
     r.push_back("RoPE on the sliding-window layers only (model.rope = \"windowed\"): olmo3moe has use_rope for all or none");

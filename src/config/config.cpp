@@ -66,7 +66,7 @@ const std::vector<Field>& fields() {
     add("model", "n_dense_layers", M(n_dense_layers), 0, 4096, {}, "leading dense-FFN blocks");
     add("model", "dense_layers", M(dense_layers), 0, 0, {},
         "dense-FFN blocks at these indices, comma-separated (\"\" = the first n_dense_layers)");
-    add("model", "dense_hidden", M(dense_hidden), 0, 1 << 24, {}, "dense FFN width (0 = k*expert_hidden + shared_hidden)");
+    add("model", "dense_hidden", M(dense_hidden), 0, 1 << 24, {}, "dense FFN width (0 = k*expert_hidden + shared_experts*shared_hidden)");
     add("model", "num_experts", M(num_experts), 1, 1 << 16, {}, "routed experts E");
     add("model", "top_k", M(top_k), 1, 1 << 16, {}, "experts per token K");
     add("model", "expert_hidden", M(expert_hidden), 1, 1 << 24, {}, "expert FFN width");
@@ -81,6 +81,14 @@ const std::vector<Field>& fields() {
         "K weights times sqrt(original_top_k / top_k) (0 = top_k)");
     add("model", "shared_hidden", M(shared_hidden), 0, 1 << 24, {}, "shared expert width (0 = none)");
     add("model", "shared_merge", M(shared_merge), 0, 0, {"sum", "v1"}, "shared + routed merge rule");
+    add("model", "shared_experts", M(shared_experts), 1, 1024, {}, "shared experts, each shared_hidden wide (> 1 needs shared_router)");
+    add("model", "shared_router", M(shared_router), 0, 0, {}, "gate the shared experts (Olmo-core 3's shared_experts_router)");
+    add("model", "shared_router_score", M(shared_router_score), 0, 0, {"softmax", "sigmoid", "topk_softmax"},
+        "shared router scores (topk_softmax is refused: the shared router has no top-k)");
+    add("model", "shared_router_sigmoid_eps", M(shared_router_sigmoid_eps), 0, 1, {}, "added to sigmoid shared router scores");
+    add("model", "shared_router_norm_p", M(shared_router_norm_p), 0, 1e3, {}, "shared weights divided by their p-norm (0 = not)");
+    add("model", "shared_router_bias", M(shared_router_bias), 0, 0, {}, "learned bias on the shared router's logits");
+    add("model", "router_logit_bias", M(router_logit_bias), 0, 0, {}, "learned bias on the router's logits (Olmo-core 3's router bias)");
     add("model", "routing", M(routing), 0, 0, {"learned", "uniform", "random"}, "expert choice");
     add("model", "router_bias_gamma", M(router_bias_gamma), 0, kInf, {}, "loss-free balancing rate (0 = off)");
     add("model", "score_correction_bias", M(score_correction_bias), 0, 0, {},

@@ -58,8 +58,22 @@ struct ModelConfig {
   bool restore_weight_scale = false;
   double expert_weight_scale = 1.0;
   int64_t original_top_k = 0;
-  int64_t shared_hidden = 0;         // 0 = no shared expert
+  int64_t shared_hidden = 0;         // 0 = no shared expert; else each shared expert's width
   std::string shared_merge = "sum";  // sum | v1
+  // Several shared experts and their gate (Olmo-core 3's SharedExperts num_experts and
+  // shared_experts_router): w = score(x W_s^T + b_s) over the shared_experts experts (softmax, or
+  // sigmoid + shared_router_sigmoid_eps), divided by its p-norm when shared_router_norm_p > 0; no
+  // top-k, no auxiliary losses; the shared output is sum_e w[t,e] SharedExpert_e(x)[t]. More than
+  // one shared expert needs the gate (as in Olmo-core 3).
+  int64_t shared_experts = 1;
+  bool shared_router = false;
+  std::string shared_router_score = "softmax";  // softmax | sigmoid
+  double shared_router_sigmoid_eps = 0;
+  double shared_router_norm_p = 0;  // 0 = not normalized
+  bool shared_router_bias = false;  // learned bias on the shared router's logits
+  // Learned bias on the routed router's logits (Olmo-core 3's MoERouterV2 bias = true): trained,
+  // unlike the selection-only router bias of loss-free balancing / score_correction_bias.
+  bool router_logit_bias = false;
   std::string routing = "learned";   // learned | uniform | random
   double router_bias_gamma = 0.0;    // > 0 enables loss-free balancing
   // The router bias (added to the selection values) also without loss-free balancing: loaded
@@ -85,7 +99,9 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;
 
   int64_t hd() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
-  int64_t dense_width() const { return dense_hidden > 0 ? dense_hidden : top_k * expert_hidden + shared_hidden; }
+  // All shared experts' hidden units (their weights are stacked: one GEMM computes them all).
+  int64_t shared_width() const { return shared_experts * shared_hidden; }
+  int64_t dense_width() const { return dense_hidden > 0 ? dense_hidden : top_k * expert_hidden + shared_width(); }
   // Dense or MoE FFN per layer (n_dense_layers or dense_layers). MoE layers are numbered 0..M-1
   // in layer order (router biases, step statistics): moe_index(layer) and its inverse moe_layer(m).
   bool is_moe_layer(int64_t layer) const;
@@ -132,6 +148,7 @@ struct ModelChoices {
   ScoreFunc score_func = ScoreFunc::kSoftmax;
   Routing routing = Routing::kLearned;
   SharedMerge shared_merge = SharedMerge::kSum;
+  ScoreFunc shared_router_score = ScoreFunc::kSoftmax;  // softmax | sigmoid (the shared experts' gate)
   // Sublayer norms: on the input (pre, peri) and on the output (peri, reordered).
   bool input_norm() const { return norm_placement != NormPlacement::kReordered; }
   bool output_norm() const { return norm_placement != NormPlacement::kPre; }

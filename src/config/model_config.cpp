@@ -158,6 +158,22 @@ void ModelConfig::validate() const {
             "model.rope = \"windowed\" applies RoPE on the sliding-window layers only, but model.sliding_window is empty");
   MOE_CHECK(!sliding_window.empty() || (sliding_window_full_first && sliding_window_full_last),
             "model.sliding_window_full_first / _full_last apply only with model.sliding_window");
+  MOE_CHECK(shared_experts == 1 || shared_router, "model.shared_experts = ", shared_experts,
+            " needs model.shared_router = true (Olmo-core 3 requires a shared_experts_router for several)");
+  MOE_CHECK(!shared_router || shared_hidden > 0, "model.shared_router needs shared experts (model.shared_hidden > 0)");
+  MOE_CHECK(!shared_router || shared_merge == "sum", "model.shared_router needs model.shared_merge = \"sum\"");
+  MOE_CHECK(shared_router || (shared_router_score == "softmax" && shared_router_sigmoid_eps == 0 &&
+                              shared_router_norm_p == 0 && !shared_router_bias),
+            "model.shared_router_score / _sigmoid_eps / _norm_p / _bias apply only with model.shared_router = true");
+  // topk_softmax has no scores-only form (Olmo-core 3's router refuses it there too).
+  MOE_CHECK(shared_router_score != "topk_softmax",
+            "model.shared_router_score = \"topk_softmax\": the shared router has no top-k (Olmo-core 3 refuses "
+            "topk_softmax for scores-only routing)");
+  MOE_CHECK(shared_router_sigmoid_eps == 0 || shared_router_score == "sigmoid", "model.shared_router_sigmoid_eps = ",
+            shared_router_sigmoid_eps, " applies to sigmoid scores only (model.shared_router_score = \"",
+            shared_router_score, "\")");
+  MOE_CHECK(shared_router_norm_p == 0 || shared_router_norm_p >= 1e-3, "model.shared_router_norm_p = ",
+            shared_router_norm_p, " (0 = not normalized, else >= 1e-3)");
   MOE_CHECK(norm_topk_prob || norm_topk_p == 1.0, "model.norm_topk_p = ", norm_topk_p,
             " has no effect without model.norm_topk_prob = true");
 }
@@ -186,6 +202,8 @@ ModelChoices model_choices(const ModelConfig& c) {
                                     {{"learned", Routing::kLearned}, {"uniform", Routing::kUniform}, {"random", Routing::kRandom}});
   m.shared_merge = parse_choice<SharedMerge>("model.shared_merge", c.shared_merge,
                                              {{"sum", SharedMerge::kSum}, {"v1", SharedMerge::kV1}});
+  m.shared_router_score = parse_choice<ScoreFunc>("model.shared_router_score", c.shared_router_score,
+                                                  {{"softmax", ScoreFunc::kSoftmax}, {"sigmoid", ScoreFunc::kSigmoid}});
   return m;
 }
 
@@ -193,13 +211,16 @@ int64_t ModelConfig::num_params() const {
   const int64_t D = d_model, q = n_heads * hd(), kv = n_kv_heads * hd();
   int64_t n = vocab_size * D * (tie_embeddings ? 1 : 2) + D + (embedding_norm ? D : 0);
   const int64_t norms_per_layer = norm_placement == "peri" ? 4 : 2;  // pre: inputs, reordered: outputs
+  // The routers' logit biases and the shared router.
+  const int64_t gates = (router_logit_bias ? num_experts : 0) +
+                        (shared_router ? shared_experts * (D + (shared_router_bias ? 1 : 0)) : 0);
   for (int64_t l = 0; l < n_layers; ++l) {
     n += D * norms_per_layer;
     n += D * q * 2 + D * kv * 2;
     if (qk_norm == "full") n += q + kv;
     if (qk_norm == "per_head") n += 2 * hd();
     if (!is_moe_layer(l)) n += 3 * D * dense_width();
-    else n += num_experts * D + 3 * num_experts * expert_hidden * D + 3 * D * shared_hidden;
+    else n += num_experts * D + 3 * num_experts * expert_hidden * D + 3 * D * shared_width() + gates;
   }
   return n;
 }
@@ -207,10 +228,11 @@ int64_t ModelConfig::num_params() const {
 int64_t ModelConfig::num_active_matmul_params() const {
   const int64_t D = d_model, q = n_heads * hd(), kv = n_kv_heads * hd();
   int64_t n = vocab_size * D;  // LM head (runs even when tied)
+  const int64_t shared_gate = shared_router ? shared_experts * D : 0;
   for (int64_t l = 0; l < n_layers; ++l) {
     n += D * q * 2 + D * kv * 2;
     if (!is_moe_layer(l)) n += 3 * D * dense_width();
-    else n += num_experts * D + 3 * top_k * expert_hidden * D + 3 * D * shared_hidden;
+    else n += num_experts * D + 3 * top_k * expert_hidden * D + 3 * D * shared_width() + shared_gate;
   }
   return n;
 }

@@ -93,7 +93,7 @@ void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, 
   // Reordered norms: both read x_mid (the forward points h and, in fp32, h_act at it).
   if (in_norm && (moe || !bf16)) f.h = A(d.cdt, {T, D});
   f.h_act = bf16 ? A(d.adt, {T, D}) : f.h;
-  const int64_t Fw = moe ? c.shared_hidden : c.dense_width();
+  const int64_t Fw = moe ? c.shared_width() : c.dense_width();
   // SwiGLU inputs and expert outputs are saved in the operand dtype (bf16 mode: bf16); the
   // forward computes them in the compute dtype in scratch first.
   if (Fw > 0) {
@@ -108,6 +108,14 @@ void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, 
     f.expert_idx = A(DType::kI32, {T, K});
     f.weights = A(d.cdt, {T, K});
     f.counts = A(DType::kI32, {E});
+    if (c.shared_router) {
+      const int64_t Es = c.shared_experts;
+      f.shared_logits = A(d.cdt, {T, Es});
+      f.shared_scores = A(d.cdt, {T, Es});
+      f.shared_w = A(d.cdt, {T, Es});
+      f.shared_idx = A(DType::kI32, {T, Es});
+      f.shared_pos = A(DType::kI32, {T * Es});
+    }
     f.offsets = A(DType::kI32, {E + 1});
     f.sorted_slot = A(DType::kI32, {R});
     f.slot_pos = A(DType::kI32, {R});
@@ -164,7 +172,7 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
   const int64_t Rx = d.Rx;
   const bool ep = d.ep > 1;
   int64_t swiglu = 0;
-  if (any_moe) swiglu = std::max({swiglu, Rx * c.expert_hidden, T * c.shared_hidden});
+  if (any_moe) swiglu = std::max({swiglu, Rx * c.expert_hidden, T * c.shared_width()});
   if (any_dense) swiglu = std::max(swiglu, T * c.dense_width());
   swiglu = std::max<int64_t>(swiglu, 1);
   s.dgate_W = A(d.cdt, {swiglu});
@@ -185,6 +193,16 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
     s.dweights_TK = A(d.cdt, {T, K});
     s.dscores_TE = A(d.cdt, {T, E});
     s.dlogits_TE = A(d.cdt, {T, E});
+    if (c.shared_router) {
+      const int64_t Es = c.shared_experts;
+      s.dshared_w_TS = A(d.cdt, {T * Es});
+      s.dshared_scores_TS = A(d.cdt, {T * Es});
+      s.dshared_logits_TS = A(d.cdt, {T * Es});
+      s.shared_zero_N = A(DType::kI32, {T * Es});
+      s.shared_sorted_N = A(DType::kI32, {T * Es});
+      s.shared_plan_3 = A(DType::kI32, {3});
+    }
+    if (c.shared_router_bias || c.router_logit_bias) s.ones_T1 = A(d.cdt, {T, 1});
     s.mean_prob_E = A(d.cdt, {E});
     s.lbl_counts_E = A(DType::kI32, {E});
     if (d.slab_rows > 0) s.ep_slabs = A(d.cdt, {2 * d.ep * d.slab_rows * D});

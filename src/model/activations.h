@@ -7,7 +7,8 @@
 //   T tokens, D d_model, E experts, K top_k, R = T*K permuted expert rows, X = Rx rows this
 //   rank's experts may compute (R without expert parallelism), B,S,H,G,d = batch, sequence,
 //   query heads, KV heads, head dim (Hd = H*d, Gd = G*d), C = LM-head chunk rows, V vocabulary,
-//   W = the widest SwiGLU activation (max of X*F, T*shared_hidden, T*dense_width), N = the
+//   W = the widest SwiGLU activation (max of X*F, T*shared_experts*shared_hidden,
+//   T*dense_width), N = the
 //   largest upstream gradient that feeds a GEMM.
 // "act" tensors are GEMM operands in the operand dtype (bf16 in bf16 mode); everything else is
 // in the compute dtype (f32, or f64 on the reference path). With block recompute all layers
@@ -93,7 +94,11 @@ struct FfnActs {
   Tensor h_act;            // (T,D) GEMM operand copy (bf16 mode), else = h
   // dense SwiGLU, or the shared expert of an MoE layer
   Tensor g, u;             // (T,F) saved in the operand dtype
-  Tensor a_act;            // (T,F) silu(g)*u, GEMM operand
+  Tensor a_act;            // (T,F) silu(g)*u, GEMM operand (gated shared experts: times their weights)
+  // the gate of the shared experts (model.shared_router; moe/shared_experts.h), Es experts
+  Tensor shared_logits, shared_scores, shared_w;  // (T,Es) fp32/f64
+  Tensor shared_idx;       // (T,Es) i32 every expert, in order
+  Tensor shared_pos;       // (T*Es) i32 identity slot positions of the per-expert scaling
   // routed experts
   Tensor logits, scores;   // (T,E) router, fp32/f64
   Tensor expert_idx;       // (T,K) i32
@@ -158,6 +163,11 @@ struct FinalNormActs {
 //   dxs_XD, dxs_up_XD the routed experts' input gradients    moe_gather_bwd / the return
 //   dyr_XD           EP: output gradients received            the expert GEMM gradients
 //   dweights_TK, dscores_TE, dlogits_TE   router backward    the router GEMM gradients
+//   dshared_w/scores/logits_TS  gated shared experts' backward  the shared router's GEMMs
+//   shared_zero_N, shared_sorted_N, shared_plan_3   the       the same forward
+//                    gated shared experts' identity plan
+//   ones_T1          a router logit bias: filled with 1 before  the same rank-1 GEMM
+//                    each use
 //   dy_operand_N     operand_grad: bf16 copy of a gradient   the GEMMs right after it
 //   logits_CV, row_ce_C, row_z_C   LM-head chunk             the same chunk
 //   mean_prob_E      load_balance_loss                       the step statistics' axpy
@@ -174,6 +184,9 @@ struct Scratch {
   Tensor dys_RD, dxs_XD;
   Tensor dyr_XD, dxs_up_XD;        // EP only (dyr in the operand dtype)
   Tensor dweights_TK, dscores_TE, dlogits_TE;
+  Tensor dshared_w_TS, dshared_scores_TS, dshared_logits_TS;  // model.shared_router
+  Tensor shared_zero_N, shared_sorted_N, shared_plan_3;        // (T*Es), (T*Es), (3) i32
+  Tensor ones_T1;                                              // router logit biases
   Tensor dy_operand_N;             // operand dtype
   Tensor logits_CV, row_ce_C, row_z_C;
   Tensor mean_prob_E;

@@ -119,10 +119,18 @@ void ParamLayout::add_layer(const ModelConfig& c, int64_t l, bool experts) {
     return;
   }
   add(p + "router", {c.num_experts, D});
+  // Logit biases are decayed like the router weights: Olmo-core 3's optimizer decays every
+  // parameter its group overrides do not name (its scripts name the embedding only).
+  if (c.router_logit_bias) add(p + "router.bias", {c.num_experts});
   if (c.shared_hidden > 0) {
-    add(p + "shared.gate", {c.shared_hidden, D});
-    add(p + "shared.up", {c.shared_hidden, D});
-    add(p + "shared.down", {D, c.shared_hidden});
+    // The shared experts stacked: expert e's hidden units are rows [e*H, (e+1)*H) of gate and up
+    // and columns of down, so one GEMM computes them all (Es = 1: the single shared expert).
+    const int64_t Fs = c.shared_width();
+    add(p + "shared.gate", {Fs, D});
+    add(p + "shared.up", {Fs, D});
+    add(p + "shared.down", {D, Fs});
+    if (c.shared_router) add(p + "shared.router", {c.shared_experts, D});
+    if (c.shared_router_bias) add(p + "shared.router.bias", {c.shared_experts});
   }
 }
 
@@ -197,6 +205,9 @@ Weights bind_weights(const ParamLayout& layout, const ModelConfig& c, const Tens
     L.mlp_up = get(p + "mlp.up");
     L.mlp_down = get(p + "mlp.down");
     L.router = get(p + "router");
+    L.router_bias = get(p + "router.bias");
+    L.shared_router = get(p + "shared.router");
+    L.shared_router_bias = get(p + "shared.router.bias");
     L.exp_gate = get(p + "experts.gate");
     L.exp_up = get(p + "experts.up");
     L.exp_down = get(p + "experts.down");

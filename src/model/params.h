@@ -79,7 +79,9 @@ struct LayerWeights {
   Tensor ffn_norm, ffn_out_norm;
   Tensor mlp_gate, mlp_up, mlp_down;                  // dense layers
   Tensor router, exp_gate, exp_up, exp_down;          // MoE layers
-  Tensor shared_gate, shared_up, shared_down;         // optional shared expert
+  Tensor router_bias;                                 // model.router_logit_bias (E)
+  Tensor shared_gate, shared_up, shared_down;         // optional shared experts, stacked
+  Tensor shared_router, shared_router_bias;           // model.shared_router (Es,D), (Es)
 };
 
 struct Weights {

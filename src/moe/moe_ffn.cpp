@@ -6,6 +6,7 @@
 #include "core/rng.h"
 #include "model/dense_ffn.h"
 #include "moe/mx_experts.h"
+#include "moe/shared_experts.h"
 
 namespace moe {
 namespace {
@@ -48,7 +49,7 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
 
   // Router in the compute dtype with the fp32 master weights.
   std::optional<PhaseScope> phase(std::in_place, Phase::kRouter);
-  ops.linear_fwd(a.h, W.router, a.logits, false);
+  router_logits_fwd(ctx, a.h, W.router, W.router_bias, a.logits);
   ops.router_scores_fwd(a.logits, score_kind(ctx.choice.score_func), c.sigmoid_eps, a.scores);
   if (ctx.choice.routing == Routing::kLearned) {
     // topk_softmax chooses on the logits (+ bias), the others on the scores (+ bias).
@@ -103,7 +104,9 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
   if (c.shared_hidden > 0) {
     PhaseScope shared_phase(Phase::kExpertGemm);
     const MlpWeights shared{Wc.shared_gate, Wc.shared_up, Wc.shared_down};
-    if (ctx.choice.shared_merge == SharedMerge::kSum) {
+    if (c.shared_router) {
+      shared_experts_forward(ctx, p, h_act, a, y);
+    } else if (ctx.choice.shared_merge == SharedMerge::kSum) {
       swiglu_mlp_forward(ctx, shared, h_act, a, y, true);
     } else {  // v1: shared/(K+1) + routed*K/(K+1)
       const double k = static_cast<double>(c.top_k);
@@ -163,7 +166,9 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
 
   // Shared expert: its d(h) initializes s.dnormed_TD.
   std::optional<PhaseScope> phase(std::in_place, Phase::kExpertGemm);
-  if (c.shared_hidden > 0) {
+  if (c.shared_router) {
+    shared_experts_backward(ctx, p, dy, a, s.dnormed_TD);
+  } else if (c.shared_hidden > 0) {
     Tensor dshared = dy;
     if (v1) {
       ops.fill(s.dshared_TD, 0.0);
@@ -242,6 +247,7 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
   ops.fill(s.dlogits_TE, 0.0);
   ops.router_scores_bwd(s.dscores_TE, a.scores, kind, c.sigmoid_eps, s.dlogits_TE);
   ops.router_z_loss(a.logits, out.aux_weight, out.router_z_coef * out.aux_weight, out.router_z, s.dlogits_TE);
+  router_bias_bwd(ctx, s.dlogits_TE, dW.router_bias);
   ops.linear_bwd_data(s.dlogits_TE, W.router, s.dnormed_TD, true);
   ops.linear_bwd_weight(s.dlogits_TE, a.h, dW.router);
   phase.reset();

@@ -92,7 +92,8 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
       const double g = 3 * roof.grouped(rows / El, El, F, D);
       s += g;
       if (grouped) *grouped += g;
-      if (c.shared_hidden > 0) s += 3 * roof.gemm(T, static_cast<double>(c.shared_hidden), D);
+      if (c.shared_hidden > 0) s += 3 * roof.gemm(T, static_cast<double>(c.shared_width()), D);
+      if (c.shared_router) s += roof.gemm(T, static_cast<double>(c.shared_experts), D, dev.fp32_flops);
       bytes += 12 * T * E + rows * D * (2 * a + 4) + 3 * rows * F * a;  // scores, gather, SwiGLU, combine
     } else {
       const double Fd = static_cast<double>(c.dense_width());

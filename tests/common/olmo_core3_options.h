@@ -1,7 +1,8 @@
 // Olmo-core 3's options together on a test model (docs/MODEL.md): reordered norms, a scaled
 // (sqrt(d_model)) and normed embedding, a dense layer at `dense_layer`, per-head QK-norm, sigmoid
 // scores with their epsilon, L2-normed weights times K, a scale and sqrt(original_top_k / K),
-// sliding windows of 5 keys between a full first and a full last layer.
+// sliding windows of 5 keys between a full first and a full last layer, two shared experts behind
+// a gate with its logit bias (weights over their 1-norm), the router's logit bias.
 #pragma once
 
 #include <cmath>
@@ -29,6 +30,12 @@ inline void apply_olmo_core3_options(ModelConfig& m, char dense_layer) {
   m.original_top_k = 4;
   m.sliding_window.clear();
   m.sliding_window.append(std::to_string(5));  // (appended: g++ 12's false -Wrestrict on = "5")
+  if (m.shared_hidden == 0) m.shared_hidden = 8;
+  m.shared_experts = 2;
+  m.shared_router = true;
+  m.shared_router_bias = true;
+  m.shared_router_norm_p = 1;
+  m.router_logit_bias = true;
 }
 
 }  // namespace moe::test

@@ -248,6 +248,7 @@ TEST(HfExport, RefusesWhatOlmoeCannotExpress) {
   refused([](ModelConfig& c) { c.original_top_k = 4; }, "scaled expert weights");
   refused([](ModelConfig& c) { c.embed_scale = 8; }, "model.embed_scale");
   refused([](ModelConfig& c) { c.embedding_norm = true; }, "model.embedding_norm");
+  refused([](ModelConfig& c) { c.router_logit_bias = true; }, "model.router_logit_bias");
   refused([](ModelConfig& c) { c.routing = "uniform"; }, "non-learned routing");
   refused([](ModelConfig& c) { c.routing = "random"; }, "non-learned routing");
   refused([](ModelConfig& c) { c.head_dim = 16; }, "head_dim != d_model / n_heads");

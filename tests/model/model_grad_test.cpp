@@ -1,6 +1,6 @@
 // Whole-model gradients against central finite differences in double, for every option the
 // config offers (norm placement, QK-norm, GQA, tied head, dense layers, shared experts and both
-// merges, sigmoid/softmax, norm_topk_prob, loss-free bias, routing modes, all loss terms), with
+// merges, several gated shared experts, the routers' logit biases, sigmoid/softmax, norm_topk_prob, loss-free bias, routing modes, all loss terms), with
 // the assertion that no expert choice flipped between the perturbed evaluations.
 #include <gtest/gtest.h>
 
@@ -107,6 +107,9 @@ TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
   trainer.model().init_params(seed);
   if (c.model.router_bias_selects())
     for (auto& b : trainer.model().router_bias()) test::fill_uniform(b, seed, 40, -0.05, 0.05);
+  // The routers' logit biases start at zero (Olmo-core 3's init): drawn here so that they matter.
+  for (const ParamInfo& info : trainer.model().layout().entries())
+    if (info.name.ends_with(".bias")) test::fill_uniform(param_view(info, trainer.model().params().flat), seed, 43, -0.3, 0.3);
   OwnedTensor ids(DType::kI32, {2, 7}), labels(DType::kI32, {2, 7});
   Transformer& model = trainer.model();
   // Inputs whose K-th and (K+1)-th selection scores are within 1e-2 anywhere are redrawn: the
@@ -239,6 +242,32 @@ INSTANTIATE_TEST_SUITE_P(
                 [](Config& c) {
                   c.loss.lbl_granularity = "instance";
                   c.model.score_func = "sigmoid";
+                }},
+        // Three gated shared experts (softmax gate with its logit bias, weights over their
+        // 2-norm) and the routed router's logit bias, reordered norms.
+        Variant{"three_gated_shared_experts_logit_biases",
+                [](Config& c) {
+                  c.model.norm_placement = "reordered";
+                  c.model.shared_hidden = 3;
+                  c.model.shared_experts = 3;
+                  c.model.shared_router = true;
+                  c.model.shared_router_bias = true;
+                  c.model.shared_router_norm_p = 2;
+                  c.model.router_logit_bias = true;
+                }},
+        // Two shared experts behind a sigmoid gate (+ eps, weights over their 1-norm, no bias),
+        // sigmoid routing with the routed logit bias, peri norms.
+        Variant{"sigmoid_gated_shared_experts",
+                [](Config& c) {
+                  c.model.norm_placement = "peri";
+                  c.model.shared_hidden = 4;
+                  c.model.shared_router = true;
+                  c.model.shared_router_score = "sigmoid";
+                  c.model.shared_router_sigmoid_eps = 1e-7;
+                  c.model.shared_experts = 2;
+                  c.model.shared_router_norm_p = 1;
+                  c.model.score_func = "sigmoid";
+                  c.model.router_logit_bias = true;
                 }},
         Variant{"uniform_routing", [](Config& c) { c.model.routing = "uniform"; }},
         Variant{"random_routing_mha", [](Config& c) {

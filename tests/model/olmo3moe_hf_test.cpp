@@ -205,6 +205,14 @@ TEST(Olmo3moe, ExportRefusesByNameWhatOlmo3moeCannotCompute) {
         c.topk_group = 2;
       },
       "model.n_group");
+  refused(
+      [](ModelConfig& c) {
+        c.shared_hidden = 8;
+        c.shared_experts = 2;
+        c.shared_router = true;
+      },
+      "gated shared experts (model.shared_experts = 2");
+  refused([](ModelConfig& c) { c.router_logit_bias = true; }, "model.router_logit_bias");
 }
 
 // from_pretrained fills what config.json leaves out with Olmo3MoeConfig's defaults; so does the

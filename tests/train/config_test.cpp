@@ -134,6 +134,17 @@ TEST(Config, OlmoCore3OptionsParseAndNameTheirKeysInErrors) {
   expect_mentions(error_of("", {"model.score_correction_bias=true", "model.routing=uniform"}),
                   {"model.score_correction_bias", "learned"});
   expect_mentions(error_of("", {"loss.aux_divisor=labels"}), {"loss.aux_divisor", "labelled"});
+  expect_mentions(error_of("", {"model.shared_hidden=8", "model.shared_experts=2"}),
+                  {"model.shared_experts", "model.shared_router"});
+  expect_mentions(error_of("", {"model.shared_router=true"}), {"model.shared_router", "model.shared_hidden"});
+  expect_mentions(error_of("", {"model.shared_hidden=8", "model.shared_router=true", "model.shared_merge=v1"}),
+                  {"model.shared_router", "model.shared_merge"});
+  expect_mentions(error_of("", {"model.shared_hidden=8", "model.shared_router=true",
+                                "model.shared_router_score=topk_softmax"}),
+                  {"model.shared_router_score", "topk_softmax"});
+  expect_mentions(error_of("", {"model.shared_router_bias=true"}), {"model.shared_router_score", "model.shared_router"});
+  expect_mentions(error_of("", {"model.shared_hidden=8", "model.shared_router=true", "model.shared_router_sigmoid_eps=1e-7"}),
+                  {"model.shared_router_sigmoid_eps", "sigmoid"});
 }
 
 TEST(Config, OverridesApplyInOrderWithTypes) {
@@ -204,19 +215,28 @@ TEST(Config, SlidingWindowsFollowOlmoCore3sPatternAndCutTheAttentionFlops) {
 // (no matmul), counted by hand.
 TEST(Config, AllOptionsFlopCountByHand) {
   Config c = parse_config("", {"model.n_layers=4", "model.dense_layers=\"2\"", "model.dense_hidden=300",
-                                "model.shared_hidden=64", "model.sliding_window=\"32\"", "model.qk_norm=per_head",
+                                "model.shared_hidden=64", "model.shared_experts=3", "model.shared_router=true",
+                                "model.shared_router_bias=true", "model.router_logit_bias=true", "model.sliding_window=\"32\"", "model.qk_norm=per_head",
                                 "model.norm_placement=reordered", "model.embedding_norm=true", "model.embed_scale=16",
                                 "model.restore_weight_scale=true", "model.rope=windowed", "train.seq_len=100"});
   const ModelConfig& m = c.model;
   const double D = static_cast<double>(m.d_model), hd = static_cast<double>(m.hd());
   const double q = static_cast<double>(m.n_heads) * hd, kv = static_cast<double>(m.n_kv_heads) * hd;
   const double attn = 2 * D * q + 2 * D * kv;
-  const double moe = static_cast<double>(m.num_experts) * D + 3.0 * static_cast<double>(m.top_k * m.expert_hidden) * D + 3.0 * 64 * D;
+  // Three shared experts of 64 and their gate (3 x D); the logit biases are no matmul.
+  const double moe = static_cast<double>(m.num_experts) * D + 3.0 * static_cast<double>(m.top_k * m.expert_hidden) * D +
+                     3.0 * 3 * 64 * D + 3 * D;
   const double active = static_cast<double>(m.vocab_size) * D + 4 * attn + 3 * moe + 3.0 * 300 * D;
   EXPECT_DOUBLE_EQ(static_cast<double>(m.num_active_matmul_params()), active);
   // Layers 0 and 3 full (forced), 1 and 2 windowed (32 of 100): 2 x 5050 + 2 x (528 + 68 x 32) pairs.
   const double pairs = 2 * 5050.0 + 2 * (32.0 * 33 / 2 + 68.0 * 32);
   EXPECT_DOUBLE_EQ(m.train_flops_per_token(100), 6 * active + 12 * static_cast<double>(m.n_heads) * hd * pairs / 100);
+  // Parameters: per MoE layer two more shared experts, the gate (3 x D + 3 bias) and the routed bias (E).
+  ModelConfig one = m;
+  one.shared_experts = 1;
+  one.shared_router = one.shared_router_bias = one.router_logit_bias = false;
+  EXPECT_EQ(m.num_params() - one.num_params(),
+            3 * (2 * 3 * 64 * m.d_model + 3 * m.d_model + 3 + m.num_experts));
 }
 
 // Every number of a config is finite: inf, -inf and nan are refused for every numeric key, in

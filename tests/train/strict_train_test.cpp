@@ -80,15 +80,16 @@ INSTANTIATE_TEST_SUITE_P(Variants, StrictRun,
 
 // Olmo-core 3's options together (docs/MODEL.md): reordered norms, scaled and normed embedding,
 // a dense layer between MoE layers, sigmoid scores with their epsilon, L2-normed weights times K,
-// a scale and sqrt(original_top_k / K), a shared expert, loss-free bias, a sliding window of 5
-// on the middle layer.
+// a scale and sqrt(original_top_k / K), two gated shared experts, the routers' logit biases,
+// loss-free bias, a sliding window of 5 on the middle layer.
 std::string olmo_core3_sets() {
   return " --set model.n_layers=3 --set model.dense_layers=1 --set model.dense_hidden=24"
          " --set model.norm_placement=reordered --set model.embed_scale=5.6568542494923806 --set model.embedding_norm=true"
          " --set model.qk_norm=per_head --set model.score_func=sigmoid --set model.sigmoid_eps=1e-7"
          " --set model.norm_topk_prob=true --set model.norm_topk_p=2 --set model.restore_weight_scale=true"
          " --set model.expert_weight_scale=0.8 --set model.original_top_k=4 --set model.shared_hidden=16"
-         " --set model.router_bias_gamma=0.001 --set model.sliding_window=5";
+         " --set model.router_bias_gamma=0.001 --set model.sliding_window=5 --set model.shared_experts=2"
+         " --set model.shared_router=true --set model.shared_router_bias=true --set model.router_logit_bias=true";
 }
 
 std::string variant_sets(const std::string& v) {

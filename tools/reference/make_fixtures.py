@@ -201,6 +201,23 @@ FIXTURES["oc3_topk_softmax"] = dict(
                 bias_std=0.05, masked=(3, 17)),
 )
 
+# Several gated shared experts (softmax gate with a logit bias, p = 2 normalization) and the
+# routed router's logit bias, on the reordered block with sigmoid routing.
+FIXTURES["oc3_shared"] = dict(
+    source="olmo_core3",
+    model=oc3_model(vocab_size=48, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,
+                    tie_embeddings=True, norm_placement="reordered", qk_norm="per_head", num_experts=4, top_k=2,
+                    expert_hidden=8, score_func="sigmoid", sigmoid_eps=1e-7, norm_topk_prob=True,
+                    shared_hidden=4, shared_experts=3, shared_router=True,
+                    shared_router_bias=True, shared_router_norm_p=2.0, router_logit_bias=True),
+    loss=R.LossConfig(lm_z_coef=0.0, lbl_coef=0.05, router_z_coef=0.005),
+    optim=optim(max_grad_norm=0.4),
+    train=R.TrainConfig(steps=10, seq_len=32, batch_size=4, micro_batch_size=2),
+    design=dict(seed=8008, embed_std=1.0, embed_offset=3.0, router_std=0.3,
+                zero_experts=[(1, 2, -8.0)], final_norm_scale=1.0, out_norm_scale=0.04,
+                bias_std=0.05, masked=(3, 7), logit_bias_std=0.3),
+)
+
 
 # =========================================================================== init and batch
 def tn(shape, std, gen):
@@ -226,6 +243,8 @@ def init_params(cfg: R.ModelConfig, design, gen):
             t = torch.stack([embed_row(cfg.d_model, design, gen) for _ in range(shape[0])])
         elif name.endswith(".router"):
             t = tn(shape, design["router_std"], gen)
+        elif name.endswith("router.bias"):  # the routers' logit biases (model.*_bias)
+            t = tn(shape, design["logit_bias_std"], gen)
         elif name.endswith("out_norm"):
             t = design["out_norm_scale"] * unif(shape, 0.8, 1.2, gen)
         elif name == "final_norm":

@@ -76,12 +76,23 @@ class ModelConfig:
     score_correction_bias: bool = False
     # which layers apply RoPE: "all", "none", "windowed" (Olmo-core 3's no_global_rope)
     rope: str = "all"
+    # several shared experts (stacked rows of shared.gate/up, columns of shared.down) and their
+    # gate: w = score(x W_s^T + b_s) (/ its p-norm), out += sum_e w[t,e] expert_e(x)[t]
+    shared_experts: int = 1
+    shared_router: bool = False
+    shared_router_score: str = "softmax"  # "softmax" | "sigmoid"
+    shared_router_sigmoid_eps: float = 0.0
+    shared_router_norm_p: float = 0.0  # 0 = not normalized
+    shared_router_bias: bool = False  # learned bias on the shared router's logits
+    router_logit_bias: bool = False  # learned bias on the routed router's logits
 
     # the fields added for Olmo-core 3, in order (make_fixtures writes them only when set)
     NEW_FIELDS = ("embed_scale", "embedding_norm", "norm_topk_p", "restore_weight_scale",
                   "expert_weight_scale", "original_top_k", "sigmoid_eps", "dense_layers",
                   "sliding_window", "sliding_window_full_first", "sliding_window_full_last",
-                  "n_group", "topk_group", "score_correction_bias", "rope")
+                  "n_group", "topk_group", "score_correction_bias", "rope", "shared_experts",
+                  "shared_router", "shared_router_score", "shared_router_sigmoid_eps",
+                  "shared_router_norm_p", "shared_router_bias", "router_logit_bias")
 
     def window(self, L):
         """Keys a query of layer L sees counting itself (0 = full causal): Olmo-core 3's
@@ -140,6 +151,12 @@ class ModelConfig:
         if self.n_group:
             assert self.num_experts % self.n_group == 0 and self.topk_group <= self.n_group
             assert self.score_func != "topk_softmax"
+        assert self.shared_experts == 1 or self.shared_router
+        assert not self.shared_router or (self.shared_hidden > 0 and self.shared_merge == "sum")
+        assert self.shared_router_score in ("softmax", "sigmoid")
+        assert self.shared_router_sigmoid_eps == 0 or self.shared_router_score == "sigmoid"
+        assert self.shared_router or not (self.shared_router_bias or self.shared_router_norm_p
+                                          or self.shared_router_score != "softmax")
 
 
 def model_dict(cfg: ModelConfig, with_new_fields: bool = True) -> dict:
@@ -190,7 +207,8 @@ class TrainConfig:
 def param_shapes(cfg: ModelConfig) -> "OrderedDict[str, tuple]":
     """MODEL.md's parameter table, in a fixed order."""
     D, V, H, G, hd = cfg.d_model, cfg.vocab_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    E, Fe, Fd, Fs = cfg.num_experts, cfg.expert_hidden, cfg.dense_hidden, cfg.shared_hidden
+    E, Fe, Fd = cfg.num_experts, cfg.expert_hidden, cfg.dense_hidden
+    Fs, Es = cfg.shared_experts * cfg.shared_hidden, cfg.shared_experts
     s = OrderedDict()
     s["embed"] = (V, D)
     if cfg.embedding_norm:
@@ -223,6 +241,8 @@ def param_shapes(cfg: ModelConfig) -> "OrderedDict[str, tuple]":
             s[p + "mlp.down"] = (D, Fd)
         else:
             s[p + "router"] = (E, D)
+            if cfg.router_logit_bias:
+                s[p + "router.bias"] = (E,)
             s[p + "experts.gate"] = (E, Fe, D)
             s[p + "experts.up"] = (E, Fe, D)
             s[p + "experts.down"] = (E, D, Fe)
@@ -230,6 +250,10 @@ def param_shapes(cfg: ModelConfig) -> "OrderedDict[str, tuple]":
                 s[p + "shared.gate"] = (Fs, D)
                 s[p + "shared.up"] = (Fs, D)
                 s[p + "shared.down"] = (D, Fs)
+                if cfg.shared_router:
+                    s[p + "shared.router"] = (Es, D)
+                if cfg.shared_router_bias:
+                    s[p + "shared.router.bias"] = (Es,)
     s["final_norm"] = (D,)
     if not cfg.tie_embeddings:
         s["lm_head"] = (V, D)
@@ -346,7 +370,7 @@ class MoEReference(torch.nn.Module):
         B, S, D = h.shape
         P = lambda n: self.param(f"layers.{L}.{n}")
         x = h.reshape(B * S, D)
-        z = F.linear(x, P("router"))  # (T, E) router logits
+        z = F.linear(x, P("router"), P("router.bias") if c.router_logit_bias else None)  # (T, E)
         if c.score_func == "sigmoid":
             s = torch.sigmoid(z)
             if c.sigmoid_eps > 0:
@@ -384,7 +408,23 @@ class MoEReference(torch.nn.Module):
                 continue
             ye = swiglu_mlp(x[tok], gate_w[e], up_w[e], down_w[e])
             out = out.index_add(0, tok, ye * w[tok, slot][:, None])
-        if c.shared_hidden > 0:
+        if c.shared_router:  # gated shared experts: each expert's output times its weight
+            zs = F.linear(x, P("shared.router"),
+                          P("shared.router.bias") if c.shared_router_bias else None)
+            if c.shared_router_score == "sigmoid":
+                ws = torch.sigmoid(zs) + c.shared_router_sigmoid_eps
+            else:
+                ws = torch.softmax(zs, dim=-1)
+            if c.shared_router_norm_p:
+                ws = ws / torch.linalg.vector_norm(ws, ord=c.shared_router_norm_p, dim=-1,
+                                                   keepdim=True)
+            H = c.shared_hidden
+            for e in range(c.shared_experts):
+                rows = slice(e * H, (e + 1) * H)
+                ue = swiglu_mlp(x, P("shared.gate")[rows], P("shared.up")[rows],
+                                P("shared.down")[:, rows])
+                out = out + ws[:, e:e + 1] * ue
+        elif c.shared_hidden > 0:
             u = swiglu_mlp(x, P("shared.gate"), P("shared.up"), P("shared.down"))
             if c.shared_merge == "sum":
                 out = out + u

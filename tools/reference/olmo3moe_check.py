@@ -56,6 +56,10 @@ def not_expressible(cfg: R.ModelConfig):
         why.append("RoPE on windowed layers only (olmo3moe: use_rope for all layers or none)")
     if len({cfg.window(L) for L in range(cfg.n_layers)} - {0}) > 1:
         why.append("several sliding-window sizes (olmo3moe has one sliding_window)")
+    if cfg.shared_experts > 1 or cfg.shared_router:
+        why.append("several shared experts / a shared router (olmo3moe has one ungated shared expert)")
+    if cfg.router_logit_bias:
+        why.append("router logit bias (olmo3moe's gate is a Linear without bias)")
     if cfg.has_router_bias():
         variant.append("router bias (olmo3moe has no score bias): bias 0 on both sides")
     return why, variant

@@ -163,12 +163,19 @@ def build_model(cfg: R.ModelConfig, seq_len: int, lbl_coef=0.0, router_z_coef=0.
         score_correction_bias=cfg.score_correction_bias,
         n_group=cfg.n_group or None, topk_group=cfg.topk_group or None,
         lb_loss_weight=lbl_coef, z_loss_weight=router_z_coef,
-        lb_loss_granularity=MoELoadBalancingLossGranularity(lbl_granularity))
+        lb_loss_granularity=MoELoadBalancingLossGranularity(lbl_granularity),
+        bias=cfg.router_logit_bias)
+    # the shared experts' gate: scores only (top_k unused), no auxiliary losses
+    shared_router = MoERouterConfigV2(
+        d_model=D, num_experts=cfg.shared_experts, top_k=1, bias=cfg.shared_router_bias,
+        gating_function=MoERouterGatingFunction(cfg.shared_router_score),
+        normalize_expert_weights=cfg.shared_router_norm_p or None,
+        sigmoid_stability_epsilon=cfg.shared_router_sigmoid_eps) if cfg.shared_router else None
     placement = dict(use_peri_norm=cfg.norm_placement == "peri",
                      use_pre_norm=cfg.norm_placement == "pre")
 
-    def shared(hidden):
-        return SharedExpertsConfig(d_model=D, hidden_size=hidden, num_experts=1, bias=False,
+    def shared(hidden, n=1):
+        return SharedExpertsConfig(d_model=D, hidden_size=hidden, num_experts=n, bias=False,
                                    dtype=f32)
 
     moe_block = OLMoDDPTransformerBlockConfig(
@@ -176,7 +183,8 @@ def build_model(cfg: R.ModelConfig, seq_len: int, lbl_coef=0.0, router_z_coef=0.
         routed_experts=RoutedExpertsConfig(d_model=D, hidden_size=cfg.expert_hidden,
                                            num_experts=cfg.num_experts, bias=False, dtype=f32),
         routed_experts_router=router,
-        shared_experts=shared(cfg.shared_hidden) if cfg.shared_hidden > 0 else None, **placement)
+        shared_experts=shared(cfg.shared_hidden, cfg.shared_experts) if cfg.shared_hidden > 0 else None,
+        shared_experts_router=shared_router, **placement)
     dense_block = OLMoDDPTransformerBlockConfig(
         name=TransformerBlockType.moe_fused_v2, sequence_mixer=att, layer_norm=ln,
         shared_experts=shared(cfg.dense_hidden), **placement)
@@ -215,7 +223,8 @@ def param_views(model, cfg: R.ModelConfig):
     """moecore name -> (Olmo-core parameter name, function giving the moecore-shaped VIEW of a
     tensor of that parameter's shape). Olmo-core's layouts (ai2-olmo-core 3.0.0):
     routed_experts.w_up_gate (E, 2F, D) = [up | gate] rows, w_down (E, F, D) = down^T per expert;
-    shared_experts.w_up_gate (D, 2Fs) column-packed [up | gate] (x @ W), w_down (1, Fs, D);
+    shared_experts.w_up_gate (D, Es*2Fs) column-packed [up | gate] per expert (x @ W), w_down
+    (Es, Fs, D); shared_experts_router.weight flat (Es*D,); routers' bias (E,) / (Es,);
     routed_experts_router.weight flat (E*D,) = router (E, D) row-major; dense layers are
     shared-only blocks. Norms: reordered: attention_norm / feed_forward_norm are the OUTPUT norms;
     peri: attention_input_norm / feed_forward_input_norm (input) + attention_norm /
@@ -246,20 +255,29 @@ def param_views(model, cfg: R.ModelConfig):
             if n in norms:
                 mp[p + n] = (b + norms[n] + ".weight", ident)
 
-        def packed(prefix, hidden):
+        def packed(prefix, hidden, n=1):
             return OrderedDict([
-                (prefix + "gate", (b + "shared_experts.w_up_gate", lambda t, h=hidden: t[:, h:].t())),
-                (prefix + "up", (b + "shared_experts.w_up_gate", lambda t, h=hidden: t[:, :h].t())),
-                (prefix + "down", (b + "shared_experts.w_down", lambda t: t[0].t()))])
+                (prefix + "gate", (b + "shared_experts.w_up_gate", stacked(hidden, n, 1))),
+                (prefix + "up", (b + "shared_experts.w_up_gate", stacked(hidden, n, 0))),
+                (prefix + "down", (b + "shared_experts.w_down",
+                                   lambda t, h=hidden, n=n: t.view(n * h, D).t()))])
         if cfg.is_dense(L):
             mp.update(packed(p + "mlp.", cfg.dense_hidden))
             continue
         mp[p + "router"] = (b + "routed_experts_router.weight", lambda t: t.view(E, D))
+        if cfg.router_logit_bias:
+            mp[p + "router.bias"] = (b + "routed_experts_router.bias", ident)
         mp[p + "experts.gate"] = (b + "routed_experts.w_up_gate", lambda t: t[:, Fe:, :])
         mp[p + "experts.up"] = (b + "routed_experts.w_up_gate", lambda t: t[:, :Fe, :])
         mp[p + "experts.down"] = (b + "routed_experts.w_down", lambda t: t.transpose(1, 2))
         if cfg.shared_hidden > 0:
-            mp.update(packed(p + "shared.", cfg.shared_hidden))
+            mp.update(packed(p + "shared.", cfg.shared_hidden, cfg.shared_experts))
+            Es = cfg.shared_experts
+            if cfg.shared_router:
+                mp[p + "shared.router"] = (b + "shared_experts_router.weight",
+                                           lambda t, Es=Es: t.view(Es, D))
+            if cfg.shared_router_bias:
+                mp[p + "shared.router.bias"] = (b + "shared_experts_router.bias", ident)
     mp["final_norm"] = ("lm_head.norm.weight", ident)
     if not cfg.tie_embeddings:
         mp["lm_head"] = ("lm_head.w_out.weight", ident)
@@ -271,13 +289,31 @@ def param_views(model, cfg: R.ModelConfig):
     return mp
 
 
+def stacked(H, n, k):
+    """moecore's stacked shared gate (k = 1) or up (k = 0), (n*H, D), of Olmo-core's column-packed
+    w_up_gate (D, n*2*H) = [expert e: up (H) | gate (H)] (SharedExperts.forward's view(BS, E, 2, H)).
+    Not a view for n > 1: `set` writes it back."""
+    def get(t):
+        return t.view(t.shape[0], n, 2, H)[:, :, k, :].reshape(t.shape[0], n * H).t()
+
+    def set_(t, v):
+        t.view(t.shape[0], n, 2, H)[:, :, k, :].copy_(v.t().reshape(t.shape[0], n, H))
+    get.set = set_
+    return get
+
+
 def load_params(model, cfg, params):
     views = param_views(model, cfg)
     with torch.no_grad():
         for name, (oc, view) in views.items():
-            dst = view(model.get_parameter(oc).data)
+            p = model.get_parameter(oc).data
+            dst = view(p)
             assert tuple(dst.shape) == tuple(params[name].shape), (name, dst.shape)
-            dst.copy_(params[name])
+            if hasattr(view, "set"):
+                view.set(p, params[name])
+                assert torch.equal(view(p), params[name]), name
+            else:
+                dst.copy_(params[name])
     return views
 
 
