@@ -107,7 +107,8 @@ void ModelState::init_params(uint64_t seed) {
     for (int64_t i = 0; i < info.numel; ++i) {
       // Indexed by the element of the whole parameter: an expert shard draws its own slice.
       const auto index = static_cast<uint64_t>(info.global_begin + i);
-      double v = info.is_norm ? 1.0 : cfg_.init_std * random_trunc_normal(seed, stream, index, 3.0);
+      // Norms start at 1, biases at 0 (Olmo-core 3's init_linear), the rest truncated normal.
+      double v = info.is_norm ? 1.0 : info.is_bias ? 0.0 : cfg_.init_std * random_trunc_normal(seed, stream, index, 3.0);
       if (f64) t.as<double>()[i] = v;
       else t.as<float>()[i] = static_cast<float>(v);
     }

@@ -80,6 +80,12 @@ void ParamLayout::add_layer(const ModelConfig& c, int64_t l, bool experts) {
   add(p + "wk", {kv, D});
   add(p + "wv", {kv, D});
   add(p + "wo", {D, q});
+  if (c.attention_bias) {
+    add(p + "bq", {q}, false, false, false, true);
+    add(p + "bk", {kv}, false, false, false, true);
+    add(p + "bv", {kv}, false, false, false, true);
+    add(p + "bo", {D}, false, false, false, true);
+  }
   if (c.qk_norm == "full") {
     add(p + "q_norm", {q}, true);
     add(p + "k_norm", {kv}, true);
@@ -104,7 +110,8 @@ void ParamLayout::add_layer(const ModelConfig& c, int64_t l, bool experts) {
   }
 }
 
-void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool is_norm, bool is_embedding, bool is_expert) {
+void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool is_norm, bool is_embedding, bool is_expert,
+                      bool is_bias) {
   ParamInfo info;
   info.name = std::move(name);
   info.shape = std::move(shape);
@@ -121,6 +128,7 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool is_norm
   info.is_norm = is_norm;
   info.is_embedding = is_embedding;
   info.is_expert = is_expert;
+  info.is_bias = is_bias;
   total_ += info.numel;
   entries_.push_back(std::move(info));
 }
@@ -167,6 +175,10 @@ Weights bind_weights(const ParamLayout& layout, const ModelConfig& c, const Tens
     L.wk = get(p + "wk");
     L.wv = get(p + "wv");
     L.wo = get(p + "wo");
+    L.bq = get(p + "bq");
+    L.bk = get(p + "bk");
+    L.bv = get(p + "bv");
+    L.bo = get(p + "bo");
     L.q_norm = get(p + "q_norm");
     L.k_norm = get(p + "k_norm");
     L.ffn_norm = get(p + "ffn_norm");

@@ -56,6 +56,10 @@ def not_expressible(cfg: R.ModelConfig):
         why.append("RoPE on windowed layers only (olmo3moe: use_rope for all layers or none)")
     if len({cfg.window(L) for L in range(cfg.n_layers)} - {0}) > 1:
         why.append("several sliding-window sizes (olmo3moe has one sliding_window)")
+    if cfg.clip_qkv > 0:
+        why.append("clip_qkv (olmo3moe has no field for it)")
+    if cfg.rope_partial != 1.0:
+        why.append("partial RoPE (olmo3moe rotates every head dim)")
     if cfg.has_router_bias():
         variant.append("router bias (olmo3moe has no score bias): bias 0 on both sides")
     return why, variant
@@ -78,7 +82,7 @@ def hf_config(cfg: R.ModelConfig, seq_len: int):
         pad_token_id=None, bos_token_id=None, eos_token_id=None,
         tie_word_embeddings=cfg.tie_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        attention_bias=False, rms_norm_eps=cfg.norm_eps,
+        attention_bias=cfg.attention_bias, rms_norm_eps=cfg.norm_eps,
         sliding_window=max([cfg.window(L) for L in range(cfg.n_layers)]) or None,
         use_head_qk_norm=cfg.qk_norm == "per_head", use_rope=cfg.rope != "none",
         layer_types=["sliding_attention" if cfg.window(L) else "full_attention"

@@ -42,7 +42,7 @@ from hf_side import PlainAdapter  # noqa: E402
 
 F64, F32 = torch.float64, torch.float32
 torch.set_num_threads(1)
-FIXTURES = ["oc3_reordered", "oc3_sigmoid", "oc3_topk_softmax"]
+FIXTURES = ["oc3_reordered", "oc3_sigmoid", "oc3_topk_softmax", "oc3_attention"]
 SMALL_GRAD, BOUND, REPORT_STEPS = 1e-4, 1e-6, (1, 5, 10)
 ORIG_BUILD, ORIG_PATCHES = OC.build_model, OC.oc_cpu_patches
 
@@ -195,9 +195,11 @@ def main():
     ap.add_argument("--out", default="/tmp/oc3_fp32_drift.json")
     ap.add_argument("--write", action="store_true",
                     help="also write the summary the C++ test reads: <dir>/fp32_drift.json")
+    ap.add_argument("--only", nargs="*", default=None,
+                    help="these fixtures only; --write then updates their entries and keeps the others")
     args = ap.parse_args()
     res = OrderedDict()
-    for name in FIXTURES:
+    for name in [n for n in FIXTURES if not args.only or n in args.only]:
         fx, P, bias0, ids, labels, T, checks = load_fixture(os.path.join(args.dir, name + ".safetensors"))
         r64, a64 = run("oc64", fx, P, bias0, ids, labels)
         chk = max(rel(r64["final_params"][n], T["final.param." + n]) for n in P)
@@ -213,17 +215,22 @@ def main():
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     if args.write:  # tests/model/olmo_core3_golden_test.cpp bounds moecore's fp32 drift by these
-        summary = OrderedDict(
-            (name, OrderedDict((kind, OrderedDict(step0_grad_worst=r[kind]["step0_grad_worst"],
-                                                  **{f"step{k}_worst": r[kind][f"step{k}"]["worst"]
-                                                     for k in REPORT_STEPS}))
-                               for kind in ("oc32", "plain32")))
-            for name, r in res.items())
+        path = os.path.join(args.dir, "fp32_drift.json")
+        summary = OrderedDict()
+        if args.only and os.path.exists(path):
+            with open(path) as f:
+                summary = json.load(f, object_pairs_hook=OrderedDict)
+            summary.pop("notes", None)
+        for name, r in res.items():
+            summary[name] = OrderedDict((kind, OrderedDict(step0_grad_worst=r[kind]["step0_grad_worst"],
+                                                           **{f"step{k}_worst": r[kind][f"step{k}"]["worst"]
+                                                              for k in REPORT_STEPS}))
+                                        for kind in ("oc32", "plain32"))
         summary["notes"] = ("max|p32 - p64| / max|p64| per tensor, the worst tensor, after k AdamW steps of the "
                             "fixture's run in float32 (oc32: Olmo-core 3's own model, plain32: "
                             "moe_reference.py), over elements whose step-1 |g| >= 1e-4 max|g|; "
                             "tools/reference/olmo_core3_fp32_drift.py --write")
-        with open(os.path.join(args.dir, "fp32_drift.json"), "w") as f:
+        with open(path, "w") as f:
             json.dump(summary, f, indent=1)
             f.write("\n")
     hdr = (f"{'fixture':17s}{'impl':8s}{'logits0':>9s}{'grad0':>9s}  {'after 1':>13s}{'after 5':>13s}"
