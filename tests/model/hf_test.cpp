@@ -289,7 +289,8 @@ TEST(HfImport, RefusesUnsupportedConfigsAndTensors) {
   EXPECT_ERROR(import_hf(variant("act", [](nlohmann::json& j) { j["hidden_act"] = "gelu"; })), "hidden_act");
   EXPECT_ERROR(import_hf(variant("clip", [](nlohmann::json& j) { j["clip_qkv"] = 8.0; })), "clip_qkv");
   // attention_bias = true is a model moecore computes: here refused only for the missing tensors.
-  EXPECT_ERROR(import_hf(variant("bias", [](nlohmann::json& j) { j["attention_bias"] = true; })), "q_proj.bias");
+  EXPECT_ERROR(import_hf(variant("bias", [](nlohmann::json& j) { j["attention_bias"] = true; })),
+               "lacks tensors for parameter 'layers.0.bq'");
   EXPECT_ERROR(import_hf(variant("rope", [](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = "yarn"; })),
                "rope_type");
   EXPECT_ERROR(import_hf(variant("hd", [](nlohmann::json& j) { j["head_dim"] = 16; })), "head_dim 16");

@@ -97,15 +97,18 @@ double min_selection_gap(Transformer& model, const Config& c) {
 }
 
 // clip_qkv: the smallest distance of a pre-clamp projection to the clamp's bounds over all layers
-// of the last forward (infinite without clipping).
-double min_clip_margin(Transformer& model, const Config& c) {
+// of the last forward (infinite without clipping), and how many projections were clamped.
+double min_clip_margin(Transformer& model, const Config& c, int64_t* clamped = nullptr) {
   double margin = 1e30;
   if (c.model.clip_qkv <= 0) return margin;
   for (int64_t l = 0; l < c.model.n_layers; ++l) {
     const AttnActs& a = model.attention_acts(l);
     for (const Tensor* t : {&a.q_pre, &a.k_pre, &a.v_pre})
-      for (int64_t i = 0; i < t->numel(); ++i)
-        margin = std::min(margin, std::abs(std::abs(test::get(*t, i)) - c.model.clip_qkv));
+      for (int64_t i = 0; i < t->numel(); ++i) {
+        const double x = std::abs(test::get(*t, i));
+        margin = std::min(margin, std::abs(x - c.model.clip_qkv));
+        if (clamped && x > c.model.clip_qkv) ++*clamped;
+      }
   }
   return margin;
 }
@@ -138,6 +141,12 @@ TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
     // clamp's kink is never crossed.
     if ((c.model.routing != "learned" || min_selection_gap(model, c) > 1e-2) && min_clip_margin(model, c) > 5e-3)
       break;
+  }
+  if (c.model.clip_qkv > 0) {  // the clamp is active: some projections beyond it, some within
+    int64_t clamped = 0;
+    min_clip_margin(model, c, &clamped);
+    EXPECT_GT(clamped, 0);
+    EXPECT_LT(clamped, 14 * (c.model.n_heads + 2 * c.model.n_kv_heads) * c.model.hd() * c.model.n_layers);
   }
   const int64_t moe_layers = c.model.num_moe_layers();
   std::vector<OwnedTensor> choices;
