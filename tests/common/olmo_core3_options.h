@@ -1,7 +1,8 @@
 // Olmo-core 3's options together on a test model (docs/MODEL.md): reordered norms, a scaled
 // (sqrt(d_model)) and normed embedding, a dense layer at `dense_layer`, per-head QK-norm, sigmoid
 // scores with their epsilon, L2-normed weights times K, a scale and sqrt(original_top_k / K),
-// sliding windows of 5 keys between a full first and a full last layer.
+// sliding windows of 5 keys between a full first and a full last layer, attention biases, q/k/v
+// clamped at 0.2 (init std 0.02: some 10-20% of the projections), RoPE on half of each head.
 #pragma once
 
 #include <cmath>
@@ -29,6 +30,9 @@ inline void apply_olmo_core3_options(ModelConfig& m, char dense_layer) {
   m.original_top_k = 4;
   m.sliding_window.clear();
   m.sliding_window.append(std::to_string(5));  // (appended: g++ 12's false -Wrestrict on = "5")
+  m.attention_bias = true;
+  m.clip_qkv = 0.2;
+  m.rope_partial = 0.5;
 }
 
 }  // namespace moe::test

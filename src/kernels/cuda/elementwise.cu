@@ -91,7 +91,10 @@ __global__ void rope_kernel(float* x, const float* cs, const float* sn, int64_t 
 
 // clip_qkv: y = min(max(x, -c), c); the gradient passes where -c <= x <= c (torch.clamp's).
 __global__ void clamp_fwd_kernel(const float* x, float c, float* y, int64_t n) {
-  MOE_GRID_LOOP(i, n) { y[i] = fminf(fmaxf(x[i], -c), c); }
+  MOE_GRID_LOOP(i, n) {
+    const float v = x[i];
+    y[i] = v < -c ? -c : (v > c ? c : v);  // a NaN stays NaN (fminf / fmaxf would drop it), as torch
+  }
 }
 
 __global__ void clamp_bwd_kernel(const float* dy, const float* x, float c, float* dx, int64_t n) {
