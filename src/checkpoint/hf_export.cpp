@@ -29,7 +29,9 @@ std::string olmoe_name_of(const std::string& ours) {
       {"wk", "self_attn.k_proj.weight"},       {"wv", "self_attn.v_proj.weight"},
       {"wo", "self_attn.o_proj.weight"},       {"q_norm", "self_attn.q_norm.weight"},
       {"k_norm", "self_attn.k_norm.weight"},   {"ffn_norm", "post_attention_layernorm.weight"},
-      {"router", "mlp.gate.weight"}};
+      {"router", "mlp.gate.weight"},           {"bq", "self_attn.q_proj.bias"},
+      {"bk", "self_attn.k_proj.bias"},         {"bv", "self_attn.v_proj.bias"},
+      {"bo", "self_attn.o_proj.bias"}};
   if (ours == "embed") return "model.embed_tokens.weight";
   if (ours == "final_norm") return "model.norm.weight";
   if (ours == "lm_head") return "lm_head.weight";
@@ -148,6 +150,11 @@ std::string olmoe_unsupported_reason(const ModelConfig& c) {
   if (!c.attention_windows().empty())
     r.push_back("sliding windows (model.sliding_window = \"" + c.sliding_window + "\"): OLMoE attends to every earlier position");
   if (c.rope != "all") r.push_back("model.rope = \"" + c.rope + "\": OLMoE applies RoPE on every layer");
+  if (c.clip_qkv > 0)
+    r.push_back("model.clip_qkv = " + std::to_string(c.clip_qkv) +
+                ": OLMoE's clip_qkv clamps q and k after their QK-norm, moecore's (Olmo-core 3's) before it");
+  if (c.rope_partial != 1.0)
+    r.push_back("partial RoPE (model.rope_partial = " + std::to_string(c.rope_partial) + "): OLMoE rotates every head dim");
   if (c.routing != "learned")
     r.push_back("non-learned routing (model.routing = \"" + c.routing + "\"): OLMoE routes by the learned router");
   if (c.hd() * c.n_heads != c.d_model)
@@ -184,7 +191,7 @@ nlohmann::ordered_json olmoe_config(const Config& full, const std::string& dtype
   j["rope_theta"] = c.rope_theta;  // transformers 4.x
   j["rope_parameters"] = {{"rope_theta", c.rope_theta}, {"rope_type", "default"}};  // 5.x
   j["max_position_embeddings"] = c.max_position_embeddings > 0 ? c.max_position_embeddings : full.train.seq_len;
-  j["attention_bias"] = false;
+  j["attention_bias"] = c.attention_bias;  // q/k/v/o_proj.bias
   j["attention_dropout"] = 0.0;
   j["clip_qkv"] = nullptr;
   j["tie_word_embeddings"] = c.tie_embeddings;

@@ -94,13 +94,14 @@ Config config_from_hf_json(const std::string& text, std::vector<std::string>* no
               " (only unscaled default RoPE)");
   if (j.contains("hidden_act"))
     MOE_CHECK(j["hidden_act"] == "silu", "config.json: hidden_act ", j["hidden_act"].dump(), " (only \"silu\")");
-  MOE_CHECK(hf_json::boolean(j, "attention_bias", false) == false, "config.json: attention_bias = true (moecore has no biases)");
+  c.attention_bias = hf_json::boolean(j, "attention_bias", false);  // q/k/v/o_proj.bias
   if (j.contains("attention_dropout"))
     MOE_CHECK(j["attention_dropout"].is_number() && j["attention_dropout"].get<double>() == 0.0,
               "config.json: attention_dropout ", j["attention_dropout"].dump(), " (only 0)");
   if (j.contains("clip_qkv"))
     MOE_CHECK(j["clip_qkv"].is_null(), "config.json: clip_qkv ", j["clip_qkv"].dump(),
-              " (moecore does not clip q, k, v; only null)");
+              " (OLMoE clamps q and k after their QK-norm; moecore's model.clip_qkv, as Olmo-core 3's, "
+              "clamps before it: only null)");
   MOE_CHECK(c.d_model % c.n_heads == 0, "config.json: hidden_size ", c.d_model,
             " is not a multiple of num_attention_heads ", c.n_heads);
   if (j.contains("head_dim") && !j["head_dim"].is_null())

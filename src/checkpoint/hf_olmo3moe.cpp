@@ -96,6 +96,12 @@ std::string olmo3moe_unsupported_reason(const ModelConfig& c) {
   if (c.routing != "learned") r.push_back("model.routing = \"" + c.routing + "\": olmo3moe routes by the learned router");
   if (c.rope == "windowed")
     r.push_back("RoPE on the sliding-window layers only (model.rope = \"windowed\"): olmo3moe has use_rope for all or none");
+  if (c.clip_qkv > 0)
+    r.push_back("model.clip_qkv = " + std::to_string(c.clip_qkv) +
+                ": olmo3moe has no clip_qkv (Olmo-core's own HF export refuses it too)");
+  if (c.rope_partial != 1.0)
+    r.push_back("partial RoPE (model.rope_partial = " + std::to_string(c.rope_partial) +
+                "): olmo3moe rotates every head dim");
   if (c.attention_windows().size() > 1)
     r.push_back("several window sizes (model.sliding_window = \"" + c.sliding_window + "\"): olmo3moe has one sliding_window");
   std::string out;
@@ -142,7 +148,7 @@ nlohmann::ordered_json olmo3moe_config(const Config& full, const std::string& to
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["rope_theta"] = c.rope_theta;
   j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
-  j["attention_bias"] = false;
+  j["attention_bias"] = c.attention_bias;  // q/k/v/o_proj.bias
   j["attention_dropout"] = 0.0;
   j["rms_norm_eps"] = c.norm_eps;
   j["sliding_window"] = windows.empty() ? nlohmann::json(nullptr) : nlohmann::json(windows[0]);
@@ -179,7 +185,6 @@ Config config_from_olmo3moe(const nlohmann::json& j, std::vector<std::string>* n
   require_neutral(j, "latent_moe_dim", nullptr, "latent MoE");
   for (const char* k : {"emo_min_document_expert_pool", "emo_max_document_expert_pool", "emo_eval_document_expert_pool"})
     require_neutral(j, k, nullptr, "EMO document expert pools");
-  require_neutral(j, "attention_bias", false, "moecore has no biases");
   require_neutral(j, "attention_dropout", 0.0, "no dropout");
   require_neutral(j, "hidden_act", "silu", "SwiGLU experts");
   require_neutral(j, "rope_scaling", nullptr, "only unscaled default RoPE");
@@ -223,6 +228,7 @@ Config config_from_olmo3moe(const nlohmann::json& j, std::vector<std::string>* n
   c.rope = H::boolean(j, "use_rope", true) ? "all" : "none";
   c.embed_scale = H::positive_number(j, "embed_scale", 1.0);
   c.embedding_norm = H::boolean(j, "embed_norm", false);
+  c.attention_bias = H::boolean(j, "attention_bias", false);  // q/k/v/o_proj.bias (and g_proj's: no gate here)
   // Dense layers (default [0]).
   std::vector<int64_t> dense{0};
   if (j.contains("dense_layers_indices")) {
@@ -291,7 +297,9 @@ std::string olmo3moe_name_of(const std::string& ours) {
       {"mlp.gate", "mlp.gate_proj.weight"},              {"mlp.up", "mlp.up_proj.weight"},
       {"mlp.down", "mlp.down_proj.weight"},              {"router", "mlp.router.gate.weight"},
       {"shared.gate", "mlp.shared_expert.gate_proj.weight"}, {"shared.up", "mlp.shared_expert.up_proj.weight"},
-      {"shared.down", "mlp.shared_expert.down_proj.weight"}};
+      {"shared.down", "mlp.shared_expert.down_proj.weight"}, {"bq", "self_attn.q_proj.bias"},
+      {"bk", "self_attn.k_proj.bias"},                   {"bv", "self_attn.v_proj.bias"},
+      {"bo", "self_attn.o_proj.bias"}};
   if (ours == "embed") return "model.embed_tokens.weight";
   if (ours == "embed_norm") return "model.embed_norm.weight";
   if (ours == "final_norm") return "model.norm.weight";

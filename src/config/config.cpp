@@ -57,6 +57,11 @@ const std::vector<Field>& fields() {
     add("model", "rope", M(rope), 0, 0, {"all", "none", "windowed"},
         "layers that apply RoPE: all, none, or only the sliding-window ones (Olmo-core 3's no_global_rope)");
     add("model", "qk_norm", M(qk_norm), 0, 0, {"none", "full", "per_head"}, "QK RMSNorm");
+    add("model", "clip_qkv", M(clip_qkv), 0, kInf, {},
+        "q, k, v clamped to [-c, c] after their projections, before QK-norm and RoPE (0 = off)");
+    add("model", "attention_bias", M(attention_bias), 0, 0, {}, "biases bq, bk, bv, bo on the attention projections");
+    add("model", "rope_partial", M(rope_partial), 1e-9, 1, {},
+        "fraction of each head's dims RoPE rotates (the first int(hd * rope_partial); 1 = all)");
     add("model", "sliding_window", M(sliding_window), 0, 0, {},
         "window sizes repeated over the layers, -1 = full (\"4096,4096,4096,-1\"; \"\" = all full)");
     add("model", "sliding_window_full_first", M(sliding_window_full_first), 0, 0, {},

@@ -30,6 +30,16 @@ struct ModelConfig {
   // windowed: only the sliding-window layers (Olmo-core 3's RoPEConfig.no_global_rope).
   std::string rope = "all";  // all | none | windowed
   std::string qk_norm = "full";  // none | full | per_head
+  // q, k and v clamped to [-clip_qkv, clip_qkv] right after their projections (before QK-norm
+  // and RoPE; Olmo-core 3's clip_qkv). 0 = off.
+  double clip_qkv = 0;
+  // Biases on wq, wk, wv and wo (Olmo-core 3's Attention(bias=True), olmo3moe attention_bias):
+  // parameters layers.L.bq, bk, bv, bo, initialized to zero.
+  bool attention_bias = false;
+  // Fraction of each head's dims that RoPE rotates (Olmo-core 3's partial_rotary_factor): the
+  // first rotary_dim() = int(hd * rope_partial) dims, paired as rotate-halves within them, with
+  // frequencies theta^(-2i/rotary_dim); the rest pass through. 1 = all.
+  double rope_partial = 1.0;
   // Sliding-window attention (Olmo-core 3's SlidingWindowAttentionConfig): window sizes repeated
   // over the layers, comma-separated, -1 = full causal ("4096,4096,4096,-1"); "" = every layer
   // full. A window W lets a query see itself and the W-1 keys before it (flash-attn's (W-1, 0)).
@@ -102,6 +112,8 @@ struct ModelConfig {
   // All shared experts' hidden units (their weights are stacked: one GEMM computes them all).
   int64_t shared_width() const { return shared_experts * shared_hidden; }
   int64_t dense_width() const { return dense_hidden > 0 ? dense_hidden : top_k * expert_hidden + shared_width(); }
+  // The head dims RoPE rotates: int(hd * rope_partial), as Python's int() truncates.
+  int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(hd()) * rope_partial); }
   // Dense or MoE FFN per layer (n_dense_layers or dense_layers). MoE layers are numbered 0..M-1
   // in layer order (router biases, step statistics): moe_index(layer) and its inverse moe_layer(m).
   bool is_moe_layer(int64_t layer) const;

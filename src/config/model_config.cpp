@@ -129,6 +129,8 @@ void ModelConfig::validate() const {
   MOE_CHECK(head_dim > 0 || d_model % n_heads == 0, "model.d_model = ", d_model,
             " is not divisible by model.n_heads = ", n_heads, " (set model.head_dim explicitly)");
   MOE_CHECK(hd() % 2 == 0, "head dim ", hd(), " must be even for rotate-halves RoPE");
+  MOE_CHECK(rotary_dim() >= 2 && rotary_dim() % 2 == 0, "model.rope_partial = ", rope_partial, " rotates int(",
+            hd(), " x ", rope_partial, ") = ", rotary_dim(), " dims of each head: rotate-halves needs an even count >= 2");
   MOE_CHECK(n_dense_layers <= n_layers, "model.n_dense_layers = ", n_dense_layers,
             " exceeds model.n_layers = ", n_layers);
   MOE_CHECK(top_k <= num_experts, "model.top_k = ", top_k, " exceeds model.num_experts = ", num_experts);
@@ -217,6 +219,7 @@ int64_t ModelConfig::num_params() const {
   for (int64_t l = 0; l < n_layers; ++l) {
     n += D * norms_per_layer;
     n += D * q * 2 + D * kv * 2;
+    if (attention_bias) n += q + 2 * kv + D;
     if (qk_norm == "full") n += q + kv;
     if (qk_norm == "per_head") n += 2 * hd();
     if (!is_moe_layer(l)) n += 3 * D * dense_width();

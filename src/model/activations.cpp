@@ -69,6 +69,11 @@ void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, 
     at.rstd_q = A(d.cdt, {qr});
     at.rstd_k = A(d.cdt, {kr});
   }
+  if (c.clip_qkv > 0) {
+    at.q_pre = A(d.cdt, {T, H * hd});
+    at.k_pre = A(d.cdt, {T, G * hd});
+    at.v_pre = A(d.cdt, {T, G * hd});
+  }
   at.q = A(d.cdt, {d.B, d.S, H, hd});
   at.k = A(d.cdt, {d.B, d.S, G, hd});
   at.v = A(d.cdt, {d.B, d.S, G, hd});
@@ -168,6 +173,7 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
   s.do_BSHd = A(d.cdt, {d.B, d.S, H, hd});
   s.dq_lin_THd = A(d.cdt, {T, H * hd});
   s.dk_lin_TGd = A(d.cdt, {T, G * hd});
+  if (c.attention_bias) s.ones_T = A(d.cdt, {T});
   // Rows x width of the largest SwiGLU activation: routed (Rx,F), dense (T,Fd), shared (T,Fs).
   const int64_t Rx = d.Rx;
   const bool ep = d.ep > 1;

@@ -78,6 +78,7 @@ struct AttnActs {
                            // reordered norms in fp32: the input itself, set by the forward)
   Tensor h_q, h_qs;        // (T,D), (T,D/32) MXFP8 attention: h_act quantized (e4m3, e8m0)
   Tensor q_lin, k_lin;     // (T,H*hd), (T,G*hd) projections before QK-norm (only with QK-norm)
+  Tensor q_pre, k_pre, v_pre;  // (T,H*hd), (T,G*hd), (T,G*hd) projections before the clamp (clip_qkv only)
   Tensor rstd_q, rstd_k;   // (T) or (T*H), (T*G)
   Tensor q, k, v;          // (B,S,H,hd), (B,S,G,hd) after QK-norm and RoPE
   Tensor o;                // (B,S,H,hd) attention output
@@ -172,6 +173,8 @@ struct FinalNormActs {
 //   logits_CV, row_ce_C, row_z_C   LM-head chunk             the same chunk
 //   mean_prob_E      load_balance_loss                       the step statistics' axpy
 //   lbl_counts_E     expert_counts (instance, global)        the same layer's load_balance_loss
+//   ones_T           attention bias: T ones, the (T,1) operand  the bias GEMMs of the same sublayer
+//                    of y += 1 b^T and db += dy^T 1
 //   ep_slabs         EP, padded transport: the send and the  the same exchange (one move)
 //                    receive slabs, (2, ep, slab_rows, D)
 struct Scratch {
@@ -192,6 +195,7 @@ struct Scratch {
   Tensor mean_prob_E;
   Tensor lbl_counts_E;             // i32: a sequence's or the group's counts (load-balancing granularity)
   Tensor ep_slabs;                 // compute dtype, 2*ep*slab_rows*D elements; padded transport only
+  Tensor ones_T;                   // compute dtype, model.attention_bias only
   // MXFP8 experts (moe/mx_experts.cpp): the gathered rows before quantization, the quantized send
   // buffer (EP with dispatch) or the bf16 receive buffer (EP without), the quantized output
   // gradient and SwiGLU gradient of the data gradients, and one bf16 buffer the weight gradients

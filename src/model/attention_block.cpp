@@ -27,6 +27,22 @@ Tensor dequantized(const SublayerContext& ctx, const Tensor& codes, const Tensor
   ctx.ops.mx_dequantize(codes, scales, x, Tensor());
   return x;
 }
+// model.attention_bias: scratch.ones_T filled with ones (an empty tensor without biases). The
+// biases are GEMMs with this (T,1) operand, exact compositions: y += 1 b^T adds b to every row
+// (one product 1 * b[n] per element), db += dy^T 1 sums the columns; in the compute dtype (fp32
+// masters and gradients in bf16 mode too).
+Tensor bias_ones(const SublayerContext& ctx) {
+  if (!ctx.cfg.attention_bias) return Tensor();
+  const Tensor ones = ctx.scratch.ones_T.view({ctx.dims.T, 1});
+  ctx.ops.fill(ones, 1.0);
+  return ones;
+}
+void add_bias(const SublayerContext& ctx, const Tensor& ones, const Tensor& b, const Tensor& y) {
+  if (!b.empty()) ctx.ops.linear_fwd(ones, b.view({b.numel(), 1}), y, true);
+}
+void bias_grad(const SublayerContext& ctx, const Tensor& ones, const Tensor& dy, const Tensor& db) {
+  if (!db.empty()) ctx.ops.linear_bwd_weight(dy, ones, db.view({db.numel(), 1}));
+}
 }  // namespace
 
 void attention_forward(const SublayerContext& ctx, const LayerParams& p, const Tensor& x_in, AttnActs& a,
@@ -47,13 +63,21 @@ void attention_forward(const SublayerContext& ctx, const LayerParams& p, const T
     if (w8) ops.mx_linear(a.h_q, a.h_qs, w8->q, w8->qs, y, false);
     else ops.linear_fwd(h_act, w, y, false);
   };
+  const Tensor ones = bias_ones(ctx);
+  // out = clamp(h w^T + b): the projection, its bias, then clip_qkv (into out from a.*_pre).
+  auto qkv = [&](const Tensor& w, const MxWeightCopies* w8, const Tensor& b, const Tensor& pre, const Tensor& out) {
+    const Tensor y = c.clip_qkv > 0 ? pre : out;
+    project(w, w8, y);
+    add_bias(ctx, ones, b, y);
+    if (c.clip_qkv > 0) ops.clamp_fwd(pre, c.clip_qkv, out);
+  };
   Tensor q2 = a.q.view({T, H * hd}), k2 = a.k.view({T, G * hd});
   if (ctx.choice.qk_norm == QkNorm::kNone) {
-    project(Wc.wq, mx ? &mx->wq : nullptr, q2);
-    project(Wc.wk, mx ? &mx->wk : nullptr, k2);
+    qkv(Wc.wq, mx ? &mx->wq : nullptr, W.bq, a.q_pre, q2);
+    qkv(Wc.wk, mx ? &mx->wk : nullptr, W.bk, a.k_pre, k2);
   } else {
-    project(Wc.wq, mx ? &mx->wq : nullptr, a.q_lin);
-    project(Wc.wk, mx ? &mx->wk : nullptr, a.k_lin);
+    qkv(Wc.wq, mx ? &mx->wq : nullptr, W.bq, a.q_pre, a.q_lin);
+    qkv(Wc.wk, mx ? &mx->wk : nullptr, W.bk, a.k_pre, a.k_lin);
     if (ctx.choice.qk_norm == QkNorm::kFull) {
       ops.rmsnorm_fwd(a.q_lin, W.q_norm, c.norm_eps, q2, a.rstd_q);
       ops.rmsnorm_fwd(a.k_lin, W.k_norm, c.norm_eps, k2, a.rstd_k);
@@ -62,10 +86,10 @@ void attention_forward(const SublayerContext& ctx, const LayerParams& p, const T
       ops.rmsnorm_fwd(a.k_lin.view({T * G, hd}), W.k_norm, c.norm_eps, k2.view({T * G, hd}), a.rstd_k);
     }
   }
-  project(Wc.wv, mx ? &mx->wv : nullptr, a.v.view({T, G * hd}));
+  qkv(Wc.wv, mx ? &mx->wv : nullptr, W.bv, a.v_pre, a.v.view({T, G * hd}));
   if (ctx.rope) {
-    ops.rope_fwd(a.q, c.rope_theta);
-    ops.rope_fwd(a.k, c.rope_theta);
+    ops.rope_fwd(a.q, c.rope_theta, c.rotary_dim());
+    ops.rope_fwd(a.k, c.rope_theta, c.rotary_dim());
   }
   // bf16 mode runs attention's matrix products on bf16 operands too (fp32 softmax and sums).
   ops.attention_fwd(a.q, a.k, a.v, a.o, a.lse, ctx.doc_start, ctx.bf16_operands());
@@ -76,6 +100,7 @@ void attention_forward(const SublayerContext& ctx, const LayerParams& p, const T
   } else {
     ops.linear_fwd(ctx.operand(a.o.view({T, H * hd}), a.o_act), Wc.wo, y, false);
   }
+  add_bias(ctx, ones, W.bo, y);
   ctx.finish_sublayer(y, W.attn_out_norm, a.rstd_out, x_in, x_out);
 }
 
@@ -101,19 +126,24 @@ void attention_backward(const SublayerContext& ctx, const LayerParams& p, const 
   data_grad(dy_act, Wc.wo, mx ? &mx->wo : nullptr, s.do_BSHd.view({T, H * hd}), false);
   const Tensor o_act = mx ? dequantized(ctx, a.o_q, a.o_qs) : ctx.bf16_operands() ? a.o_act : a.o.view({T, H * hd});
   ops.linear_bwd_weight(dy_act, o_act, dW.wo);
+  const Tensor ones = bias_ones(ctx);
+  bias_grad(ctx, ones, dy, dW.bo);
   ops.attention_bwd(s.do_BSHd, a.q, a.k, a.v, a.o, a.lse, s.dq_BSHd, s.dk_BSGd, s.dv_BSGd, ctx.doc_start,
                     ctx.bf16_operands());
   if (ctx.rope) {
-    ops.rope_bwd(s.dq_BSHd, c.rope_theta);
-    ops.rope_bwd(s.dk_BSGd, c.rope_theta);
+    ops.rope_bwd(s.dq_BSHd, c.rope_theta, c.rotary_dim());
+    ops.rope_bwd(s.dk_BSGd, c.rope_theta, c.rotary_dim());
   }
 
-  Tensor dq = s.dq_BSHd.view({T, H * hd}), dk = s.dk_BSGd.view({T, G * hd});
+  // clip_qkv and the biases read the projections' gradients in the compute dtype: the QK-norm
+  // backward then writes them so (and operand_grad converts them for the GEMMs in bf16 mode).
+  const bool fp32_grads = c.clip_qkv > 0 || c.attention_bias;
+  Tensor dq = s.dq_BSHd.view({T, H * hd}), dk = s.dk_BSGd.view({T, G * hd}), dv = s.dv_BSGd.view({T, G * hd});
   if (ctx.choice.qk_norm != QkNorm::kNone) {
     // The norms' input gradients only feed the q/k projections' GEMMs: written as their operands
     // (bf16 over the fp32 scratch, rounded, in bf16 mode).
-    const Tensor dq_op = ctx.grad_operand_store(s.dq_lin_THd, T, H * hd, s.dq_lin_THd);
-    const Tensor dk_op = ctx.grad_operand_store(s.dk_lin_TGd, T, G * hd, s.dk_lin_TGd);
+    const Tensor dq_op = fp32_grads ? s.dq_lin_THd : ctx.grad_operand_store(s.dq_lin_THd, T, H * hd, s.dq_lin_THd);
+    const Tensor dk_op = fp32_grads ? s.dk_lin_TGd : ctx.grad_operand_store(s.dk_lin_TGd, T, G * hd, s.dk_lin_TGd);
     if (ctx.choice.qk_norm == QkNorm::kFull) {
       ops.rmsnorm_bwd(dq, a.q_lin, W.q_norm, a.rstd_q, dq_op, dW.q_norm, false);
       ops.rmsnorm_bwd(dk, a.k_lin, W.k_norm, a.rstd_k, dk_op, dW.k_norm, false);
@@ -126,6 +156,14 @@ void attention_backward(const SublayerContext& ctx, const LayerParams& p, const 
     dq = dq_op;
     dk = dk_op;
   }
+  if (c.clip_qkv > 0) {  // in place: the gradient passes where the projection was within the clamp
+    ops.clamp_bwd(dq, a.q_pre, c.clip_qkv, dq);
+    ops.clamp_bwd(dk, a.k_pre, c.clip_qkv, dk);
+    ops.clamp_bwd(dv, a.v_pre, c.clip_qkv, dv);
+  }
+  bias_grad(ctx, ones, dq, dW.bq);
+  bias_grad(ctx, ones, dk, dW.bk);
+  bias_grad(ctx, ones, dv, dW.bv);
   // dh = dq wq + dk wk + dv wv, each operand converted once and used for data and weight grads.
   const Tensor h_act = mx ? dequantized(ctx, a.h_q, a.h_qs) : a.h_act;
   Tensor g = ctx.operand_grad(dq);
@@ -134,7 +172,7 @@ void attention_backward(const SublayerContext& ctx, const LayerParams& p, const 
   g = ctx.operand_grad(dk);
   data_grad(g, Wc.wk, mx ? &mx->wk : nullptr, s.dnormed_TD, true);
   ops.linear_bwd_weight(g, h_act, dW.wk);
-  g = ctx.operand_grad(s.dv_BSGd.view({T, G * hd}));
+  g = ctx.operand_grad(dv);
   data_grad(g, Wc.wv, mx ? &mx->wv : nullptr, s.dnormed_TD, true);
   ops.linear_bwd_weight(g, h_act, dW.wv);
   ctx.norm_input_backward(s.dnormed_TD, x_in, W.attn_norm, a.rstd_in, dW.attn_norm);

@@ -1,5 +1,6 @@
 // Attention sublayer, forward then backward (attention_block.cpp):
-//   h = RMSNorm(x); q,k,v = h W^T; [QK-norm]; RoPE(q,k); o = causal GQA attention; y = o wo^T
+//   h = RMSNorm(x); q,k,v = clamp(h W^T [+ b]) (clip_qkv); [QK-norm]; RoPE(q,k) on the first
+//   rotary_dim dims of each head; o = causal GQA attention; y = o wo^T [+ bo]
 //   pre: x_out = x + y          peri: x_out = x + RMSNorm_out(y)
 #pragma once
 

@@ -104,13 +104,12 @@ void ModelState::init_params(uint64_t seed) {
     uint64_t stream = fnv1a(info.name);  // the name's hash: layout-independent streams
     stream = (stream << 8) | static_cast<uint64_t>(RngStream::kInit);
     const bool f64 = compute_ == DType::kF64;
-    // Router logit biases start at zero, as Olmo-core 3's model init (init_moe_v2) sets them.
-    const bool zero = info.name.ends_with(".bias");
 #pragma omp parallel for schedule(static) if (info.numel >= 65536)
     for (int64_t i = 0; i < info.numel; ++i) {
       // Indexed by the element of the whole parameter: an expert shard draws its own slice.
       const auto index = static_cast<uint64_t>(info.global_begin + i);
-      double v = info.is_norm ? 1.0 : zero ? 0.0 : cfg_.init_std * random_trunc_normal(seed, stream, index, 3.0);
+      // Norms start at 1, biases at 0 (Olmo-core 3's init_linear and init_moe_v2), the rest truncated normal.
+      double v = info.is_norm ? 1.0 : info.is_bias ? 0.0 : cfg_.init_std * random_trunc_normal(seed, stream, index, 3.0);
       if (f64) t.as<double>()[i] = v;
       else t.as<float>()[i] = static_cast<float>(v);
     }

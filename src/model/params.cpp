@@ -102,6 +102,12 @@ void ParamLayout::add_layer(const ModelConfig& c, int64_t l, bool experts) {
   add(p + "wk", {kv, D});
   add(p + "wv", {kv, D});
   add(p + "wo", {D, q});
+  if (c.attention_bias) {
+    add(p + "bq", {q}, false, false, false, true);
+    add(p + "bk", {kv}, false, false, false, true);
+    add(p + "bv", {kv}, false, false, false, true);
+    add(p + "bo", {D}, false, false, false, true);
+  }
   if (c.qk_norm == "full") {
     add(p + "q_norm", {q}, true);
     add(p + "k_norm", {kv}, true);
@@ -121,7 +127,7 @@ void ParamLayout::add_layer(const ModelConfig& c, int64_t l, bool experts) {
   add(p + "router", {c.num_experts, D});
   // Logit biases are decayed like the router weights: Olmo-core 3's optimizer decays every
   // parameter its group overrides do not name (its scripts name the embedding only).
-  if (c.router_logit_bias) add(p + "router.bias", {c.num_experts});
+  if (c.router_logit_bias) add(p + "router.bias", {c.num_experts}, false, false, false, true);
   if (c.shared_hidden > 0) {
     // The shared experts stacked: expert e's hidden units are rows [e*H, (e+1)*H) of gate and up
     // and columns of down, so one GEMM computes them all (Es = 1: the single shared expert).
@@ -130,11 +136,12 @@ void ParamLayout::add_layer(const ModelConfig& c, int64_t l, bool experts) {
     add(p + "shared.up", {Fs, D});
     add(p + "shared.down", {D, Fs});
     if (c.shared_router) add(p + "shared.router", {c.shared_experts, D});
-    if (c.shared_router_bias) add(p + "shared.router.bias", {c.shared_experts});
+    if (c.shared_router_bias) add(p + "shared.router.bias", {c.shared_experts}, false, false, false, true);
   }
 }
 
-void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool is_norm, bool is_embedding, bool is_expert) {
+void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool is_norm, bool is_embedding, bool is_expert,
+                      bool is_bias) {
   ParamInfo info;
   info.name = std::move(name);
   info.shape = std::move(shape);
@@ -151,6 +158,7 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool is_norm
   info.is_norm = is_norm;
   info.is_embedding = is_embedding;
   info.is_expert = is_expert;
+  info.is_bias = is_bias;
   total_ += info.numel;
   entries_.push_back(std::move(info));
 }
@@ -197,6 +205,10 @@ Weights bind_weights(const ParamLayout& layout, const ModelConfig& c, const Tens
     L.wk = get(p + "wk");
     L.wv = get(p + "wv");
     L.wo = get(p + "wo");
+    L.bq = get(p + "bq");
+    L.bk = get(p + "bk");
+    L.bv = get(p + "bv");
+    L.bo = get(p + "bo");
     L.q_norm = get(p + "q_norm");
     L.k_norm = get(p + "k_norm");
     L.ffn_norm = get(p + "ffn_norm");

@@ -39,6 +39,7 @@ struct ParamInfo {
   bool is_norm = false;       // RMSNorm weight: init 1
   bool is_embedding = false;  // excluded from weight decay with no_decay_embeddings_norms
   bool is_expert = false;     // routed-expert weight: sharded over EP, replicated over EDP
+  bool is_bias = false;       // attention and router logit biases: init 0 (weight decay as the weights, as Olmo-core 3)
   std::vector<int64_t> global_shape;  // the whole parameter's shape
   int64_t global_begin = 0;  // element of the whole (row-major) parameter where this slice starts
   int64_t global_index = 0;  // position of the parameter in the whole model's layout
@@ -66,7 +67,7 @@ class ParamLayout {
  private:
   void add_layer(const ModelConfig& config, int64_t layer, bool experts);
   void add(std::string name, std::vector<int64_t> shape, bool is_norm = false, bool is_embedding = false,
-           bool is_expert = false);
+           bool is_expert = false, bool is_bias = false);
   std::vector<ParamInfo> entries_;
   ModelShard shard_;
   int64_t total_ = 0, dense_end_ = 0, num_global_ = 0, global_experts_ = 0;
@@ -76,6 +77,7 @@ class ParamLayout {
 // Tensors of absent parameters are empty (data == nullptr).
 struct LayerWeights {
   Tensor attn_norm, attn_out_norm, wq, wk, wv, wo, q_norm, k_norm;
+  Tensor bq, bk, bv, bo;                              // model.attention_bias
   Tensor ffn_norm, ffn_out_norm;
   Tensor mlp_gate, mlp_up, mlp_down;                  // dense layers
   Tensor router, exp_gate, exp_up, exp_down;          // MoE layers

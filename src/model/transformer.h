@@ -147,6 +147,8 @@ class Transformer {
   // The router scores (T,E) of MoE layer l in the last forward.
   const Tensor& router_scores(int64_t l) { return plan_.layer(0, l).ffn.scores; }
   const Tensor& router_logits(int64_t l) { return plan_.layer(0, l).ffn.logits; }
+  // Layer l's attention activations of the last forward (tests: clip_qkv's pre-clamp projections).
+  const AttnActs& attention_acts(int64_t l) { return plan_.layer(0, l).attn; }
   // Expert parallelism: the exchange counters, (MoE layers, 4 + ep) i32 on the device: each
   // layer's plan totals (moe/expert_exchange.h, ExchangeTotal) summed over the forwards since
   // the last reset (recompute re-runs are not counted); and their reset.

@@ -2,7 +2,9 @@
 // (sqrt(d_model)) and normed embedding, a dense layer at `dense_layer`, per-head QK-norm, sigmoid
 // scores with their epsilon, L2-normed weights times K, a scale and sqrt(original_top_k / K),
 // sliding windows of 5 keys between a full first and a full last layer, two shared experts behind
-// a gate with its logit bias (weights over their 1-norm), the router's logit bias.
+// a gate with its logit bias (weights over their 1-norm), the router's logit bias, attention
+// biases, q/k/v clamped at 0.2 (init std 0.02: some 10-20% of the projections), RoPE on half of
+// each head.
 #pragma once
 
 #include <cmath>
@@ -36,6 +38,9 @@ inline void apply_olmo_core3_options(ModelConfig& m, char dense_layer) {
   m.shared_router_bias = true;
   m.shared_router_norm_p = 1;
   m.router_logit_bias = true;
+  m.attention_bias = true;
+  m.clip_qkv = 0.2;
+  m.rope_partial = 0.5;
 }
 
 }  // namespace moe::test

@@ -163,9 +163,9 @@ TEST_P(Rope, MatchesRef) {
     for (bool inverse : {false, true}) {
       OwnedTensor x = random_tensor(DType::kF32, {s.b, s.s, s.h, s.d}, ++salt);
       OwnedTensor x64 = clone(x, DType::kF64), xr = clone(x);
-      inverse ? test::fast().rope_bwd(x, 10000.0) : test::fast().rope_fwd(x, 10000.0);
-      inverse ? ref::rope_bwd(x64, 10000.0) : ref::rope_fwd(x64, 10000.0);
-      inverse ? ref::rope_bwd(xr, 10000.0) : ref::rope_fwd(xr, 10000.0);
+      inverse ? test::fast().rope_bwd(x, 10000.0, s.d) : test::fast().rope_fwd(x, 10000.0, s.d);
+      inverse ? ref::rope_bwd(x64, 10000.0, s.d) : ref::rope_fwd(x64, 10000.0, s.d);
+      inverse ? ref::rope_bwd(xr, 10000.0, s.d) : ref::rope_fwd(xr, 10000.0, s.d);
       // cos/sin are the f64 values rounded to f32 (<= 2^-24 relative each), then two products
       // and a sum in f32: a few 2^-24 ~ 1e-7 relative to max|x|. 5e-7.
       EXPECT_LT(rel_error(x, x64), 5e-7);
@@ -178,20 +178,20 @@ TEST_P(Rope, MatchesRef) {
   // Not on a backend without f64 (cuda: tests/kernels/expected_skips.txt).
   if (!test::fast_device().supports(OpId::rope_fwd, DType::kF64)) return;
   OwnedTensor a = random_tensor(DType::kF64, {2, 300, 2, 16}, 150), b = clone(a);
-  test::fast().rope_fwd(a, 500000.0);
-  ref::rope_fwd(b, 500000.0);
+  test::fast().rope_fwd(a, 500000.0, 16);
+  ref::rope_fwd(b, 500000.0, 16);
   EXPECT_LT(rel_error(a, b), 1e-14);
 }
 
 TEST_P(Rope, BackwardInvertsForward) {
   SEED_TRACE();
   OwnedTensor x = random_tensor(DType::kF64, {2, 40, 3, 32}, 160), x0 = clone(x);
-  ref::rope_fwd(x, 10000.0);
-  ref::rope_bwd(x, 10000.0);
+  ref::rope_fwd(x, 10000.0, 32);
+  ref::rope_bwd(x, 10000.0, 32);
   EXPECT_LT(rel_error(x, x0), 1e-15);  // cos^2 + sin^2 = 1 to rounding
   OwnedTensor y = random_tensor(DType::kF32, {2, 40, 3, 32}, 161), y0 = clone(y);
-  test::fast().rope_fwd(y, 10000.0);
-  test::fast().rope_bwd(y, 10000.0);
+  test::fast().rope_fwd(y, 10000.0, 32);
+  test::fast().rope_bwd(y, 10000.0, 32);
   EXPECT_LT(rel_error(y, y0), 1e-6);  // cos/sin rounded to f32, four f32 roundings
 }
 
@@ -201,16 +201,16 @@ TEST(RopeRef, GradientMatchesFiniteDifferences) {
   OwnedTensor rw = random_tensor(DType::kF64, {2, 4, 2, 6}, 171);
   auto loss = [&] {
     OwnedTensor y = clone(x);
-    ref::rope_fwd(y, 100.0);
+    ref::rope_fwd(y, 100.0, 6);
     return dot(y, rw);
   };
   OwnedTensor g = clone(rw);
-  ref::rope_bwd(g, 100.0);  // the gradient of sum(rope(x) * rw) is the inverse rotation of rw
+  ref::rope_bwd(g, 100.0, 6);  // the gradient of sum(rope(x) * rw) is the inverse rotation of rw
   EXPECT_LT(rel_error(g, numeric_grad(x, loss)), 1e-9);
   // Position 0 is the identity; position 1, frequency 0 rotates by exactly 1 radian.
   OwnedTensor p(DType::kF64, {1, 2, 1, 2});
   set(p, 0, 1), set(p, 1, 0), set(p, 2, 1), set(p, 3, 0);
-  ref::rope_fwd(p, 100.0);
+  ref::rope_fwd(p, 100.0, 2);
   EXPECT_EQ(get(p, 0), 1.0);
   EXPECT_EQ(get(p, 1), 0.0);
   EXPECT_NEAR(get(p, 2), std::cos(1.0), 1e-15);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -116,6 +117,7 @@ inline void check_step0(const Golden& g, const std::string& backend, DType dt, d
     const HostView grad(*ops, param_view(info, trainer.model().grads().flat));
     const double err = test::rel_error(grad.tensor(), g.file.read("step0.grad." + info.name, DType::kF64));
     EXPECT_LT(err, tol_grad) << "gradient of " << info.name;
+    if (std::getenv("MOE_GOLDEN_DEBUG")) std::printf("    %s %.2e\n", info.name.c_str(), err);
     if (err > worst) { worst = err; worst_name = info.name; }
   }
   std::printf("  %s [%s]: logits error %.2e, loss error %.2e, worst gradient error %.2e (%s)\n", g.name.c_str(),

@@ -184,6 +184,29 @@ TEST(HfImport, ImportExportRoundTripsExactly) {
   EXPECT_EQ(import_hf(tmp("rt_sp")).params, sp.params);
 }
 
+// OLMoE's attention_bias (OlmoeAttention's q/k/v/o_proj.bias, the same function as moecore's
+// model.attention_bias): out and back in, the same bytes.
+TEST(HfImport, AttentionBiasesRoundTripThroughOlmoe) {
+  const HfModel m = import_hf(kGolden + "hf/fused");
+  Config c = m.config;
+  c.model.attention_bias = true;
+  const ParamLayout biased(c.model), plain(m.config.model);
+  std::vector<float> params(static_cast<size_t>(biased.total()), 0.0f);
+  for (const ParamInfo& p : biased.entries()) {
+    float* dst = params.data() + p.offset;
+    if (p.is_bias)
+      for (int64_t i = 0; i < p.numel; ++i) dst[i] = 0.02f * static_cast<float>(i % 7) - 0.05f;
+    else
+      std::memcpy(dst, m.params.data() + plain.find(p.name).offset, static_cast<size_t>(p.numel) * sizeof(float));
+  }
+  const std::string out = tmp("olmoe_biased");
+  export_hf(c, params.data(), out, "f32");
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(out + "/config.json"))["attention_bias"], true);
+  const HfModel back = import_hf(out);
+  EXPECT_TRUE(back.config.model.attention_bias);
+  EXPECT_EQ(back.params, params);
+}
+
 // moecore's own forward on the imported checkpoints reproduces the fixture's logits (the logits
 // transformers computes; check_hf_export.py compares transformers on our export with the same).
 TEST(HfImport, ImportedModelsComputeTheFixtureLogits) {
@@ -231,6 +254,8 @@ TEST(HfExport, RefusesWhatOlmoeCannotExpress) {
   refused([](ModelConfig& c) { c.n_dense_layers = 1; }, "dense layers");
   refused([](ModelConfig& c) { c.dense_layers.push_back('1'); }, "model.dense_layers = \"1\"");
   refused([](ModelConfig& c) { c.shared_hidden = 16; }, "shared experts");
+  refused([](ModelConfig& c) { c.clip_qkv = 8; }, "model.clip_qkv");
+  refused([](ModelConfig& c) { c.rope_partial = 0.5; }, "model.rope_partial");
   refused([](ModelConfig& c) { c.score_func = "sigmoid"; }, "model.score_func = \"sigmoid\"");
   refused([](ModelConfig& c) { c.score_func = "topk_softmax"; }, "model.score_func = \"topk_softmax\"");
   refused([](ModelConfig& c) { c.router_bias_gamma = 1e-3; }, "router bias");
@@ -289,7 +314,9 @@ TEST(HfImport, RefusesUnsupportedConfigsAndTensors) {
   EXPECT_ERROR(import_hf(variant("mt", [](nlohmann::json& j) { j["model_type"] = "mixtral"; })), "model_type");
   EXPECT_ERROR(import_hf(variant("act", [](nlohmann::json& j) { j["hidden_act"] = "gelu"; })), "hidden_act");
   EXPECT_ERROR(import_hf(variant("clip", [](nlohmann::json& j) { j["clip_qkv"] = 8.0; })), "clip_qkv");
-  EXPECT_ERROR(import_hf(variant("bias", [](nlohmann::json& j) { j["attention_bias"] = true; })), "attention_bias");
+  // attention_bias = true is a model moecore computes: here refused only for the missing tensors.
+  EXPECT_ERROR(import_hf(variant("bias", [](nlohmann::json& j) { j["attention_bias"] = true; })),
+               "lacks tensors for parameter 'layers.0.bq'");
   EXPECT_ERROR(import_hf(variant("rope", [](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = "yarn"; })),
                "rope_type");
   EXPECT_ERROR(import_hf(variant("hd", [](nlohmann::json& j) { j["head_dim"] = 16; })), "head_dim 16");

@@ -96,6 +96,23 @@ double min_selection_gap(Transformer& model, const Config& c) {
   return gap;
 }
 
+// clip_qkv: the smallest distance of a pre-clamp projection to the clamp's bounds over all layers
+// of the last forward (infinite without clipping), and how many projections were clamped.
+double min_clip_margin(Transformer& model, const Config& c, int64_t* clamped = nullptr) {
+  double margin = 1e30;
+  if (c.model.clip_qkv <= 0) return margin;
+  for (int64_t l = 0; l < c.model.n_layers; ++l) {
+    const AttnActs& a = model.attention_acts(l);
+    for (const Tensor* t : {&a.q_pre, &a.k_pre, &a.v_pre})
+      for (int64_t i = 0; i < t->numel(); ++i) {
+        const double x = std::abs(test::get(*t, i));
+        margin = std::min(margin, std::abs(x - c.model.clip_qkv));
+        if (clamped && x > c.model.clip_qkv) ++*clamped;
+      }
+  }
+  return margin;
+}
+
 TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE(seed);
@@ -105,6 +122,8 @@ TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
   std::unique_ptr<Backend> ops = make_backend("ref");
   Trainer trainer(c, *ops, DType::kF64);
   trainer.model().init_params(seed);
+  for (const ParamInfo& info : trainer.model().layout().entries())  // biases start at 0: give them values
+    if (info.is_bias) test::fill_uniform(param_view(info, trainer.model().params().flat), seed, 39, -0.5, 0.5);
   if (c.model.router_bias_selects())
     for (auto& b : trainer.model().router_bias()) test::fill_uniform(b, seed, 40, -0.05, 0.05);
   // The routers' logit biases start at zero (Olmo-core 3's init): drawn here so that they matter.
@@ -121,7 +140,16 @@ TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
     test::fill_ids(ids, seed, 41 + attempt, 11);
     for (int64_t i = 0; i < 14; ++i) labels.as<int32_t>()[i] = (i % 7 == 6 || i == 3) ? -1 : ids.as<int32_t>()[i + 1];
     base = trainer.compute_gradients(ids, labels);
-    if (c.model.routing != "learned" || min_selection_gap(model, c) > 1e-2) break;
+    // clip_qkv: no projection within 5e-3 of +-clip (a perturbation moves one by <~1e-3), so the
+    // clamp's kink is never crossed.
+    if ((c.model.routing != "learned" || min_selection_gap(model, c) > 1e-2) && min_clip_margin(model, c) > 5e-3)
+      break;
+  }
+  if (c.model.clip_qkv > 0) {  // the clamp is active: some projections beyond it, some within
+    int64_t clamped = 0;
+    min_clip_margin(model, c, &clamped);
+    EXPECT_GT(clamped, 0);
+    EXPECT_LT(clamped, 14 * (c.model.n_heads + 2 * c.model.n_kv_heads) * c.model.hd() * c.model.n_layers);
   }
   const int64_t moe_layers = c.model.num_moe_layers();
   std::vector<OwnedTensor> choices;
@@ -237,6 +265,30 @@ INSTANTIATE_TEST_SUITE_P(
                   c.model.rope = "windowed";
                 }},
         Variant{"no_rope", [](Config& c) { c.model.rope = "none"; }},
+        // Olmo-core 3's attention options: clip_qkv (about a quarter of the projections clamped),
+        // biases on the four projections, RoPE on half of each head's dims; with QK-norm over all
+        // heads (pre), per head (reordered) and none (peri).
+        Variant{"clip_qkv_attention_bias_partial_rope_full_qk",
+                [](Config& c) {
+                  c.model.clip_qkv = 1.0;
+                  c.model.attention_bias = true;
+                  c.model.rope_partial = 0.5;
+                }},
+        Variant{"clip_qkv_attention_bias_partial_rope_per_head_reordered",
+                [](Config& c) {
+                  c.model.clip_qkv = 1.0;
+                  c.model.attention_bias = true;
+                  c.model.rope_partial = 0.5;
+                  c.model.qk_norm = "per_head";
+                  c.model.norm_placement = "reordered";
+                }},
+        Variant{"clip_qkv_attention_bias_no_qk_norm_peri",
+                [](Config& c) {
+                  c.model.clip_qkv = 1.0;
+                  c.model.attention_bias = true;
+                  c.model.qk_norm = "none";
+                  c.model.norm_placement = "peri";
+                }},
         // The load-balancing loss per sequence (the micro-batch holds two), sigmoid scores.
         Variant{"instance_load_balancing_sigmoid",
                 [](Config& c) {

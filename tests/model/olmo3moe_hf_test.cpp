@@ -199,6 +199,8 @@ TEST(Olmo3moe, ExportRefusesByNameWhatOlmo3moeCannotCompute) {
   refused([](ModelConfig& c) { c.router_bias_gamma = 1e-3; }, "router bias");
   refused([](ModelConfig& c) { c.sliding_window.append(",24"); }, "several window sizes");
   refused([](ModelConfig& c) { c.rope = "windowed"; }, "model.rope = \"windowed\"");
+  refused([](ModelConfig& c) { c.clip_qkv = 8; }, "model.clip_qkv");
+  refused([](ModelConfig& c) { c.rope_partial = 0.5; }, "model.rope_partial");
   refused(
       [](ModelConfig& c) {
         c.n_group = 4;
@@ -253,6 +255,33 @@ TEST(Olmo3moe, MissingFieldsTakeOlmo3MoeConfigsDefaults) {
   nlohmann::json kda = read_json(kFolder + "/config.json");
   kda["layer_types"][1] = "linear_attention";
   EXPECT_NE(test::error_of([&] { config_from_hf_json(kda.dump()); }).find("layer_types[1]"), std::string::npos);
+}
+
+// Attention biases (olmo3moe attention_bias): q/k/v/o_proj.bias out and back in, the
+// same bytes; a model with them is the imported one plus four tensors per layer.
+TEST(HfExport, AttentionBiasesRoundTripThroughOlmo3moe) {
+  const HfModel m = import_hf(kFolder);
+  Config c = m.config;
+  c.model.attention_bias = true;
+  const ParamLayout biased(c.model), plain(m.config.model);
+  std::vector<float> params(static_cast<size_t>(biased.total()), 0.0f);
+  for (const ParamInfo& p : biased.entries()) {
+    float* dst = params.data() + p.offset;
+    if (p.is_bias)
+      for (int64_t i = 0; i < p.numel; ++i) dst[i] = 0.01f * static_cast<float>(i + 1) * (p.name.back() == 'q' ? -1.f : 1.f);
+    else
+      std::memcpy(dst, m.params.data() + plain.find(p.name).offset, static_cast<size_t>(p.numel) * sizeof(float));
+  }
+  HfExportOptions o;
+  o.format = HfFormat::kOlmo3moe;
+  const std::string out = tmp("biased");
+  export_hf(c, params.data(), out, o);
+  EXPECT_EQ(read_json(out + "/config.json")["attention_bias"], true);
+  EXPECT_TRUE(SafetensorsFile(out + "/model.safetensors").entries().count("model.layers.1.self_attn.o_proj.bias"));
+  const HfModel back = import_hf(out);
+  EXPECT_TRUE(back.config.model.attention_bias);
+  ASSERT_EQ(back.params.size(), params.size());
+  EXPECT_EQ(std::memcmp(back.params.data(), params.data(), params.size() * sizeof(float)), 0);
 }
 
 // A budget below the model's size gives shards and an index, which the import reads back exactly.

@@ -97,7 +97,7 @@ TEST(Parity, PipelineDataExpertZero1) {
 // Olmo-core 3's options together (docs/MODEL.md): reordered norms, scaled and normed embedding,
 // a dense layer inside the stack, per-head QK-norm, sigmoid scores with their epsilon, L2-normed
 // weights times K, a scale and sqrt(original_top_k / K), two gated shared experts, the routers'
-// logit biases, loss-free bias.
+// logit biases, attention biases, clip_qkv, partial RoPE, loss-free bias.
 Config olmo_core3_options_config() {
   Config c = parity_config();
   apply_olmo_core3_options(c.model, '2');

@@ -11,6 +11,7 @@
 
 #include "config/config.h"
 #include "core/check.h"
+#include "model/params.h"
 
 namespace moe {
 namespace {
@@ -237,6 +238,29 @@ TEST(Config, AllOptionsFlopCountByHand) {
   one.shared_router = one.shared_router_bias = one.router_logit_bias = false;
   EXPECT_EQ(m.num_params() - one.num_params(),
             3 * (2 * 3 * 64 * m.d_model + 3 * m.d_model + 3 + m.num_experts));
+}
+
+// Olmo-core 3's attention options: the biases are 4 vectors a layer, counted in num_params and in
+// the layout (hence the planner and checkpoints); their adds, the clamp and partial RoPE are not
+// matmul FLOPs (like the norms), so the MFU count is unchanged. Invalid values are refused by key.
+TEST(Config, AttentionOptionsCountParametersNotFlops) {
+  const Config base = parse_config("", {"model.n_layers=3", "model.head_dim=24"});
+  const Config c = parse_config("", {"model.n_layers=3", "model.head_dim=24", "model.attention_bias=true",
+                                     "model.clip_qkv=8", "model.rope_partial=0.25"});
+  const ModelConfig& m = c.model;
+  const int64_t q = m.n_heads * m.hd(), kv = m.n_kv_heads * m.hd();
+  EXPECT_EQ(m.num_params() - base.model.num_params(), 3 * (q + 2 * kv + m.d_model));
+  const ParamLayout layout(m);
+  int64_t in_layout = 0;
+  for (const ParamInfo& p : layout.entries()) in_layout += p.numel;
+  EXPECT_EQ(in_layout, m.num_params());
+  EXPECT_EQ(layout.find("layers.2.bk").numel, kv);
+  EXPECT_DOUBLE_EQ(m.train_flops_per_token(100), base.model.train_flops_per_token(100));
+  EXPECT_EQ(m.rotary_dim(), 6);  // int(24 x 0.25)
+  for (const char* bad : {"model.rope_partial=0.1", "model.rope_partial=1.5", "model.clip_qkv=-1"}) {
+    const std::string msg = error_of("", {bad});
+    EXPECT_NE(msg.find(std::string(bad).substr(0, std::string(bad).find('='))), std::string::npos) << msg;
+  }
 }
 
 // Every number of a config is finite: inf, -inf and nan are refused for every numeric key, in

@@ -42,7 +42,7 @@ Config small_config() {
 
 // Olmo-core 3's options on small_config (docs/MODEL.md): reordered norms, a scaled and normed
 // embedding, a dense layer between MoE layers, sigmoid scores with their epsilon, L2-normed
-// weights times K, scaled, loss-free bias.
+// weights times K, scaled, attention biases, clip_qkv, partial RoPE, loss-free bias.
 Config olmo_core3_config() {
   Config c = small_config();
   c.model.n_layers = 3;

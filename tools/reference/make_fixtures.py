@@ -219,6 +219,24 @@ FIXTURES["oc3_shared"] = dict(
 )
 
 
+# Olmo-core 3's attention options: clip_qkv, attention biases (bq bk bv bo), partial RoPE (4 of
+# 8 head dims). A smaller model (d 16, V 32, S 32) keeps the file near 220 KB. init_std 0.1 and
+# biases ~ TN(0, 0.2) make about a quarter of the projections exceed the clamp at 0.5.
+FIXTURES["oc3_attention"] = dict(
+    source="olmo_core3",
+    model=oc3_model(vocab_size=32, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                    num_experts=4, top_k=2, expert_hidden=8, norm_placement="peri",
+                    qk_norm="per_head", clip_qkv=0.5, attention_bias=True, rope_partial=0.5,
+                    init_std=0.1),
+    loss=R.LossConfig(lm_z_coef=0.0, lbl_coef=0.05, router_z_coef=0.005),
+    optim=optim(max_grad_norm=0.42),
+    train=R.TrainConfig(steps=10, seq_len=32, batch_size=4, micro_batch_size=2),
+    design=dict(seed=8009, embed_std=1.0, embed_offset=3.0, router_std=0.3,
+                zero_experts=[(1, 3, -8.0)], final_norm_scale=1.0, out_norm_scale=0.04,
+                bias_std=0.0, masked=(4, 7), attn_bias_std=0.2),
+)
+
+
 # =========================================================================== init and batch
 def tn(shape, std, gen):
     t = torch.empty(shape, dtype=F64)
@@ -251,6 +269,8 @@ def init_params(cfg: R.ModelConfig, design, gen):
             t = design["final_norm_scale"] * unif(shape, 0.8, 1.2, gen)
         elif name.endswith("norm"):
             t = unif(shape, 0.8, 1.2, gen)
+        elif name.rsplit(".", 1)[-1] in ("bq", "bk", "bv", "bo"):
+            t = tn(shape, design["attn_bias_std"], gen)
         else:
             t = tn(shape, cfg.init_std, gen)
         P[name] = t
@@ -717,6 +737,12 @@ def olmo_core3_checks(fx, P, bias0, ids, labels, checks, shared_checks):
         bias_max_abs_all_steps=max(d["bias"] for d in bc),
         router_counts_equal_all_steps=all(d["counts_equal"] for d in bc))
     assert all(d["counts_equal"] for d in bc)
+    if cfg.clip_qkv > 0:  # no projection within rounding of the clamp's bounds, in any forward
+        cs = adapter.clip_stats
+        checks["clip_qkv_projections"] = dict(
+            min_distance_to_bound_all_forwards=min(d["min_margin"] for d in cs),
+            clamped_fraction_step0=cs[0]["clamped"] / cs[0]["of"], forwards=len(cs))
+        assert checks["clip_qkv_projections"]["min_distance_to_bound_all_forwards"] > 1e-6, cs
     checks["olmo_core_get_hf_config_on_this_model"] = OC.olmo_core_hf_config_attempt(adapter.m)
     checks["olmo_core3_stock_float32_casts_vs_float64_step0_logits_rel"] = \
         OC.stock_precision_logits_rel(cfg, P, ids[:tr.micro_batch_size], bias0)
@@ -794,7 +820,7 @@ def build_fixture(name, fx, shared_checks):
     assert s0["min_gap"] >= GAP_STEP0_MIN, s0["min_gap"]
     assert min(rec["min_gap"]) > GAP_ALL_MIN, rec["min_gap"]
     clipped = [n + 1 for n, g in enumerate(rec["grad_norm"]) if g > oc.max_grad_norm]
-    assert 1 in clipped, "clipping must trigger at step 1"
+    assert 1 in clipped, ("clipping must trigger at step 1", rec["grad_norm"][:3])
     checks["tokens_per_microbatch"] = [mbs * tr.seq_len] * M
     checks["loss_tokens_per_microbatch"] = loss_tok
     checks["zero_token_experts_step0"] = zero

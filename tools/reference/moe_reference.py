@@ -9,7 +9,8 @@ Options covered: norm_placement pre|peri|reordered, qk_norm none|full|per_head, 
 dense_layers (any indices), shared expert (shared_merge sum|v1), score_func softmax|sigmoid|
 topk_softmax, sigmoid_eps, norm_topk_prob with norm_topk_p, restore_weight_scale,
 expert_weight_scale, original_top_k, router_bias (loss-free balancing), embed_scale,
-embedding_norm, tie_embeddings, GQA, RoPE rotate-halves with theta, head_dim != d_model / n_heads.
+embedding_norm, tie_embeddings, GQA, RoPE rotate-halves with theta (partial: rope_partial),
+head_dim != d_model / n_heads, clip_qkv, attention_bias.
 The options added for Olmo-core 3 (reordered norm, embed_scale, embedding_norm, norm_topk_p,
 restore_weight_scale, expert_weight_scale, original_top_k, sigmoid_eps, topk_softmax,
 dense_layers) follow ai2-olmo-core 3.0.0's OLMoDDPModel / OLMoDDPTransformerBlock / MoERouterV2;
@@ -85,6 +86,11 @@ class ModelConfig:
     shared_router_norm_p: float = 0.0  # 0 = not normalized
     shared_router_bias: bool = False  # learned bias on the shared router's logits
     router_logit_bias: bool = False  # learned bias on the routed router's logits
+    # attention options (Olmo-core 3's Attention): q, k, v clamped to [-c, c] after their
+    # projections (0 = off); biases bq bk bv bo; RoPE on the first int(hd * rope_partial) dims
+    clip_qkv: float = 0.0
+    attention_bias: bool = False
+    rope_partial: float = 1.0
 
     # the fields added for Olmo-core 3, in order (make_fixtures writes them only when set)
     NEW_FIELDS = ("embed_scale", "embedding_norm", "norm_topk_p", "restore_weight_scale",
@@ -92,7 +98,8 @@ class ModelConfig:
                   "sliding_window", "sliding_window_full_first", "sliding_window_full_last",
                   "n_group", "topk_group", "score_correction_bias", "rope", "shared_experts",
                   "shared_router", "shared_router_score", "shared_router_sigmoid_eps",
-                  "shared_router_norm_p", "shared_router_bias", "router_logit_bias")
+                  "shared_router_norm_p", "shared_router_bias", "router_logit_bias", "clip_qkv",
+                  "attention_bias", "rope_partial")
 
     def window(self, L):
         """Keys a query of layer L sees counting itself (0 = full causal): Olmo-core 3's
@@ -106,6 +113,9 @@ class ModelConfig:
         pattern = [int(v) for v in self.sliding_window.split(",")]
         w = pattern[(L - (1 if self.sliding_window_full_first else 0)) % len(pattern)]
         return 0 if w == -1 else w
+
+    def rotary_dim(self):
+        return int(self.head_dim * self.rope_partial)
 
     def rope_on(self, L):
         return self.rope == "all" or (self.rope == "windowed" and self.window(L) > 0)
@@ -147,6 +157,8 @@ class ModelConfig:
             assert all(int(v) > 0 or int(v) == -1 for v in self.sliding_window.split(","))
         assert (self.n_group == 0) == (self.topk_group == 0)
         assert self.rope in ("all", "none", "windowed")
+        assert self.clip_qkv >= 0 and 0 < self.rope_partial <= 1
+        assert self.rotary_dim() >= 2 and self.rotary_dim() % 2 == 0
         assert self.rope != "windowed" or self.sliding_window
         if self.n_group:
             assert self.num_experts % self.n_group == 0 and self.topk_group <= self.n_group
@@ -225,6 +237,11 @@ def param_shapes(cfg: ModelConfig) -> "OrderedDict[str, tuple]":
         s[p + "wk"] = (G * hd, D)
         s[p + "wv"] = (G * hd, D)
         s[p + "wo"] = (D, H * hd)
+        if cfg.attention_bias:
+            s[p + "bq"] = (H * hd,)
+            s[p + "bk"] = (G * hd,)
+            s[p + "bv"] = (G * hd,)
+            s[p + "bo"] = (D,)
         if cfg.qk_norm == "full":
             s[p + "q_norm"] = (H * hd,)
             s[p + "k_norm"] = (G * hd,)
@@ -270,17 +287,19 @@ def rmsnorm(x, w, eps):
     return w * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def rope(x, theta):
-    """x (B, S, N, hd); rotate-halves; position = index within the sequence."""
+def rope(x, theta, rd=None):
+    """x (B, S, N, hd); rotate-halves on the first rd dims (default all), frequencies over rd;
+    the rest pass through; position = index within the sequence."""
     B, S, N, hd = x.shape
-    half = hd // 2
+    rd = hd if rd is None else rd
+    half = rd // 2
     i = torch.arange(half, dtype=DTYPE)
-    freq = theta ** (-2.0 * i / hd)  # (hd/2)
-    ang = torch.arange(S, dtype=DTYPE)[:, None] * freq[None, :]  # (S, hd/2)
+    freq = theta ** (-2.0 * i / rd)  # (rd/2)
+    ang = torch.arange(S, dtype=DTYPE)[:, None] * freq[None, :]  # (S, rd/2)
     cos = torch.cos(ang)[None, :, None, :]
     sin = torch.sin(ang)[None, :, None, :]
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    x1, x2 = x[..., :half], x[..., half:rd]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., rd:]], dim=-1)
 
 
 def group_limited(sel, c):
@@ -347,9 +366,12 @@ class MoEReference(torch.nn.Module):
         c = self.cfg
         B, S, D = h.shape
         P = lambda n: self.param(f"layers.{L}.{n}")
-        q = F.linear(h, P("wq"))
-        k = F.linear(h, P("wk"))
-        v = F.linear(h, P("wv"))
+        b = (lambda n: P(n)) if c.attention_bias else (lambda n: None)
+        q = F.linear(h, P("wq"), b("bq"))
+        k = F.linear(h, P("wk"), b("bk"))
+        v = F.linear(h, P("wv"), b("bv"))
+        if c.clip_qkv > 0:
+            q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
         if c.qk_norm == "full":
             q = rmsnorm(q, P("q_norm"), c.norm_eps)
             k = rmsnorm(k, P("k_norm"), c.norm_eps)
@@ -360,10 +382,10 @@ class MoEReference(torch.nn.Module):
             q = rmsnorm(q, P("q_norm"), c.norm_eps)
             k = rmsnorm(k, P("k_norm"), c.norm_eps)
         if c.rope_on(L):
-            q = rope(q, c.rope_theta)
-            k = rope(k, c.rope_theta)
+            q = rope(q, c.rope_theta, c.rotary_dim())
+            k = rope(k, c.rope_theta, c.rotary_dim())
         o = causal_gqa_attention(q, k, v, c.window(L)).reshape(B, S, c.n_heads * c.head_dim)
-        return F.linear(o, P("wo"))
+        return F.linear(o, P("wo"), b("bo"))
 
     def _moe(self, L, h, router_bias, info):
         c = self.cfg

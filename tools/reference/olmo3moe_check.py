@@ -9,7 +9,8 @@ Olmo-core 3.0.0's defects worked around here (see tools/reference/README.md):
   required argument is dropped and the forward raises. `hf_patches` renames it, nothing else;
 - Olmo-core's tensor converter `convert_olmo3moe_state_to_hf` is used for the weights; it rejects
   the router's `score_bias` buffer (olmo3moe has no score bias), which is dropped for the
-  variant below.
+  variant below, and the attention biases (which olmo3moe's attention_bias carries), which are
+  moved by hand to q/k/v/o_proj.bias.
 float64 patches (precision only, same formulas): Olmo3MoeRMSNorm, the rotary tables and the routed
 experts' accumulator cast to float32 explicitly; `Tensor.float()` keeps float64 (router).
 Configs olmo3moe cannot express (pre-norm, topk_softmax, qk_norm none, sigmoid eps != 1e-7,
@@ -60,6 +61,10 @@ def not_expressible(cfg: R.ModelConfig):
         why.append("several shared experts / a shared router (olmo3moe has one ungated shared expert)")
     if cfg.router_logit_bias:
         why.append("router logit bias (olmo3moe's gate is a Linear without bias)")
+    if cfg.clip_qkv > 0:
+        why.append("clip_qkv (olmo3moe has no field for it)")
+    if cfg.rope_partial != 1.0:
+        why.append("partial RoPE (olmo3moe rotates every head dim)")
     if cfg.has_router_bias():
         variant.append("router bias (olmo3moe has no score bias): bias 0 on both sides")
     return why, variant
@@ -82,7 +87,7 @@ def hf_config(cfg: R.ModelConfig, seq_len: int):
         pad_token_id=None, bos_token_id=None, eos_token_id=None,
         tie_word_embeddings=cfg.tie_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        attention_bias=False, rms_norm_eps=cfg.norm_eps,
+        attention_bias=cfg.attention_bias, rms_norm_eps=cfg.norm_eps,
         sliding_window=max([cfg.window(L) for L in range(cfg.n_layers)]) or None,
         use_head_qk_norm=cfg.qk_norm == "per_head", use_rope=cfg.rope != "none",
         layer_types=["sliding_attention" if cfg.window(L) else "full_attention"
@@ -148,8 +153,22 @@ def hf_patches():
             setattr(obj, name, val)
 
 
-def build_hf(cfg, oc_model, seq_len, scale_down=1.0):
+def to_hf(hc, state):
+    """Olmo-core's convert_olmo3moe_state_to_hf, with the attention biases: its 3.0.0 converter
+    refuses them although Olmo3MoeConfig.attention_bias and its modeling carry them (nn.Linear
+    q/k/v/o_proj with bias), so they are moved by hand, by the names its modeling gives them."""
     from olmo_core.nn.hf.convert import convert_olmo3moe_state_to_hf
+    proj = dict(w_q="q_proj", w_k="k_proj", w_v="v_proj", w_out="o_proj")
+    state = dict(state)
+    biases = {k: state.pop(k) for k in [k for k in state if k.endswith(".bias") and ".attention.w_" in k]}
+    hs = convert_olmo3moe_state_to_hf(hc, state)
+    for k, v in biases.items():
+        _, L, _, lin, _ = k.split(".")  # blocks.L.attention.w_q.bias
+        hs[f"model.layers.{L}.self_attn.{proj[lin]}.bias"] = v
+    return hs
+
+
+def build_hf(cfg, oc_model, seq_len, scale_down=1.0):
     from olmo_core.nn.moe.v2.hf.modeling_olmo3moe import Olmo3MoeForCausalLM
     hc = hf_config(cfg, seq_len)
     torch.manual_seed(0)
@@ -161,7 +180,7 @@ def build_hf(cfg, oc_model, seq_len, scale_down=1.0):
     if m.model.rotary_embs is not None:  # use_rope = false: none
         m.model.rotary_embs.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=F64) / hd))
     state = {k: v.detach() for k, v in oc_model.state_dict().items() if not k.endswith("score_bias")}
-    hs = convert_olmo3moe_state_to_hf(hc, state)
+    hs = to_hf(hc, state)
     if scale_down != 1.0:
         hs = {k: (v * scale_down if ".mlp.experts." in k and k.endswith("down_proj.weight") else v)
               for k, v in hs.items()}
@@ -209,10 +228,9 @@ def check(cfg, params, ids, labels, seq_len, bias=None):
                       logits_rel_to_max=rel(lh, lo), ce_sum_abs=abs(float(ce_h - ce_o)))
     lh, lo = lh.detach(), lo.detach()
     if not variant:
-        from olmo_core.nn.hf.convert import convert_olmo3moe_state_to_hf
         g_oc = {k: torch.zeros_like(p) if p.grad is None else p.grad
                 for k, p in ocm.named_parameters(remove_duplicate=False)}
-        g_hf_from_oc = convert_olmo3moe_state_to_hf(hc, g_oc)
+        g_hf_from_oc = to_hf(hc, g_oc)
         worst, where = 0.0, None
         for k, p in hf.named_parameters(remove_duplicate=False):
             r = rel(p.grad, g_hf_from_oc[k])
@@ -227,3 +245,22 @@ def check(cfg, params, ids, labels, seq_len, bias=None):
                             gating_function=hc.gating_function,
                             original_num_experts_per_tok=hc.original_num_experts_per_tok)
     return out
+
+
+if __name__ == "__main__":
+    # Attention biases (olmo3moe attention_bias), which no oc3 fixture can check here (oc3_attention
+    # also clips and rotates part of each head, which olmo3moe cannot): oc3_reordered's config
+    # with biases ~ TN(0, 0.2), Olmo-core 3 vs Olmo3MoeForCausalLM, float64.
+    import copy
+    import json
+    import make_fixtures as MF
+    fx = copy.deepcopy(MF.FIXTURES["oc3_reordered"])
+    c = fx["model"]
+    c.attention_bias, c.score_correction_bias = True, False
+    fx["design"]["attn_bias_std"] = 0.2
+    gen = torch.Generator().manual_seed(1234)
+    P = MF.init_params(c, fx["design"], gen)
+    ids, labels = MF.make_batch(c, fx["train"], fx["design"], gen)
+    r = check(c, P, ids, labels, fx["train"].seq_len)
+    assert r["applicable"] and r["logits_rel_to_max"] <= 1e-12 and r["ce_grad_max_rel_to_tensor_max"] <= 1e-12, r
+    print(json.dumps({k: r[k] for k in ("logits_rel_to_max", "ce_grad_max_rel_to_tensor_max")}))

@@ -143,8 +143,11 @@ def build_model(cfg: R.ModelConfig, seq_len: int, lbl_coef=0.0, router_z_coef=0.
     f32 = DType.float32  # Olmo-core has no float64 DType: built in float32, then .to(float64)
     ln = LayerNormConfig(name=LayerNormType.rms, eps=cfg.norm_eps, bias=False)
     att = AttentionConfig(
-        n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, bias=False,
-        rope=None if cfg.rope == "none" else RoPEConfig(theta=cfg.rope_theta, no_global_rope=cfg.rope == "windowed"),
+        n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+        bias=cfg.attention_bias, clip_qkv=cfg.clip_qkv if cfg.clip_qkv > 0 else None,
+        rope=None if cfg.rope == "none" else RoPEConfig(
+            theta=cfg.rope_theta, no_global_rope=cfg.rope == "windowed",
+            partial_rotary_factor=cfg.rope_partial),
         backend=AttentionBackendName.torch,
         qk_norm=None if cfg.qk_norm == "none" else ln, use_head_qk_norm=cfg.qk_norm == "per_head",
         sliding_window=None if not cfg.sliding_window else SlidingWindowAttentionConfig(
@@ -205,16 +208,18 @@ def build_model(cfg: R.ModelConfig, seq_len: int, lbl_coef=0.0, router_z_coef=0.
 
 
 def _fill_rope_cache(model, cfg, S):
-    """RotaryEmbedding._get_rotary_embedding's tables (inv_freq = 1/theta^(2i/hd), positions
-    0..S-1, sin/cos of cat(freqs, freqs)) computed in float64 instead of float32."""
-    hd = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=F64) / hd))
+    """RotaryEmbedding._get_rotary_embedding's tables (inv_freq = 1/theta^(2i/rd) over its
+    rotary_dim rd = int(hd * partial_rotary_factor), positions 0..S-1, sin/cos of
+    cat(freqs, freqs)) computed in float64 instead of float32."""
+    rd = cfg.rotary_dim()
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, rd, 2, dtype=F64) / rd))
     freqs = torch.einsum("i , j -> i j", torch.arange(S, dtype=F64), inv)
     pos = torch.cat((freqs, freqs), dim=-1)
     for blk in model.blocks.values():
         rope = blk.attention.rope
         if rope is None:  # model.rope = "none", or a full layer under no_global_rope
             continue
+        assert rope.rotary_dim == rd, (rope.rotary_dim, rd)
         rope._cache["rope_pos_sin"] = pos.sin()
         rope._cache["rope_pos_cos"] = pos.cos()
 
@@ -244,6 +249,9 @@ def param_views(model, cfg: R.ModelConfig):
         p, b = f"layers.{L}.", f"blocks.{L}."
         attn = dict(wq="attention.w_q.weight", wk="attention.w_k.weight",
                     wv="attention.w_v.weight", wo="attention.w_out.weight")
+        if cfg.attention_bias:
+            attn.update(bq="attention.w_q.bias", bk="attention.w_k.bias",
+                        bv="attention.w_v.bias", bo="attention.w_out.bias")
         if cfg.qk_norm != "none":
             attn.update(q_norm="attention.q_norm.weight", k_norm="attention.k_norm.weight")
         for n in ("attn_norm", "attn_out_norm"):
@@ -350,6 +358,13 @@ class OlmoCore3Adapter:
         self.views = load_params(self.m, cfg, params)
         self.routers = routers(self.m, cfg)
         self.bias_checks = []  # Olmo-core's post_batch vs run_training's bias update, per step
+        # clip_qkv: per forward, the smallest | |x| - c | over the q/k/v projections and the
+        # fraction clamped (the hooks run before Olmo-core's in-place clamp_)
+        self.clip_stats = []
+        if cfg.clip_qkv > 0:
+            for blk in self.m.blocks.values():
+                for lin in (blk.attention.w_q, blk.attention.w_k, blk.attention.w_v):
+                    lin.register_forward_hook(self._clip_hook)
         self._captured = {}
         for L, rt in self.routers.items():
             orig = rt.forward
@@ -359,6 +374,11 @@ class OlmoCore3Adapter:
                 self._captured[_L] = (a[0], out)
                 return out
             rt.forward = spy
+
+    def _clip_hook(self, module, inputs, out):
+        c = self.cfg.clip_qkv
+        a = out.detach().abs()
+        self._clip.append((float((a - c).abs().min()), int((a > c).sum()), a.numel()))
 
     def _view(self, name, what):
         oc, view = self.views[name]
@@ -398,9 +418,14 @@ class OlmoCore3Adapter:
         for rt in self.routers.values():
             rt.reset_metrics()
         self._captured.clear()
+        self._clip = []
         ldf = self.T_step if loss_div_factor == "step" else loss_div_factor
         with oc_cpu_patches():
             logits = self.m(ids.long(), loss_div_factor=ldf)
+        if self._clip:
+            self.clip_stats.append(dict(min_margin=min(m for m, _, _ in self._clip),
+                                        clamped=sum(n for _, n, _ in self._clip),
+                                        of=sum(t for _, _, t in self._clip)))
         info = []
         for L, rt in self.routers.items():
             x, (w, idx, bspe, aux) = self._captured[L]

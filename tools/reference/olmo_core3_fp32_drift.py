@@ -42,7 +42,7 @@ from hf_side import PlainAdapter  # noqa: E402
 
 F64, F32 = torch.float64, torch.float32
 torch.set_num_threads(1)
-FIXTURES = ["oc3_reordered", "oc3_sigmoid", "oc3_topk_softmax", "oc3_shared"]
+FIXTURES = ["oc3_reordered", "oc3_sigmoid", "oc3_topk_softmax", "oc3_shared", "oc3_attention"]
 SMALL_GRAD, BOUND, REPORT_STEPS = 1e-4, 1e-6, (1, 5, 10)
 ORIG_BUILD, ORIG_PATCHES = OC.build_model, OC.oc_cpu_patches
 
@@ -232,7 +232,7 @@ def main():
                             "fixture's run in float32 (oc32: Olmo-core 3's own model, plain32: "
                             "moe_reference.py), over elements whose step-1 |g| >= 1e-4 max|g|; "
                             "tools/reference/olmo_core3_fp32_drift.py --write")
-        with open(os.path.join(args.dir, "fp32_drift.json"), "w") as f:
+        with open(path, "w") as f:
             json.dump(summary, f, indent=1)
             f.write("\n")
     hdr = (f"{'fixture':17s}{'impl':8s}{'logits0':>9s}{'grad0':>9s}  {'after 1':>13s}{'after 5':>13s}"

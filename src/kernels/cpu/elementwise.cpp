@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/elem_common.h"
+#include "kernels/elementwise_checks.h"
 
 namespace moe::cpu {
 using namespace elem;
@@ -85,8 +86,9 @@ void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable, in
 
 // ---------------------------------------------------------------- RoPE
 namespace {
-template <class T> void rope_apply(const Tensor& x, double theta, bool inverse) {
-  const int64_t nb = x.dim(0), ns = x.dim(1), nh = x.dim(2), hd = x.dim(3), half = hd / 2;
+template <class T> void rope_apply(const Tensor& x, double theta, int64_t rd, bool inverse) {
+  // Dims [rd, hd) of each head pass through (partial RoPE).
+  const int64_t nb = x.dim(0), ns = x.dim(1), nh = x.dim(2), hd = x.dim(3), half = rd / 2;
   // Per-call cos/sin table (S, hd/2) in scratch, in double then rounded to T. Position
   // s = c*64 + k: cos/sin of c*64*f and of k*f come from libm, the table from the angle-sum
   // formulas (~2 ulp of double), so only (64 + S/64) hd/2 libm pairs are evaluated, not S hd/2
@@ -99,7 +101,7 @@ template <class T> void rope_apply(const Tensor& x, double theta, bool inverse) 
     const double pos = static_cast<double>(row < kFine ? row : (row - kFine) * kFine);
     for (int64_t i = 0; i < half; ++i) {
       const double angle =
-          pos * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+          pos * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rd));
       base[2 * (row * half + i)] = std::cos(angle);
       base[2 * (row * half + i) + 1] = std::sin(angle);
     }
@@ -135,17 +137,45 @@ template <class T> void rope_apply(const Tensor& x, double theta, bool inverse) 
   }
 }
 
-void rope_common(const Tensor& x, double theta, bool inverse, const char* op) {
+void rope_common(const Tensor& x, double theta, int64_t rotary_dim, bool inverse, const char* op) {
   check_args({&x}, x.dtype, op);
-  check_shape(x, {-1, -1, -1, -1}, op);
-  MOE_CHECK(x.dim(3) % 2 == 0, op, ": head dim ", x.dim(3), " must be even");
-  MOE_CHECK(theta > 0, op, ": theta must be positive, got ", theta);
-  dispatch_real(x.dtype, op, [&](auto tag) { rope_apply<decltype(tag)>(x, theta, inverse); });
+  check_rope_args(x, theta, rotary_dim, op);
+  dispatch_real(x.dtype, op, [&](auto tag) { rope_apply<decltype(tag)>(x, theta, rotary_dim, inverse); });
 }
 }  // namespace
 
-void rope_fwd(const Tensor& x, double theta) { rope_common(x, theta, false, "rope_fwd"); }
-void rope_bwd(const Tensor& dx, double theta) { rope_common(dx, theta, true, "rope_bwd"); }
+void rope_fwd(const Tensor& x, double theta, int64_t rotary_dim) { rope_common(x, theta, rotary_dim, false, "rope_fwd"); }
+void rope_bwd(const Tensor& dx, double theta, int64_t rotary_dim) { rope_common(dx, theta, rotary_dim, true, "rope_bwd"); }
+
+// ---------------------------------------------------------------- clamp (clip_qkv)
+void clamp_fwd(const Tensor& x, double limit, const Tensor& y) {
+  check_args({&x, &y}, x.dtype, "clamp_fwd");
+  check_clamp_args(nullptr, x, limit, y, "clamp_fwd");
+  dispatch_real(x.dtype, "clamp_fwd", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = x.as<T>();
+    T* out = y.as<T>();
+    const T c = static_cast<T>(limit);
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) out[i] = std::min(std::max(in[i], -c), c);
+  });
+}
+
+void clamp_bwd(const Tensor& dy, const Tensor& x, double limit, const Tensor& dx) {
+  check_args({&dy, &x, &dx}, x.dtype, "clamp_bwd");
+  check_clamp_args(&dy, x, limit, dx, "clamp_bwd");
+  dispatch_real(x.dtype, "clamp_bwd", [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = dy.as<T>();
+    const T* in = x.as<T>();
+    T* out = dx.as<T>();
+    const T c = static_cast<T>(limit);
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) out[i] = (in[i] >= -c && in[i] <= c) ? g[i] : T(0);  // torch: bounds pass
+  });
+}
 
 // ---------------------------------------------------------------- reductions to a scalar
 namespace {

@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/elementwise_checks.h"
 #include "kernels/ops.h"
 #include "kernels/step_control.h"
 
@@ -58,19 +59,20 @@ __global__ void embedding_bwd_kernel(const int32_t* sorted_ids, const int32_t* s
 }
 
 // ---------------------------------------------------------------- RoPE
-// cos/sin table (S, hd/2): angle in double, then rounded to float, as the reference does.
-__global__ void rope_table_kernel(float* cs, float* sn, int64_t ns, int64_t half, int64_t hd, double theta) {
+// cos/sin table (S, rd/2): angle in double, then rounded to float, as the reference does.
+__global__ void rope_table_kernel(float* cs, float* sn, int64_t ns, int64_t half, int64_t rd, double theta) {
   MOE_GRID_LOOP(i, ns * half) {
     const int64_t s = i / half, k = i % half;
-    const double angle = static_cast<double>(s) * pow(theta, -2.0 * static_cast<double>(k) / static_cast<double>(hd));
+    const double angle = static_cast<double>(s) * pow(theta, -2.0 * static_cast<double>(k) / static_cast<double>(rd));
     cs[i] = static_cast<float>(cos(angle));
     sn[i] = static_cast<float>(sin(angle));
   }
 }
 
+// Rotates dims [0, rd) of each head row of hd values (pairs k, k + rd/2); [rd, hd) pass through.
 __global__ void rope_kernel(float* x, const float* cs, const float* sn, int64_t nb, int64_t ns, int64_t nh, int64_t hd,
-                            bool inverse) {
-  const int64_t half = hd / 2;
+                            int64_t rd, bool inverse) {
+  const int64_t half = rd / 2;
   MOE_GRID_LOOP(i, nb * ns * nh * half) {
     const int64_t k = i % half, row = i / half;  // row = (b*ns + s)*nh + h
     const int64_t s = (row / nh) % ns;
@@ -84,6 +86,21 @@ __global__ void rope_kernel(float* x, const float* cs, const float* sn, int64_t 
       v[k] = __fadd_rn(__fmul_rn(a, c), __fmul_rn(b, sg));
       v[k + half] = __fsub_rn(__fmul_rn(b, c), __fmul_rn(a, sg));
     }
+  }
+}
+
+// clip_qkv: y = min(max(x, -c), c); the gradient passes where -c <= x <= c (torch.clamp's).
+__global__ void clamp_fwd_kernel(const float* x, float c, float* y, int64_t n) {
+  MOE_GRID_LOOP(i, n) {
+    const float v = x[i];
+    y[i] = v < -c ? -c : (v > c ? c : v);  // a NaN stays NaN (fminf / fmaxf would drop it), as torch
+  }
+}
+
+__global__ void clamp_bwd_kernel(const float* dy, const float* x, float c, float* dx, int64_t n) {
+  MOE_GRID_LOOP(i, n) {
+    const float v = x[i];
+    dx[i] = (v >= -c && v <= c) ? dy[i] : 0.0f;
   }
 }
 
@@ -308,25 +325,50 @@ void embedding_bwd(Context& ctx, const Tensor& ids, const Tensor& dy, const Tens
 
 // ---------------------------------------------------------------- RoPE
 namespace {
-void rope_common(Context& ctx, const Tensor& x, double theta, bool inverse, const char* op) {
+void rope_common(Context& ctx, const Tensor& x, double theta, int64_t rd, bool inverse, const char* op) {
   check_device(x, op);
-  check_shape(x, {-1, -1, -1, -1}, op);
-  MOE_CHECK(x.dim(3) % 2 == 0, op, ": head dim ", x.dim(3), " must be even");
-  MOE_CHECK(theta > 0, op, ": theta must be positive, got ", theta);
+  check_rope_args(x, theta, rd, op);
   require_f32(x, op);
-  const int64_t nb = x.dim(0), ns = x.dim(1), nh = x.dim(2), hd = x.dim(3), half = hd / 2;
+  const int64_t nb = x.dim(0), ns = x.dim(1), nh = x.dim(2), hd = x.dim(3), half = rd / 2;
   if (x.numel() == 0) return;
   float* cs = ctx.scratch_as<float>(static_cast<size_t>(2 * ns * half), op);
   float* sn = cs + ns * half;
-  rope_table_kernel<<<blocks_for(ns * half, kThreads), kThreads, 0, ctx.stream>>>(cs, sn, ns, half, hd, theta);
+  rope_table_kernel<<<blocks_for(ns * half, kThreads), kThreads, 0, ctx.stream>>>(cs, sn, ns, half, rd, theta);
   rope_kernel<<<blocks_for(nb * ns * nh * half, kThreads), kThreads, 0, ctx.stream>>>(ptr<float>(x), cs, sn, nb, ns, nh,
-                                                                                      hd, inverse);
+                                                                                      hd, rd, inverse);
   check_launch(op);
 }
 }  // namespace
 
-void rope_fwd(Context& ctx, const Tensor& x, double theta) { rope_common(ctx, x, theta, false, "rope_fwd"); }
-void rope_bwd(Context& ctx, const Tensor& dx, double theta) { rope_common(ctx, dx, theta, true, "rope_bwd"); }
+void rope_fwd(Context& ctx, const Tensor& x, double theta, int64_t rotary_dim) {
+  rope_common(ctx, x, theta, rotary_dim, false, "rope_fwd");
+}
+void rope_bwd(Context& ctx, const Tensor& dx, double theta, int64_t rotary_dim) {
+  rope_common(ctx, dx, theta, rotary_dim, true, "rope_bwd");
+}
+
+// ---------------------------------------------------------------- clamp (clip_qkv)
+void clamp_fwd(Context& ctx, const Tensor& x, double limit, const Tensor& y) {
+  for (const Tensor* t : {&x, &y}) check_device(*t, "clamp_fwd");
+  check_clamp_args(nullptr, x, limit, y, "clamp_fwd");
+  require_f32(x, "clamp_fwd");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  clamp_fwd_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(ptr<const float>(x), static_cast<float>(limit),
+                                                                          ptr<float>(y), n);
+  check_launch("clamp_fwd");
+}
+
+void clamp_bwd(Context& ctx, const Tensor& dy, const Tensor& x, double limit, const Tensor& dx) {
+  for (const Tensor* t : {&dy, &x, &dx}) check_device(*t, "clamp_bwd");
+  check_clamp_args(&dy, x, limit, dx, "clamp_bwd");
+  require_f32(x, "clamp_bwd");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  clamp_bwd_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(
+      ptr<const float>(dy), ptr<const float>(x), static_cast<float>(limit), ptr<float>(dx), n);
+  check_launch("clamp_bwd");
+}
 
 // ---------------------------------------------------------------- SwiGLU
 void swiglu_fwd(Context& ctx, const Tensor& g, const Tensor& u, const Tensor& h, const Tensor& g_copy,

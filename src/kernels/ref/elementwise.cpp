@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/dtype_dispatch.h"
+#include "kernels/elementwise_checks.h"
 #include "kernels/ref/ref_ops.h"
 #include "kernels/ref/rounded_output.h"
 
@@ -86,14 +87,14 @@ void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable, in
 
 // ---------------------------------------------------------------- RoPE
 namespace {
-template <class T> void rope_apply(const Tensor& x, double theta, bool inverse) {
-  const int64_t nb = x.dim(0), ns = x.dim(1), nh = x.dim(2), hd = x.dim(3), half = hd / 2;
+template <class T> void rope_apply(const Tensor& x, double theta, int64_t rd, bool inverse) {
+  const int64_t nb = x.dim(0), ns = x.dim(1), nh = x.dim(2), hd = x.dim(3), half = rd / 2;
   std::vector<T> cs(static_cast<size_t>(ns * half)), sn(cs.size());
   for (int64_t s = 0; s < ns; ++s)
     for (int64_t i = 0; i < half; ++i) {
       // Angle in double, then rounded: f32 and f64 paths see the same rotation up to rounding.
       const double angle = static_cast<double>(s) * std::pow(theta, -2.0 * static_cast<double>(i) /
-                                                                        static_cast<double>(hd));
+                                                                        static_cast<double>(rd));
       cs[s * half + i] = static_cast<T>(std::cos(angle));
       sn[s * half + i] = static_cast<T>(std::sin(angle));
     }
@@ -101,7 +102,7 @@ template <class T> void rope_apply(const Tensor& x, double theta, bool inverse) 
   for (int64_t b = 0; b < nb; ++b)
     for (int64_t s = 0; s < ns; ++s)
       for (int64_t h = 0; h < nh; ++h) {
-        T* v = p + ((b * ns + s) * nh + h) * hd;
+        T* v = p + ((b * ns + s) * nh + h) * hd;  // dims [rd, hd) pass through
         const T* c = cs.data() + s * half;
         const T* sg = sn.data() + s * half;
         for (int64_t i = 0; i < half; ++i) {
@@ -117,17 +118,42 @@ template <class T> void rope_apply(const Tensor& x, double theta, bool inverse) 
       }
 }
 
-void rope_common(const Tensor& x, double theta, bool inverse, const char* op) {
+void rope_common(const Tensor& x, double theta, int64_t rotary_dim, bool inverse, const char* op) {
   check_host(x, op);
-  check_shape(x, {-1, -1, -1, -1}, op);
-  MOE_CHECK(x.dim(3) % 2 == 0, op, ": head dim ", x.dim(3), " must be even");
-  MOE_CHECK(theta > 0, op, ": theta must be positive, got ", theta);
-  dispatch_real(x.dtype, op, [&](auto tag) { rope_apply<decltype(tag)>(x, theta, inverse); });
+  check_rope_args(x, theta, rotary_dim, op);
+  dispatch_real(x.dtype, op, [&](auto tag) { rope_apply<decltype(tag)>(x, theta, rotary_dim, inverse); });
 }
 }  // namespace
 
-void rope_fwd(const Tensor& x, double theta) { rope_common(x, theta, false, "rope_fwd"); }
-void rope_bwd(const Tensor& dx, double theta) { rope_common(dx, theta, true, "rope_bwd"); }
+void rope_fwd(const Tensor& x, double theta, int64_t rotary_dim) { rope_common(x, theta, rotary_dim, false, "rope_fwd"); }
+void rope_bwd(const Tensor& dx, double theta, int64_t rotary_dim) { rope_common(dx, theta, rotary_dim, true, "rope_bwd"); }
+
+// ---------------------------------------------------------------- clamp (clip_qkv)
+void clamp_fwd(const Tensor& x, double limit, const Tensor& y) {
+  check_host(x, "clamp_fwd x");
+  check_host(y, "clamp_fwd y");
+  check_clamp_args(nullptr, x, limit, y, "clamp_fwd");
+  dispatch_real(x.dtype, "clamp_fwd", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = x.as<T>();
+    T* out = y.as<T>();
+    const T c = static_cast<T>(limit);
+    for (int64_t i = 0; i < x.numel(); ++i) out[i] = std::min(std::max(in[i], -c), c);
+  });
+}
+
+void clamp_bwd(const Tensor& dy, const Tensor& x, double limit, const Tensor& dx) {
+  for (const Tensor* t : {&dy, &x, &dx}) check_host(*t, "clamp_bwd tensor");
+  check_clamp_args(&dy, x, limit, dx, "clamp_bwd");
+  dispatch_real(x.dtype, "clamp_bwd", [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = dy.as<T>();
+    const T* in = x.as<T>();
+    T* out = dx.as<T>();
+    const T c = static_cast<T>(limit);
+    for (int64_t i = 0; i < x.numel(); ++i) out[i] = (in[i] >= -c && in[i] <= c) ? g[i] : T(0);
+  });
+}
 
 // ---------------------------------------------------------------- SwiGLU
 void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h, const Tensor& g_copy,
