@@ -173,7 +173,7 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
   s.do_BSHd = A(d.cdt, {d.B, d.S, H, hd});
   s.dq_lin_THd = A(d.cdt, {T, H * hd});
   s.dk_lin_TGd = A(d.cdt, {T, G * hd});
-  if (c.attention_bias) s.ones_T = A(d.cdt, {T});
+  if (c.attention_bias || c.router_logit_bias || c.shared_router_bias) s.ones_T1 = A(d.cdt, {T, 1});
   // Rows x width of the largest SwiGLU activation: routed (Rx,F), dense (T,Fd), shared (T,Fs).
   const int64_t Rx = d.Rx;
   const bool ep = d.ep > 1;
@@ -208,7 +208,6 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
       s.shared_sorted_N = A(DType::kI32, {T * Es});
       s.shared_plan_3 = A(DType::kI32, {3});
     }
-    if (c.shared_router_bias || c.router_logit_bias) s.ones_T1 = A(d.cdt, {T, 1});
     s.mean_prob_E = A(d.cdt, {E});
     s.lbl_counts_E = A(DType::kI32, {E});
     if (d.slab_rows > 0) s.ep_slabs = A(d.cdt, {2 * d.ep * d.slab_rows * D});

@@ -167,14 +167,12 @@ struct FinalNormActs {
 //   dshared_w/scores/logits_TS  gated shared experts' backward  the shared router's GEMMs
 //   shared_zero_N, shared_sorted_N, shared_plan_3   the       the same forward
 //                    gated shared experts' identity plan
-//   ones_T1          a router logit bias: filled with 1 before  the same rank-1 GEMM
-//                    each use
+//   ones_T1          any bias (attention, router logits): T  the same rank-1 GEMM
+//                    ones, filled before each use
 //   dy_operand_N     operand_grad: bf16 copy of a gradient   the GEMMs right after it
 //   logits_CV, row_ce_C, row_z_C   LM-head chunk             the same chunk
 //   mean_prob_E      load_balance_loss                       the step statistics' axpy
 //   lbl_counts_E     expert_counts (instance, global)        the same layer's load_balance_loss
-//   ones_T           attention bias: T ones, the (T,1) operand  the bias GEMMs of the same sublayer
-//                    of y += 1 b^T and db += dy^T 1
 //   ep_slabs         EP, padded transport: the send and the  the same exchange (one move)
 //                    receive slabs, (2, ep, slab_rows, D)
 struct Scratch {
@@ -189,13 +187,12 @@ struct Scratch {
   Tensor dweights_TK, dscores_TE, dlogits_TE;
   Tensor dshared_w_TS, dshared_scores_TS, dshared_logits_TS;  // model.shared_router
   Tensor shared_zero_N, shared_sorted_N, shared_plan_3;        // (T*Es), (T*Es), (3) i32
-  Tensor ones_T1;                                              // router logit biases
+  Tensor ones_T1;                  // compute dtype (T,1): SublayerContext::bias_ones
   Tensor dy_operand_N;             // operand dtype
   Tensor logits_CV, row_ce_C, row_z_C;
   Tensor mean_prob_E;
   Tensor lbl_counts_E;             // i32: a sequence's or the group's counts (load-balancing granularity)
   Tensor ep_slabs;                 // compute dtype, 2*ep*slab_rows*D elements; padded transport only
-  Tensor ones_T;                   // compute dtype, model.attention_bias only
   // MXFP8 experts (moe/mx_experts.cpp): the gathered rows before quantization, the quantized send
   // buffer (EP with dispatch) or the bf16 receive buffer (EP without), the quantized output
   // gradient and SwiGLU gradient of the data gradients, and one bf16 buffer the weight gradients

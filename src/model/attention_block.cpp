@@ -27,15 +27,12 @@ Tensor dequantized(const SublayerContext& ctx, const Tensor& codes, const Tensor
   ctx.ops.mx_dequantize(codes, scales, x, Tensor());
   return x;
 }
-// model.attention_bias: scratch.ones_T filled with ones (an empty tensor without biases). The
-// biases are GEMMs with this (T,1) operand, exact compositions: y += 1 b^T adds b to every row
-// (one product 1 * b[n] per element), db += dy^T 1 sums the columns; in the compute dtype (fp32
-// masters and gradients in bf16 mode too).
+// model.attention_bias: T ones (an empty tensor without biases). The biases are GEMMs with this
+// (T,1) operand, exact compositions: y += 1 b^T adds b to every row (one product 1 * b[n] per
+// element), db += dy^T 1 sums the columns; in the compute dtype (fp32 masters and gradients in
+// bf16 mode too).
 Tensor bias_ones(const SublayerContext& ctx) {
-  if (!ctx.cfg.attention_bias) return Tensor();
-  const Tensor ones = ctx.scratch.ones_T.view({ctx.dims.T, 1});
-  ctx.ops.fill(ones, 1.0);
-  return ones;
+  return ctx.cfg.attention_bias ? ctx.bias_ones(ctx.dims.T) : Tensor();
 }
 void add_bias(const SublayerContext& ctx, const Tensor& ones, const Tensor& b, const Tensor& y) {
   if (!b.empty()) ctx.ops.linear_fwd(ones, b.view({b.numel(), 1}), y, true);

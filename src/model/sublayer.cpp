@@ -2,6 +2,12 @@
 
 namespace moe {
 
+Tensor SublayerContext::bias_ones(int64_t rows) const {
+  const Tensor ones = scratch.ones_T1.slice(0, rows);
+  ops.fill(ones, 1.0);
+  return ones;
+}
+
 Tensor SublayerContext::operand(const Tensor& x, const Tensor& store) const {
   if (dims.adt == x.dtype) return x;
   Tensor out = store;

@@ -15,16 +15,12 @@ void router_logits_fwd(const SublayerContext& ctx, const Tensor& h, const Tensor
   ctx.ops.linear_fwd(h, router, logits, false);
   if (bias.empty()) return;
   // logits += 1 * bias^T: the bias broadcast over the tokens as an exact rank-1 GEMM.
-  const Tensor ones = ctx.scratch.ones_T1.slice(0, h.dim(0));
-  ctx.ops.fill(ones, 1.0);
-  ctx.ops.linear_fwd(ones, bias.view({bias.numel(), 1}), logits, true);
+  ctx.ops.linear_fwd(ctx.bias_ones(h.dim(0)), bias.view({bias.numel(), 1}), logits, true);
 }
 
 void router_bias_bwd(const SublayerContext& ctx, const Tensor& dlogits, const Tensor& dbias) {
   if (dbias.empty()) return;
-  const Tensor ones = ctx.scratch.ones_T1.slice(0, dlogits.dim(0));
-  ctx.ops.fill(ones, 1.0);
-  ctx.ops.linear_bwd_weight(dlogits, ones, dbias.view({dbias.numel(), 1}));
+  ctx.ops.linear_bwd_weight(dlogits, ctx.bias_ones(dlogits.dim(0)), dbias.view({dbias.numel(), 1}));
 }
 
 void shared_experts_forward(const SublayerContext& ctx, const LayerParams& p, const Tensor& h_act, FfnActs& a,
