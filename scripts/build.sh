@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Configure and build (Release, Ninja) into build/. With the CUDA toolkit on PATH (nvcc) the CUDA
-# backend is built too (-DMOE_CUDA=ON; MOE_CUDA=OFF in the environment turns it off); its
-# header-only libraries come from scripts/cuda_headers.sh. Arguments: targets (default: all).
+# Configure and build (Release, Ninja) into build/. MOE_CUDA=ON|OFF chooses the CUDA backend
+# (-DMOE_CUDA; its header-only libraries come from scripts/cuda_headers.sh); unset, it is built
+# when the CUDA toolkit is on PATH (nvcc). A build/ configured the other way is reconfigured.
+# Arguments: targets (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cuda=${MOE_CUDA:-}
 if [ -z "$cuda" ]; then command -v nvcc >/dev/null 2>&1 && cuda=ON || cuda=OFF; fi
-if [ ! -f build/build.ninja ]; then
+cached=""
+[ -f build/build.ninja ] && cached=$(sed -n 's/^MOE_CUDA:BOOL=//p' build/CMakeCache.txt)
+if [ "$cached" != "$cuda" ]; then
   [ "$cuda" = ON ] && scripts/cuda_headers.sh
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA="$cuda" >/dev/null
 fi
