@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "plan/hardware.h"
 #include "plan/plan.h"
+#include "common/paths.h"
 #include "plan_test_util.h"
 #include "plan/time_model.h"
 #include "train/pipeline_schedule.h"
@@ -220,6 +221,24 @@ TEST(StepTime, FollowsTheDeviceAndTheLayout) {
 // its stage and its largest part; what the trainer refuses carries the config's error.
 // A sliding window shortens exactly the attention terms: the forward loses 4 T H hd (full - windowed
 // pairs) / S over (peak x attention efficiency) per windowed layer; the backward 2.5x that.
+// One stage never waits: its bubble is zero, not the rounding between two sums of its work (the
+// page showed "bubble 0.0000000000000178%"); two stages do wait.
+TEST(StepTime, OneStageHasNoBubble) {
+  const Cluster cpu = load_cluster("cpu-corex2");
+  for (const char* micro : {"train.batch_size=6", "train.batch_size=14"}) {
+    const Config one = small({"parallel.dp=2", micro});
+    const StepTime t = estimate_step_time(one, make_plan(one), cpu);
+    EXPECT_EQ(t.bubble_fraction, 0.0) << micro;
+    EXPECT_EQ(t.stages[0].bubble_s, 0.0) << micro;
+  }
+  // The page's case: V7 on one B300 node with pp = 1 (rounding left 3.8e-15 of the span).
+  const Config v7 = load_config(std::string(test::source_dir()) + "/configs/published/olmo3_v7_1t.toml",
+                          {"parallel.dp=8", "parallel.ep=8", "parallel.pp=1", "parallel.pp_interleave=1"});
+  EXPECT_EQ(estimate_step_time(v7, make_plan(v7), load_cluster("b300x8")).bubble_fraction, 0.0);
+  const Config two = small({"parallel.pp=2"});
+  EXPECT_GT(estimate_step_time(two, make_plan(two), cpu).bubble_fraction, 0.0);
+}
+
 TEST(StepTime, SlidingWindowsCutOnlyTheAttentionTime) {
   const Cluster cpu = load_cluster("cpu-corex2");
   const Config full = small(), win = small({"model.sliding_window=4", "model.sliding_window_full_first=false",
