@@ -187,7 +187,7 @@ struct Scratch {
   Tensor dweights_TK, dscores_TE, dlogits_TE;
   Tensor dshared_w_TS, dshared_scores_TS, dshared_logits_TS;  // model.shared_router
   Tensor shared_zero_N, shared_sorted_N, shared_plan_3;        // (T*Es), (T*Es), (3) i32
-  Tensor ones_T1;                  // compute dtype (T,1): SublayerContext::bias_ones
+  Tensor ones_T1;                  // compute dtype (T,1): SublayerContext::add_row_bias
   Tensor dy_operand_N;             // operand dtype
   Tensor logits_CV, row_ce_C, row_z_C;
   Tensor mean_prob_E;

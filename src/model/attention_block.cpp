@@ -27,19 +27,6 @@ Tensor dequantized(const SublayerContext& ctx, const Tensor& codes, const Tensor
   ctx.ops.mx_dequantize(codes, scales, x, Tensor());
   return x;
 }
-// model.attention_bias: T ones (an empty tensor without biases). The biases are GEMMs with this
-// (T,1) operand, exact compositions: y += 1 b^T adds b to every row (one product 1 * b[n] per
-// element), db += dy^T 1 sums the columns; in the compute dtype (fp32 masters and gradients in
-// bf16 mode too).
-Tensor bias_ones(const SublayerContext& ctx) {
-  return ctx.cfg.attention_bias ? ctx.bias_ones(ctx.dims.T) : Tensor();
-}
-void add_bias(const SublayerContext& ctx, const Tensor& ones, const Tensor& b, const Tensor& y) {
-  if (!b.empty()) ctx.ops.linear_fwd(ones, b.view({b.numel(), 1}), y, true);
-}
-void bias_grad(const SublayerContext& ctx, const Tensor& ones, const Tensor& dy, const Tensor& db) {
-  if (!db.empty()) ctx.ops.linear_bwd_weight(dy, ones, db.view({db.numel(), 1}));
-}
 }  // namespace
 
 void attention_forward(const SublayerContext& ctx, const LayerParams& p, const Tensor& x_in, AttnActs& a,
@@ -60,12 +47,11 @@ void attention_forward(const SublayerContext& ctx, const LayerParams& p, const T
     if (w8) ops.mx_linear(a.h_q, a.h_qs, w8->q, w8->qs, y, false);
     else ops.linear_fwd(h_act, w, y, false);
   };
-  const Tensor ones = bias_ones(ctx);
   // out = clamp(h w^T + b): the projection, its bias, then clip_qkv (into out from a.*_pre).
   auto qkv = [&](const Tensor& w, const MxWeightCopies* w8, const Tensor& b, const Tensor& pre, const Tensor& out) {
     const Tensor y = c.clip_qkv > 0 ? pre : out;
     project(w, w8, y);
-    add_bias(ctx, ones, b, y);
+    ctx.add_row_bias(b, y);  // model.attention_bias (b empty without)
     if (c.clip_qkv > 0) ops.clamp_fwd(pre, c.clip_qkv, out);
   };
   Tensor q2 = a.q.view({T, H * hd}), k2 = a.k.view({T, G * hd});
@@ -97,7 +83,7 @@ void attention_forward(const SublayerContext& ctx, const LayerParams& p, const T
   } else {
     ops.linear_fwd(ctx.operand(a.o.view({T, H * hd}), a.o_act), Wc.wo, y, false);
   }
-  add_bias(ctx, ones, W.bo, y);
+  ctx.add_row_bias(W.bo, y);
   ctx.finish_sublayer(y, W.attn_out_norm, a.rstd_out, x_in, x_out);
 }
 
@@ -123,8 +109,7 @@ void attention_backward(const SublayerContext& ctx, const LayerParams& p, const 
   data_grad(dy_act, Wc.wo, mx ? &mx->wo : nullptr, s.do_BSHd.view({T, H * hd}), false);
   const Tensor o_act = mx ? dequantized(ctx, a.o_q, a.o_qs) : ctx.bf16_operands() ? a.o_act : a.o.view({T, H * hd});
   ops.linear_bwd_weight(dy_act, o_act, dW.wo);
-  const Tensor ones = bias_ones(ctx);
-  bias_grad(ctx, ones, dy, dW.bo);
+  ctx.row_bias_grad(dy, dW.bo);
   ops.attention_bwd(s.do_BSHd, a.q, a.k, a.v, a.o, a.lse, s.dq_BSHd, s.dk_BSGd, s.dv_BSGd, ctx.doc_start,
                     ctx.bf16_operands());
   if (ctx.rope) {
@@ -158,9 +143,9 @@ void attention_backward(const SublayerContext& ctx, const LayerParams& p, const 
     ops.clamp_bwd(dk, a.k_pre, c.clip_qkv, dk);
     ops.clamp_bwd(dv, a.v_pre, c.clip_qkv, dv);
   }
-  bias_grad(ctx, ones, dq, dW.bq);
-  bias_grad(ctx, ones, dk, dW.bk);
-  bias_grad(ctx, ones, dv, dW.bv);
+  ctx.row_bias_grad(dq, dW.bq);
+  ctx.row_bias_grad(dk, dW.bk);
+  ctx.row_bias_grad(dv, dW.bv);
   // dh = dq wq + dk wk + dv wv, each operand converted once and used for data and weight grads.
   const Tensor h_act = mx ? dequantized(ctx, a.h_q, a.h_qs) : a.h_act;
   Tensor g = ctx.operand_grad(dq);

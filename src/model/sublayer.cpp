@@ -2,10 +2,20 @@
 
 namespace moe {
 
-Tensor SublayerContext::bias_ones(int64_t rows) const {
+namespace {
+Tensor filled_ones(Backend& ops, const Scratch& scratch, int64_t rows) {
   const Tensor ones = scratch.ones_T1.slice(0, rows);
   ops.fill(ones, 1.0);
   return ones;
+}
+}  // namespace
+
+void SublayerContext::add_row_bias(const Tensor& b, const Tensor& y) const {
+  if (!b.empty()) ops.linear_fwd(filled_ones(ops, scratch, y.dim(0)), b.view({b.numel(), 1}), y, true);
+}
+
+void SublayerContext::row_bias_grad(const Tensor& dy, const Tensor& db) const {
+  if (!db.empty()) ops.linear_bwd_weight(dy, filled_ones(ops, scratch, dy.dim(0)), db.view({db.numel(), 1}));
 }
 
 Tensor SublayerContext::operand(const Tensor& x, const Tensor& store) const {

@@ -23,10 +23,11 @@ struct SublayerContext {
   bool rope = true;  // the layer applies RoPE to q and k (model.rope)
 
   bool bf16_operands() const { return dims.adt != dims.cdt; }
-  // (rows, 1) ones in the compute dtype, filled now (scratch.ones_T1, shared by every bias): the
-  // operand of the exact rank-1 GEMMs that add a bias to every row (y += 1 b^T) and sum its
-  // gradient's columns (db += dy^T 1).
-  Tensor bias_ones(int64_t rows) const;
+  // A bias on every row, as exact rank-1 GEMMs with a column of ones (scratch.ones_T1, compute
+  // dtype): y (rows, n) += 1 b^T, and its gradient db += dy^T 1 (the column sums). Nothing when
+  // b (db) is empty: the attention and router biases, each optional.
+  void add_row_bias(const Tensor& b, const Tensor& y) const;
+  void row_bias_grad(const Tensor& dy, const Tensor& db) const;
   // A GEMM operand view of x: x itself, or x converted into store (bf16 mode).
   Tensor operand(const Tensor& x, const Tensor& store) const;
   // The operand-dtype scratch for an upstream gradient of dy's shape.

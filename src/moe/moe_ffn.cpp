@@ -11,8 +11,6 @@
 namespace moe {
 namespace {
 // The router kernels' kind codes (kernels/op_list.inc): topk_softmax's scores are a softmax.
-int score_kind(ScoreFunc f) { return f == ScoreFunc::kSigmoid ? 1 : 0; }
-
 ExpertWeightRule weight_rule(const ModelConfig& c) { return {c.expert_weight_norm_p(), c.expert_weight_factor()}; }
 
 // The experts' GEMMs over the received rows a.xr_act (rows of them), in the operand dtype. bf16
@@ -247,7 +245,7 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
   ops.fill(s.dlogits_TE, 0.0);
   ops.router_scores_bwd(s.dscores_TE, a.scores, kind, c.sigmoid_eps, s.dlogits_TE);
   ops.router_z_loss(a.logits, out.aux_weight, out.router_z_coef * out.aux_weight, out.router_z, s.dlogits_TE);
-  router_bias_bwd(ctx, s.dlogits_TE, dW.router_bias);
+  ctx.row_bias_grad(s.dlogits_TE, dW.router_bias);
   ops.linear_bwd_data(s.dlogits_TE, W.router, s.dnormed_TD, true);
   ops.linear_bwd_weight(s.dlogits_TE, a.h, dW.router);
   phase.reset();

@@ -2,7 +2,6 @@
 
 namespace moe {
 namespace {
-int score_kind(ScoreFunc f) { return f == ScoreFunc::kSigmoid ? 1 : 0; }
 ExpertWeightRule gate_rule(const ModelConfig& c) { return {c.shared_router_norm_p, 1.0}; }
 // (T,Es*H) as (T*Es,H): one row per (token, shared expert).
 Tensor per_expert(const Tensor& t, int64_t rows, const ModelConfig& c) {
@@ -13,15 +12,10 @@ Tensor per_expert(const Tensor& t, int64_t rows, const ModelConfig& c) {
 void router_logits_fwd(const SublayerContext& ctx, const Tensor& h, const Tensor& router, const Tensor& bias,
                        const Tensor& logits) {
   ctx.ops.linear_fwd(h, router, logits, false);
-  if (bias.empty()) return;
-  // logits += 1 * bias^T: the bias broadcast over the tokens as an exact rank-1 GEMM.
-  ctx.ops.linear_fwd(ctx.bias_ones(h.dim(0)), bias.view({bias.numel(), 1}), logits, true);
+  ctx.add_row_bias(bias, logits);
 }
 
-void router_bias_bwd(const SublayerContext& ctx, const Tensor& dlogits, const Tensor& dbias) {
-  if (dbias.empty()) return;
-  ctx.ops.linear_bwd_weight(dlogits, ctx.bias_ones(dlogits.dim(0)), dbias.view({dbias.numel(), 1}));
-}
+int score_kind(ScoreFunc f) { return f == ScoreFunc::kSigmoid ? 1 : 0; }
 
 void shared_experts_forward(const SublayerContext& ctx, const LayerParams& p, const Tensor& h_act, FfnActs& a,
                             const Tensor& y) {
@@ -101,7 +95,7 @@ void shared_experts_backward(const SublayerContext& ctx, const LayerParams& p, c
                         c.shared_router_sigmoid_eps, dlogits);
   ops.linear_bwd_data(dlogits, W.shared_router, dh, true);
   ops.linear_bwd_weight(dlogits, a.h, dW.shared_router);
-  router_bias_bwd(ctx, dlogits, dW.shared_router_bias);
+  ctx.row_bias_grad(dlogits, dW.shared_router_bias);
 }
 
 }  // namespace moe

@@ -18,8 +18,8 @@ namespace moe {
 // The router's logits (+ its bias when the layer has one): logits = h router^T (+ bias).
 void router_logits_fwd(const SublayerContext& ctx, const Tensor& h, const Tensor& router, const Tensor& bias,
                        const Tensor& logits);
-// dbias (+)= column sums of dlogits (the bias gradient; nothing without a bias).
-void router_bias_bwd(const SublayerContext& ctx, const Tensor& dlogits, const Tensor& dbias);
+// The router_scores ops' kind of a score function (softmax and topk_softmax score by softmax).
+int score_kind(ScoreFunc f);
 
 // y += the gated shared experts' output (header comment); saves the gate and SwiGLU state in a.
 void shared_experts_forward(const SublayerContext& ctx, const LayerParams& p, const Tensor& h_act, FfnActs& a,
