@@ -169,10 +169,7 @@ TEST(PipelineSchedule, ExecutedInterleavedOrderIsThePlannersSimulation) {
       ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
       std::unique_ptr<Backend> ops = make_backend("cpu");
       Trainer trainer(c, *ops, DType::kF32, &g);
-      std::vector<int32_t> ids, labels;
-      parity_batch(c, 0, ids, labels);
-      const StepResult r = trainer.step(Tensor(ids.data(), DType::kI32, {M, c.train.seq_len}),
-                                        Tensor(labels.data(), DType::kI32, {M, c.train.seq_len}));
+      const StepResult r = parity_step(trainer, c, 0);
       EXPECT_TRUE(std::isfinite(r.total));
       const int64_t stage = g.coords.pp;
       std::vector<std::string> simulated;

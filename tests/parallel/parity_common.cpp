@@ -57,6 +57,13 @@ void parity_batch(const Config& c, int64_t step, std::vector<int32_t>& ids, std:
     }
 }
 
+StepResult parity_step(Trainer& trainer, const Config& c, int64_t step) {
+  std::vector<int32_t> ids, labels;
+  parity_batch(c, step, ids, labels);
+  const int64_t B = c.train.batch_size, S = c.train.seq_len;
+  return trainer.step(Tensor(ids.data(), DType::kI32, {B, S}), Tensor(labels.data(), DType::kI32, {B, S}));
+}
+
 namespace {
 RunResult run(const Config& c, ProcessGroups* groups, DType compute) {
   std::unique_ptr<Backend> ops = make_backend(compute == DType::kF64 ? "ref" : "cpu");

@@ -13,6 +13,7 @@
 
 namespace moe {
 class Trainer;
+struct StepResult;
 }
 
 namespace moe::test {
@@ -30,6 +31,8 @@ struct RunResult {
 Config parity_config();
 // Global batch of step s (batch_size x seq_len ids and labels; labels < 0 vary per row).
 void parity_batch(const Config& c, int64_t step, std::vector<int32_t>& ids, std::vector<int32_t>& labels);
+// One step of `trainer` on the global parity batch of step `step` (its groups pick the rows).
+StepResult parity_step(Trainer& trainer, const Config& c, int64_t step);
 // compute: f64 (ref backend) or f32 (cpu backend).
 RunResult run_single(const Config& c, DType compute);
 // groups: built from world for the layout in c.parallel.

@@ -208,10 +208,7 @@ TEST(PipelineSchedule, ExecutedOrderIsCanonical1F1B) {
     ProcessGroups g = make_process_groups(world(), layout_from_config(c.parallel));
     std::unique_ptr<Backend> ops = make_backend("cpu");
     Trainer trainer(c, *ops, DType::kF32, &g);
-    std::vector<int32_t> ids, labels;
-    parity_batch(c, 0, ids, labels);
-    const StepResult r = trainer.step(Tensor(ids.data(), DType::kI32, {M, c.train.seq_len}),
-                                      Tensor(labels.data(), DType::kI32, {M, c.train.seq_len}));
+    const StepResult r = parity_step(trainer, c, 0);
     const int64_t stage = g.coords.pp;
     const std::vector<std::string>& log = trainer.pipeline_schedule();
     EXPECT_EQ(log, canonical_1f1b(n, stage, M)) << "stage " << stage;
