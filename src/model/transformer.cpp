@@ -5,8 +5,8 @@
 #include "model/attention_block.h"
 #include "model/attention_masks.h"
 #include "model/dense_ffn.h"
-#include "moe/p2p_transport.h"
-#include "moe/padded_transport.h"
+#include "parallel/p2p_transport.h"
+#include "parallel/padded_transport.h"
 
 namespace moe {
 

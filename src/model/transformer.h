@@ -4,13 +4,13 @@
 //   ActivationPlan (model/activations.h)     the arena of saved activations and shared scratch
 //   the step code (this file's class)        which runs the sublayers in order:
 //   embedding -> [attention (model/attention_block.h) -> FFN (model/dense_ffn.h or
-//   moe/moe_ffn.h)] x L -> head (model/lm_head.h: final norm, LM head + loss in row chunks)
+//   model/moe_ffn.h)] x L -> head (model/lm_head.h: final norm, LM head + loss in row chunks)
 //   -> backward of the same, in reverse, gradients accumulating into one flat buffer.
 // Each sublayer is a free function of an explicit context (backend, dims, choices, scratch, the
 // micro-batch's document starts), its weights and its saved activations. Auxiliary MoE losses
 // are computed in each MoE layer's backward, where their gradients are injected; their values
 // land in StepStats. A pipeline stage holds the layer chunks of its ModelShard (one range, or
-// several with interleaved pipelining); train/pipeline.h runs the schedule: stage_forward,
+// several with interleaved pipelining); parallel/pipeline.h runs the schedule: stage_forward,
 // head_step (last stage), stage_backward, each on one chunk.
 #pragma once
 
@@ -26,8 +26,8 @@
 #include "model/model_state.h"
 #include "model/params.h"
 #include "model/step_stats.h"
-#include "moe/expert_exchange.h"
-#include "moe/moe_ffn.h"
+#include "parallel/expert_exchange.h"
+#include "model/moe_ffn.h"
 #include "model/sublayer.h"
 #include "parallel/communicator.h"
 
@@ -71,7 +71,7 @@ struct ModelOptions {
   int64_t pipeline_slots = 1;
   // Interleaved pipelining: slots per chunk of shard.chunks (set instead of pipeline_slots).
   std::vector<int64_t> chunk_slots;
-  MxMode mx;  // MXFP8 experts (train.precision = "mxfp8"): model/activations.h, moe/mx_experts.h
+  MxMode mx;  // MXFP8 experts (train.precision = "mxfp8"): model/activations.h, model/mx_experts.h
 };
 
 class Transformer {
@@ -100,7 +100,7 @@ class Transformer {
   void forward_backward(const MicroBatch& mb, StepStats& stats);
 
   // Pipeline stage API (the shard's layer chunks, 0 .. pipeline_chunks() - 1 in layer order;
-  // train/pipeline.h runs the schedule). A slot holds one in-flight micro-batch's saved
+  // parallel/pipeline.h runs the schedule). A slot holds one in-flight micro-batch's saved
   // activations of one chunk.
   int64_t pipeline_chunks() const { return plan_.chunks(); }
   int64_t pipeline_slots(int64_t chunk = 0) const { return plan_.slots(chunk); }
@@ -150,7 +150,7 @@ class Transformer {
   // Layer l's attention activations of the last forward (tests: clip_qkv's pre-clamp projections).
   const AttnActs& attention_acts(int64_t l) { return plan_.layer(0, l).attn; }
   // Expert parallelism: the exchange counters, (MoE layers, 4 + ep) i32 on the device: each
-  // layer's plan totals (moe/expert_exchange.h, ExchangeTotal) summed over the forwards since
+  // layer's plan totals (parallel/expert_exchange.h, ExchangeTotal) summed over the forwards since
   // the last reset (recompute re-runs are not counted); and their reset.
   const Tensor& exchange_counts() const { return exchange_counts_.t; }
   void reset_exchange_counts();
@@ -164,7 +164,7 @@ class Transformer {
   // Bytes of saved activations per token (all layers), for the report.
   double activation_bytes_per_token() const { return static_cast<double>(plan_.saved_tensor_bytes()) / static_cast<double>(dims_.T); }
   // Bytes of the one activation arena (saved activations + shared scratch, 64-byte padded);
-  // estimate_memory() (model/memory.h) runs the same plan in measure mode.
+  // estimate_memory() (plan/memory.h) runs the same plan in measure mode.
   size_t activation_arena_bytes() const { return plan_.bytes(); }
 
  private:

@@ -8,7 +8,7 @@
 #include "core/phase_timer.h"
 #include "kernels/host_view.h"
 #include "kernels/step_control.h"
-#include "model/memory.h"
+#include "plan/memory.h"
 #include "optim/schedule.h"
 
 namespace moe {

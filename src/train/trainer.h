@@ -1,5 +1,5 @@
 // One optimizer step: micro-batches with gradient accumulation (in 1F1B order across pipeline
-// stages, train/pipeline.h), loss normalization over the whole step, global grad-norm clipping,
+// stages, parallel/pipeline.h), loss normalization over the whole step, global grad-norm clipping,
 // the LR schedule, AdamW, and loss-free bias updates.
 #pragma once
 
@@ -17,7 +17,7 @@
 #include "optim/adamw.h"
 #include "parallel/grad_sync.h"
 #include "parallel/process_groups.h"
-#include "train/pipeline.h"
+#include "parallel/pipeline.h"
 
 namespace moe {
 

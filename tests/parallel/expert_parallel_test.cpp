@@ -1,4 +1,4 @@
-// Expert parallelism (moe/expert_exchange.h): parity against one process (f64 1e-9, as in
+// Expert parallelism (parallel/expert_exchange.h): parity against one process (f64 1e-9, as in
 // parity_test.cpp; fp32 and bf16 + recompute loss/norm), the exchange's bytes per MoE layer and
 // direction from the communicator's counters, capacity drops against an independent count, and
 // the activation arena against the closed-form estimate. Each test skips at other world sizes.
@@ -13,10 +13,10 @@
 
 #include "common/test_util.h"
 #include "kernels/ops.h"
-#include "model/memory.h"
+#include "plan/memory.h"
 #include "parity_common.h"
-#include "moe/p2p_transport.h"
-#include "moe/padded_transport.h"
+#include "parallel/p2p_transport.h"
+#include "parallel/padded_transport.h"
 #include "train/trainer.h"
 #include "world.h"
 

@@ -12,7 +12,7 @@
 //     GEMM runs over (El+1) offsets with no second permutation.
 //  3. return_to_sources: the reverse (expert outputs, or input gradients in backward).
 // How rows travel is the transport's business (ExpertTransport below): the point-to-point one
-// (moe/p2p_transport.*) posts one message per block through a Communicator and therefore reads
+// (parallel/p2p_transport.*) posts one message per block through a Communicator and therefore reads
 // the plan on the host, once per plan; a device transport (NCCL) would not.
 //
 // Capacity (optional): a receiving rank keeps at most `capacity` rows, in the order (local expert,
@@ -27,7 +27,7 @@
 #include "core/phase_timer.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
-#include "moe/exchange_bounds.h"
+#include "model/exchange_bounds.h"
 
 namespace moe {
 

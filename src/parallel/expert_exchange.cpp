@@ -1,4 +1,4 @@
-#include "moe/expert_exchange.h"
+#include "parallel/expert_exchange.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "moe/p2p_transport.h"
+#include "parallel/p2p_transport.h"
 
 #include <cstring>
 

@@ -19,7 +19,7 @@
 
 #include <vector>
 
-#include "moe/expert_exchange.h"
+#include "parallel/expert_exchange.h"
 #include "parallel/communicator.h"
 #include "parallel/staged_comm.h"
 

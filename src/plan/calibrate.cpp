@@ -1,4 +1,4 @@
-#include "train/calibrate.h"
+#include "plan/calibrate.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "moe/mx_experts.h"
+#include "model/mx_experts.h"
 
 #include "core/mxfp8.h"
 #include "core/phase_timer.h"

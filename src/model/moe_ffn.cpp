@@ -1,12 +1,12 @@
-#include "moe/moe_ffn.h"
+#include "model/moe_ffn.h"
 
 #include <optional>
 
 #include "core/phase_timer.h"
 #include "core/rng.h"
 #include "model/dense_ffn.h"
-#include "moe/mx_experts.h"
-#include "moe/shared_experts.h"
+#include "model/mx_experts.h"
+#include "model/shared_experts.h"
 
 namespace moe {
 namespace {

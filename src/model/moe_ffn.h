@@ -4,19 +4,19 @@
 //   plan: stable counting sort of the T*K (token, slot) pairs by expert -> offsets, positions
 //   xs = h rows in expert-major order; ys = grouped SwiGLU experts over xs (row tiles per expert)
 //   y = sum_j w_tj * ys[pos(t,j)]  (+ shared expert: sum, or v1 u/(K+1) + r*K/(K+1))
-// Expert parallelism (moe/expert_exchange.h): after the gather, rows move to the ranks holding
+// Expert parallelism (parallel/expert_exchange.h): after the gather, rows move to the ranks holding
 // their experts and the outputs come back before the combine; backward moves the gradients the
 // same two ways. Routing, the plan, the combine and the router losses stay on the tokens' rank.
 // Backward mirrors it and injects the load-balancing and router z-loss gradients into the
 // router, weighted by this micro-batch's share of the step's tokens. With MXFP8 experts the grouped
-// GEMMs are moe/mx_experts.h's.
+// GEMMs are model/mx_experts.h's.
 #pragma once
 
 #include <functional>
 
 #include "model/model_state.h"
 #include "model/sublayer.h"
-#include "moe/expert_exchange.h"
+#include "parallel/expert_exchange.h"
 
 namespace moe {
 
@@ -26,7 +26,7 @@ struct MoeRouting {
   Tensor router_bias;      // (E) loss-free balancing bias, or empty
   uint64_t seed = 0;       // random routing draws
   int64_t token_base = 0;  // global index of the micro-batch's first token
-  Tensor quant_stats;      // MXFP8: (8) f64 quantization statistics of the step (moe/mx_experts.h),
+  Tensor quant_stats;      // MXFP8: (8) f64 quantization statistics of the step (model/mx_experts.h),
                            // or empty (no MXFP8, or a recomputed forward: counted once)
 };
 
