@@ -52,10 +52,10 @@ def main(argv):
         return 2
     found = violations(argv[1])
     for path, number, lower, upper in found:
-        print(f"{path}:{number}: {lower}/ includes {upper}/, a layer above it "
-              f"(order, bottom to top: {' < '.join(LAYERS)})")
+        print(f"{path}:{number}: {lower}/ includes {upper}/, a layer above it")
     if found:
-        print(f"check_layers: {len(found)} upward include(s)", file=sys.stderr)
+        print(f"check_layers: {len(found)} upward include(s); the order, bottom to top: {' < '.join(LAYERS)}",
+              file=sys.stderr)
         return 1
     return 0
 
