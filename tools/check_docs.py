@@ -7,6 +7,8 @@
 - Every reference in the repository's text of the form `docs/PAGE.md, "Title"` (also README,
   ARCHITECTURE.md; with or without the comma) names a heading or a **bold** lead-in of that page
   that starts with Title, so moving or renaming a section breaks this check, not the reader.
+- Every `path` into the tree the pages name in code marks (src/, tools/, scripts/, configs/, tests/,
+  bench/, cmake/, web/, fuzz/) exists; a glob (`configs/bench/gpu_*.toml`) must match something.
 - README.md stays a front door: at most 12,000 bytes (the manual lives in docs/).
 
 Usage: tools/check_docs.py [--root DIR] [--self-test]. --self-test plants each kind of break in a
@@ -114,18 +116,29 @@ def check_section_refs(root):
     return bad
 
 
+def check_paths(root):
+    bad = []
+    pages = sorted({p for pattern in PAGES for p in glob.glob(os.path.join(root, pattern))})
+    for page in pages:
+        for m in re.finditer(r"`((?:src|tools|scripts|configs|tests|bench|cmake|web|fuzz)/[\w./*-]+)`", read(page)):
+            path = os.path.join(root, m.group(1))
+            if not glob.glob(path):
+                bad.append(f"{os.path.relpath(page, root)}: names {m.group(1)}, which does not exist")
+    return bad
+
+
 def check_readme_size(root):
     n = os.path.getsize(os.path.join(root, "README.md"))
     return [] if n <= README_BYTES else [f"README.md is {n} bytes, over {README_BYTES}: move detail into docs/"]
 
 
 def check(root):
-    return check_links(root) + check_section_refs(root) + check_readme_size(root)
+    return check_links(root) + check_section_refs(root) + check_paths(root) + check_readme_size(root)
 
 
 def skipped(root, folder, names):
-    """What the scratch copy leaves out: git data, fixtures, and the root's build and run folders."""
-    out = {n for n in names if n in (".git", "golden", "__pycache__")}
+    """What the scratch copy leaves out: git data and the root's build and run folders."""
+    out = {n for n in names if n in (".git", "__pycache__")}
     if os.path.samefile(folder, root):
         out |= {n for n in names if os.path.isdir(os.path.join(folder, n))
                 and (n.startswith("build") or n in (".cache", "data", "runs"))}
@@ -133,24 +146,29 @@ def skipped(root, folder, names):
 
 
 def self_test(root):
-    """Each planted break must be reported; the unplanted copy must pass."""
+    """Each planted break must be reported; the copy without it must pass."""
     plants = [
         ("a link to a missing page", "README.md", "\n[gone](docs/NO_SUCH_PAGE.md)\n"),
         ("a link to a missing heading", "README.md", "\n[gone](docs/CONFIG.md#no-such-heading)\n"),
         ("a stale section reference", "src/config/config.h", '\n// (docs/CONFIG.md, "No such section")\n'),
+        ("a path that does not exist", "docs/DATA.md", "\nSee `src/no_such_folder/reader.cpp`.\n"),
         ("an oversized README", "README.md", "\n" + "x" * README_BYTES + "\n"),
     ]
     failures = []
-    for what, rel, text in plants:
-        with tempfile.TemporaryDirectory() as scratch:
-            copy = os.path.join(scratch, "repo")
-            shutil.copytree(root, copy, ignore=lambda folder, names: skipped(root, folder, names))
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = os.path.join(scratch, "repo")
+        shutil.copytree(root, copy, ignore=lambda folder, names: skipped(root, folder, names))
+        for what, rel, text in plants:
             if check(copy):
-                return ["the unplanted copy does not pass: " + "; ".join(check(copy))]
-            with open(os.path.join(copy, rel), "a") as f:
+                return ["the copy without a planted break does not pass: " + "; ".join(check(copy))]
+            target = os.path.join(copy, rel)
+            original = read(target)
+            with open(target, "a") as f:
                 f.write(text)
             if not check(copy):
                 failures.append(f"{what} in {rel} was not reported")
+            with open(target, "w") as f:
+                f.write(original)
     return failures
 
 
