@@ -29,12 +29,12 @@
 #include "checkpoint/hf_export.h"
 #include "checkpoint/safetensors.h"
 #include "data/prepare.h"
-#include "model/memory.h"
+#include "plan/memory.h"
 #include "plan/plan_command.h"
 #include "kernels/ops.h"
 #include "parallel/communicator.h"
 #include "train/bench.h"
-#include "train/calibrate.h"
+#include "plan/calibrate.h"
 #ifdef MOE_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -270,7 +270,7 @@ int config_command(const Args& a) {
     }
     std::cout << "\n";
   }
-  std::cout << "# memory estimate (the trainer's own plans measured, src/model/memory.cpp; micro-batch of "
+  std::cout << "# memory estimate (the trainer's own plans measured, src/plan/memory.cpp; micro-batch of "
             << c.train.micro_batch_size << " x " << c.train.seq_len << " tokens, " << c.train.precision
             << (c.train.recompute ? ", block recompute" : "") << "):\n"
             << moe::format_memory(moe::estimate_memory(c));

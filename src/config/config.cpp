@@ -544,7 +544,7 @@ void Config::validate() const {
   MOE_CHECK(!(parallel.overlap_grad_reduce && parallel.zero1),
             "parallel.overlap_grad_reduce = true is not supported with parallel.zero1 = true (ZeRO-1 reduce-scatters "
             "after the backward)");
-  // The world size is only known at launch (checked there, src/parallel/layout.h).
+  // The world size is only known at launch (checked there, src/config/layout.h).
   validate_layout(layout_from_config(parallel), -1, model.num_experts, model.n_layers);
   configured_stage_chunks(parallel, model.n_layers, 0);  // throws naming a bad parallel.stage_layers
   // pp = 1 passes here: a layout given after the config (moecore plan --layout) may set pp; the

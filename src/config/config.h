@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "parallel/layout.h"
+#include "config/layout.h"
 
 namespace moe {
 
@@ -248,14 +248,14 @@ struct CheckpointConfig {
   bool at_end = true;     // save when the run stops
 };
 
-// Process layout (src/parallel/layout.h): world = pp x dp; ep divides dp.
+// Process layout (src/config/layout.h): world = pp x dp; ep divides dp.
 struct ParallelConfig {
   int64_t dp = 1;  // data-parallel replicas per pipeline stage
   int64_t ep = 1;  // expert-parallel group size (divides dp and num_experts)
   int64_t pp = 1;  // pipeline stages (at most n_layers)
   // Interleaved 1F1B (Megatron's virtual stages, Olmo-core 3's production schedule): model chunks
   // per pipeline stage; the layers form pp x pp_interleave chunks, stage s holding chunks s,
-  // s + pp, ... (train/pipeline_schedule.h). 1 = plain 1F1B.
+  // s + pp, ... (parallel/pipeline_schedule.h). 1 = plain 1F1B.
   int64_t pp_interleave = 1;
   bool zero1 = false;  // shard Adam moments over dp (dense) and edp (experts)
   bool overlap_grad_reduce = false;  // DDP: per-layer all-reduce started during the backward
@@ -263,11 +263,11 @@ struct ParallelConfig {
   // rows per MoE layer and micro-batch, dropping the tail (local expert, then source rank
   // order). 0 = dropless.
   double ep_capacity_factor = 0;
-  // How expert-parallel rows travel (moe/expert_exchange.h): "p2p" (one message per (rank, local
+  // How expert-parallel rows travel (parallel/expert_exchange.h): "p2p" (one message per (rank, local
   // expert) block, sized by the plan: one host read of the counts per plan) or "padded" (fixed
   // per-peer slabs through one all-to-all: nothing read on the host, (ep - 1) whole slabs sent).
   std::string ep_transport = "p2p";
-  // Layers per pipeline stage, comma-separated ("1,3"); "" = balanced (parallel/layout.h).
+  // Layers per pipeline stage, comma-separated ("1,3"); "" = balanced (config/layout.h).
   std::string stage_layers;
   // What carries tensors between ranks: "mpi" (host buffers; staged on a GPU) or "nccl" (device
   // buffers, train.backend = "cuda"). Host-side agreement checks always use MPI.

@@ -1,5 +1,5 @@
 // Device memory the cuda backend holds beside the model's own buffers, stated once so that the
-// memory estimate (model/memory.cpp, moecore config) counts what the backend allocates
+// memory estimate (plan/memory.cpp, moecore config) counts what the backend allocates
 // (kernels/cuda/cuda_backend.cpp, kernels/cuda/sdpa_cudnn.cpp). No CUDA headers: the estimate is
 // made in every build.
 #pragma once

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "core/mxfp8.h"
-#include "moe/exchange_bounds.h"
+#include "model/exchange_bounds.h"
 
 namespace moe {
 

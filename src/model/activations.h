@@ -1,6 +1,6 @@
 // The activation plan: every tensor one pipeline stage keeps between its forward and backward
 // (saved activations, per in-flight micro-batch) and the scratch its backward shares, carved out
-// of ONE arena by the same code that measures it. The memory estimate (model/memory.cpp) runs
+// of ONE arena by the same code that measures it. The memory estimate (plan/memory.cpp) runs
 // this code in measure mode, so the estimate is the arena, byte for byte.
 //
 // Shapes are for one micro-batch of T = B*S tokens. Shape suffixes of the scratch names:
@@ -34,7 +34,7 @@ struct ArenaPlan {
 };
 
 // MXFP8 in the routed experts and the attention projections (train.precision = "mxfp8", config
-// [mxfp8]; moe/mx_experts.h, model/attention_block.cpp).
+// [mxfp8]; model/mx_experts.h, model/attention_block.cpp).
 struct MxMode {
   bool experts = false;            // the expert GEMMs' forward and data gradient in MXFP8
   bool attention = false;          // the q/k/v/o projections' forward and data gradient in MXFP8
@@ -96,7 +96,7 @@ struct FfnActs {
   // dense SwiGLU, or the shared expert of an MoE layer
   Tensor g, u;             // (T,F) saved in the operand dtype
   Tensor a_act;            // (T,F) silu(g)*u, GEMM operand (gated shared experts: times their weights)
-  // the gate of the shared experts (model.shared_router; moe/shared_experts.h), Es experts
+  // the gate of the shared experts (model.shared_router; model/shared_experts.h), Es experts
   Tensor shared_logits, shared_scores, shared_w;  // (T,Es) fp32/f64
   Tensor shared_idx;       // (T,Es) i32 every expert, in order
   Tensor shared_pos;       // (T*Es) i32 identity slot positions of the per-expert scaling
@@ -193,7 +193,7 @@ struct Scratch {
   Tensor mean_prob_E;
   Tensor lbl_counts_E;             // i32: a sequence's or the group's counts (load-balancing granularity)
   Tensor ep_slabs;                 // compute dtype, 2*ep*slab_rows*D elements; padded transport only
-  // MXFP8 experts (moe/mx_experts.cpp): the gathered rows before quantization, the quantized send
+  // MXFP8 experts (model/mx_experts.cpp): the gathered rows before quantization, the quantized send
   // buffer (EP with dispatch) or the bf16 receive buffer (EP without), the quantized output
   // gradient and SwiGLU gradient of the data gradients, and one bf16 buffer the weight gradients
   // dequantize their saved operand into.

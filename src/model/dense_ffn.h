@@ -1,6 +1,6 @@
 // SwiGLU MLP, forward then backward (dense_ffn.cpp): y = down(silu(gate(h)) * up(h)). Used by
 // the dense FFN sublayer (the first n_dense_layers blocks: h = RMSNorm(x), residual as in
-// attention) and by the shared expert of MoE layers (moe/moe_ffn.cpp).
+// attention) and by the shared expert of MoE layers (model/moe_ffn.cpp).
 #pragma once
 
 #include "model/model_state.h"

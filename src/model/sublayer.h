@@ -2,7 +2,7 @@
 // share: the normed input, the output norm + residual add, and GEMM operand conversions.
 // Sublayers are free functions of (context, weights, saved activations, input, output), forward
 // and backward side by side in their own files:
-//   model/attention_block.cpp, model/dense_ffn.cpp (and the shared expert), moe/moe_ffn.cpp.
+//   model/attention_block.cpp, model/dense_ffn.cpp (and the shared expert), model/moe_ffn.cpp.
 // Backward convention: on entry scratch.dresid_TD holds d(x_out); on exit d(x_in) (the residual
 // passes straight through, the input norm's gradient is added).
 #pragma once

@@ -5,8 +5,6 @@
 #include "model/attention_block.h"
 #include "model/attention_masks.h"
 #include "model/dense_ffn.h"
-#include "moe/p2p_transport.h"
-#include "moe/padded_transport.h"
 
 namespace moe {
 
@@ -20,7 +18,7 @@ Dims checked_dims(const ModelConfig& c, const ModelOptions& o) {
             o.chunk_slots.size(), " slot counts for ", o.shard.chunks.size(), " layer chunks");
   MOE_CHECK(!(o.mx.experts || o.mx.attention) || o.bf16_operands || o.compute == DType::kF64,
             "MXFP8 GEMMs run with bf16 operands elsewhere (f32 compute) or on the f64 reference path");
-  return model_dims(c, o.batch, o.seq_len, o.compute, o.bf16_operands, o.ep ? o.ep->size() : 1, o.ep_capacity_factor,
+  return model_dims(c, o.batch, o.seq_len, o.compute, o.bf16_operands, o.ep, o.ep_capacity_factor,
                     o.ep_transport == ExchangeTransportKind::kPadded, o.mx);
 }
 }  // namespace
@@ -37,12 +35,11 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
              o.mx.experts || o.mx.attention ? o.mx.rule : -1, o.mx.experts, o.mx.attention) {
   const ModelShard& shard = layout().shard();
   const int64_t ep = dims_.ep;
-  MOE_CHECK(shard.num_local_experts * ep == cfg_.num_experts && (ep == 1 || shard.expert_begin == o.ep->rank() * shard.num_local_experts),
+  MOE_CHECK(ep >= 1 && shard.num_local_experts * ep == cfg_.num_experts && shard.expert_begin % shard.num_local_experts == 0,
             "expert shard [", shard.expert_begin, ", ", shard.expert_begin + shard.num_local_experts,
-            ") does not match EP rank ", o.ep ? o.ep->rank() : 0, " of ", ep, " over ", cfg_.num_experts, " experts");
+            ") is not one of ", ep, " equal shares of ", cfg_.num_experts, " experts");
   chunks_ = shard.chunks;
   const std::vector<int64_t> chunk_slots = o.chunk_slots.empty() ? std::vector<int64_t>{o.pipeline_slots} : o.chunk_slots;
-  const int64_t most_slots = *std::max_element(chunk_slots.begin(), chunk_slots.end());
   lbl_granularity_ = loss.lbl_granularity == "instance" ? LblGranularity::kInstance
                      : loss.lbl_granularity == "global" ? LblGranularity::kGlobal
                                                          : LblGranularity::kLocalBatch;
@@ -52,27 +49,6 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
     window_slot_.push_back(at == windows.end() ? -1 : static_cast<int>(at - windows.begin()));
     rope_layer_.push_back(cfg_.rope_on(l) ? 1 : 0);
   }
-  if (ep > 1) {
-    const int64_t M = cfg_.num_moe_layers(), words = ExchangePlan::words(ep, cfg_.num_experts);
-    if (o.ep_transport == ExchangeTransportKind::kPadded)
-      transport_ = std::make_unique<PaddedExpertTransport>(*o.ep, ops, cfg_.num_experts, dims_.slab_rows);
-    else
-      transport_ = std::make_unique<P2pExpertTransport>(*o.ep, ops, cfg_.num_experts);
-    exchange_ = std::make_unique<ExpertExchange>(*transport_, ops, cfg_.num_experts,
-                                                 expert_capacity(dims_.T, cfg_.top_k, o.ep_capacity_factor));
-    // One plan per (activation slot, MoE layer): 1F1B keeps several micro-batches in flight (a
-    // MoE layer lies in one chunk, so slots of different chunks do not share a plan).
-    plan_mem_ = Buffer(ops, static_cast<size_t>(most_slots * M * words) * sizeof(int32_t));
-    const Tensor all = plan_mem_.view(DType::kI32, {most_slots * M * words});
-    plans_.resize(static_cast<size_t>(most_slots));
-    for (int64_t s = 0; s < most_slots; ++s)
-      for (int64_t m = 0; m < M; ++m) {
-        const int64_t at = (s * M + m) * words;
-        plans_[static_cast<size_t>(s)].push_back(ExchangePlan::over(all.slice(at, at + words), ep, cfg_.num_experts));
-      }
-    exchange_counts_ = OwnedTensor(ops, DType::kI32, {M, 4 + ep});
-    reset_exchange_counts();
-  }
   if (o.mx.experts && cfg_.num_moe_layers() > 0) {
     quant_stats_ = OwnedTensor(ops, DType::kF64, {cfg_.num_moe_layers(), 8});
     reset_quant_stats();
@@ -80,8 +56,10 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
   plan_ = ActivationPlan(cfg_, dims_, StagePlan(chunks_, chunk_slots, recompute_), &ops);
 }
 
-void Transformer::reset_exchange_counts() {
-  if (!exchange_counts_.t.empty()) ops_.fill(exchange_counts_.t, 0.0);
+void Transformer::set_expert_dispatch(ExpertDispatch* dispatch) {
+  MOE_CHECK(dims_.ep > 1 && dispatch != nullptr && dispatch->size() == dims_.ep, "expert dispatch over ",
+            dispatch ? dispatch->size() : 0, " ranks for a model built for ep = ", dims_.ep);
+  dispatch_ = dispatch;
 }
 
 void Transformer::reset_quant_stats() {
@@ -97,11 +75,13 @@ void Transformer::zero_stats(StepStats& s) const { zero_step_stats(ops_, s); }
 
 MoeExchangeStep Transformer::exchange_step(int64_t slot, int64_t m, bool recomputing) {
   MoeExchangeStep ex;
-  if (!exchange_) return ex;
-  ex.exchange = exchange_.get();
-  ex.plan = &plans_[static_cast<size_t>(slot)][static_cast<size_t>(m)];
+  if (dims_.ep == 1) return ex;
+  MOE_CHECK(dispatch_ != nullptr, "expert parallelism (ep = ", dims_.ep, ") without an expert dispatch: ",
+            "parallelize (parallel/parallelize.h) installs it");
+  ex.exchange = dispatch_;
+  ex.slot = slot;
+  ex.moe_layer = m;
   ex.new_plan = !recomputing;  // recompute reuses the plan (and counts each forward once)
-  ex.counters = exchange_counts_.t.slice(m, m + 1).view({4 + dims_.ep});
   return ex;
 }
 

@@ -4,13 +4,13 @@
 //   ActivationPlan (model/activations.h)     the arena of saved activations and shared scratch
 //   the step code (this file's class)        which runs the sublayers in order:
 //   embedding -> [attention (model/attention_block.h) -> FFN (model/dense_ffn.h or
-//   moe/moe_ffn.h)] x L -> head (model/lm_head.h: final norm, LM head + loss in row chunks)
+//   model/moe_ffn.h)] x L -> head (model/lm_head.h: final norm, LM head + loss in row chunks)
 //   -> backward of the same, in reverse, gradients accumulating into one flat buffer.
 // Each sublayer is a free function of an explicit context (backend, dims, choices, scratch, the
 // micro-batch's document starts), its weights and its saved activations. Auxiliary MoE losses
 // are computed in each MoE layer's backward, where their gradients are injected; their values
 // land in StepStats. A pipeline stage holds the layer chunks of its ModelShard (one range, or
-// several with interleaved pipelining); train/pipeline.h runs the schedule: stage_forward,
+// several with interleaved pipelining); parallel/pipeline.h runs the schedule: stage_forward,
 // head_step (last stage), stage_backward, each on one chunk.
 #pragma once
 
@@ -26,10 +26,10 @@
 #include "model/model_state.h"
 #include "model/params.h"
 #include "model/step_stats.h"
-#include "moe/expert_exchange.h"
-#include "moe/moe_ffn.h"
+#include "model/expert_dispatch.h"
+#include "model/exchange_bounds.h"
+#include "model/moe_ffn.h"
 #include "model/sublayer.h"
-#include "parallel/communicator.h"
 
 namespace moe {
 
@@ -61,9 +61,10 @@ struct ModelOptions {
   ModelShard shard;             // the layers and experts this rank holds (default: all)
   int64_t dense_chunks = 1;     // ZeRO-1: the flat regions split into this many equal chunks
   int64_t expert_chunks = 1;
-  // Expert parallelism: the EP group (not owned; nullptr or size 1 = no EP). Its rank r must
-  // hold experts [r*E/ep, (r+1)*E/ep) (shard.expert_begin, shard.num_local_experts).
-  Communicator* ep = nullptr;
+  // Expert parallelism: ranks in the EP group (1 = none); rank r holds experts [r*E/ep,
+  // (r+1)*E/ep) (shard.expert_begin, shard.num_local_experts). The exchange itself is installed
+  // after construction (set_expert_dispatch; parallel/parallelize.h).
+  int64_t ep = 1;
   double ep_capacity_factor = 0;  // 0 = dropless (see parallel.ep_capacity_factor)
   ExchangeTransportKind ep_transport = ExchangeTransportKind::kP2p;  // parallel.ep_transport
   // Micro-batches whose saved activations a pipeline stage holds at once (1F1B: min(pp - stage,
@@ -71,7 +72,7 @@ struct ModelOptions {
   int64_t pipeline_slots = 1;
   // Interleaved pipelining: slots per chunk of shard.chunks (set instead of pipeline_slots).
   std::vector<int64_t> chunk_slots;
-  MxMode mx;  // MXFP8 experts (train.precision = "mxfp8"): model/activations.h, moe/mx_experts.h
+  MxMode mx;  // MXFP8 experts (train.precision = "mxfp8"): model/activations.h, model/mx_experts.h
 };
 
 class Transformer {
@@ -83,6 +84,7 @@ class Transformer {
   const ParamLayout& layout() const { return state_.layout(); }
   Backend& ops() { return ops_; }
   DType compute_dtype() const { return dims_.cdt; }
+  const Dims& dims() const { return dims_; }  // the micro-batch's sizes (model/activations.h)
 
   // The model state (model/model_state.h) and its pieces.
   ModelState& state() { return state_; }
@@ -100,7 +102,7 @@ class Transformer {
   void forward_backward(const MicroBatch& mb, StepStats& stats);
 
   // Pipeline stage API (the shard's layer chunks, 0 .. pipeline_chunks() - 1 in layer order;
-  // train/pipeline.h runs the schedule). A slot holds one in-flight micro-batch's saved
+  // parallel/pipeline.h runs the schedule). A slot holds one in-flight micro-batch's saved
   // activations of one chunk.
   int64_t pipeline_chunks() const { return plan_.chunks(); }
   int64_t pipeline_slots(int64_t chunk = 0) const { return plan_.slots(chunk); }
@@ -129,6 +131,9 @@ class Transformer {
   // Called after each layer's backward with its index (data-parallel gradient reduction starts
   // a finished layer's bucket there); empty = none.
   void set_layer_grads_hook(std::function<void(int64_t)> hook) { layer_grads_hook_ = std::move(hook); }
+  // Expert parallelism (options.ep > 1): how routed rows reach the experts of other ranks (not
+  // owned; set before the first forward, by parallelize in parallel/parallelize.h).
+  void set_expert_dispatch(ExpertDispatch* dispatch);
   // loss.lbl_granularity = "global": how a micro-batch's counts are summed over the data-parallel
   // group (the trainer's; without one, or with one rank, the local counts are used).
   void set_count_sum(CountSum sum) { count_sum_ = std::move(sum); }
@@ -149,22 +154,16 @@ class Transformer {
   const Tensor& router_logits(int64_t l) { return plan_.layer(0, l).ffn.logits; }
   // Layer l's attention activations of the last forward (tests: clip_qkv's pre-clamp projections).
   const AttnActs& attention_acts(int64_t l) { return plan_.layer(0, l).attn; }
-  // Expert parallelism: the exchange counters, (MoE layers, 4 + ep) i32 on the device: each
-  // layer's plan totals (moe/expert_exchange.h, ExchangeTotal) summed over the forwards since
-  // the last reset (recompute re-runs are not counted); and their reset.
-  const Tensor& exchange_counts() const { return exchange_counts_.t; }
-  void reset_exchange_counts();
   // MXFP8 experts: each MoE layer's quantization statistics since the last reset, (MoE layers,
   // 8) f64 on the device (forward then backward, each as the mx_quantize op's: max |x|,
   // saturated, underflowed, values; recompute re-runs are not counted); empty otherwise.
   const Tensor& quant_stats() const { return quant_stats_.t; }
   void reset_quant_stats();
   int64_t ep_size() const { return dims_.ep; }
-  const ExpertExchange* exchange() const { return exchange_.get(); }  // nullptr without EP
   // Bytes of saved activations per token (all layers), for the report.
   double activation_bytes_per_token() const { return static_cast<double>(plan_.saved_tensor_bytes()) / static_cast<double>(dims_.T); }
   // Bytes of the one activation arena (saved activations + shared scratch, 64-byte padded);
-  // estimate_memory() (model/memory.h) runs the same plan in measure mode.
+  // estimate_memory() (plan/memory.h) runs the same plan in measure mode.
   size_t activation_arena_bytes() const { return plan_.bytes(); }
 
  private:
@@ -200,13 +199,7 @@ class Transformer {
   LblGranularity lbl_granularity_ = LblGranularity::kLocalBatch;
   CountSum count_sum_;
 
-  // Expert parallelism (ep > 1): the transport and exchange, the plan per MoE layer (made in the
-  // forward, reused by the backward and by recompute), counters.
-  std::unique_ptr<ExpertTransport> transport_;
-  std::unique_ptr<ExpertExchange> exchange_;
-  Buffer plan_mem_;                               // every plan's i32 words, on the device
-  std::vector<std::vector<ExchangePlan>> plans_;  // [activation slot][MoE layer]
-  OwnedTensor exchange_counts_;
+  ExpertDispatch* dispatch_ = nullptr;  // expert parallelism only
   OwnedTensor quant_stats_;  // MXFP8 experts only
 };
 

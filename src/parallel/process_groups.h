@@ -1,12 +1,12 @@
 // The process groups of this rank (dp, ep, edp, pp), split from the world communicator by the
-// rank ordering of parallel/layout.h.
+// rank ordering of config/layout.h.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "parallel/communicator.h"
-#include "parallel/layout.h"
+#include "config/layout.h"
 
 namespace moe {
 

@@ -5,7 +5,7 @@
 
 #include "core/check.h"
 #include "kernels/ep_plan_math.h"
-#include "moe/exchange_bounds.h"
+#include "model/exchange_bounds.h"
 
 namespace moe {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
-#include "train/pipeline_schedule.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace moe {
 
@@ -72,7 +72,7 @@ std::vector<TimelineEntry> simulate_interleaved(const std::vector<double>& forwa
   const auto P = static_cast<int64_t>(forward_s.size());
   MOE_CHECK(P >= 1 && backward_s.size() == forward_s.size() && M >= 1 && v >= 1, "pipeline simulation: ", P,
             " stages, ", M, " micro-batches, ", v, " chunks");
-  // The trainer's own order (train/pipeline_schedule.h), so the simulation is of what runs.
+  // The trainer's own order (parallel/pipeline_schedule.h), so the simulation is of what runs.
   std::vector<std::vector<Action>> order(static_cast<size_t>(P));
   for (int64_t s = 0; s < P; ++s)
     for (const PipelineAction& a : interleaved_1f1b(P, s, M, v))

@@ -1,9 +1,9 @@
 // Discrete-event simulation of pipeline schedules: every action starts when its stage is free and
 // its input has arrived (a transfer time after the neighbour's action that produced it).
-//   - 1F1B, the trainer's schedule (train/pipeline_schedule.h);
+//   - 1F1B, the trainer's schedule (parallel/pipeline_schedule.h);
 //   - interleaved 1F1B with v model chunks per stage (Megatron's virtual stages, which Olmo-core
 //     3's 1.2T run uses; the trainer's parallel.pp_interleave).
-// Both take their order from train/pipeline_schedule.h, the order the trainer executes.
+// Both take their order from parallel/pipeline_schedule.h, the order the trainer executes.
 #pragma once
 
 #include <cstdint>

@@ -6,9 +6,9 @@
 #include "core/check.h"
 #include "model/activations.h"
 #include "model/params.h"
-#include "moe/exchange_bounds.h"
+#include "model/exchange_bounds.h"
 #include "plan/exchange_model.h"
-#include "train/pipeline_schedule.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace moe {
 
@@ -56,7 +56,7 @@ void apply_layout_arg(const std::string& arg, ParallelConfig& c) {
 namespace {
 
 // The first and last rank of one of this rank's groups and the stride between its members
-// (parallel/layout.h's ordering: dp and ep groups are contiguous, edp strides by ep within the
+// (config/layout.h's ordering: dp and ep groups are contiguous, edp strides by ep within the
 // stage, pp by dp, the world is everyone).
 struct GroupSpan {
   int64_t first = 0, last = 0;

@@ -1,6 +1,6 @@
 // The planner: what a training layout costs before it runs, from the same parameter layout,
 // activation plan and exchange arithmetic the trainer uses (one source of truth).
-//   - memory per pipeline stage by component (MemoryEstimate: model/memory.h, so one process's
+//   - memory per pipeline stage by component (MemoryEstimate: plan/memory.h, so one process's
 //     plan is `moecore config`'s estimate and the trainer's arena), the ZeRO variant that also
 //     shards the fp32 master weights (not in the trainer), and each rank's checkpoint shard;
 //   - communication per optimizer step, per rank, per collective: bytes as the Communicator's
@@ -13,14 +13,14 @@
 #include <vector>
 
 #include "config/config.h"
-#include "model/memory.h"
-#include "parallel/layout.h"
+#include "plan/memory.h"
+#include "config/layout.h"
 
 namespace moe {
 
 // What a step sends over one communicator with one kind of operation, for one purpose.
 struct PlannedCollective {
-  std::string group;  // world | dp | ep | edp | pp (parallel/layout.h)
+  std::string group;  // world | dp | ep | edp | pp (config/layout.h)
   std::string op;     // comm_op_name: all_reduce, reduce_scatter, all_gather, all_to_all_v, send, recv
   std::string what;   // what it carries ("dense gradients", "expert dispatch, forward", ...)
   double calls = 0;   // operations per step (messages, for send and recv)
@@ -82,7 +82,7 @@ struct Plan {
   const PlannedStage& stage_of(const PlannedRank& r) const { return stages[static_cast<size_t>(r.coords.pp)]; }
 };
 
-// Ranks in a group of this layout: "world", "dp", "ep", "edp" or "pp" (parallel/layout.h).
+// Ranks in a group of this layout: "world", "dp", "ep", "edp" or "pp" (config/layout.h).
 int64_t group_size(const Layout& layout, const std::string& group);
 
 // "dp=4,ep=2,pp=2" (any order, each at most once; missing keys keep the config's) into c.parallel.

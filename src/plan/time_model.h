@@ -2,7 +2,7 @@
 // per call, grouped expert GEMMs also by rows per expert, attention, memory-bound kernels),
 // collectives as latency + wire bytes / (link bandwidth x efficiency(message bytes)) on the link
 // each group crosses, and a discrete-event simulation of the trainer's 1F1B schedule
-// (train/pipeline_schedule.h) for the bubble. Nothing overlaps by default: expert exchanges block
+// (parallel/pipeline_schedule.h) for the bubble. Nothing overlaps by default: expert exchanges block
 // their layer, gradient reductions follow the pipeline (what the trainer does without
 // parallel.overlap_grad_reduce).
 #pragma once

@@ -11,7 +11,7 @@
 #ifdef MOE_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
-#include "model/memory.h"
+#include "plan/memory.h"
 #include "parallel/communicator.h"
 #include "parallel/process_groups.h"
 #include "train/metrics.h"

@@ -17,6 +17,7 @@
 
 #include "core/check.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "plan/calibrate.h"
 
 namespace moe {
 
@@ -85,20 +86,6 @@ MfuPeak mfu_peak(const Config& config, Communicator* world) {
   if (m.from_cache) detail << ", the best measured on this machine";
   p.detail = detail.str();
   return p;
-}
-
-cpu::FmaPeak ranks_fma_peak(const Config& config, Communicator* world) {
-  const int ranks = world ? world->size() : 1;
-  const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads) : cpu::num_threads();
-  if (ranks > 1) world->barrier();  // every rank measures at the same moment
-  cpu::FmaPeak m = cpu::fma_peak(threads, /*cached=*/ranks == 1);
-  if (ranks > 1) {
-    double flops[2] = {m.fp32_flops, m.bf16_flops};
-    world->all_reduce_sum(flops, 2, DType::kF64);
-    m.fp32_flops = flops[0];
-    m.bf16_flops = flops[1];
-  }
-  return m;
 }
 
 double peak_device_mb() {

@@ -44,10 +44,6 @@ struct MfuPeak {
   double mfu(double achieved_tflops) const { return tflops > 0 ? achieved_tflops / tflops : 0.0; }
 };
 MfuPeak mfu_peak(const Config& config, Communicator* world = nullptr);
-// The host backends' measured peaks (kernels/cpu/fma_peak.h) on the run's threads (train.threads,
-// or all), summed over the world's ranks, all measuring at once (uncached when several: each
-// measures its share of shared cores). Collective when world has several ranks.
-cpu::FmaPeak ranks_fma_peak(const Config& config, Communicator* world);
 // MiB the cuda backend held at most (0 on host backends).
 double peak_device_mb();
 

@@ -8,7 +8,7 @@
 #include "core/phase_timer.h"
 #include "kernels/host_view.h"
 #include "kernels/step_control.h"
-#include "model/memory.h"
+#include "plan/memory.h"
 #include "optim/schedule.h"
 
 namespace moe {
@@ -21,44 +21,19 @@ Trainer::Trainer(const Config& config, Backend& ops, DType compute, ProcessGroup
   const Layout layout = layout_from_config(config_.parallel);
   MOE_CHECK(groups_ || layout.world() == 1, "parallel.dp x parallel.pp = ", layout.world(),
             " ranks, but this is a single process (launch with mpirun -np ", layout.world(), ")");
-  ModelOptions o;
-  o.compute = compute;
-  // mxfp8: bf16 operands around the MXFP8 expert GEMMs (the f64 reference path keeps f64).
-  o.bf16_operands = config_.train.precision == "bf16" || (config_.train.precision == "mxfp8" && compute == DType::kF32);
-  o.mx = mx_mode(config_);
   skip_nonfinite_ = config_.train.on_nonfinite == "skip";
   const ParamLayout whole(config_.model);
   for (const ParamInfo& p : whole.entries()) global_param_names_.push_back(p.name);
-  o.recompute = config_.train.recompute;
-  o.batch = config_.train.micro_batch_size;
-  o.seq_len = config_.train.seq_len;
-  o.seed = config_.train.seed;
-  if (groups_) {
+  if (groups_)
     MOE_CHECK(groups_->layout.dp == layout.dp && groups_->layout.ep == layout.ep && groups_->layout.pp == layout.pp,
               "process groups were built for another layout than [parallel]");
-    o.shard.chunks = configured_stage_chunks(config_.parallel, config_.model.n_layers, groups_->coords.pp);
-    // 1F1B: this stage holds at most min(pp - stage, micro-batches) micro-batches of activations;
-    // interleaved, each chunk what its schedule keeps in flight.
-    o.chunk_slots = stage_chunk_slots(layout.pp, groups_->coords.pp, local_batch() / o.batch,
-                                      config_.parallel.pp_interleave);
-    o.shard.num_local_experts = config_.model.num_experts / layout.ep;
-    o.shard.expert_begin = groups_->coords.ep * o.shard.num_local_experts;
-    if (config_.parallel.zero1) {
-      o.dense_chunks = layout.dp;
-      o.expert_chunks = layout.edp();
-    }
-    o.ep = groups_->ep.get();
-    o.ep_capacity_factor = config_.parallel.ep_capacity_factor;
-    o.ep_transport = config_.parallel.ep_transport == "padded" ? ExchangeTransportKind::kPadded : ExchangeTransportKind::kP2p;
-  }
+  const ModelOptions o = model_options(config_, compute, groups_);
   try {
     model_ = std::make_unique<Transformer>(config_.model, config_.loss, o, ops_);
     model_->init_params(config_.train.seed);
     sync_ = std::make_unique<GradSync>(ops_, model_->layout(), groups_, config_.parallel.zero1,
                                        config_.parallel.overlap_grad_reduce);
-    if (sync_->overlapping()) model_->set_layer_grads_hook([this](int64_t layer) { sync_->layer_done(layer); });
-    if (config_.loss.lbl_granularity == "global")  // Olmo-core 3's global_load_balancing
-      model_->set_count_sum(CountSum{[this](const Tensor& counts) { sync_->sum_over_dp(counts); }, sync_->dp_size()});
+    parallel_ = parallelize(*model_, config_, groups_, *sync_, ops_);
     const AllocationScope scope("AdamW moments");
     optim_ = std::make_unique<AdamW>(ops_, model_->layout(), config_.optim, compute, sync_->owned_ranges());
     const AllocationScope stats_scope("step statistics");
@@ -105,7 +80,7 @@ void Trainer::forward_loss(const Tensor& ids, const Tensor& labels, const Tensor
 
 TransferStats Trainer::staged() const {
   TransferStats s = sync_->staged() + pipeline_->staged();
-  if (model_->exchange()) s = s + model_->exchange()->staged();
+  if (parallel_.exchange) s = s + parallel_.exchange->staged();
   return s;
 }
 
@@ -299,7 +274,7 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
   if (!in_flight_) ops_.fill(stats_.control.slice(kCtlNonfinite, kCtlNonfinite + 1), 0.0);
   model_->zero_grads();
   model_->zero_stats(stats_);
-  model_->reset_exchange_counts();
+  if (parallel_.exchange) parallel_.exchange->reset_counts();
   model_->reset_quant_stats();
   const int64_t mbs = tc.micro_batch_size, num_micro = local / mbs, global_micro = tc.batch_size / mbs;
   const bool aux_by_labels = config_.loss.aux_divisor == "labelled";
@@ -333,7 +308,7 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
     ops_.step_control(stats_.values, stats_.grad_sumsq, lc.lm_z_coef, lc.lbl_coef, lc.router_z_coef,
                       config_.optim.max_grad_norm, lr_table_.t, stats_.control);
   }
-  if (model_->ep_size() > 1) ops_.copy(model_->exchange_counts(), stats_.exchange);
+  if (parallel_.exchange) ops_.copy(parallel_.exchange->counts(), stats_.exchange);
   if (!stats_.quant.empty()) ops_.copy(model_->quant_stats(), stats_.quant);
 }
 

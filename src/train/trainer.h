@@ -1,5 +1,5 @@
 // One optimizer step: micro-batches with gradient accumulation (in 1F1B order across pipeline
-// stages, train/pipeline.h), loss normalization over the whole step, global grad-norm clipping,
+// stages, parallel/pipeline.h), loss normalization over the whole step, global grad-norm clipping,
 // the LR schedule, AdamW, and loss-free bias updates.
 #pragma once
 
@@ -16,8 +16,9 @@
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "parallel/grad_sync.h"
+#include "parallel/parallelize.h"
 #include "parallel/process_groups.h"
-#include "train/pipeline.h"
+#include "parallel/pipeline.h"
 
 namespace moe {
 
@@ -62,6 +63,7 @@ class Trainer {
   // groups: this rank's process groups (not owned) for a distributed run; nullptr = one process.
   Trainer(const Config& config, Backend& ops, DType compute, ProcessGroups* groups = nullptr);
   Transformer& model() { return *model_; }
+  const ExpertExchange* expert_exchange() const { return parallel_.exchange.get(); }  // nullptr without EP
   AdamW& optimizer() { return *optim_; }
   const Config& config() const { return config_; }
   // ids, labels: (local_batch(), seq_len) i32, this rank's contiguous share of the global batch
@@ -133,6 +135,7 @@ class Trainer {
   std::unique_ptr<AdamW> optim_;
   ProcessGroups* groups_;
   std::unique_ptr<GradSync> sync_;
+  ParallelModel parallel_;  // what parallelize installed on model_ (the expert exchange)
   std::vector<MicroBatch> micro_;  // the step's micro-batch views
   // A step's record on its way to the host: the download of the step statistics
   // (StepStats::words, once per step), the event after it, and what the host makes of them.

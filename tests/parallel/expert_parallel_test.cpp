@@ -1,4 +1,4 @@
-// Expert parallelism (moe/expert_exchange.h): parity against one process (f64 1e-9, as in
+// Expert parallelism (parallel/expert_exchange.h): parity against one process (f64 1e-9, as in
 // parity_test.cpp; fp32 and bf16 + recompute loss/norm), the exchange's bytes per MoE layer and
 // direction from the communicator's counters, capacity drops against an independent count, and
 // the activation arena against the closed-form estimate. Each test skips at other world sizes.
@@ -13,10 +13,10 @@
 
 #include "common/test_util.h"
 #include "kernels/ops.h"
-#include "model/memory.h"
+#include "plan/memory.h"
 #include "parity_common.h"
-#include "moe/p2p_transport.h"
-#include "moe/padded_transport.h"
+#include "parallel/p2p_transport.h"
+#include "parallel/padded_transport.h"
 #include "train/trainer.h"
 #include "world.h"
 
@@ -60,7 +60,8 @@ TEST(ExpertParallel, ParityWithRecompute) {
   expect_ep_parity(world().size(), 2, true);
 }
 
-// An expert shard needs the EP group that matches it.
+// An expert shard is one of ep equal shares, and the exchange installed on it must be over the
+// EP group whose rank holds that share.
 TEST(ExpertParallel, ShardsWithoutTheirGroupAreRefused) {
   const Config c = parity_config();
   std::unique_ptr<Backend> ops = make_backend("cpu");
@@ -68,6 +69,16 @@ TEST(ExpertParallel, ShardsWithoutTheirGroupAreRefused) {
   o.shard.num_local_experts = c.model.num_experts / 2;
   EXPECT_THROW(
       try { Transformer(c.model, c.loss, o, *ops); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("is not one of 1 equal shares"), std::string::npos) << e.what();
+        throw;
+      },
+      Error);
+  o.ep = 2;
+  o.shard.expert_begin = o.shard.num_local_experts;  // the second share
+  Transformer model(c.model, c.loss, o, *ops);
+  SelfCommunicator one;
+  EXPECT_THROW(
+      try { make_expert_exchange(model, one, ExchangeTransportKind::kP2p, 0, *ops); } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("does not match EP rank 0 of 1"), std::string::npos) << e.what();
         throw;
       },
@@ -171,6 +182,7 @@ class RecordingCommunicator final : public Communicator {
 struct EpModel {
   std::unique_ptr<Backend> ops;
   std::unique_ptr<Transformer> model;
+  std::unique_ptr<ExpertExchange> exchange;
 };
 EpModel run_ep_micro_batch(const Config& c, Communicator& ep_comm, bool bf16,
                            ExchangeTransportKind transport = ExchangeTransportKind::kP2p) {
@@ -183,10 +195,12 @@ EpModel run_ep_micro_batch(const Config& c, Communicator& ep_comm, bool bf16,
   o.seq_len = S;
   o.shard.expert_begin = ep_comm.rank() * El;
   o.shard.num_local_experts = El;
-  o.ep = &ep_comm;
+  o.ep = n;
   o.ep_transport = transport;
   o.ep_capacity_factor = c.parallel.ep_capacity_factor;
   r.model = std::make_unique<Transformer>(c.model, c.loss, o, *r.ops);
+  r.exchange = make_expert_exchange(*r.model, ep_comm, transport, o.ep_capacity_factor, *r.ops);
+  r.model->set_expert_dispatch(r.exchange.get());
   r.model->init_params(c.train.seed);
   std::vector<int32_t> ids, labels;
   parity_batch(c, 0, ids, labels);
@@ -488,11 +502,11 @@ TEST(ExpertParallel, ExchangeCostReport) {
   Tensor tid(ids.data(), DType::kI32, {local, S}), tlab(labels.data(), DType::kI32, {local, S});
   trainer.step(tid, tlab);  // warm-up
   g.ep->reset_stats();
-  const double blocked0 = trainer.model().exchange()->blocked_seconds();
+  const double blocked0 = trainer.expert_exchange()->blocked_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) trainer.step(tid, tlab);
   const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
-  const double blocked = (trainer.model().exchange()->blocked_seconds() - blocked0) / steps;
+  const double blocked = (trainer.expert_exchange()->blocked_seconds() - blocked0) / steps;
   const CommStats st = g.ep->stats();
   std::printf("[rank %d] ep=%d per step: payload sent %.0f bytes, received %.0f, count all-gather %.0f bytes, "
               "blocked in exchange %.4f s of %.4f s step\n",
@@ -506,11 +520,9 @@ TEST(ExpertParallel, ExchangeCostReport) {
   std::vector<int32_t> counts(static_cast<size_t>(E), 0);
   for (int64_t i = 0; i < choice.numel(); ++i) ++counts[static_cast<size_t>(choice.as<int32_t>()[i])];
   const int64_t R = choice.numel();
-  P2pExpertTransport transport(*g.ep, *ops, E);
-  ExpertExchange exchange(transport, *ops, E, -1);
-  OwnedTensor plan_words(*ops, DType::kI32, {ExchangePlan::words(n, E)});
-  ExchangePlan plan = ExchangePlan::over(plan_words.t, n, E);
-  exchange.make_plan(Tensor(counts.data(), DType::kI32, {E}), plan);
+  ExpertExchange exchange(std::make_unique<P2pExpertTransport>(*g.ep, *ops, E), *ops, E, -1, 1, 1);
+  exchange.plan(0, 0, Tensor(counts.data(), DType::kI32, {E}));
+  const ExchangePlan& plan = exchange.route(0, 0);
   const int64_t received = plan.host_total(kRowsReceived);
   const int32_t* count = plan.host.data();                  // (ep, E), ExchangePlan's layout
   const int32_t* local_begin = plan.host.data() + 2 * n * E;  // (E)
@@ -543,15 +555,14 @@ TEST(ExpertParallel, ExchangeCostReport) {
     world().barrier();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() / iters;
   };
-  const double p2p = time_it([&] { exchange.send_to_experts(plan, local_t, placed_t, Tensor()); });
+  const double p2p = time_it([&] { exchange.send_to_experts(0, 0, local_t, placed_t, Tensor()); });
   // The padded transport: fixed slabs of exchange_slab_rows rows per peer, one all-to-all.
   const int64_t slab = exchange_slab_rows(R / c.model.top_k, c.model.top_k, E, n, 0);
-  PaddedExpertTransport padded(*g.ep, *ops, E, slab);
-  ExpertExchange padded_exchange(padded, *ops, E, -1);
+  ExpertExchange padded_exchange(std::make_unique<PaddedExpertTransport>(*g.ep, *ops, E, slab), *ops, E, -1, 1, 1);
   std::vector<float> slabs(static_cast<size_t>(2 * n * slab * D));
   const Tensor slabs_t(slabs.data(), DType::kF32, {static_cast<int64_t>(slabs.size())});
-  padded_exchange.make_plan(Tensor(counts.data(), DType::kI32, {E}), plan);
-  const double padded_s = time_it([&] { padded_exchange.send_to_experts(plan, local_t, placed_t, slabs_t); });
+  padded_exchange.plan(0, 0, Tensor(counts.data(), DType::kI32, {E}));
+  const double padded_s = time_it([&] { padded_exchange.send_to_experts(0, 0, local_t, placed_t, slabs_t); });
   const double a2a = time_it([&] {
     g.ep->all_to_all_v(local_rows.data(), sc, sd, by_sender.data(), rc, rd, DType::kF32);
     for (int64_t e = 0; e < El; ++e)

@@ -1,4 +1,4 @@
-// Interleaved 1F1B (parallel.pp_interleave, train/pipeline_schedule.h): Megatron's order written
+// Interleaved 1F1B (parallel.pp_interleave, parallel/pipeline_schedule.h): Megatron's order written
 // out by hand, the chunks of each stage and the refusals, the memory estimate of a stage of
 // chunks, the executed order against the planner's simulation, and bitwise parity with one
 // process. Tests needing a world size skip on the others.
@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "kernels/ops.h"
-#include "model/memory.h"
+#include "plan/memory.h"
 #include "parallel/process_groups.h"
 #include "parity_common.h"
 #include "plan/pipeline_sim.h"
-#include "train/pipeline.h"
+#include "parallel/pipeline.h"
 #include "train/trainer.h"
 #include "world.h"
 

@@ -1,4 +1,4 @@
-// MXFP8 experts under expert parallelism (moe/mx_experts.h): the f64 reference path at EP = 2
+// MXFP8 experts under expert parallelism (model/mx_experts.h): the f64 reference path at EP = 2
 // equals one process at the parity tolerance (1e-9, parity_test.cpp) with the quantized dispatch,
 // without it, with recompute, with the attention projections in MXFP8 too and over the padded
 // transport; and the dispatch's bytes on the wire

@@ -1,4 +1,4 @@
-// Pipeline parallelism (src/train/pipeline.h): the 1F1B order and its activation slots, the
+// Pipeline parallelism (src/parallel/pipeline.h): the 1F1B order and its activation slots, the
 // stage layout (configured boundaries, memory per stage), and parity with one process on the same
 // global batches. PP alone reorders no floating-point sum (every stage accumulates its gradients
 // in micro-batch order; loss and grad-norm partials of the other stages are exact zeros), so it
@@ -20,12 +20,12 @@
 
 #include "data/token_file.h"
 #include "kernels/ops.h"
-#include "model/memory.h"
+#include "plan/memory.h"
 #include "plan/pipeline_sim.h"
 #include "parallel/process_groups.h"
 #include "parity_common.h"
 #include "train/metrics.h"
-#include "train/pipeline.h"
+#include "parallel/pipeline.h"
 #include "train/trainer.h"
 #include "world.h"
 

@@ -18,7 +18,7 @@
 #include "common/paths.h"
 #include "plan_test_util.h"
 #include "plan/time_model.h"
-#include "train/pipeline_schedule.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace moe {
 namespace {

@@ -1,4 +1,4 @@
-// The memory estimate of `moecore config` (model/memory.cpp: from a Config) against the
+// The memory estimate of `moecore config` (plan/memory.cpp: from a Config) against the
 // activation arena a model built from ModelOptions really allocates, for pre/peri norms, dense
 // layers, shared experts, QK-norm variants, bf16 operands and block recompute: equal, since both
 // run the same planning code; and the plan's sizes against shapes worked out by hand.
@@ -11,7 +11,7 @@
 #include "config/config.h"
 #include "kernels/ops.h"
 #include "model/activations.h"
-#include "model/memory.h"
+#include "plan/memory.h"
 #include "model/transformer.h"
 
 namespace moe {

@@ -1,4 +1,4 @@
-// train.precision = "mxfp8" (moe/mx_experts.h): config errors that name the key, the memory
+// train.precision = "mxfp8" (model/mx_experts.h): config errors that name the key, the memory
 // estimate against the arena and the caches actually allocated, losses against bf16 on the same
 // data, the quantization statistics in metrics.jsonl, and a precision switch on resume.
 // (Device discipline and exact resume: tests/train/strict_train_test.cpp's mxfp8 variants; EP and
@@ -16,7 +16,7 @@
 
 #include "common/test_util.h"
 #include "config/config.h"
-#include "model/memory.h"
+#include "plan/memory.h"
 #include "model/model_state.h"
 #include "model/transformer.h"
 #include "train/cli_util.h"

@@ -8,7 +8,7 @@ mxfp8_golden_test.cpp). CI only reads the file.
     /tmp/refenv/bin/python tools/reference/make_mx_model_fixture.py [--out FILE]
 
 The emulation is moe_reference.py's plain float64 model with two changes, as moecore's MXFP8 mode
-defines them (docs/MXFP8.md; moe/mx_experts.h, model/attention_block.cpp):
+defines them (docs/MXFP8.md; model/mx_experts.h, model/attention_block.cpp):
 - the routed experts' grouped GEMMs (forward and data gradient) and the attention q/k/v/o
   projections multiply dequantized MXFP8 operands: torchao's to_mx (rceil passed explicitly,
   E4M3, blocks of 32 along the reduction dimension) of the float32-rounded tensor, through
@@ -100,7 +100,7 @@ def silu_grad(g):
 
 class MxExperts(torch.autograd.Function):
     """The routed experts of one MoE layer on the gathered rows x (R,D) (expert-major order,
-    offsets: E+1 ints), as moe/mx_experts.cpp runs them."""
+    offsets: E+1 ints), as model/mx_experts.cpp runs them."""
 
     @staticmethod
     def forward(ctx, x, gate, up, down, offsets, tag, wtag):

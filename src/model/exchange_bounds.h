@@ -8,6 +8,12 @@
 
 namespace moe {
 
+// How an EP group's rows travel (parallel.ep_transport).
+enum class ExchangeTransportKind : uint8_t {
+  kP2p,     // per-block point-to-point messages sized by the plan, read on the host once per plan
+  kPadded,  // fixed slabs per peer through one all-to-all: no host read of routing
+};
+
 // Rows a receiving rank keeps with capacity factor cf > 0: ceil(cf * K * T_local); -1 if cf == 0.
 inline int64_t expert_capacity(int64_t tokens, int64_t top_k, double capacity_factor) {
   if (capacity_factor <= 0) return -1;

@@ -1,4 +1,4 @@
-#include "moe/mx_experts.h"
+#include "model/mx_experts.h"
 
 #include "core/mxfp8.h"
 #include "core/phase_timer.h"
@@ -38,10 +38,10 @@ Tensor mx_experts_forward(const SublayerContext& ctx, const MxExpertWeights& w, 
     rows = d.Rx;
     if (d.mx.dispatch) {  // quantized once on the sending rank; codes and scales cross
       quantize(ops, xs, rule, s.mx_xs_q, s.mx_xs_qs, st, Tensor());
-      ex.exchange->send_to_experts(*ex.plan, s.mx_xs_q, a.xr_q, s.ep_slabs);
-      ex.exchange->send_to_experts(*ex.plan, s.mx_xs_qs, a.xr_qs, s.ep_slabs);
+      ex.exchange->send_to_experts(ex.slot, ex.moe_layer, s.mx_xs_q, a.xr_q, s.ep_slabs);
+      ex.exchange->send_to_experts(ex.slot, ex.moe_layer, s.mx_xs_qs, a.xr_qs, s.ep_slabs);
     } else {  // bf16 crosses, the experts' rank quantizes the rows it received
-      ex.exchange->send_to_experts(*ex.plan, xs, s.mx_xr_XD, s.ep_slabs);
+      ex.exchange->send_to_experts(ex.slot, ex.moe_layer, xs, s.mx_xr_XD, s.ep_slabs);
       quantize(ops, s.mx_xr_XD, rule, a.xr_q, a.xr_qs, st, a.recv_offsets);
     }
   }

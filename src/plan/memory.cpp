@@ -1,4 +1,4 @@
-#include "model/memory.h"
+#include "plan/memory.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -7,9 +7,9 @@
 #include "kernels/cuda_memory.h"
 #include "model/activations.h"
 #include "model/params.h"
-#include "moe/exchange_bounds.h"
+#include "model/exchange_bounds.h"
 #include "kernels/step_control.h"
-#include "train/pipeline_schedule.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace moe {
 
@@ -65,7 +65,7 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   const ActivationPlan one(c, dims, StagePlan{widest, widest + 1, 1, false}, nullptr);
   m.act_per_layer_token = static_cast<double>(one.layer_bytes()) / T;
   m.act_shared = static_cast<double>(plan.bytes() - plan.layer_bytes());
-  // Outside the arena (train/pipeline.cpp, model/transformer.cpp, model/step_stats.cpp).
+  // Outside the arena (parallel/pipeline.cpp, model/transformer.cpp, model/step_stats.cpp).
   const double D = static_cast<double>(c.d_model), nm = static_cast<double>(c.num_moe_layers());
   const double E = static_cast<double>(c.num_experts), cdt = 4;
   for (size_t k = 0; k < stage.chunks.size(); ++k)  // a chunk after the model's start: its gradient copies

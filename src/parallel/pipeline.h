@@ -3,7 +3,7 @@
 //
 // Each micro-batch's steps on a stage: F = stage_forward; B = on the last stage head_step (final
 // norm, LM head and loss, forward and backward), then stage_backward. Interleaved 1F1B
-// (parallel.pp_interleave = v, train/pipeline_schedule.h) runs the same steps per chunk: chunk c of
+// (parallel.pp_interleave = v, parallel/pipeline_schedule.h) runs the same steps per chunk: chunk c of
 // stage s is virtual stage c P + s, which receives from the previous virtual stage (stage s - 1,
 // or stage P - 1's chunk c - 1) and sends to the next.
 // 1F1B (PipeDream-flush / Megatron): stage s of P runs min(P - s - 1, M) warm-up forwards, then
@@ -31,7 +31,7 @@
 #include "model/transformer.h"
 #include "parallel/staged_comm.h"
 #include "parallel/communicator.h"
-#include "train/pipeline_schedule.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace moe {
 

@@ -12,7 +12,7 @@
 //     GEMM runs over (El+1) offsets with no second permutation.
 //  3. return_to_sources: the reverse (expert outputs, or input gradients in backward).
 // How rows travel is the transport's business (ExpertTransport below): the point-to-point one
-// (moe/p2p_transport.*) posts one message per block through a Communicator and therefore reads
+// (parallel/p2p_transport.*) posts one message per block through a Communicator and therefore reads
 // the plan on the host, once per plan; a device transport (NCCL) would not.
 //
 // Capacity (optional): a receiving rank keeps at most `capacity` rows, in the order (local expert,
@@ -22,12 +22,15 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/phase_timer.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
-#include "moe/exchange_bounds.h"
+#include "model/exchange_bounds.h"
+#include "model/expert_dispatch.h"
 
 namespace moe {
 
@@ -50,11 +53,6 @@ struct ExchangePlan {
 // Indices into ExchangePlan::totals.
 enum ExchangeTotal : int { kRowsReceived = 0, kRowsSentOffRank = 1, kRowsRouted = 2, kRowsDropped = 3, kReceivedPerRank = 4 };
 
-// How an EP group's rows travel (parallel.ep_transport).
-enum class ExchangeTransportKind : uint8_t {
-  kP2p,     // per-block point-to-point messages sized by the plan, read on the host once per plan
-  kPadded,  // fixed slabs per peer through one all-to-all: no host read of routing
-};
 
 // For transports: adds the seconds of its scope to `total` (the host blocked in communication)
 // and books them to the communication phase.
@@ -90,33 +88,48 @@ class ExpertTransport {
   virtual const TransferStats& staged() const = 0;
 };
 
-class ExpertExchange {
+// The expert exchange of a model's MoE layers: the model's ExpertDispatch over a transport, with
+// one plan per (activation slot, MoE layer) and the exchange counters. Built by parallelize
+// (parallel/parallelize.h).
+class ExpertExchange final : public ExpertDispatch {
  public:
-  // capacity < 0: dropless. The transport is not owned.
-  ExpertExchange(ExpertTransport& transport, Backend& ops, int64_t num_experts, int64_t capacity);
-  int64_t size() const { return transport_.size(); }
-  double blocked_seconds() const { return transport_.blocked_seconds(); }
-  const TransferStats& staged() const { return transport_.staged(); }
+  // capacity < 0: dropless. slots: the most activation slots of any layer chunk; moe_layers: the
+  // model's MoE layers (a MoE layer lies in one chunk, so slots of different chunks do not share
+  // a plan).
+  ExpertExchange(std::unique_ptr<ExpertTransport> transport, Backend& ops, int64_t num_experts, int64_t capacity,
+                 int64_t slots, int64_t moe_layers);
+  int64_t size() const override { return transport_->size(); }
+  double blocked_seconds() const { return transport_->blocked_seconds(); }
+  const TransferStats& staged() const { return transport_->staged(); }
 
-  // local_counts (E) i32: this rank's rows per global expert. Collective over the group.
-  // Writes every device tensor of plan (whose views must be bound: ExchangePlan::over).
+  void plan(int64_t slot, int64_t moe_layer, const Tensor& local_counts) override;
+  Tensor received_offsets(int64_t slot, int64_t moe_layer) const override { return route(slot, moe_layer).recv_offsets; }
+  void send_to_experts(int64_t slot, int64_t moe_layer, const Tensor& local, const Tensor& received,
+                       const Tensor& workspace) override {
+    transport_->move(route(slot, moe_layer), local, received, true, workspace);
+  }
+  void return_to_sources(int64_t slot, int64_t moe_layer, const Tensor& received, const Tensor& local,
+                         const Tensor& workspace) override {
+    transport_->move(route(slot, moe_layer), local, received, false, workspace);
+  }
+
+  // Writes every device tensor of plan (whose views must be bound: ExchangePlan::over) from
+  // local_counts (E) i32, this rank's rows per global expert. Collective over the group.
   void make_plan(const Tensor& local_counts, ExchangePlan& plan);
-  // local (>= T*K, D): my rows, expert-major over global experts -> received grouped by (local
-  // expert, source rank). Dropped rows are not sent.
-  // workspace: as ExpertTransport::move.
-  void send_to_experts(const ExchangePlan& plan, const Tensor& local, const Tensor& received, const Tensor& workspace) {
-    transport_.move(plan, local, received, true, workspace);
-  }
-  // The reverse: received rows back into their source's positions in local; my dropped rows in
-  // local are zeroed.
-  void return_to_sources(const ExchangePlan& plan, const Tensor& received, const Tensor& local, const Tensor& workspace) {
-    transport_.move(plan, local, received, false, workspace);
-  }
+  // (MoE layers, 4 + ep) i32 on the device: each layer's plan totals (ExchangeTotal) summed over
+  // the plans made since the last reset (recompute re-runs make none).
+  const Tensor& counts() const { return counts_.t; }
+  void reset_counts();
+  // The plan of one route (its host words, for transports that keep them).
+  const ExchangePlan& route(int64_t slot, int64_t moe_layer) const;
 
  private:
-  ExpertTransport& transport_;
+  std::unique_ptr<ExpertTransport> transport_;
   Backend& ops_;
   int64_t num_experts_, capacity_;
+  Buffer plan_mem_;                               // every plan's i32 words, on the device
+  std::vector<std::vector<ExchangePlan>> plans_;  // [activation slot][MoE layer]
+  OwnedTensor counts_;
 };
 
 }  // namespace moe

@@ -4,19 +4,19 @@
 //   plan: stable counting sort of the T*K (token, slot) pairs by expert -> offsets, positions
 //   xs = h rows in expert-major order; ys = grouped SwiGLU experts over xs (row tiles per expert)
 //   y = sum_j w_tj * ys[pos(t,j)]  (+ shared expert: sum, or v1 u/(K+1) + r*K/(K+1))
-// Expert parallelism (moe/expert_exchange.h): after the gather, rows move to the ranks holding
+// Expert parallelism (model/expert_dispatch.h): after the gather, rows move to the ranks holding
 // their experts and the outputs come back before the combine; backward moves the gradients the
 // same two ways. Routing, the plan, the combine and the router losses stay on the tokens' rank.
 // Backward mirrors it and injects the load-balancing and router z-loss gradients into the
 // router, weighted by this micro-batch's share of the step's tokens. With MXFP8 experts the grouped
-// GEMMs are moe/mx_experts.h's.
+// GEMMs are model/mx_experts.h's.
 #pragma once
 
 #include <functional>
 
 #include "model/model_state.h"
 #include "model/sublayer.h"
-#include "moe/expert_exchange.h"
+#include "model/expert_dispatch.h"
 
 namespace moe {
 
@@ -26,16 +26,15 @@ struct MoeRouting {
   Tensor router_bias;      // (E) loss-free balancing bias, or empty
   uint64_t seed = 0;       // random routing draws
   int64_t token_base = 0;  // global index of the micro-batch's first token
-  Tensor quant_stats;      // MXFP8: (8) f64 quantization statistics of the step (moe/mx_experts.h),
+  Tensor quant_stats;      // MXFP8: (8) f64 quantization statistics of the step (model/mx_experts.h),
                            // or empty (no MXFP8, or a recomputed forward: counted once)
 };
 
 // Expert parallelism for one (activation slot, MoE layer); exchange == nullptr: none.
 struct MoeExchangeStep {
-  ExpertExchange* exchange = nullptr;
-  ExchangePlan* plan = nullptr;  // made by the forward, reused by recompute and the backward
-  bool new_plan = true;          // false when recompute re-runs the forward: the plan is kept
-  Tensor counters;               // (4 + ep) i32: this layer's exchange counters (plan totals added)
+  ExpertDispatch* exchange = nullptr;
+  int64_t slot = 0, moe_layer = 0;  // the route (model/expert_dispatch.h)
+  bool new_plan = true;             // false when recompute re-runs the forward: the plan is kept
 };
 
 // Where the backward adds the auxiliary losses and routing statistics, and their weights.

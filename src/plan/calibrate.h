@@ -9,6 +9,8 @@
 #include <string>
 
 #include "config/config.h"
+#include "kernels/cpu/fma_peak.h"
+#include "parallel/communicator.h"
 
 namespace moe {
 
@@ -16,6 +18,11 @@ struct CalibrateOptions {
   std::string base;         // preset or file whose other numbers are kept ("" = cpu, or cpu-core with ranks)
   double min_seconds = 0.1;  // each measurement repeats until it lasts this long, then twice more: the fastest round counts
 };
+
+// The host backends' measured peaks (kernels/cpu/fma_peak.h) on the run's threads (train.threads,
+// or all), summed over the world's ranks, all measuring at once (uncached when several: each
+// measures its share of shared cores). Collective when world has several ranks.
+cpu::FmaPeak ranks_fma_peak(const Config& config, Communicator* world);
 
 // Collective under mpirun (every rank measures at once, so shared memory bandwidth and cores are
 // contended as in training); returns the cluster file's text (the same on every rank).

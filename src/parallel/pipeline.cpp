@@ -1,4 +1,4 @@
-#include "train/pipeline.h"
+#include "parallel/pipeline.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,5 +1,5 @@
 // The pipeline schedules as data: the order of one stage's forwards and backwards (no model, no
-// communicator), shared by the pipeline that runs it (train/pipeline.h) and the planner that
+// communicator), shared by the pipeline that runs it (parallel/pipeline.h) and the planner that
 // simulates it (plan/).
 //   1F1B (PipeDream-flush / Megatron): stage s of P runs min(P - s - 1, M) warm-up forwards, then
 //   alternates one forward and one backward, then drains.

@@ -1,4 +1,4 @@
-#include "parallel/layout.h"
+#include "config/layout.h"
 
 #include <algorithm>
 #include <sstream>

@@ -9,7 +9,7 @@
 // Posting a message needs its size on the host, so this transport is the one place that reads
 // routing counts on the host: per plan, one download of the local counts (E i32, counted by the
 // backend), the all-gather on the host, an upload of the matrix, and a host mirror of the plan
-// computed by the reference ep_plan (bitwise the device plan: same integers). Recompute reuses
+// computed by the reference backend's ep_plan (bitwise the device plan: same integers). Recompute reuses
 // the plan, so it reads nothing.
 // On a backend whose memory the host cannot address the payload is staged: one download of the
 // source rows and one upload of the destination rows per move (counted as staging), unless the
@@ -17,9 +17,10 @@
 // read once per plan, and the blocks go as grouped ncclSend/ncclRecv between device buffers.
 #pragma once
 
+#include <memory>
 #include <vector>
 
-#include "moe/expert_exchange.h"
+#include "parallel/expert_exchange.h"
 #include "parallel/communicator.h"
 #include "parallel/staged_comm.h"
 
@@ -41,6 +42,7 @@ class P2pExpertTransport final : public ExpertTransport {
  private:
   Communicator& comm_;
   Backend& ops_;
+  std::unique_ptr<Backend> host_ops_;  // the reference backend: the plan's host mirror
   StagedComm staging_;
   int64_t num_experts_;
   std::vector<int32_t> local_counts_;  // (E) staged

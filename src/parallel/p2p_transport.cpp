@@ -1,13 +1,12 @@
-#include "moe/p2p_transport.h"
+#include "parallel/p2p_transport.h"
 
 #include <cstring>
 
-#include "kernels/ref/ref_ops.h"  // the host mirror of the plan: the reference ep_plan
 
 namespace moe {
 
 P2pExpertTransport::P2pExpertTransport(Communicator& ep, Backend& ops, int64_t num_experts)
-    : comm_(ep), ops_(ops), staging_(ops), num_experts_(num_experts) {
+    : comm_(ep), ops_(ops), host_ops_(make_backend("ref")), staging_(ops), num_experts_(num_experts) {
   MOE_CHECK(num_experts % ep.size() == 0, "num_experts=", num_experts, " is not divisible by ep=", ep.size());
   local_counts_.resize(static_cast<size_t>(num_experts));
   requests_.reserve(static_cast<size_t>(2 * num_experts));
@@ -37,7 +36,7 @@ void P2pExpertTransport::plan_ready(ExchangePlan& plan, int64_t capacity) {
   const int64_t ep = comm_.size(), E = num_experts_;
   const ExchangePlan h =
       ExchangePlan::over(Tensor(plan.host.data(), DType::kI32, {static_cast<int64_t>(plan.host.size())}), ep, E);
-  ref::ep_plan(h.counts, comm_.rank(), capacity, h.kept, h.local_begin, h.recv_begin, h.recv_offsets, h.totals);
+  host_ops_->ep_plan(h.counts, comm_.rank(), capacity, h.kept, h.local_begin, h.recv_begin, h.recv_offsets, h.totals);
 }
 
 void P2pExpertTransport::move(const ExchangePlan& plan, const Tensor& local, const Tensor& received, bool to_experts,

@@ -48,7 +48,7 @@ MemoryEstimate estimate_memory(const Config& config);
 // buffers included).
 MemoryEstimate estimate_stage_memory(const Config& config, int64_t stage);
 // One rank: pipeline stage layers [layer_begin, layer_end) with `slots` micro-batches of saved
-// activations (train/pipeline.h; scratch shared), 1/ep of the experts, and with zero1_dp > 1
+// activations (parallel/pipeline.h; scratch shared), 1/ep of the experts, and with zero1_dp > 1
 // the ZeRO-1 moments of one chunk; weights, gradients and AdamW state count what the rank holds
 // (the first stage holds the embedding, the last final norm + LM head).
 MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, int64_t seq_len, bool bf16,

@@ -1,4 +1,4 @@
-#include "train/pipeline_schedule.h"
+#include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
 

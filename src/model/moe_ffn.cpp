@@ -1,12 +1,12 @@
-#include "moe/moe_ffn.h"
+#include "model/moe_ffn.h"
 
 #include <optional>
 
 #include "core/phase_timer.h"
 #include "core/rng.h"
 #include "model/dense_ffn.h"
-#include "moe/mx_experts.h"
-#include "moe/shared_experts.h"
+#include "model/mx_experts.h"
+#include "model/shared_experts.h"
 
 namespace moe {
 namespace {
@@ -75,12 +75,9 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
   // over the unused tail, whose values nothing reads. No host integer sizes any op.
   int64_t rows = ctx.dims.R;
   if (ex.exchange) {
-    if (ex.new_plan) {
-      ex.exchange->make_plan(a.counts, *ex.plan);
-      ops.add_counts(ex.plan->totals, ex.counters);
-    }
-    a.recv_offsets = ex.plan->recv_offsets;
-    if (!mx) ex.exchange->send_to_experts(*ex.plan, a.xs_act, a.xr_act, s.ep_slabs);
+    if (ex.new_plan) ex.exchange->plan(ex.slot, ex.moe_layer, a.counts);
+    a.recv_offsets = ex.exchange->received_offsets(ex.slot, ex.moe_layer);
+    if (!mx) ex.exchange->send_to_experts(ex.slot, ex.moe_layer, a.xs_act, a.xr_act, s.ep_slabs);
     rows = ctx.dims.Rx;
   }
   phase.reset();
@@ -89,7 +86,7 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
   if (!mx) ys = bf16_experts_forward(ctx, p, ex.exchange != nullptr, rows, a);
   if (ex.exchange) {  // back to the tokens' rank, into their local expert-major rows
     Tensor returned = bf16 ? s.dys_RD : a.ys;  // dys is free during the forward
-    ex.exchange->return_to_sources(*ex.plan, ys, returned, s.ep_slabs);
+    ex.exchange->return_to_sources(ex.slot, ex.moe_layer, ys, returned, s.ep_slabs);
     ys = returned;
   }
 
@@ -196,8 +193,8 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
   Tensor g = ctx.operand_grad(s.dys_RD);
   int64_t rows = ctx.dims.R;
   if (ex.exchange) {
-    a.recv_offsets = ex.plan->recv_offsets;
-    ex.exchange->send_to_experts(*ex.plan, g, s.dyr_XD, s.ep_slabs);
+    a.recv_offsets = ex.exchange->received_offsets(ex.slot, ex.moe_layer);
+    ex.exchange->send_to_experts(ex.slot, ex.moe_layer, g, s.dyr_XD, s.ep_slabs);
     rows = ctx.dims.Rx;
     g = s.dyr_XD.slice(0, rows);
   }
@@ -227,7 +224,7 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
   Tensor dxs_local = dxs;
   if (ex.exchange) {
     ops.axpy(1.0, dxs_up, dxs);
-    ex.exchange->return_to_sources(*ex.plan, dxs, s.dys_RD, s.ep_slabs);  // dys was sent: free
+    ex.exchange->return_to_sources(ex.slot, ex.moe_layer, dxs, s.dys_RD, s.ep_slabs);  // dys was sent: free
     dxs_local = s.dys_RD;
   }
   phase.reset();

@@ -1,4 +1,4 @@
-#include "train/calibrate.h"
+#include "plan/calibrate.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "kernels/random_tensor.h"
 #include "parallel/communicator.h"
 #include "plan/hardware.h"
-#include "train/metrics.h"
 #ifdef MOE_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -66,6 +66,20 @@ std::string utc_now() {
 }
 
 }  // namespace
+
+cpu::FmaPeak ranks_fma_peak(const Config& config, Communicator* world) {
+  const int ranks = world ? world->size() : 1;
+  const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads) : cpu::num_threads();
+  if (ranks > 1) world->barrier();  // every rank measures at the same moment
+  cpu::FmaPeak m = cpu::fma_peak(threads, /*cached=*/ranks == 1);
+  if (ranks > 1) {
+    double flops[2] = {m.fp32_flops, m.bf16_flops};
+    world->all_reduce_sum(flops, 2, DType::kF64);
+    m.fp32_flops = flops[0];
+    m.bf16_flops = flops[1];
+  }
+  return m;
+}
 
 std::string calibrate_machine(const Config& config, const CalibrateOptions& opt, std::ostream& log) {
   std::unique_ptr<Communicator> world = launch_world();

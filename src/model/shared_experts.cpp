@@ -1,4 +1,4 @@
-#include "moe/shared_experts.h"
+#include "model/shared_experts.h"
 
 namespace moe {
 namespace {

@@ -22,7 +22,7 @@
 // GPUs to run at all, and this transport is what we can test here end to end over MPI.
 #pragma once
 
-#include "moe/expert_exchange.h"
+#include "parallel/expert_exchange.h"
 #include "parallel/communicator.h"
 #include "parallel/staged_comm.h"
 

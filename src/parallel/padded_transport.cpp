@@ -1,4 +1,4 @@
-#include "moe/padded_transport.h"
+#include "parallel/padded_transport.h"
 
 namespace moe {
 

@@ -16,7 +16,7 @@
 
 #include "model/model_state.h"
 #include "model/sublayer.h"
-#include "moe/moe_ffn.h"
+#include "model/moe_ffn.h"
 
 namespace moe {
 
