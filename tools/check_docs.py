@@ -12,7 +12,7 @@
 - README.md stays a front door: at most 12,000 bytes (the manual lives in docs/).
 
 Usage: tools/check_docs.py [--root DIR] [--self-test]. --self-test plants each kind of break in a
-scratch copy and fails unless every one is reported.
+scratch copy and fails unless every one adds a finding.
 """
 import argparse
 import glob
@@ -146,7 +146,7 @@ def skipped(root, folder, names):
 
 
 def self_test(root):
-    """Each planted break must be reported; the copy without it must pass."""
+    """Each planted break must add a finding to what the unplanted copy reports."""
     plants = [
         ("a link to a missing page", "README.md", "\n[gone](docs/NO_SUCH_PAGE.md)\n"),
         ("a link to a missing heading", "README.md", "\n[gone](docs/CONFIG.md#no-such-heading)\n"),
@@ -158,14 +158,13 @@ def self_test(root):
     with tempfile.TemporaryDirectory() as scratch:
         copy = os.path.join(scratch, "repo")
         shutil.copytree(root, copy, ignore=lambda folder, names: skipped(root, folder, names))
+        before = check(copy)  # what the tree itself has (the plants are judged by what they add)
         for what, rel, text in plants:
-            if check(copy):
-                return ["the copy without a planted break does not pass: " + "; ".join(check(copy))]
             target = os.path.join(copy, rel)
             original = read(target)
             with open(target, "a") as f:
                 f.write(text)
-            if not check(copy):
+            if not [b for b in check(copy) if b not in before]:
                 failures.append(f"{what} in {rel} was not reported")
             with open(target, "w") as f:
                 f.write(original)
