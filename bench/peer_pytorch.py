@@ -21,7 +21,7 @@ threads): the wall rate a quiet machine would show, and barely moved by other pr
 the cores. OMP_WAIT_POLICY=passive on both sides so waiting threads sleep instead of spinning
 (spinning would count as CPU time).
 
-Run with the reference venv:  /work/refenv/bin/python bench/peer_pytorch.py
+Run with a Python that has torch and transformers:  python3 bench/peer_pytorch.py
 """
 import argparse
 import os

@@ -16,6 +16,7 @@ Usage: tools/browser_test.py --page build-web/moecore-planner.html --moecore bui
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -215,6 +216,19 @@ def expected(key, plan, sweep):
     return node
 
 
+def shown_noise(b, label):
+    """Numbers the page shows (text, SVG labels, hover titles) must be rounded: a figure with 7 or
+    more decimals or in exponent notation is floating-point noise printed as a number."""
+    texts = b.evaluate("""(() => [document.body.innerText,
+        ...[...document.querySelectorAll('title')].map(e => e.textContent),
+        ...[...document.querySelectorAll('[title]')].map(e => e.getAttribute('title'))])()""")
+    bad = []
+    for t in texts:
+        for m in re.finditer(r"\d*\.\d{7,}|\d[eE][-+]?\d+", t):
+            bad.append(f"{label}: the page shows {t[max(0, m.start() - 40):m.end() + 10]!r}")
+    return bad[:5]
+
+
 def compare(b, moecore, label):
     q = b.evaluate("JSON.stringify(moecore.request(false))")
     q = json.loads(q)
@@ -233,7 +247,7 @@ def compare(b, moecore, label):
     print(f"{label}: {checked} values on the page equal moecore plan --json (layout {q['layout']}, cluster {q['cluster']})")
     if checked < 30:
         bad.append(f"only {checked} values found on the page")
-    return bad
+    return bad + shown_noise(b, label)
 
 
 def main():

@@ -27,6 +27,7 @@ Usage: tools/report_browser_test.py --moecore build/moecore [--expect-planted-er
 """
 import argparse
 import base64
+import glob
 import json
 import math
 import os
@@ -161,7 +162,13 @@ def notices(b):
 
 def case_trained(b, work, moecore):
     bad = []
-    run([moecore, "prepare", "--input", os.path.join(ROOT, "README.md"), "--out", "data"], work)
+    # Training text: the repository's own pages (README.md and docs/, about 200 KB).
+    pages = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+    with open(os.path.join(work, "corpus.txt"), "w") as out:
+        for page in pages:
+            with open(page) as f:
+                out.write(f.read())
+    run([moecore, "prepare", "--input", "corpus.txt", "--out", "data"], work)
     sets = lambda extra: sum((["--set", s] for s in TINY + extra), [])
     run([moecore, "train", *sets(["train.steps=40", "train.out_dir=run_a"])], work)
     run([moecore, "train", "--resume", *sets(["train.steps=60", "train.out_dir=run_a"])], work)

@@ -21,6 +21,7 @@
 
 #include "cli/default_config.h"
 #include "config/config.h"
+#include "config/config_reference.h"
 #include "core/build_info.h"
 #include "core/check.h"
 #include "core/user_path.h"
@@ -50,7 +51,7 @@ struct Args {
   int64_t max_shard_bytes = 5'000'000'000;
   bool no_carry = false;
   std::vector<std::string> overrides, run_dirs;
-  bool resume = false, kernels = false, json = false;
+  bool resume = false, kernels = false, json = false, reference = false;
   std::string layout, cluster, overlap_ep;
   bool sweep = false, calibrate = false, power_capped = false;
   int64_t ranks_per_node = 0, plan_step = 1, interleave = 0;
@@ -90,6 +91,10 @@ struct CommandLine {
     CLI::App* cfg = app.add_subcommand("config", "print the resolved config, parameter count, FLOPs and memory estimate");
     config(cfg);
     sets(cfg);
+    cfg->add_flag("--reference", a.reference, "print every config key with its type, default, allowed values and "
+                                              "meaning (markdown: docs/CONFIG.md's table)")
+        ->excludes(cfg->get_option("--config"))
+        ->excludes(cfg->get_option("--set"));
 
     CLI::App* plan = app.add_subcommand("plan", "memory per stage and communication per step of a parallel layout, "
                                                 "before the run");
@@ -243,32 +248,40 @@ Restored restore(const Args& a, std::vector<std::string> extra_overrides = {}) {
   return r;
 }
 
+// moecore config: the resolved config with its sizes and memory estimate, or (--reference) the
+// reference of every key (docs/CONFIG.md's generated table).
+int config_command(const Args& a) {
+  if (a.reference) {
+    std::cout << moe::config_reference_markdown();
+    return 0;
+  }
+  moe::Config c = resolve(a);
+  const auto& m = c.model;
+  std::cout << moe::config_to_toml(c) << "\n# parameters: " << m.num_params()
+            << "\n# active matmul parameters per token: " << m.num_active_matmul_params()
+            << "\n# training FLOPs per token (causal attention): " << m.train_flops_per_token(c.train.seq_len)
+            << "\n# training FLOPs per token (non-causal convention, 12*L*H*hd*S): "
+            << m.train_flops_per_token_noncausal(c.train.seq_len) << "\n";
+  if (!m.attention_windows().empty()) {
+    std::cout << "# attention window per layer (keys a query sees; full = causal):";
+    for (int64_t l = 0; l < m.n_layers; ++l) {
+      const int64_t w = m.attention_window(l);
+      std::cout << (l ? ", " : " ") << (w > 0 ? std::to_string(w) : std::string("full"));
+    }
+    std::cout << "\n";
+  }
+  std::cout << "# memory estimate (the trainer's own plans measured, src/plan/memory.cpp; micro-batch of "
+            << c.train.micro_batch_size << " x " << c.train.seq_len << " tokens, " << c.train.precision
+            << (c.train.recompute ? ", block recompute" : "") << "):\n"
+            << moe::format_memory(moe::estimate_memory(c));
+  return 0;
+}
+
 int run(int argc, char** argv) {
   CommandLine cli;
   if (const int code = cli.parse(argc, argv); code >= 0) return code;
   const Args& a = cli.a;
-  if (a.command == "config") {
-    moe::Config c = resolve(a);
-    const auto& m = c.model;
-    std::cout << moe::config_to_toml(c) << "\n# parameters: " << m.num_params()
-              << "\n# active matmul parameters per token: " << m.num_active_matmul_params()
-              << "\n# training FLOPs per token (causal attention): " << m.train_flops_per_token(c.train.seq_len)
-              << "\n# training FLOPs per token (non-causal convention, 12*L*H*hd*S): "
-              << m.train_flops_per_token_noncausal(c.train.seq_len) << "\n";
-    if (!m.attention_windows().empty()) {
-      std::cout << "# attention window per layer (keys a query sees; full = causal):";
-      for (int64_t l = 0; l < m.n_layers; ++l) {
-        const int64_t w = m.attention_window(l);
-        std::cout << (l ? ", " : " ") << (w > 0 ? std::to_string(w) : std::string("full"));
-      }
-      std::cout << "\n";
-    }
-    std::cout << "# memory estimate (the trainer's own plans measured, src/plan/memory.cpp; micro-batch of "
-              << c.train.micro_batch_size << " x " << c.train.seq_len << " tokens, " << c.train.precision
-              << (c.train.recompute ? ", block recompute" : "") << "):\n"
-              << moe::format_memory(moe::estimate_memory(c));
-    return 0;
-  }
+  if (a.command == "config") return config_command(a);
   if (a.command == "report") {
     std::vector<moe::report::RunReport> reports;
     for (const std::string& dir : a.run_dirs) reports.push_back(moe::report::read_run(dir));

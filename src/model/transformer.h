@@ -33,7 +33,7 @@
 
 namespace moe {
 
-// How one micro-batch's losses enter the step's total (docs/MODEL.md, "Losses of one step").
+// How one micro-batch's losses enter the step's total (docs/MODEL.md, "Losses of one optimizer step").
 struct MicroBatchScales {
   double ce_scale = 1.0;    // 1 / (loss tokens in the whole step)
   double aux_weight = 1.0;  // the auxiliary losses' weight: tokens in this micro-batch / loss.aux_divisor

@@ -1,5 +1,6 @@
 // moecore plan's output: terminal tables and JSON.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -29,6 +30,16 @@ constexpr MemoryRow kMemoryRows[] = {
     {"step statistics", &MemoryEstimate::step_stats},
 };
 
+// A fraction as a percentage, 3 significant digits; a nonzero one below 1e-4 % is not printed as a
+// figure (random routing's expected drops reach 1e-297 %).
+std::string percent_text(double fraction) {
+  const double v = 100 * fraction;
+  if (v != 0 && std::fabs(v) < 1e-4) return "< 0.0001%";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g%%", v);
+  return b;
+}
+
 std::string layout_name(const Layout& L) {
   return "dp=" + std::to_string(L.dp) + " ep=" + std::to_string(L.ep) + " pp=" + std::to_string(L.pp);
 }
@@ -46,15 +57,15 @@ std::string format_plan(const Config& config, const Plan& plan) {
   if (L.ep > 1) {
     o << "# experts: " << config.model.num_experts / L.ep << " per rank; up to " << plan.expert_rows
       << " rows per micro-batch (" << (plan.capacity < 0 ? "dropless bound" : "capacity " + std::to_string(plan.capacity))
-      << "); routes dropped " << plan.drop_fraction * 100 << "% ("
+      << "); routes dropped " << percent_text(plan.drop_fraction) << " ("
       << (plan.exact_comm ? "exact: uniform routing" : "expected: random routing, normal approximation") << "); "
       << config.parallel.ep_transport << " transport\n";
     if (!plan.skewed_drops.empty()) {
       o << "# expected drops at this capacity if routing were random (skew 0) or skewed (expert e's weight (e+1)^-skew):";
       for (const auto& [skew, f] : plan.skewed_drops) {
-        char b[64];
-        std::snprintf(b, sizeof b, " skew %.1f %.3g%%;", skew, 100 * f);
-        o << b;
+        char b[32];
+        std::snprintf(b, sizeof b, " skew %.1f ", skew);
+        o << b << percent_text(f) << ";";
       }
       o << "\n";
     }

@@ -1,6 +1,6 @@
 // out_dir/events.jsonl: what happened to a run, one JSON object per line, appended (never
 // rewritten) by world rank 0 and flushed per line. Every record has "event" and "time" (UTC,
-// ISO 8601); the events and their fields (README, "Run events"):
+// ISO 8601); the events and their fields (docs/OUTPUTS.md, "Run events"):
 //   start       version, git, build, command-line resume flag, threads, ranks, layout
 //               {pp, dp, ep, zero1}, precision, backend, config_hash (SHA-256 of the resolved
 //               config's TOML, first 16 hex digits), steps

@@ -98,7 +98,7 @@ class GerrymanderDetector {
 // Sum of the per-layer values (the summed auxiliary losses of the JSONL record).
 double sum_of(const std::vector<double>& v);
 
-// One optimizer step's JSONL record. Fields (README, "Metrics"):
+// One optimizer step's JSONL record. Fields (docs/OUTPUTS.md, "Metrics"):
 //   step, loss (total), ce, lm_z, lbl_sum, router_z_sum, lbl[], router_z[] (per MoE layer,
 //   unweighted), grad_norm (before clipping), lr, clipped, tokens, step_s (StepResult::step_s),
 //   tokens_per_s (tokens / step_s),

@@ -14,8 +14,8 @@ namespace moe {
 // SHA-256 of config_to_toml(config), first 16 hex digits (events.jsonl "config_hash").
 std::string config_hash(const Config& config);
 
-// Config keys that may differ between ranks (README, "Multi-process use"): train.threads (the
-// result does not depend on it, and nodes may differ in cores).
+// Config keys that may differ between ranks (docs/PARALLEL.md, "Same config, build and data on
+// every rank"): train.threads (the result does not depend on it, and nodes may differ in cores).
 bool may_differ_between_ranks(const std::string& key);
 
 // What every rank must agree on, as (name, value) pairs: the build (build_description()),

@@ -20,7 +20,7 @@ struct CommandHelp {
 const std::vector<CommandHelp>& commands() {
   static const std::vector<CommandHelp> all = {
       {"train", {"--config", "--set", "--resume"}},
-      {"config", {"--config", "--set"}},
+      {"config", {"--config", "--set", "--reference"}},
       {"prepare", {"--input", "--out"}},
       {"eval", {"--checkpoint", "--batches", "--set"}},
       {"generate", {"--checkpoint", "--prompt", "--max-tokens", "--temperature", "--top-k", "--seed"}},

@@ -8,7 +8,7 @@ mxfp8_golden_test.cpp). CI only reads the file.
     /tmp/refenv/bin/python tools/reference/make_mx_model_fixture.py [--out FILE]
 
 The emulation is moe_reference.py's plain float64 model with two changes, as moecore's MXFP8 mode
-defines them (README "MXFP8"; model/mx_experts.h, model/attention_block.cpp):
+defines them (docs/MXFP8.md; model/mx_experts.h, model/attention_block.cpp):
 - the routed experts' grouped GEMMs (forward and data gradient) and the attention q/k/v/o
   projections multiply dequantized MXFP8 operands: torchao's to_mx (rceil passed explicitly,
   E4M3, blocks of 32 along the reduction dimension) of the float32-rounded tensor, through
