@@ -104,14 +104,12 @@ double total_loss(const LossConfig& loss, const StepResult& r) {
 }
 
 const StepResult& Trainer::step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
-  // Everything is enqueued first -- gradients, the step's decisions (step_control) and the
-  // update they gate -- and the host reads the outcome once, at the end: no wait inside the step.
+  // The one way a step runs (submit), with nothing left in flight: everything is enqueued --
+  // gradients, the step's decisions (step_control) and the update they gate -- and the host
+  // reads the outcome once, at the end.
   MOE_CHECK(!in_flight_, "Trainer::step: a submitted step is in flight (collect() it first)");
-  StepSlot& s = slots_[cur_];
-  enqueue_step(ids, labels, doc_start, s);
-  read_step(s);
-  resolve(s.r);
-  return s.r;
+  submit(ids, labels, doc_start);
+  return *collect();
 }
 
 const StepResult* Trainer::submit(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {
@@ -187,15 +185,6 @@ std::string Trainer::first_nonfinite_grad() {
     for (int64_t i = p.offset; i < p.offset + p.numel; ++i)
       if (!std::isfinite(read_real(flat, i))) return p.name;
   return "";
-}
-
-bool Trainer::finish_step(StepResult& r) {
-  if (r.finite) {
-    apply_update(r);
-    return true;
-  }
-  handle_nonfinite(r);
-  return false;
 }
 
 void Trainer::handle_nonfinite(StepResult& r) {
@@ -422,12 +411,6 @@ void Trainer::expert_parallel_stats(const char* host, StepResult& r) {
     r.ep_rows_received[m].resize(ep);
     for (size_t i = 0; i < ep; ++i) r.ep_rows_received[m][i] = static_cast<int64_t>(x[2 + i]);
   }
-}
-
-void Trainer::apply_update(StepResult& r) {
-  enqueue_update();
-  (void)r;
-  optim_->set_steps_taken(optim_->steps_taken() + 1);
 }
 
 void Trainer::enqueue_update() {

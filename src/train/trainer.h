@@ -69,7 +69,7 @@ class Trainer {
   // ids, labels: (local_batch(), seq_len) i32, this rank's contiguous share of the global batch
   // (data-parallel rank d holds global rows [d*local_batch, (d+1)*local_batch)); labels < 0
   // carry no loss. The step's results (losses, grad norm, counts) are global.
-  // step() = compute_gradients() + finish_step(); tests look at the gradients in between.
+  // A step runs one way: submit() enqueues it, collect() reads it; step() is the two at once.
   // doc_start: (batch_size, seq_len) i32 document starts for intra-document masking, or empty.
   // Both return the trainer's own record (refilled each step, so a step allocates nothing for
   // it); copy it to keep it past the next step.
@@ -90,14 +90,10 @@ class Trainer {
   // the device and no read of the step's record: what a CUDA graph captures (stream capture of
   // this call) and replays as the following steps. Host-side counters do not advance.
   void enqueue_step_on_device(const Tensor& ids, const Tensor& labels);
-  // Forward + backward over all micro-batches: losses, gradients (unclipped) and grad norm.
-  // A non-finite loss or grad norm sets r.finite = false and r.nonfinite_tensor (no throw).
+  // A step's first half only (tests look at its gradients): forward + backward over all
+  // micro-batches, losses, gradients (unclipped) and grad norm, no update. A non-finite loss or
+  // grad norm sets r.finite = false and r.nonfinite_tensor (no throw).
   StepResult& compute_gradients(const Tensor& ids, const Tensor& labels, const Tensor& doc_start = Tensor());
-  // Finite: apply_update(r). Non-finite: train.on_nonfinite = "stop" throws naming the step and
-  // the first offending tensor; "skip" leaves parameters and optimizer state untouched, sets
-  // r.skipped and counts it. Returns whether an update was applied. (step() does the same with
-  // no wait between the gradients and the update: the device decides, the host reads after.)
-  bool finish_step(StepResult& r);
   // Name of the first parameter (ParamLayout order) whose gradient holds a NaN or Inf; "" if none.
   // A diagnosis that scans (and stages) the whole gradient; a step names its first offending
   // tensor from the per-parameter sums of squares it downloads anyway (StepResult).
@@ -109,10 +105,6 @@ class Trainer {
   // download (the transfer count must show it).
   enum class Fault { kNanGradient, kNoWait, kExtraRead };
   void inject_fault(Fault f) { fault_ = f; }
-  // Clipping, LR, AdamW, loss-free bias update (with the counts summed over dp, which contains
-  // the EP group: every rank applies the same update), bf16 weight refresh -- as decided on the
-  // device by the step's step_control (r is the host's copy of those decisions).
-  void apply_update(StepResult& r);
   int64_t steps_taken() const { return optim_->steps_taken(); }
   // Sequences of the global batch this rank feeds to step(): batch_size / dp.
   int64_t local_batch() const;
