@@ -1,6 +1,6 @@
 // Philox4x32-10 and the uniform draw built on it, as inline functions the CPU (core/rng.cpp) and
 // the CUDA kernels (kernels/cuda) compile from this one text, so random routing makes the same
-// choices on every backend (tests/kernels/core_test.cpp checks the host side against the
+// choices on every backend (tests/core/core_test.cpp checks the host side against the
 // published Philox test vectors).
 #pragma once
 

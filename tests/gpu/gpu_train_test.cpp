@@ -22,7 +22,7 @@
 #include "config/config.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "model/params.h"
-#include "train/cli_util.h"
+#include "common/cli_util.h"
 
 namespace moe {
 namespace {

@@ -25,7 +25,7 @@
 #include "plan/exchange_model.h"
 #include "plan/plan.h"
 #include "plan_test_util.h"
-#include "train/cli_util.h"
+#include "common/cli_util.h"
 
 namespace moe {
 namespace {

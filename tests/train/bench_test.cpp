@@ -8,7 +8,7 @@
 #include <regex>
 #include <string>
 
-#include "cli_util.h"
+#include "common/cli_util.h"
 #include "common/paths.h"
 #include "config/config.h"
 #include "train/bench.h"

@@ -19,7 +19,7 @@
 #include "plan/memory.h"
 #include "model/model_state.h"
 #include "model/transformer.h"
-#include "train/cli_util.h"
+#include "common/cli_util.h"
 
 namespace moe {
 namespace {

@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/cli_util.h"
+#include "common/cli_util.h"
 
 namespace moe {
 namespace {

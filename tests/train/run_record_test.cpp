@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "checkpoint/checkpoint.h"
-#include "cli_util.h"
+#include "common/cli_util.h"
 #include "train/metrics.h"
 
 namespace moe {

@@ -17,7 +17,7 @@
 
 #include "config/config.h"
 #include "model/params.h"
-#include "train/cli_util.h"
+#include "common/cli_util.h"
 
 namespace moe {
 namespace {

@@ -10,7 +10,7 @@
 #include <map>
 #include <sstream>
 
-#include "cli_util.h"
+#include "common/cli_util.h"
 #include "common/paths.h"
 #include "config/config.h"
 #include "config/config_reference.h"

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "cli_util.h"
+#include "common/cli_util.h"
 
 namespace moe {
 namespace {

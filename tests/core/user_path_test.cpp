@@ -10,7 +10,7 @@
 #include <functional>
 
 #include "common/paths.h"
-#include "cli_util.h"
+#include "common/cli_util.h"
 
 namespace moe {
 namespace {
