@@ -18,6 +18,7 @@
 
 #include "common/paths.h"
 #include "checkpoint/checkpoint.h"
+#include "common/small_config.h"
 #include "common/test_util.h"
 #include "core/rng.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -28,42 +29,12 @@ namespace {
 namespace fs = std::filesystem;
 
 Config small_config() {
-  Config c;
-  ModelConfig& m = c.model;
-  m.vocab_size = 64;
-  m.d_model = 32;
-  m.n_layers = 2;
-  m.n_heads = 4;
-  m.n_kv_heads = 2;
-  m.num_experts = 4;
-  m.top_k = 2;
-  m.expert_hidden = 24;
-  m.shared_hidden = 8;
-  m.router_bias_gamma = 1e-3;  // loss-free biases are part of the state
-  c.loss.lm_z_coef = 1e-3;
-  c.optim.warmup_steps = 2;
-  c.optim.max_grad_norm = 0.5;
-  c.train.seq_len = 24;
-  c.train.batch_size = 4;
-  c.train.micro_batch_size = 2;
-  c.train.steps = 6;
+  Config c = test::small_config();
+  c.model.router_bias_gamma = 1e-3;  // loss-free biases are part of the state
   return c;
 }
 
-void synthetic_batch(const Config& c, int64_t step, OwnedTensor& ids, OwnedTensor& labels) {
-  const int64_t B = c.train.batch_size, S = c.train.seq_len, V = c.model.vocab_size;
-  ids = OwnedTensor(DType::kI32, {B, S});
-  labels = OwnedTensor(DType::kI32, {B, S});
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t tok = (b * 7 + step * 13) % V;
-    for (int64_t s = 0; s < S; ++s) {
-      ids.as<int32_t>()[b * S + s] = static_cast<int32_t>(tok);
-      const double u = random_uniform(c.train.seed, 77, static_cast<uint64_t>((step * B + b) * S + s));
-      tok = u < 0.6 ? (5 * tok + 3) % V : (tok + 1 + static_cast<int64_t>((u - 0.6) * 10)) % V;
-    }
-    for (int64_t s = 0; s < S; ++s) labels.as<int32_t>()[b * S + s] = s + 1 < S ? ids.as<int32_t>()[b * S + s + 1] : -1;
-  }
-}
+using test::synthetic_batch;
 
 uint64_t bits(double x) {
   uint64_t u;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/olmo_core3_options.h"
+#include "common/small_config.h"
 #include "common/test_util.h"
 #include "core/rng.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -16,27 +17,18 @@
 namespace moe {
 namespace {
 
+// The shared small model, wider (d 48, 8 experts of 32, a shared expert of 16), with every
+// auxiliary loss, over sequences longer than one 64-wide attention tile.
 Config small_config() {
-  Config c;
+  Config c = test::small_config();
   ModelConfig& m = c.model;
-  m.vocab_size = 64;
   m.d_model = 48;
-  m.n_layers = 2;
-  m.n_heads = 4;
-  m.n_kv_heads = 2;
   m.num_experts = 8;
-  m.top_k = 2;
   m.expert_hidden = 32;
   m.shared_hidden = 16;
-  c.loss.lm_z_coef = 1e-3;
   c.loss.lbl_coef = 0.01;
   c.loss.router_z_coef = 1e-3;
-  c.optim.warmup_steps = 2;
-  c.optim.max_grad_norm = 0.5;
-  c.train.seq_len = 80;  // more than one 64-wide attention tile
-  c.train.batch_size = 4;
-  c.train.micro_batch_size = 2;
-  c.train.steps = 6;
+  c.train.seq_len = 80;
   return c;
 }
 
@@ -51,21 +43,8 @@ Config olmo_core3_config() {
   return c;
 }
 
-// A learnable synthetic stream with an entropy floor near 1.2 nats: token t+1 = (5 t + 3) mod V
-// with probability 0.6, else one of four neighbours of t.
 void synthetic_batch(int64_t B, int64_t S, int64_t V, uint64_t seed, int64_t step, OwnedTensor& ids, OwnedTensor& labels) {
-  ids = OwnedTensor(DType::kI32, {B, S});
-  labels = OwnedTensor(DType::kI32, {B, S});
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t tok = (b * 7 + step * 13 + static_cast<int64_t>(seed % 5)) % V;
-    for (int64_t s = 0; s < S; ++s) {
-      ids.as<int32_t>()[b * S + s] = static_cast<int32_t>(tok);
-      const double u = random_uniform(seed, 77, static_cast<uint64_t>((step * B + b) * S + s));
-      tok = u < 0.6 ? (5 * tok + 3) % V : (tok + 1 + static_cast<int64_t>((u - 0.6) * 10)) % V;
-    }
-    for (int64_t s = 0; s < S; ++s)
-      labels.as<int32_t>()[b * S + s] = s + 1 < S ? ids.as<int32_t>()[b * S + s + 1] : -1;
-  }
+  test::synthetic_batch(B, S, V, seed, step, ids, labels, static_cast<int64_t>(seed % 5));
 }
 
 struct Trace {
