@@ -12,6 +12,7 @@
 #include "kernels/ops.h"
 #include "model/activations.h"
 #include "plan/memory.h"
+#include "parallel/parallelize.h"
 #include "model/transformer.h"
 
 namespace moe {
@@ -48,11 +49,7 @@ TEST(MemoryEstimate, EqualsTheArena) {
                                   "train.batch_size=3", "optim.warmup_steps=0"};
     o.insert(o.end(), k.overrides.begin(), k.overrides.end());
     Config c = parse_config("", o);
-    ModelOptions mo;
-    mo.bf16_operands = c.train.precision == "bf16";
-    mo.recompute = c.train.recompute;
-    mo.batch = c.train.micro_batch_size;
-    mo.seq_len = c.train.seq_len;
+    const ModelOptions mo = model_options(c, DType::kF32, nullptr);
     Transformer model(c.model, c.loss, mo, *ops);
     const MemoryEstimate m = estimate_memory(c);
     const double arena = static_cast<double>(model.activation_arena_bytes());

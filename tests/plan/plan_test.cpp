@@ -20,6 +20,7 @@
 #include "core/check.h"
 #include "kernels/ops.h"
 #include "plan/memory.h"
+#include "parallel/parallelize.h"
 #include "model/transformer.h"
 #include "model/exchange_bounds.h"
 #include "plan/exchange_model.h"
@@ -51,12 +52,7 @@ TEST(PlanMemory, OneProcessIsTheEstimateAndTheArena) {
     EXPECT_EQ(got.kernel_scratch, want.kernel_scratch);
     EXPECT_EQ(got.step_stats, want.step_stats);
     EXPECT_EQ(got.total(), want.total());
-    ModelOptions mo;
-    mo.bf16_operands = c.train.precision == "bf16";
-    mo.recompute = c.train.recompute;
-    mo.batch = c.train.micro_batch_size;
-    mo.seq_len = c.train.seq_len;
-    Transformer model(c.model, c.loss, mo, *ops);
+    Transformer model(c.model, c.loss, model_options(c, DType::kF32, nullptr), *ops);
     EXPECT_EQ(got.activations, static_cast<double>(model.activation_arena_bytes()));
     EXPECT_EQ(got.params, 4.0 * static_cast<double>(model.layout().total()));
     // One process trains alone: nothing to send, the whole model to save.

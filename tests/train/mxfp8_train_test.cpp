@@ -16,6 +16,7 @@
 
 #include "common/test_util.h"
 #include "config/config.h"
+#include "parallel/parallelize.h"
 #include "plan/memory.h"
 #include "model/model_state.h"
 #include "model/transformer.h"
@@ -59,16 +60,6 @@ TEST(Mxfp8Config, ShapesThatAreNotBlocksOf32NameTheKey) {
   EXPECT_EQ(error({"model.expert_hidden=40", "mxfp8.experts=false", "mxfp8.dispatch=false"}), "(no error)");
 }
 
-ModelOptions options_of(const Config& c) {
-  ModelOptions mo;
-  mo.bf16_operands = c.train.precision != "fp32";
-  mo.recompute = c.train.recompute;
-  mo.batch = c.train.micro_batch_size;
-  mo.seq_len = c.train.seq_len;
-  mo.mx = mx_mode(c);
-  return mo;
-}
-
 // The estimate is the arena (the same plan, measured), plus two 33/32-byte caches per expert
 // weight, which the model state allocates.
 TEST(Mxfp8Memory, EstimateEqualsTheArenaAndCountsTheCaches) {
@@ -81,7 +72,7 @@ TEST(Mxfp8Memory, EstimateEqualsTheArenaAndCountsTheCaches) {
     std::vector<std::string> o = small_model();
     o.insert(o.end(), extra.begin(), extra.end());
     const Config c = parse_config("", o);
-    const Transformer model(c.model, c.loss, options_of(c), *ops);
+    const Transformer model(c.model, c.loss, model_options(c, DType::kF32, nullptr), *ops);
     const MemoryEstimate m = estimate_memory(c);
     EXPECT_EQ(static_cast<double>(model.activation_arena_bytes()), m.activations) << o.back();
     const int64_t moe_layers = c.model.num_moe_layers(), w = c.model.num_experts * c.model.expert_hidden * c.model.d_model;
