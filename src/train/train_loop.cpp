@@ -25,6 +25,7 @@
 #include "kernels/ops.h"
 #include "train/evaluate.h"
 #include "train/events.h"
+#include "train/fault_injection.h"
 #include "train/run_checks.h"
 #include "train/run_recorder.h"
 #include "train/train_callbacks.h"
@@ -32,30 +33,6 @@
 
 namespace moe {
 namespace {
-
-// Fault injection for the failure tests: MOE_INJECT_FAULT="error@R:S" makes world rank R throw
-// before step S; "nan@R:S" fills rank R's first parameter with NaN before step S (its replicas
-// then disagree, and the non-finite loss must stop every rank); "nangrad@R:S" makes rank R's
-// gradient of its first parameter NaN in step S only (a transient fault: with
-// train.on_nonfinite = "skip" that one step is skipped and training goes on). Device-discipline
-// tests: "nowait@R:S" drops the wait before the host reads step S's statistics (the strict
-// backend then hands the host stale bytes), "extraread@R:S" adds one download to step S.
-void maybe_inject_fault(Trainer& trainer, int64_t step, int rank) {
-  const char* env = std::getenv("MOE_INJECT_FAULT");
-  if (env == nullptr) return;
-  char kind[16] = {};
-  long long r = -1, s = -1;
-  MOE_CHECK(std::sscanf(env, "%15[a-z]@%lld:%lld", kind, &r, &s) == 3, "MOE_INJECT_FAULT='", env,
-            "': expected error@RANK:STEP, nan@RANK:STEP or nangrad@RANK:STEP");
-  if (r != rank || s != step) return;
-  if (std::string(kind) == "error") MOE_FAIL("injected fault (MOE_INJECT_FAULT=", env, ")");
-  if (std::string(kind) == "nangrad") return trainer.inject_fault(Trainer::Fault::kNanGradient);
-  if (std::string(kind) == "nowait") return trainer.inject_fault(Trainer::Fault::kNoWait);
-  if (std::string(kind) == "extraread") return trainer.inject_fault(Trainer::Fault::kExtraRead);
-  MOE_CHECK(std::string(kind) == "nan", "MOE_INJECT_FAULT: unknown kind '", kind, "'");
-  const ParamInfo& p = trainer.model().layout().entries().front();
-  trainer.model().ops().fill(param_view(p, trainer.model().params().flat), std::nan(""));
-}
 
 // What the run is, before its first step: sizes, layout, MFU's peak, data, activations.
 void log_run_header(const Config& config, Trainer& trainer, const TokenDataset& train, const TokenDataset* valid,
@@ -114,6 +91,8 @@ TrainSummary run_steps(const Config& config, Trainer& trainer, const TokenDatase
   const TrainConfig& tc = config.train;
   ProcessGroups* groups = trainer.groups();
   const int64_t dp_rank = groups ? groups->coords.dp : 0, dp = config.parallel.dp;
+  InjectedFaults faults(groups ? groups->world->rank() : 0);  // MOE_INJECT_FAULT (the failure tests)
+  trainer.set_step_hooks(&faults);
   const int64_t local = trainer.local_batch();
   OwnedTensor ids(DType::kI32, {local, tc.seq_len}), labels(DType::kI32, {local, tc.seq_len}),
       doc(DType::kI32, {local, tc.seq_len});
@@ -158,7 +137,7 @@ TrainSummary run_steps(const Config& config, Trainer& trainer, const TokenDatase
     try {
       fill_batch(train, order, position, ids, labels, dp_rank, dp, doc_mask ? &doc.t : nullptr,
                  static_cast<int32_t>(config.data.eos_id));
-      maybe_inject_fault(trainer, step, groups ? groups->world->rank() : 0);
+      faults.before_step(trainer, step);
       if (!tc.overlap_host) {
         if (handle(trainer.step(ids, labels, doc_start), step, position, true)) break;
         continue;

@@ -286,10 +286,7 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
   r.pp_bubble_s = pipeline_->run(micro, stats_);
   sync_->reduce_stats(stats_);
   sync_->reduce_gradients(model_->grads().flat);
-  const std::optional<Fault> fault = std::exchange(fault_, std::nullopt);
-  if (fault == Fault::kNanGradient) ops_.fill(param_view(model_->layout().entries().front(), model_->grads().flat), std::nan(""));
-  if (fault == Fault::kExtraRead) ops_.download(stats_.values.slice(0, 1), &extra_read_);  // lands by the next wait
-  drop_next_wait_ = fault == Fault::kNoWait;  // this step's record is read without a wait
+  if (hooks_) hooks_->after_gradients(ops_, model_->layout(), model_->grads().flat, stats_);
   {
     PhaseScope phase(Phase::kOptimizer);  // grad norm and the step's decisions
     sync_->grad_sumsq(model_->grads().flat, stats_.grad_sumsq);
@@ -320,7 +317,7 @@ void Trainer::enqueue_record(StepSlot& s) {
   s.host.resize(static_cast<size_t>(stats_.words.numel()));  // reused: no allocation per step
   ops_.download(stats_.words, s.host.data());
   s.done = ops_.record();
-  s.drop_wait = std::exchange(drop_next_wait_, false);
+  s.drop_wait = hooks_ && hooks_->read_record_without_wait();
 }
 
 void Trainer::read_step(StepSlot& s) {

@@ -19,6 +19,7 @@
 #include "parallel/parallelize.h"
 #include "parallel/process_groups.h"
 #include "parallel/pipeline.h"
+#include "train/step_hooks.h"
 
 namespace moe {
 
@@ -99,12 +100,8 @@ class Trainer {
   // tensor from the per-parameter sums of squares it downloads anyway (StepResult).
   std::string first_nonfinite_grad();
   int64_t skipped_steps() const { return skipped_steps_; }
-  // Fault injection (tests), for the next step only: kNanGradient makes the first parameter's
-  // gradient NaN after the backward; kNoWait drops the wait before the host reads the step's
-  // statistics (a device-discipline bug the strict backend must expose); kExtraRead adds one
-  // download (the transfer count must show it).
-  enum class Fault { kNanGradient, kNoWait, kExtraRead };
-  void inject_fault(Fault f) { fault_ = f; }
+  // Code that acts inside each step (train/step_hooks.h: fault injection); not owned, nullptr = none.
+  void set_step_hooks(StepHooks* hooks) { hooks_ = hooks; }
   int64_t steps_taken() const { return optim_->steps_taken(); }
   // Sequences of the global batch this rank feeds to step(): batch_size / dp.
   int64_t local_batch() const;
@@ -136,7 +133,7 @@ class Trainer {
     std::vector<int32_t> host;
     Event from{}, done{};    // where the step's time starts (StepResult::step_s) and ends
     double host_from = 0;    // the host clock at the step's enqueue (steady, s): step_s past kEventHistory
-    bool drop_wait = false;  // Fault::kNoWait
+    bool drop_wait = false;  // StepHooks::read_record_without_wait
   };
   StepSlot slots_[2];  // the step in flight and the one before it (submit)
   int cur_ = 0;        // the slot the next step's record goes to
@@ -170,13 +167,11 @@ class Trainer {
   // A non-finite step: "stop" throws naming the step and tensor; "skip" records it.
   void handle_nonfinite(StepResult& r);
   OwnedTensor lr_table_;  // (steps + 2) f64: the LR of each optimizer step, on the device
-  bool drop_next_wait_ = false;  // Fault::kNoWait
   bool skip_nonfinite_ = false;  // train.on_nonfinite = "skip" (parsed once)
   std::vector<std::string> global_param_names_;  // by global index (StepStats::grad_sumsq)
   TransferStats staged() const;  // communication staging so far (grad sync, pipeline, expert exchange)
   int64_t skipped_steps_ = 0;
-  std::optional<Fault> fault_;
-  double extra_read_ = 0;  // kExtraRead's destination
+  StepHooks* hooks_ = nullptr;
   void expert_parallel_stats(const char* host, StepResult& r);  // host: the downloaded statistics
 };
 

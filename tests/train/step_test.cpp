@@ -266,6 +266,14 @@ TEST(Step, FirstNonFiniteGradientIsNamedInLayoutOrder) {
   EXPECT_EQ(trainer.first_nonfinite_grad(), entries[3].name);
 }
 
+// A transient fault: the first parameter's gradient NaN after the reduction, once.
+struct NanFirstGradient final : StepHooks {
+  bool done = false;
+  void after_gradients(Backend& ops, const ParamLayout& layout, const Tensor& grads, const StepStats&) override {
+    if (!std::exchange(done, true)) ops.fill(param_view(layout.entries().front(), grads), std::nan(""));
+  }
+};
+
 // A step names its first offending tensor from the per-parameter sums of squares that arrive
 // with its one download: the same name the full scan gives, and no second read.
 TEST(Step, NonFiniteStepNamesTheTensorFromItsOneDownload) {
@@ -277,7 +285,8 @@ TEST(Step, NonFiniteStepNamesTheTensorFromItsOneDownload) {
     Trainer trainer(c, *ops, DType::kF32);
     OwnedTensor ids, labels;
     synthetic_batch(4, c.train.seq_len, c.model.vocab_size, 1, 0, ids, labels);
-    trainer.inject_fault(Trainer::Fault::kNanGradient);  // the first parameter's gradient
+    NanFirstGradient nan_gradient;  // the first parameter's gradient, in this step
+    trainer.set_step_hooks(&nan_gradient);
     const StepResult r = trainer.step(ids, labels);
     EXPECT_TRUE(r.skipped);
     EXPECT_EQ(r.nonfinite_tensor, trainer.model().layout().entries().front().name);
