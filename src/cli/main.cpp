@@ -244,7 +244,7 @@ Restored restore(const Args& a, std::vector<std::string> extra_overrides = {}) {
   Restored r;
   r.ops = moe::make_backend(c.train.backend);
   r.trainer = std::make_unique<moe::Trainer>(c, *r.ops, moe::DType::kF32);
-  moe::load_checkpoint(path, *r.trainer);
+  moe::load_checkpoint(path, r.trainer->state());
   return r;
 }
 

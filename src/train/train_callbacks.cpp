@@ -75,7 +75,7 @@ class Checkpoints final : public TrainCallback {
     return every > 0 && step % every == 0;
   }
   void post_record(const StepEnd& s) override {
-    const SavedCheckpoint saved = maybe_save_checkpoint(trainer_.config(), trainer_, s.step, s.next_instance, s.last,
+    const SavedCheckpoint saved = maybe_save_checkpoint(trainer_.config(), trainer_.state(), s.step, s.next_instance, s.last,
                                                         anchor_, recorder_.elapsed(now_s()), recorder_.log());
     if (saved.path.empty()) return;
     recorder_.events().write("checkpoint",

@@ -182,7 +182,7 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
   if (nccl) groups = &nccl->groups;
   Trainer trainer(config, *ops, DType::kF32, groups);
   if (!tc.init_from.empty() && !resume) init_from_file(config, trainer, log);
-  const CheckpointInfo start = begin_checkpointing(config, trainer, resume, log);  // step, data position
+  const CheckpointInfo start = begin_checkpointing(config, trainer.state(), resume, log);  // step, data position
   step_now = start.step;
   // The data position is anchored at the last resume (checkpoint.h, DataAnchor).
   const DataAnchor anchor = resume ? DataAnchor{start.step, start.next_instance} : DataAnchor{};

@@ -106,9 +106,8 @@ class Trainer {
   // Sequences of the global batch this rank feeds to step(): batch_size / dp.
   int64_t local_batch() const;
   ProcessGroups* groups() { return groups_; }
-  // What checkpoints save and restore (checkpoint/checkpoint.h); implicit, so checkpoint calls
-  // take a Trainer.
-  operator TrainingState() { return TrainingState{config_, *model_, *optim_, groups_}; }
+  // What checkpoints save and restore (checkpoint/checkpoint.h).
+  TrainingState state() { return TrainingState{config_, *model_, *optim_, groups_}; }
   // Forward only across the pipeline stages (validation): summed cross-entropy of one
   // micro-batch (micro_batch_size, seq_len) added to out (1) f64 (the backend's memory), the
   // same on every stage. ids, labels and doc_start (document starts, or empty) are host tensors.

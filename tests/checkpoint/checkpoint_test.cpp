@@ -84,18 +84,18 @@ void exact_resume(const Config& c, int64_t shards) {
   run_steps(b, 0, 3, resumed);
   SaveOptions o;
   o.num_shards = shards;
-  const std::string path = save_checkpoint(dir.string(), b, 3 * c.train.batch_size, o);
+  const std::string path = save_checkpoint(dir.string(), b.state(), 3 * c.train.batch_size, o);
   EXPECT_EQ(fs::path(path).filename(), "step_00000003");
   Trainer fresh(c, *ops, DType::kF32);
-  CheckpointInfo info = load_checkpoint(path, fresh);
+  CheckpointInfo info = load_checkpoint(path, fresh.state());
   EXPECT_EQ(info.step, 3);
   EXPECT_EQ(info.next_instance, 12);
   EXPECT_TRUE(info.warnings.empty());
-  EXPECT_EQ(training_state_hash(fresh), training_state_hash(b));
+  EXPECT_EQ(training_state_hash(fresh.state()), training_state_hash(b.state()));
   run_steps(fresh, 3, c.train.steps, resumed);
   EXPECT_EQ(resumed.loss, full.loss);
   EXPECT_EQ(resumed.norm, full.norm);
-  EXPECT_EQ(training_state_hash(fresh), training_state_hash(a));
+  EXPECT_EQ(training_state_hash(fresh.state()), training_state_hash(a.state()));
   fs::remove_all(dir);
 }
 
@@ -118,7 +118,7 @@ class CheckpointDamage : public ::testing::Test {
     trainer_ = std::make_unique<Trainer>(small_config(), *ops_, DType::kF32);
     Trace t;
     run_steps(*trainer_, 0, 2, t);
-    path_ = save_checkpoint(dir_.string(), *trainer_, 8);
+    path_ = save_checkpoint(dir_.string(), trainer_->state(), 8);
     rank_ = (fs::path(path_) / "rank_00000.safetensors").string();
   }
   void TearDown() override {
@@ -127,7 +127,7 @@ class CheckpointDamage : public ::testing::Test {
   }
   std::string load_error() {
     Trainer t(small_config(), *ops_, DType::kF32);
-    return error_of([&] { load_checkpoint(path_, t); });
+    return error_of([&] { load_checkpoint(path_, t.state()); });
   }
   // Byte offset of a tensor's data in the rank file.
   size_t data_offset(const std::string& tensor) {
@@ -278,7 +278,7 @@ TEST_F(CheckpointDamage, DifferentModelShapeIsRefusedNamingTheKey) {
   Config c = small_config();
   c.model.expert_hidden = 32;
   Trainer t(c, *ops_, DType::kF32);
-  const std::string e = error_of([&] { load_checkpoint(path_, t); });
+  const std::string e = error_of([&] { load_checkpoint(path_, t.state()); });
   EXPECT_NE(e.find("model.expert_hidden = 32 differs from the checkpoint's 24"), std::string::npos) << e;
 }
 
@@ -286,7 +286,7 @@ TEST_F(CheckpointDamage, DifferentOptimizerDtypeIsRefused) {
   Config c = small_config();
   c.train.backend = "ref";
   Trainer t(c, *ops_, DType::kF64);
-  const std::string e = error_of([&] { load_checkpoint(path_, t); });
+  const std::string e = error_of([&] { load_checkpoint(path_, t.state()); });
   EXPECT_NE(e.find("optimizer state are F32, this run keeps them in F64"), std::string::npos) << e;
 }
 
@@ -294,7 +294,7 @@ TEST_F(CheckpointDamage, ChangedLearningRateLoadsWithAWarning) {
   Config c = small_config();
   c.optim.lr = 1e-3;
   Trainer t(c, *ops_, DType::kF32);
-  CheckpointInfo info = load_checkpoint(path_, t);
+  CheckpointInfo info = load_checkpoint(path_, t.state());
   ASSERT_EQ(info.warnings.size(), 1u);
   EXPECT_NE(info.warnings[0].find("optim.lr"), std::string::npos) << info.warnings[0];
 }
@@ -302,11 +302,11 @@ TEST_F(CheckpointDamage, ChangedLearningRateLoadsWithAWarning) {
 TEST_F(CheckpointDamage, ResumeFallsBackToTheNewestCheckpointThatVerifies) {
   Trace t;
   run_steps(*trainer_, 2, 3, t);
-  const std::string newer = save_checkpoint(dir_.string(), *trainer_, 12);
+  const std::string newer = save_checkpoint(dir_.string(), trainer_->state(), 12);
   flip_byte((fs::path(newer) / "rank_00000.safetensors").string(), data_offset("params:embed") + 5);
   Trainer fresh(small_config(), *ops_, DType::kF32);
   std::ostringstream log;
-  CheckpointInfo info = resume_latest(dir_.string(), fresh, log);
+  CheckpointInfo info = resume_latest(dir_.string(), fresh.state(), log);
   EXPECT_EQ(info.path, path_);
   EXPECT_NE(log.str().find("skipping checkpoint"), std::string::npos) << log.str();
   EXPECT_NE(log.str().find("tensor 'params:embed'"), std::string::npos) << log.str();
@@ -317,12 +317,12 @@ TEST_F(CheckpointDamage, FreshRunMovesAnEarlierRunsCheckpointsAside) {
   c.checkpoint.dir = dir_.string();
   Trainer t(c, *ops_, DType::kF32);
   std::ostringstream log;
-  CheckpointInfo start = begin_checkpointing(c, t, false, log);
+  CheckpointInfo start = begin_checkpointing(c, t.state(), false, log);
   EXPECT_EQ(start.step, 0);
   EXPECT_EQ(latest_checkpoint(dir_.string()), "");
   EXPECT_EQ(list_checkpoints(dir_.string() + ".previous").size(), 1u);
   EXPECT_NE(log.str().find("moved to"), std::string::npos) << log.str();
-  EXPECT_EQ(error_of([&] { begin_checkpointing(c, t, true, log); }).find("no complete checkpoint") != std::string::npos, true);
+  EXPECT_EQ(error_of([&] { begin_checkpointing(c, t.state(), true, log); }).find("no complete checkpoint") != std::string::npos, true);
 }
 
 // ---- deterministic crash points (the save runs in a forked child) ------------------------------
@@ -334,8 +334,8 @@ TEST(Checkpoint, EveryCrashPointLeavesTheLatestCompleteCheckpointLoadable) {
   Trace tr;
   const fs::path dir = fresh_dir("crash");
   run_steps(t, 0, 1, tr);
-  const std::string first = save_checkpoint(dir.string(), t, 4);
-  const uint64_t first_hash = training_state_hash(t);
+  const std::string first = save_checkpoint(dir.string(), t.state(), 4);
+  const uint64_t first_hash = training_state_hash(t.state());
   run_steps(t, 1, 2, tr);
   const std::string second = (dir / checkpoint_name(2)).string();
   SaveOptions keep1;
@@ -353,7 +353,7 @@ TEST(Checkpoint, EveryCrashPointLeavesTheLatestCompleteCheckpointLoadable) {
     if (pid == 0) {
       ::setenv("MOE_CRASH_AT", point.c_str(), 1);
       try {
-        save_checkpoint(dir.string(), t, 8, keep1);
+        save_checkpoint(dir.string(), t.state(), 8, keep1);
       } catch (...) {
         _exit(3);
       }
@@ -366,8 +366,8 @@ TEST(Checkpoint, EveryCrashPointLeavesTheLatestCompleteCheckpointLoadable) {
     const std::string latest = latest_checkpoint(dir.string());
     EXPECT_EQ(latest, new_is_durable ? second : first);
     Trainer fresh(c, *ops, DType::kF32);
-    CheckpointInfo info = load_checkpoint(latest, fresh);
-    EXPECT_EQ(training_state_hash(fresh), new_is_durable ? training_state_hash(t) : first_hash);
+    CheckpointInfo info = load_checkpoint(latest, fresh.state());
+    EXPECT_EQ(training_state_hash(fresh.state()), new_is_durable ? training_state_hash(t.state()) : first_hash);
     if (new_is_durable) {
       EXPECT_EQ(info.step, 2);
       // Put the world back to "only step 1 complete" for the next crash point.
@@ -376,12 +376,12 @@ TEST(Checkpoint, EveryCrashPointLeavesTheLatestCompleteCheckpointLoadable) {
         Trainer one(c, *ops, DType::kF32);
         Trace x;
         run_steps(one, 0, 1, x);
-        save_checkpoint(dir.string(), one, 4);
+        save_checkpoint(dir.string(), one.state(), 4);
       }
     }
   }
   // A clean save afterwards removes every leftover temp and trash directory.
-  save_checkpoint(dir.string(), t, 8);
+  save_checkpoint(dir.string(), t.state(), 8);
   for (const auto& e : fs::directory_iterator(dir))
     EXPECT_EQ(e.path().filename().string().rfind("step_", 0), 0u) << e.path();
   EXPECT_EQ(list_checkpoints(dir.string()).size(), 2u);
@@ -398,7 +398,7 @@ TEST(Checkpoint, KeepLastPrunesOldestOnly) {
   Trace tr;
   for (int64_t s = 0; s < 4; ++s) {
     run_steps(t, s, s + 1, tr);
-    save_checkpoint(dir.string(), t, (s + 1) * 4, o);
+    save_checkpoint(dir.string(), t.state(), (s + 1) * 4, o);
   }
   fs::create_directories(dir / ".tmp.step_00000009.1");  // a crashed save's leftovers never count
   std::vector<std::string> all = list_checkpoints(dir.string());
@@ -539,10 +539,10 @@ TEST(Checkpoint, BinarySurvivesRandomSigkillsAndResumesBitExactly) {
   c.train.threads = 1;
   auto ops = make_backend("cpu");
   Trainer a(c, *ops, DType::kF32), b(c, *ops, DType::kF32);
-  load_checkpoint(latest_checkpoint((root / "ref" / "checkpoints").string()), a);
-  load_checkpoint(latest_checkpoint(ckpt.string()), b);
+  load_checkpoint(latest_checkpoint((root / "ref" / "checkpoints").string()), a.state());
+  load_checkpoint(latest_checkpoint(ckpt.string()), b.state());
   EXPECT_EQ(a.steps_taken(), kBinarySteps);
-  EXPECT_EQ(training_state_hash(a), training_state_hash(b));
+  EXPECT_EQ(training_state_hash(a.state()), training_state_hash(b.state()));
   // --resume with a different model shape stops with one line naming the key.
   args = binary_args(data, out, 1);
   args.insert(args.end(), {"--set", "model.expert_hidden=16", "--resume"});

@@ -63,7 +63,7 @@ TEST(Reshard, CheckpointContinuesUnderOtherLayouts) {
     RunResult r;
     train_steps(t, 0, 4, r);
     expect_on_curve(r, ref, 0, "dp=n zero1");
-    save_checkpoint(dir.path + "/a", t, 4 * a.train.batch_size);
+    save_checkpoint(dir.path + "/a", t.state(), 4 * a.train.batch_size);
   }
 
   Config b = base;
@@ -74,17 +74,17 @@ TEST(Reshard, CheckpointContinuesUnderOtherLayouts) {
     std::unique_ptr<ProcessGroups> g;
     if (b.parallel.dp > 1) g = std::make_unique<ProcessGroups>(make_process_groups(*sub, layout_from_config(b.parallel)));
     Trainer t(b, *ops, DType::kF64, g.get());
-    const CheckpointInfo info = load_checkpoint(latest_checkpoint(dir.path + "/a"), t);
+    const CheckpointInfo info = load_checkpoint(latest_checkpoint(dir.path + "/a"), t.state());
     EXPECT_EQ(info.step, 4);
     RunResult r;
     train_steps(t, 4, 6, r);
     expect_on_curve(r, ref, 4, "dp=n/2");
-    save_checkpoint(dir.path + "/b", t, 6 * b.train.batch_size);
+    save_checkpoint(dir.path + "/b", t.state(), 6 * b.train.batch_size);
   }
   world().barrier();
 
   Trainer t(base, *ops, DType::kF64);  // every rank, alone
-  EXPECT_EQ(load_checkpoint(latest_checkpoint(dir.path + "/b"), t).step, 6);
+  EXPECT_EQ(load_checkpoint(latest_checkpoint(dir.path + "/b"), t.state()).step, 6);
   RunResult r;
   train_steps(t, 6, 8, r);
   expect_on_curve(r, ref, 6, "one process");
@@ -109,19 +109,19 @@ TEST(Reshard, InterleavedCheckpointsContinueInOneProcessAndBack) {
     RunResult r;
     train_steps(t, 0, 3, r);
     expect_on_curve(r, ref, 0, "interleaved");
-    save_checkpoint(dir.path + "/a", t, 3 * a.train.batch_size);
+    save_checkpoint(dir.path + "/a", t.state(), 3 * a.train.batch_size);
   }
   if (world().rank() == 0) {
     Trainer t(base, *ops, DType::kF64);
-    EXPECT_EQ(load_checkpoint(latest_checkpoint(dir.path + "/a"), t).step, 3);
+    EXPECT_EQ(load_checkpoint(latest_checkpoint(dir.path + "/a"), t.state()).step, 3);
     RunResult r;
     train_steps(t, 3, 5, r);
     expect_on_curve(r, ref, 3, "one process");
-    save_checkpoint(dir.path + "/b", t, 5 * base.train.batch_size);
+    save_checkpoint(dir.path + "/b", t.state(), 5 * base.train.batch_size);
   }
   world().barrier();
   Trainer t(a, *ops, DType::kF64, &g);
-  EXPECT_EQ(load_checkpoint(latest_checkpoint(dir.path + "/b"), t).step, 5);
+  EXPECT_EQ(load_checkpoint(latest_checkpoint(dir.path + "/b"), t.state()).step, 5);
   RunResult r;
   train_steps(t, 5, 8, r);
   expect_on_curve(r, ref, 5, "interleaved again");
@@ -145,7 +145,7 @@ TEST(Reshard, HfExportOfAReshardedCheckpointIsByteIdentical) {
   Trainer single(base, *ops, DType::kF32);
   RunResult r;
   train_steps(single, 0, 3, r);
-  if (world().rank() == 0) save_checkpoint(dir.path + "/single", single, 3 * base.train.batch_size);
+  if (world().rank() == 0) save_checkpoint(dir.path + "/single", single.state(), 3 * base.train.batch_size);
   world().barrier();
 
   // Layouts: EP=2 (dp=2), PP=2 (dp=n/2); at 4 ranks also PP=2 x DP=2 x EP=2 with ZeRO-1.
@@ -172,14 +172,14 @@ TEST(Reshard, HfExportOfAReshardedCheckpointIsByteIdentical) {
     if (in) {
       ProcessGroups g = make_process_groups(*sub, layout_from_config(d.parallel));
       Trainer dist(d, *ops, DType::kF32, &g);
-      load_checkpoint(latest_checkpoint(dir.path + "/single"), dist);
-      save_checkpoint(out, dist, 3 * base.train.batch_size);
+      load_checkpoint(latest_checkpoint(dir.path + "/single"), dist.state());
+      save_checkpoint(out, dist.state(), 3 * base.train.batch_size);
     }
     world().barrier();
     if (world().rank() != 0) continue;
     for (const std::string& name : {std::string("single"), "dist" + std::to_string(i)}) {
       Trainer back(base, *ops, DType::kF32);
-      load_checkpoint(latest_checkpoint(dir.path + "/" + name), back);
+      load_checkpoint(latest_checkpoint(dir.path + "/" + name), back.state());
       export_hf(back.model(), back.config(), dir.path + "/hf_" + name, "bf16");
     }
     for (const char* f : {"config.json", "model.safetensors"}) {
