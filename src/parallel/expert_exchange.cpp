@@ -78,4 +78,25 @@ void ExpertExchange::make_plan(const Tensor& local_counts, ExchangePlan& plan) {
   transport_->plan_ready(plan, capacity_);
 }
 
+void reduce_exchange_stats(const int32_t* counters, int64_t layers, int64_t ep, Communicator* edp,
+                           std::vector<double>& v, std::vector<double>& drop_fraction,
+                           std::vector<std::vector<int64_t>>& rows_received) {
+  const size_t L = static_cast<size_t>(layers), n = static_cast<size_t>(ep);
+  v.clear();
+  for (size_t m = 0; m < L; ++m) {
+    const int32_t* c = counters + m * (4 + n);
+    v.push_back(static_cast<double>(c[kRowsRouted]));
+    v.push_back(static_cast<double>(c[kRowsDropped]));
+    for (size_t i = 0; i < n; ++i) v.push_back(static_cast<double>(c[kReceivedPerRank + i]));
+  }
+  if (edp && edp->size() > 1) edp->all_reduce_sum(v.data(), v.size(), DType::kF64);
+  rows_received.resize(L);
+  for (size_t m = 0; m < L; ++m) {
+    const double* x = v.data() + m * (2 + n);
+    drop_fraction.push_back(x[0] > 0 ? x[1] / x[0] : 0.0);
+    rows_received[m].resize(n);
+    for (size_t i = 0; i < n; ++i) rows_received[m][i] = static_cast<int64_t>(x[2 + i]);
+  }
+}
+
 }  // namespace moe

@@ -29,6 +29,7 @@
 #include "core/phase_timer.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "parallel/communicator.h"
 #include "model/exchange_bounds.h"
 #include "model/expert_dispatch.h"
 
@@ -131,5 +132,14 @@ class ExpertExchange final : public ExpertDispatch {
   std::vector<std::vector<ExchangePlan>> plans_;  // [activation slot][MoE layer]
   OwnedTensor counts_;
 };
+
+// The step's exchange statistics over a pipeline stage: each EP group counted its own exchanges
+// (counters: (layers, 4 + ep) i32 on the host, ExchangeTotal per layer), and the EP groups of a
+// stage are the edp indices, so a sum over the edp group (nullptr or size 1: none) gives the whole
+// stage's rows, the same on every rank. Appends each layer's drop fraction; sizes and fills the
+// rows each EP rank received. scratch: reused between calls.
+void reduce_exchange_stats(const int32_t* counters, int64_t layers, int64_t ep, Communicator* edp,
+                           std::vector<double>& scratch, std::vector<double>& drop_fraction,
+                           std::vector<std::vector<int64_t>>& rows_received);
 
 }  // namespace moe

@@ -384,30 +384,11 @@ void Trainer::read_step(StepSlot& s) {
 }
 
 void Trainer::expert_parallel_stats(const char* host, StepResult& r) {
-  // Each EP group counted its own exchanges; the EP groups of a stage are the edp indices, so a
-  // sum over the edp group gives the whole stage's rows (same on every rank).
   // The counters, (MoE layers, 4 + ep) i32, arrived with the step's download.
-  const size_t ep = static_cast<size_t>(model_->ep_size()), layers = static_cast<size_t>(stats_.exchange.dim(0));
   const int32_t* counters = reinterpret_cast<const int32_t*>(host + stats_.offset_of(stats_.exchange));
-  std::vector<double>& v = ep_stats_;  // reused: no allocation per step
-  v.clear();
-  for (size_t m = 0; m < layers; ++m) {
-    const int32_t* c = counters + m * (4 + ep);
-    v.push_back(static_cast<double>(c[kRowsRouted]));
-    v.push_back(static_cast<double>(c[kRowsDropped]));
-    for (size_t i = 0; i < ep; ++i) v.push_back(static_cast<double>(c[kReceivedPerRank + i]));
-  }
-  if (groups_->edp->size() > 1) {
-    PhaseScope phase(Phase::kCommunication);
-    groups_->edp->all_reduce_sum(v.data(), v.size(), DType::kF64);
-  }
-  r.ep_rows_received.resize(layers);
-  for (size_t m = 0; m < layers; ++m) {
-    const double* x = v.data() + m * (2 + ep);
-    r.ep_drop_fraction.push_back(x[0] > 0 ? x[1] / x[0] : 0.0);
-    r.ep_rows_received[m].resize(ep);
-    for (size_t i = 0; i < ep; ++i) r.ep_rows_received[m][i] = static_cast<int64_t>(x[2 + i]);
-  }
+  PhaseScope phase(Phase::kCommunication);
+  reduce_exchange_stats(counters, stats_.exchange.dim(0), model_->ep_size(), groups_->edp.get(), ep_stats_,
+                        r.ep_drop_fraction, r.ep_rows_received);
 }
 
 void Trainer::enqueue_update() {
