@@ -122,6 +122,11 @@ RoutingDims check_moe_plan(const Tensor& expert_idx, const Tensor& counts, const
   return {R / K, E, K};
 }
 
+void check_expert_ids(const int32_t* ids, int64_t R, int64_t E, const char* op) {
+  for (int64_t r = 0; r < R; ++r)
+    MOE_CHECK(ids[r] >= 0 && ids[r] < E, op, ": expert id ", ids[r], " out of range [0,", E, ")");
+}
+
 PermuteDims check_moe_gather(const Tensor& x, const Tensor& sorted_slot, const Tensor& xs) {
   MOE_CHECK(x.ndim == 2, "moe_gather x: expected (T,D), got ", x.shape_str());
   const int64_t T = x.shape[0], D = x.shape[1], R = sorted_slot.numel();

@@ -1,6 +1,6 @@
 // Argument contracts of the MoE routing ops (op_list.inc), shared by every backend: shapes, the
-// score kinds, the expert-weight rule. Dtype and device rules are each backend's; the expert-id
-// range of moe_plan is read from the data, so each backend checks it where the ids are.
+// score kinds, the expert-weight rule. Dtype and device rules are each backend's; expert ids are
+// data, checked where they are: by the host backends with check_expert_ids, by cuda's kernels.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +42,8 @@ void check_expert_counts(const Tensor& expert_idx, const Tensor& counts);
 // expert_idx (T,K) or (R), counts (E), offsets (E+1), sorted_slot and slot_pos (R = T*K).
 RoutingDims check_moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
                            const Tensor& sorted_slot, const Tensor& slot_pos);
+// Host expert ids (R of them): each in [0, E).
+void check_expert_ids(const int32_t* ids, int64_t R, int64_t E, const char* op);
 // x (T,D), sorted_slot (R) with R a multiple of T, xs (R,D) of x's dtype. Returns {T, D, K}.
 PermuteDims check_moe_gather(const Tensor& x, const Tensor& sorted_slot, const Tensor& xs);
 // dx (T,D), slot_pos (T*K), dxs (>= T*K rows, D). Returns {T, D, K}.

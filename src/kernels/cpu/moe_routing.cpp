@@ -152,7 +152,7 @@ void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offs
       ++h[idx[r]];
     }
   }
-  MOE_CHECK(!bad, "moe_plan: expert id out of range [0,", E, ")");
+  if (bad) check_expert_ids(idx, R, E, "moe_plan");  // names the first bad id
   int32_t* cnt = counts.as<int32_t>();
   int32_t* off = offsets.as<int32_t>();
   int32_t running = 0;

@@ -97,11 +97,9 @@ void expert_counts(const Tensor& expert_idx, const Tensor& counts) {
   const int64_t R = expert_idx.numel(), E = counts.numel();
   const int32_t* idx = expert_idx.as<int32_t>();
   int32_t* c = counts.as<int32_t>();
+  check_expert_ids(idx, R, E, "expert_counts");
   for (int64_t e = 0; e < E; ++e) c[e] = 0;
-  for (int64_t r = 0; r < R; ++r) {
-    MOE_CHECK(idx[r] >= 0 && idx[r] < E, "expert_counts: expert id ", idx[r], " out of range [0,", E, ")");
-    ++c[idx[r]];
-  }
+  for (int64_t r = 0; r < R; ++r) ++c[idx[r]];
 }
 
 void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
@@ -111,11 +109,9 @@ void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offs
   const int32_t* idx = expert_idx.as<int32_t>();
   int32_t* c = counts.as<int32_t>();
   int32_t* off = offsets.as<int32_t>();
+  check_expert_ids(idx, R, E, "moe_plan");
   for (int64_t e = 0; e < E; ++e) c[e] = 0;
-  for (int64_t r = 0; r < R; ++r) {
-    MOE_CHECK(idx[r] >= 0 && idx[r] < E, "moe_plan: expert id ", idx[r], " out of range [0,", E, ")");
-    ++c[idx[r]];
-  }
+  for (int64_t r = 0; r < R; ++r) ++c[idx[r]];
   off[0] = 0;
   for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + c[e];
   std::vector<int32_t> fill(off, off + E);
