@@ -26,9 +26,11 @@ EmbeddingDims check_embedding_bwd(const Tensor& ids, const Tensor& dy, const Ten
   return embedding_dims(ids, dtable, dy, "embedding_bwd dtable", "embedding_bwd dy", "embedding_bwd");
 }
 
-void check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* op) {
-  for (int64_t t = 0; t < n; ++t)
-    MOE_CHECK(ids[t] >= 0 && ids[t] < vocab, op, ": id ", ids[t], " at position ", t, " is outside [0, ", vocab, ")");
+const int32_t* checked_ids(const Tensor& ids, int64_t vocab, const char* op) {
+  const int32_t* id = ids.as<int32_t>();
+  for (int64_t t = 0; t < ids.numel(); ++t)
+    MOE_CHECK(id[t] >= 0 && id[t] < vocab, op, ": id ", id[t], " at position ", t, " is outside [0, ", vocab, ")");
+  return id;
 }
 
 void check_rope_args(const Tensor& x, double theta, int64_t rotary_dim, const char* op) {

@@ -17,8 +17,8 @@ struct EmbeddingDims {
 EmbeddingDims check_embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& y);
 // embedding_bwd: ids (T) i32, dtable (V,D) of a float dtype, dy (T,D) of dtable's dtype.
 EmbeddingDims check_embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable);
-// Host ids: each in [0, vocab).
-void check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* op);
+// Host ids, each in [0, vocab): their data.
+const int32_t* checked_ids(const Tensor& ids, int64_t vocab, const char* op);
 
 // rope_fwd / rope_bwd: x (B,S,N,hd), hd even, rotary_dim even in [2, hd], theta > 0.
 void check_rope_args(const Tensor& x, double theta, int64_t rotary_dim, const char* op);

@@ -46,10 +46,11 @@ CrossEntropyDims check_cross_entropy(const Tensor& logits, const Tensor& labels,
   return d;
 }
 
-void check_labels(const int32_t* labels, int64_t rows, int64_t vocab) {
-  for (int64_t r = 0; r < rows; ++r)
-    MOE_CHECK(labels[r] < vocab, "cross_entropy: label ", labels[r], " at row ", r, " is out of range for vocab size ",
-              vocab);
+const int32_t* checked_labels(const Tensor& labels, int64_t vocab) {
+  const int32_t* l = labels.as<int32_t>();
+  for (int64_t r = 0; r < labels.numel(); ++r)
+    MOE_CHECK(l[r] < vocab, "cross_entropy: label ", l[r], " at row ", r, " is out of range for vocab size ", vocab);
+  return l;
 }
 
 }  // namespace moe

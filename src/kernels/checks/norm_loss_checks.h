@@ -24,7 +24,7 @@ struct CrossEntropyDims {
 // (may be bf16).
 CrossEntropyDims check_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& dlogits,
                                      const Tensor& row_ce, const Tensor& row_z);
-// Host labels: each below the vocabulary (a negative label means no loss at its row).
-void check_labels(const int32_t* labels, int64_t rows, int64_t vocab);
+// Host labels, each below the vocabulary (a negative label means no loss at its row): their data.
+const int32_t* checked_labels(const Tensor& labels, int64_t vocab);
 
 }  // namespace moe
