@@ -3,7 +3,7 @@
 # (tests/scripts/gpu_check_test.sh) checks them on saved output without a GPU.
 
 # The cuBLAS-best dense rate (TFLOP/s) of a `moecore bench --kernels` list: rows are
-# "kernel | shape | TFLOP/s | note" (src/kernels/bench_rows.h), so a label longer than its column
+# "kernel | shape | TFLOP/s | note" (src/kernels/cuda/bench_rows.h), so a label longer than its column
 # moves no field.
 kernel_ceiling() {  # $1 = the list's file
   awk -F' [|] ' '$1 ~ /cuBLAS best/ {v = $3 + 0; if (v > 0) {print v; exit}}' "$1"

@@ -1,6 +1,6 @@
 // MOE_HD: a function compiled for the host and, under nvcc, for the device too, so the CPU and the
 // CUDA kernels share one text where their results must be identical (core/philox.h,
-// kernels/ep_plan_math.h).
+// kernels/math/ep_plan_math.h).
 #pragma once
 
 #ifdef __CUDACC__

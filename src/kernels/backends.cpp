@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/event_times.h"
+#include "kernels/host/event_times.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ref_ops.h"
 #include "kernels/strict/strict_backend.h"

@@ -25,7 +25,7 @@
 
 #include "core/buffer.h"
 #include "core/tensor.h"
-#include "kernels/routing_checks.h"
+#include "kernels/op_types.h"
 
 namespace moe {
 

@@ -22,7 +22,7 @@ MxMode mx_mode(const Config& config) {
   m.experts = config.mxfp8.experts;
   m.dispatch = config.mxfp8.experts && config.mxfp8.dispatch;
   m.attention = config.mxfp8.attention;
-  m.rule = config.mxfp8.scale_rule == "floor" ? 1 : 0;
+  m.rule = config.mxfp8.scale_rule == "floor" ? mx::ScaleRule::kFloor : mx::ScaleRule::kRceil;
   m.grad_elem = config.mxfp8.grad_format == "e5m2" ? DType::kE5M2 : DType::kE4M3;
   return m;
 }

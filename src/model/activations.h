@@ -20,6 +20,7 @@
 
 #include "config/config.h"
 #include "core/buffer.h"
+#include "core/mxfp8.h"
 #include "core/tensor.h"
 
 namespace moe {
@@ -39,7 +40,7 @@ struct MxMode {
   bool experts = false;            // the expert GEMMs' forward and data gradient in MXFP8
   bool attention = false;          // the q/k/v/o projections' forward and data gradient in MXFP8
   bool dispatch = false;           // EP: the quantized input rows are what crosses the wire
-  int rule = 0;                    // mx::ScaleRule: 0 rceil, 1 floor
+  mx::ScaleRule rule = mx::ScaleRule::kRceil;  // the quantizers' scale rule
   DType grad_elem = DType::kE4M3;  // the output gradients' elements in the data gradients
 };
 MxMode mx_mode(const Config& config);

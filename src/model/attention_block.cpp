@@ -7,7 +7,7 @@ namespace moe {
 
 namespace {
 // MXFP8 projections (mxfp8.attention): the quantization work is booked to its own phase.
-void quantize(Backend& ops, const Tensor& x, int rule, const Tensor& codes, const Tensor& scales) {
+void quantize(Backend& ops, const Tensor& x, mx::ScaleRule rule, const Tensor& codes, const Tensor& scales) {
   PhaseScope phase(Phase::kQuantize);
   ops.mx_quantize(x, false, rule, codes, scales, Tensor(), Tensor());
 }

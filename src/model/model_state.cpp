@@ -52,8 +52,8 @@ MxAttentionWeights carve_mx_attention(char*& at, Device device, const ModelConfi
 }  // namespace
 
 ModelState::ModelState(const ModelConfig& config, const ModelShard& shard, int64_t dense_chunks,
-                       int64_t expert_chunks, DType compute, bool bf16_operands, Backend& ops, int mx_rule,
-                       bool mx_experts, bool mx_attention)
+                       int64_t expert_chunks, DType compute, bool bf16_operands, Backend& ops,
+                       std::optional<mx::ScaleRule> mx_rule, bool mx_experts, bool mx_attention)
     : cfg_(config), ops_(ops), layout_(config, shard, dense_chunks, expert_chunks), compute_(compute),
       mx_rule_(mx_rule) {
   // In the backend's memory (zero-filled on the host backends; others leave it undefined, so
@@ -73,7 +73,7 @@ ModelState::ModelState(const ModelConfig& config, const ModelShard& shard, int64
   }
   for (int64_t m = 0; m < cfg_.num_moe_layers(); ++m)
     router_bias_.emplace_back(ops, compute, std::initializer_list<int64_t>{cfg_.num_experts});
-  if (mx_rule_ >= 0 && (mx_experts || mx_attention)) {
+  if (mx_rule_ && (mx_experts || mx_attention)) {
     const ModelShard& held = layout_.shard();  // -1s resolved
     const int64_t El = held.num_local_experts;
     int64_t moe_layers = 0;
@@ -140,9 +140,9 @@ void ModelState::refresh_operand_weights() {
     for (int i = 0; i < 3; ++i) {
       const Tensor& master = *pairs[i].first;  // (El,N,K)
       const int64_t El = master.shape[0], N = master.shape[1], K = master.shape[2];
-      ops_.mx_quantize(master.view({El * N, K}), false, mx_rule_, pairs[i].second->view({El * N, K}),
+      ops_.mx_quantize(master.view({El * N, K}), false, *mx_rule_, pairs[i].second->view({El * N, K}),
                        qs[i]->view({El * N, K / mx::kBlock}), Tensor(), Tensor());
-      ops_.mx_quantize(master, true, mx_rule_, *t[i], *ts[i], Tensor(), Tensor());
+      ops_.mx_quantize(master, true, *mx_rule_, *t[i], *ts[i], Tensor(), Tensor());
     }
   }
   for (size_t l = 0; l < mx_attn_.size(); ++l) {
@@ -151,8 +151,8 @@ void ModelState::refresh_operand_weights() {
     const LayerWeights& w = params_.layers[l];
     for (auto [master, copies] : {std::pair{&w.wq, &q.wq}, std::pair{&w.wk, &q.wk}, std::pair{&w.wv, &q.wv},
                                   std::pair{&w.wo, &q.wo}}) {
-      ops_.mx_quantize(*master, false, mx_rule_, copies->q, copies->qs, Tensor(), Tensor());
-      ops_.mx_quantize(*master, true, mx_rule_, copies->t, copies->ts, Tensor(), Tensor());
+      ops_.mx_quantize(*master, false, *mx_rule_, copies->q, copies->qs, Tensor(), Tensor());
+      ops_.mx_quantize(*master, true, *mx_rule_, copies->t, copies->ts, Tensor(), Tensor());
     }
   }
 }

@@ -3,6 +3,7 @@
 // mode) and the loss-free router biases. Nothing here runs a step (model/transformer.h does).
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "config/config.h"
@@ -48,11 +49,11 @@ struct LayerParams {
 class ModelState {
  public:
   // dense_chunks / expert_chunks: ZeRO-1 chunking of the flat regions (model/params.h).
-  // mx_rule >= 0: MXFP8 caches quantized with that scale rule (mx::ScaleRule), of the expert
-  // weights (mx_experts) and of the attention projections (mx_attention); -1: none.
+  // mx_rule: MXFP8 caches quantized with that scale rule, of the expert weights (mx_experts) and
+  // of the attention projections (mx_attention); none without it.
   ModelState(const ModelConfig& config, const ModelShard& shard, int64_t dense_chunks, int64_t expert_chunks,
-             DType compute, bool bf16_operands, Backend& ops, int mx_rule = -1, bool mx_experts = true,
-             bool mx_attention = false);
+             DType compute, bool bf16_operands, Backend& ops, std::optional<mx::ScaleRule> mx_rule = {},
+             bool mx_experts = true, bool mx_attention = false);
 
   const ParamLayout& layout() const { return layout_; }
   Weights& params() { return params_; }
@@ -80,7 +81,7 @@ class ModelState {
   DType compute_;
   Buffer param_mem_, grad_mem_, operand_mem_, mx_mem_;
   Weights params_, grads_, operands_;  // operands_ = params_ in fp32 mode
-  int mx_rule_ = -1;
+  std::optional<mx::ScaleRule> mx_rule_;
   std::vector<MxExpertWeights> mx_;    // per model layer (filled for local MoE layers); empty: none
   std::vector<MxAttentionWeights> mx_attn_;  // per model layer (filled for local layers); empty: none
   std::vector<OwnedTensor> router_bias_;

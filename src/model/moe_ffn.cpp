@@ -55,8 +55,8 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
     ops.router_topk(on_logits ? a.logits : a.scores, routing.router_bias, c.n_group, c.topk_group, a.expert_idx);
   } else {
     const uint64_t stream = static_cast<uint64_t>(RngStream::kRandomRouting) | (static_cast<uint64_t>(routing.layer) << 32);
-    ops.router_assign(ctx.choice.routing == Routing::kUniform ? 0 : 1, routing.seed, stream, routing.token_base,
-                      static_cast<int>(c.num_experts), a.expert_idx);
+    ops.router_assign(ctx.choice.routing == Routing::kUniform ? RouterAssignment::kUniform : RouterAssignment::kRandom,
+                      routing.seed, stream, routing.token_base, static_cast<int>(c.num_experts), a.expert_idx);
   }
   ops.router_gather(a.scores, a.expert_idx, weight_rule(c), a.weights);
   phase.reset();
@@ -116,7 +116,7 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
 namespace {
 // The load-balancing loss at the configured granularity (MoeLossOutputs); its value into out.lbl,
 // its score gradient into scratch.dscores_TE, the mean probabilities into out.mean_prob.
-void load_balance(const SublayerContext& ctx, const MoeLossOutputs& out, const FfnActs& a, int kind) {
+void load_balance(const SublayerContext& ctx, const MoeLossOutputs& out, const FfnActs& a, ScoreKind kind) {
   Backend& ops = ctx.ops;
   Scratch& s = ctx.scratch;
   const int K = static_cast<int>(ctx.cfg.top_k);
@@ -232,7 +232,7 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
   ops.moe_gather_bwd(dxs_local, a.slot_pos, s.dnormed_TD);
 
   // Router: combine weights, then the auxiliary losses (their values go to the step's stats).
-  const int kind = score_kind(ctx.choice.score_func);
+  const ScoreKind kind = score_kind(ctx.choice.score_func);
   phase.reset();
   phase.emplace(Phase::kRouter);
   ops.fill(s.dscores_TE, 0.0);

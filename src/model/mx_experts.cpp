@@ -9,7 +9,7 @@ namespace {
 Tensor scale_rows(const Tensor& scales, int64_t rows) { return scales.slice(0, rows); }
 
 // The quantization work, booked to its own phase (moecore bench's table).
-void quantize(Backend& ops, const Tensor& x, int rule, const Tensor& codes, const Tensor& scales, const Tensor& stats,
+void quantize(Backend& ops, const Tensor& x, mx::ScaleRule rule, const Tensor& codes, const Tensor& scales, const Tensor& stats,
               const Tensor& row_end) {
   PhaseScope phase(Phase::kQuantize);
   ops.mx_quantize(x, false, rule, codes, scales, stats, row_end);
@@ -28,7 +28,7 @@ Tensor mx_experts_forward(const SublayerContext& ctx, const MxExpertWeights& w, 
   Backend& ops = ctx.ops;
   Scratch& s = ctx.scratch;
   const Dims& d = ctx.dims;
-  const int rule = d.mx.rule;
+  const mx::ScaleRule rule = d.mx.rule;
   const bool bf16 = ctx.bf16_operands();
   const Tensor st = fwd_stats(stats);
   int64_t rows = d.R;
@@ -67,7 +67,7 @@ void mx_experts_backward(const SublayerContext& ctx, const MxExpertWeights& w, L
   Backend& ops = ctx.ops;
   Scratch& s = ctx.scratch;
   const Dims& d = ctx.dims;
-  const int rule = d.mx.rule;
+  const mx::ScaleRule rule = d.mx.rule;
   const int64_t rows = g.dim(0), F = a.eg.dim(1), D = g.dim(1);
   const Tensor st = bwd_stats(stats);
   const Tensor row_end = d.ep > 1 ? a.recv_offsets : Tensor();  // EP: only received rows are real

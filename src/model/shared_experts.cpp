@@ -15,7 +15,7 @@ void router_logits_fwd(const SublayerContext& ctx, const Tensor& h, const Tensor
   ctx.add_row_bias(bias, logits);
 }
 
-int score_kind(ScoreFunc f) { return f == ScoreFunc::kSigmoid ? 1 : 0; }
+ScoreKind score_kind(ScoreFunc f) { return f == ScoreFunc::kSigmoid ? ScoreKind::kSigmoid : ScoreKind::kSoftmax; }
 
 void shared_experts_forward(const SublayerContext& ctx, const LayerParams& p, const Tensor& h_act, FfnActs& a,
                             const Tensor& y) {
@@ -26,15 +26,15 @@ void shared_experts_forward(const SublayerContext& ctx, const LayerParams& p, co
   const bool bf16 = ctx.bf16_operands();
   const int64_t T = a.g.dim(0), Fs = c.shared_width(), Es = c.shared_experts;
 
-  // The gate: every token weighs every shared expert (the identity choice, kind 0 = uniform).
+  // The gate: every token weighs every shared expert (the identity choice: the uniform assignment).
   router_logits_fwd(ctx, a.h, W.shared_router, W.shared_router_bias, a.shared_logits);
   ops.router_scores_fwd(a.shared_logits, score_kind(ctx.choice.shared_router_score), c.shared_router_sigmoid_eps,
                         a.shared_scores);
-  ops.router_assign(0, 0, 0, 0, static_cast<int>(Es), a.shared_idx);
+  ops.router_assign(RouterAssignment::kUniform, 0, 0, 0, static_cast<int>(Es), a.shared_idx);
   ops.router_gather(a.shared_scores, a.shared_idx, gate_rule(c), a.shared_w);
   // Identity slot positions 0..T*Es-1: the plan of T*Es rows that all choose the one "expert" 0.
   const Tensor zeros = s.shared_zero_N.slice(0, T * Es).view({T * Es, 1});
-  ops.router_assign(0, 0, 0, 0, 1, zeros);
+  ops.router_assign(RouterAssignment::kUniform, 0, 0, 0, 1, zeros);
   ops.moe_plan(zeros, s.shared_plan_3.slice(0, 1), s.shared_plan_3.slice(1, 3), s.shared_sorted_N.slice(0, T * Es),
                a.shared_pos);
 

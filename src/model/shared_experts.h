@@ -19,7 +19,7 @@ namespace moe {
 void router_logits_fwd(const SublayerContext& ctx, const Tensor& h, const Tensor& router, const Tensor& bias,
                        const Tensor& logits);
 // The router_scores ops' kind of a score function (softmax and topk_softmax score by softmax).
-int score_kind(ScoreFunc f);
+ScoreKind score_kind(ScoreFunc f);
 
 // y += the gated shared experts' output (header comment); saves the gate and SwiGLU state in a.
 void shared_experts_forward(const SublayerContext& ctx, const LayerParams& p, const Tensor& h_act, FfnActs& a,

@@ -32,7 +32,7 @@ Transformer::Transformer(const ModelConfig& config, const LossConfig& loss, cons
       recompute_(o.recompute),
       seed_(o.seed),
       state_(config, o.shard, o.dense_chunks, o.expert_chunks, o.compute, o.bf16_operands, ops,
-             o.mx.experts || o.mx.attention ? o.mx.rule : -1, o.mx.experts, o.mx.attention) {
+             o.mx.experts || o.mx.attention ? std::optional(o.mx.rule) : std::nullopt, o.mx.experts, o.mx.attention) {
   const ModelShard& shard = layout().shard();
   const int64_t ep = dims_.ep;
   MOE_CHECK(ep >= 1 && shard.num_local_experts * ep == cfg_.num_experts && shard.expert_begin % shard.num_local_experts == 0,

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
-#include "kernels/ep_plan_math.h"
+#include "kernels/math/ep_plan_math.h"
 #include "model/exchange_bounds.h"
 
 namespace moe {

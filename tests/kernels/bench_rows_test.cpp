@@ -1,4 +1,4 @@
-// The rows `moecore bench --kernels` prints (kernels/bench_rows.h) are what
+// The rows `moecore bench --kernels` prints (kernels/cuda/bench_rows.h) are what
 // tests/golden/gpu_kernels.txt holds, the saved list scripts/gpu_check.sh's reader is tested on
 // (tests/scripts/gpu_check_test.sh): the cuBLAS-best label is 29 characters, the value has decimals.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/paths.h"
-#include "kernels/bench_rows.h"
+#include "kernels/cuda/bench_rows.h"
 
 namespace moe {
 namespace {

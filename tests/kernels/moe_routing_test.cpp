@@ -40,8 +40,8 @@ TEST_P(MoeRouting, ScoresForwardMatchesRefAndBackwardMatchesFiniteDifferences) {
   const uint64_t seed = recorded_seed();
   SCOPED_TRACE(seed);
   // softmax, sigmoid, and sigmoid with Olmo-core 3's stability epsilon (scores + eps).
-  for (auto [kind, eps] : {std::pair{0, 0.0}, std::pair{1, 0.0}, std::pair{1, 1e-7}}) {
-    SCOPED_TRACE(testing::Message() << "kind " << kind << " eps " << eps);
+  for (auto [kind, eps] : {std::pair{ScoreKind::kSoftmax, 0.0}, std::pair{ScoreKind::kSigmoid, 0.0}, std::pair{ScoreKind::kSigmoid, 1e-7}}) {
+    SCOPED_TRACE(testing::Message() << "kind " << static_cast<int>(kind) << " eps " << eps);
     const int64_t T = 37, E = 12;
     OwnedTensor z(DType::kF64, {T, E}), s(DType::kF64, {T, E}), r(DType::kF64, {T, E});
     test::fill_uniform(z, seed, 1, -3, 3);
@@ -72,11 +72,11 @@ TEST_P(MoeRouting, ScoresForwardMatchesRefAndBackwardMatchesFiniteDifferences) {
   const int64_t T = 5, E = 4;
   OwnedTensor z(DType::kF64, {T, E}), a(DType::kF64, {T, E}), b(DType::kF64, {T, E});
   test::fill_uniform(z, seed, 3, -30, 3);
-  ref::router_scores_fwd(z, 1, 0.0, a);
-  ref::router_scores_fwd(z, 1, 1e-7, b);
+  ref::router_scores_fwd(z, ScoreKind::kSigmoid, 0.0, a);
+  ref::router_scores_fwd(z, ScoreKind::kSigmoid, 1e-7, b);
   // Exact up to the rounding of the sum: one ulp of the score (<= 1): 2.2e-16.
   for (int64_t i = 0; i < T * E; ++i) EXPECT_NEAR(b.as<double>()[i] - a.as<double>()[i], 1e-7, 2.3e-16);
-  EXPECT_THROW(test::fast().router_scores_fwd(z, 0, 1e-7, a), Error);
+  EXPECT_THROW(test::fast().router_scores_fwd(z, ScoreKind::kSoftmax, 1e-7, a), Error);
 }
 
 TEST_P(MoeRouting, TopkPicksLargestWithBiasAndBreaksTiesToLowerId) {
@@ -152,13 +152,13 @@ TEST_P(MoeRouting, UniformAndRandomAssignmentArePureFunctionsOfTheGlobalToken) {
   const uint64_t seed = recorded_seed();
   const int64_t T = 40, K = 3, E = 8;
   OwnedTensor a(DType::kI32, {T, K}), b(DType::kI32, {T - 5, K}), c(DType::kI32, {T, K});
-  test::fast().router_assign(0, seed, 7, 100, E, a);
+  test::fast().router_assign(RouterAssignment::kUniform, seed, 7, 100, E, a);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < K; ++j) EXPECT_EQ(a.as<int32_t>()[t * K + j], ((100 + t) * K + j) % E);
-  test::fast().router_assign(1, seed, 7, 100, E, a);
-  ref::router_assign(1, seed, 7, 100, E, c);
+  test::fast().router_assign(RouterAssignment::kRandom, seed, 7, 100, E, a);
+  ref::router_assign(RouterAssignment::kRandom, seed, 7, 100, E, c);
   EXPECT_TRUE(test::bitwise_equal(a, c));
-  test::fast().router_assign(1, seed, 7, 105, E, b);  // the same tokens seen from another split
+  test::fast().router_assign(RouterAssignment::kRandom, seed, 7, 105, E, b);  // the same tokens seen from another split
   for (int64_t i = 0; i < (T - 5) * K; ++i) EXPECT_EQ(b.as<int32_t>()[i], a.as<int32_t>()[5 * K + i]);
   for (int64_t t = 0; t < T; ++t) {
     std::set<int32_t> chosen(a.as<int32_t>() + t * K, a.as<int32_t>() + (t + 1) * K);
@@ -331,11 +331,11 @@ TEST_P(MoeRouting, LoadBalanceLossIsOneAtBalanceAndItsGradientMatchesFiniteDiffe
   ref::fill(s, 1.0 / E);
   for (int64_t e = 0; e < E; ++e) counts.as<int32_t>()[e] = static_cast<int32_t>(T * K / E);
   ref::fill(out, 0.0);
-  ref::load_balance_loss(s, counts, 0, K, 1.0, 1.0, out, Tensor(), P);
+  ref::load_balance_loss(s, counts, ScoreKind::kSoftmax, K, 1.0, 1.0, out, Tensor(), P);
   EXPECT_NEAR(out.as<double>()[0], 1.0, 1e-15);
-  for (int kind : {0, 1}) {
-    test::fill_uniform(s, seed, 13 + kind, 0.01, 1);
-    if (kind == 0)  // rows of a softmax sum to one
+  for (ScoreKind kind : {ScoreKind::kSoftmax, ScoreKind::kSigmoid}) {
+    test::fill_uniform(s, seed, 13 + static_cast<int>(kind), 0.01, 1);
+    if (kind == ScoreKind::kSoftmax)  // rows of a softmax sum to one
       for (int64_t t = 0; t < T; ++t) {
         double sum = 0;
         for (int64_t e = 0; e < E; ++e) sum += s.as<double>()[t * E + e];
@@ -353,7 +353,7 @@ TEST_P(MoeRouting, LoadBalanceLossIsOneAtBalanceAndItsGradientMatchesFiniteDiffe
     // The gradient here is small (grad scale x E/T x f over a row sum: ~1e-3), so kFdTol's rounding
     // floor (1e-16 |loss| / h, relative to max |gradient|) needs h = 1e-5: ~1e-8 relative, with a
     // truncation of h^2 x the third derivative < 1e-12. At h = 1e-6 one seed in ~800 gave 1.1e-7.
-    EXPECT_LT(fd_check(s, ds, loss, 1e-5), kFdTol) << "kind " << kind;
+    EXPECT_LT(fd_check(s, ds, loss, 1e-5), kFdTol) << "kind " << static_cast<int>(kind);
     OwnedTensor s32 = test::clone(s, DType::kF32), ds32(DType::kF32, {T, E}), P32(DType::kF32, {E}), out32(DType::kF64, {1});
     test::fast().fill(ds32, 0.0);
     test::fast().fill(out32, 0.0);
@@ -419,7 +419,7 @@ TEST_P(MoeRouting, ReductionsAreBitwiseEqualWithOneAndTwoThreads) {
   const int64_t T = 3000, E = 16, K = 4;
   OwnedTensor z(DType::kF32, {T, E}), s(DType::kF32, {T, E}), idx(DType::kI32, {T, K});
   test::fill_uniform(z, seed, 17, -2, 2);
-  test::fast().router_scores_fwd(z, 0, 0.0, s);
+  test::fast().router_scores_fwd(z, ScoreKind::kSoftmax, 0.0, s);
   test::fast().router_topk(s, Tensor(), 0, 0, idx);
   OwnedTensor counts(DType::kI32, {E}), off(DType::kI32, {E + 1}), sorted(DType::kI32, {T * K}), pos(DType::kI32, {T * K});
   test::fast().moe_plan(idx, counts, off, sorted, pos);
@@ -431,7 +431,7 @@ TEST_P(MoeRouting, ReductionsAreBitwiseEqualWithOneAndTwoThreads) {
     r.emplace_back(DType::kF32, std::initializer_list<int64_t>{E});
     test::fast().fill(r[0], 0.0);
     test::fast().fill(r[1], 0.0);
-    test::fast().load_balance_loss(s, counts, 0, K, 1.0, 1.0, r[0].t.slice(0, 1), r[1], r[2]);
+    test::fast().load_balance_loss(s, counts, ScoreKind::kSoftmax, K, 1.0, 1.0, r[0].t.slice(0, 1), r[1], r[2]);
     test::fast().router_z_loss(z, 1.0, 1.0, r[0].t.slice(1, 2), r[1]);
     return r;
   };

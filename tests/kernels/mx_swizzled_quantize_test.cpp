@@ -24,9 +24,9 @@ struct Case {
   int64_t rows, cols;
 };
 
-void check_case(const Case& k, DType xdt, DType elem, int rule) {
+void check_case(const Case& k, DType xdt, DType elem, mx::ScaleRule rule) {
   SCOPED_TRACE(testing::Message() << k.rows << "x" << k.cols << ", " << k.offsets.size() << " offsets, "
-                                  << dtype_name(xdt) << " -> " << dtype_name(elem) << ", rule " << rule);
+                                  << dtype_name(xdt) << " -> " << dtype_name(elem) << ", rule " << static_cast<int>(rule));
   const int64_t kb = k.cols / mx::kBlock;
   OwnedTensor x = test::random_tensor(xdt, {k.rows, k.cols}, 31 + static_cast<uint64_t>(k.rows), -4.0, 4.0);
   OwnedTensor want_codes(elem, {k.rows, k.cols}), want_scales(DType::kE8M0, {k.rows, kb});
@@ -85,12 +85,12 @@ TEST_P(MxSwizzled, ScalesLandOnTheirTileOffsetsAndCodesStayRowMajor) {
   const std::vector<Case> cases = {{{}, 300, 96}, {{0, 5, 5, 140, 200}, 200, 96}, {{0, 5, 5, 140, 200}, 210, 256},
                                    {{0, 129}, 129, 32}};
   for (const Case& k : cases) {
-    check_case(k, DType::kF32, DType::kE4M3, 0);
-    check_case(k, DType::kBF16, DType::kE5M2, 1);
+    check_case(k, DType::kF32, DType::kE4M3, mx::ScaleRule::kRceil);
+    check_case(k, DType::kBF16, DType::kE5M2, mx::ScaleRule::kFloor);
   }
   // f64 input where the backend has it (expected_skips.txt lists the backends without).
   if (test::fast_device().supports(OpId::mx_quantize_swizzled, DType::kF64))
-    check_case(cases[1], DType::kF64, DType::kE4M3, 0);
+    check_case(cases[1], DType::kF64, DType::kE4M3, mx::ScaleRule::kRceil);
 }
 
 TEST_P(MxSwizzled, RefusesScalesTooSmallForThePaddedLayout) {
@@ -102,7 +102,7 @@ TEST_P(MxSwizzled, RefusesScalesTooSmallForThePaddedLayout) {
   off.as<int32_t>()[2] = 140;
   // Two groups: 128 + 256 padded rows, 4 k-blocks: 1,536 bytes; the unpadded 140 x 2 is far short.
   OwnedTensor small(DType::kE8M0, {1535});
-  const std::string e = test::error_of([&] { test::fast().mx_quantize_swizzled(x, 0, codes, small, off); });
+  const std::string e = test::error_of([&] { test::fast().mx_quantize_swizzled(x, mx::ScaleRule::kRceil, codes, small, off); });
   EXPECT_NE(e.find("the swizzled layout of 2 group(s) needs 1536"), std::string::npos) << e;
 }
 

@@ -118,7 +118,7 @@ struct MxMatrix {
 
 MxMatrix quantized(const Tensor& x, Elem e) {
   MxMatrix m(e, x.shape[0], x.shape[1]);
-  ref::mx_quantize(x, false, 0, m.codes, m.scales, Tensor{}, Tensor{});
+  ref::mx_quantize(x, false, mx::ScaleRule::kRceil, m.codes, m.scales, Tensor{}, Tensor{});
   return m;
 }
 
@@ -283,7 +283,7 @@ TEST(MxGemmThreads, ResultsDoNotDependOnTheThreadCount) {
     OwnedTensor y(DType::kF32, {300, 96});
     cpu::mx_linear(a.codes, a.scales, b.codes, b.scales, y, false);
     OwnedTensor rc(DType::kE4M3, {300, 128}), rs(DType::kE8M0, {300, 4}), st(DType::kF64, {4});
-    cpu::mx_quantize(x, false, 0, rc, rs, st, Tensor{});
+    cpu::mx_quantize(x, false, mx::ScaleRule::kRceil, rc, rs, st, Tensor{});
     std::vector<unsigned char> bytes(static_cast<const unsigned char*>(y.t.data),
                                      static_cast<const unsigned char*>(y.t.data) + y.t.nbytes());
     bytes.insert(bytes.end(), rc.bytes(), rc.bytes() + rc.t.nbytes());

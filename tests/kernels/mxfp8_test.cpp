@@ -19,7 +19,7 @@
 #include "common/backends.h"
 #include "common/test_util.h"
 #include "core/mxfp8.h"
-#include "kernels/mx_blocks.h"
+#include "kernels/math/mx_blocks.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe {
@@ -85,7 +85,7 @@ void check_fixture(Quantize quantize) {
         OwnedTensor scales = bytes_tensor(f, p + "scales", DType::kE8M0);
         std::memset(codes.t.data, 0xAB, codes.t.nbytes());
         std::memset(scales.t.data, 0xAB, scales.t.nbytes());
-        quantize(x.t, columnwise, std::string(rule) == "rceil" ? 0 : 1, codes.t, scales.t);
+        quantize(x.t, columnwise, std::string(rule) == "rceil" ? mx::ScaleRule::kRceil : mx::ScaleRule::kFloor, codes.t, scales.t);
         const Mismatch mc = compare_bytes(codes, want_codes, "codes");
         const Mismatch ms = compare_bytes(scales, want_scales, "scales");
         EXPECT_EQ(mc.count, 0) << p << mc.first;
@@ -117,7 +117,7 @@ MOE_BACKEND_SUITE(MxFixture);
 
 TEST_P(MxFixture, QuantizedBytesAreTorchaosBitForBit) {
   MOE_SKIP_UNLESS_SUPPORTED(OpId::mx_quantize, DType::kF32);
-  check_fixture([](const Tensor& x, bool col, int rule, const Tensor& codes, const Tensor& scales) {
+  check_fixture([](const Tensor& x, bool col, mx::ScaleRule rule, const Tensor& codes, const Tensor& scales) {
     test::fast().mx_quantize(x, col, rule, codes, scales, Tensor{}, Tensor{});
   });
 }
@@ -180,16 +180,16 @@ TEST_P(MxFixture, StatisticsCountSaturationAndUnderflow) {
   x.as<float>()[4] = -std::ldexp(1.0f, -12);
   x.as<float>()[40] = NAN;  // second block: NaN, excluded from amax and from the counts but values
   x.as<float>()[41] = 0.0f;  // zero stays zero: not an underflow
-  for (int rule : {0, 1}) {
+  for (mx::ScaleRule rule : {mx::ScaleRule::kRceil, mx::ScaleRule::kFloor}) {
     OwnedTensor codes(DType::kE4M3, {2, 32}), scales(DType::kE8M0, {2, 1}), stats(DType::kF64, {4});
     stats.as<double>()[0] = 2.0;  // stats[0] is a running max: 500 replaces it
     test::fast().mx_quantize(x, false, rule, codes, scales, stats, Tensor{});
     const double* s = stats.as<double>();
     EXPECT_EQ(s[0], 500.0);
-    EXPECT_EQ(s[1], rule == 1 ? 1.0 : 0.0) << "rule " << rule;
-    EXPECT_EQ(s[2], 1.0) << "rule " << rule;
+    EXPECT_EQ(s[1], rule == mx::ScaleRule::kFloor ? 1.0 : 0.0) << "rule " << static_cast<int>(rule);
+    EXPECT_EQ(s[2], 1.0) << "rule " << static_cast<int>(rule);
     EXPECT_EQ(s[3], 64.0);
-    EXPECT_EQ(scales.bytes()[0], rule == 1 ? 127 : 128);
+    EXPECT_EQ(scales.bytes()[0], rule == mx::ScaleRule::kFloor ? 127 : 128);
     EXPECT_EQ(scales.bytes()[1], mx::kScaleNaN);
   }
 }
@@ -199,20 +199,20 @@ TEST_P(MxFixture, ColumnwiseOf3dWeightsIsEachMatrixTransposed) {
   const int64_t G = 3, N = 64, C = 40;
   OwnedTensor x = test::random_tensor(DType::kF32, {G, N, C}, 7);
   OwnedTensor codes(DType::kE4M3, {G, C, N}), scales(DType::kE8M0, {G, C, N / 32});
-  test::fast().mx_quantize(x, true, 0, codes, scales, Tensor{}, Tensor{});
+  test::fast().mx_quantize(x, true, mx::ScaleRule::kRceil, codes, scales, Tensor{}, Tensor{});
   for (int64_t g = 0; g < G; ++g) {
     OwnedTensor xt(DType::kF32, {C, N});
     for (int64_t n = 0; n < N; ++n)
       for (int64_t c = 0; c < C; ++c) xt.as<float>()[c * N + n] = x.as<float>()[(g * N + n) * C + c];
     OwnedTensor want(DType::kE4M3, {C, N}), want_s(DType::kE8M0, {C, N / 32});
-    ref::mx_quantize(xt, false, 0, want, want_s, Tensor{}, Tensor{});
+    ref::mx_quantize(xt, false, mx::ScaleRule::kRceil, want, want_s, Tensor{}, Tensor{});
     EXPECT_EQ(std::memcmp(want.t.data, codes.bytes() + g * C * N, C * N), 0) << g;
     EXPECT_EQ(std::memcmp(want_s.t.data, scales.bytes() + g * C * N / 32, C * N / 32), 0) << g;
   }
 }
 
 TEST(MxFormat, RefQuantizesTheFixtureToo) {
-  check_fixture([](const Tensor& x, bool col, int rule, const Tensor& codes, const Tensor& scales) {
+  check_fixture([](const Tensor& x, bool col, mx::ScaleRule rule, const Tensor& codes, const Tensor& scales) {
     ref::mx_quantize(x, col, rule, codes, scales, Tensor{}, Tensor{});
   });
 }
@@ -220,10 +220,10 @@ TEST(MxFormat, RefQuantizesTheFixtureToo) {
 TEST(MxFormat, BadShapesNameTheDimension) {
   OwnedTensor x(DType::kF32, {4, 48});
   OwnedTensor codes(DType::kE4M3, {4, 48}), scales(DType::kE8M0, {4, 1});
-  const std::string err = test::error_of([&] { ref::mx_quantize(x, false, 0, codes, scales, Tensor{}, Tensor{}); });
+  const std::string err = test::error_of([&] { ref::mx_quantize(x, false, mx::ScaleRule::kRceil, codes, scales, Tensor{}, Tensor{}); });
   EXPECT_NE(err.find("C = 48 is not a multiple of the 32-value MXFP8 block"), std::string::npos) << err;
   OwnedTensor wrong(DType::kBF16, {4, 48});
-  const std::string err2 = test::error_of([&] { ref::mx_quantize(x, false, 0, wrong, scales, Tensor{}, Tensor{}); });
+  const std::string err2 = test::error_of([&] { ref::mx_quantize(x, false, mx::ScaleRule::kRceil, wrong, scales, Tensor{}, Tensor{}); });
   EXPECT_NE(err2.find("expected e4m3 or e5m2"), std::string::npos) << err2;
 }
 

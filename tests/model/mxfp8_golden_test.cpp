@@ -72,7 +72,7 @@ class RecordingBackend final : public Backend {
     (in_.get()->*op)(args...);
     if (id == OpId::mx_quantize) after_quantize(args...);
   }
-  void after_quantize(const Tensor&, bool, int, const Tensor& codes, const Tensor& scales, const Tensor&,
+  void after_quantize(const Tensor&, bool, mx::ScaleRule, const Tensor& codes, const Tensor& scales, const Tensor&,
                       const Tensor& row_end) {
     MOE_CHECK(row_end.empty(), "the recording backend keeps whole tensors (no expert parallelism)");
     in_->synchronize();

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "core/tensor.h"
-#include "kernels/routing_checks.h"
+#include "kernels/op_types.h"
 
 namespace moe::cpu {
 #define MOE_OP(name, params, args) void name params;

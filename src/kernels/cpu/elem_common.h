@@ -6,27 +6,15 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <initializer_list>
 #include <vector>
 
 #include "core/tensor.h"
-#include "kernels/dtype_dispatch.h"
+#include "kernels/host/dtype_dispatch.h"
 
 namespace moe::cpu::elem {
 
 // Work below this many elements runs on the calling thread (an OpenMP region costs ~ microseconds).
 constexpr int64_t kParallelMin = 1 << 15;
-
-
-
-// Every tensor on the host and of the given dtype.
-inline void check_args(std::initializer_list<const Tensor*> ts, DType dtype, const char* op) {
-  for (const Tensor* t : ts) {
-    MOE_CHECK(t->device == Device::kCpu, op, ": tensor ", t->shape_str(), " is not on the host");
-    MOE_CHECK(t->dtype == dtype, op, ": tensor ", t->shape_str(), " has dtype ",
-              dtype_name(t->dtype), ", expected ", dtype_name(dtype));
-  }
-}
 
 template <class T> struct compute { using type = T; };
 template <> struct compute<bf16> { using type = float; };

@@ -1,7 +1,7 @@
-// CPU elementwise ops: embedding, RoPE, reductions to a scalar, axpy/scale/fill, dtype
-// conversion and AdamW. OpenMP over independent outputs (no atomics), vectorizable inner loops.
-// Every op here takes f32 and f64; embedding_fwd, sum_to, sumsq_to, axpy, scale, fill and
-// convert also take bf16 (arithmetic in f32), fill also i32.
+// CPU elementwise ops: embedding, RoPE, clamp, SwiGLU, reductions to a scalar, axpy/scale/fill,
+// dtype conversion and AdamW. OpenMP over independent outputs (no atomics), vectorizable inner
+// loops. Every op here takes f32 and f64; embedding_fwd, sum_to, sumsq_to, axpy, scale, fill and
+// convert also take bf16 (arithmetic in f32), fill also i32; SwiGLU also bf16 saved activations.
 #include <omp.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -10,21 +10,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
+#include "kernels/checks/elementwise_checks.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/elem_common.h"
-#include "kernels/elementwise_checks.h"
+#include "kernels/host/host_args.h"
 
 namespace moe::cpu {
 using namespace elem;
 
 namespace {
-
-void check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* op) {
-  for (int64_t t = 0; t < n; ++t)
-    MOE_CHECK(ids[t] >= 0 && ids[t] < vocab, op, ": id ", ids[t], " at position ", t,
-              " is outside [0, ", vocab, ")");
-}
 
 // Chunk size of sum_to / sumsq_to: each chunk is summed on its own, chunks are added in order.
 constexpr int64_t kSumChunk = 4096;
@@ -33,14 +29,9 @@ constexpr int64_t kSumChunk = 4096;
 
 // ---------------------------------------------------------------- embedding
 void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& y) {
-  check_args({&ids}, DType::kI32, "embedding_fwd ids");
-  check_args({&table, &y}, table.dtype, "embedding_fwd");
-  MOE_CHECK(is_float(table.dtype), "embedding_fwd: table must be a float tensor");
-  check_shape(table, {-1, -1}, "embedding_fwd table");
-  const int64_t n = ids.numel(), vocab = table.dim(0), d = table.dim(1);
-  check_shape(y, {n, d}, "embedding_fwd y");
-  const int32_t* id = ids.as<int32_t>();
-  check_ids(id, n, vocab, "embedding_fwd");
+  check_host({&ids, &table, &y}, "embedding_fwd");
+  const auto [n, vocab, d] = check_embedding_fwd(ids, table, y);
+  const int32_t* id = checked_ids(ids, vocab, "embedding_fwd");
   const size_t row_bytes = static_cast<size_t>(d) * dtype_size(table.dtype);
   const char* src = static_cast<const char*>(table.data);
   char* dst = static_cast<char*>(y.data);
@@ -53,13 +44,9 @@ void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& y) {
 // Threads own disjoint column blocks of dtable and walk all tokens in order, so every element
 // accumulates in token order whatever the thread count (no atomics, no scratch).
 void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable, int64_t pad_id) {
-  check_args({&ids}, DType::kI32, "embedding_bwd ids");
-  check_args({&dy, &dtable}, dtable.dtype, "embedding_bwd");
-  check_shape(dtable, {-1, -1}, "embedding_bwd dtable");
-  const int64_t n = ids.numel(), vocab = dtable.dim(0), d = dtable.dim(1);
-  check_shape(dy, {n, d}, "embedding_bwd dy");
-  const int32_t* id = ids.as<int32_t>();
-  check_ids(id, n, vocab, "embedding_bwd");
+  check_host({&ids, &dy, &dtable}, "embedding_bwd");
+  const auto [n, vocab, d] = check_embedding_bwd(ids, dy, dtable);
+  const int32_t* id = checked_ids(ids, vocab, "embedding_bwd");
   dispatch_real(dtable.dtype, "embedding_bwd", [&](auto tag) {
     using T = decltype(tag);
     const T* g = dy.as<T>();
@@ -138,7 +125,7 @@ template <class T> void rope_apply(const Tensor& x, double theta, int64_t rd, bo
 }
 
 void rope_common(const Tensor& x, double theta, int64_t rotary_dim, bool inverse, const char* op) {
-  check_args({&x}, x.dtype, op);
+  check_host({&x}, op);
   check_rope_args(x, theta, rotary_dim, op);
   dispatch_real(x.dtype, op, [&](auto tag) { rope_apply<decltype(tag)>(x, theta, rotary_dim, inverse); });
 }
@@ -149,7 +136,7 @@ void rope_bwd(const Tensor& dx, double theta, int64_t rotary_dim) { rope_common(
 
 // ---------------------------------------------------------------- clamp (clip_qkv)
 void clamp_fwd(const Tensor& x, double limit, const Tensor& y) {
-  check_args({&x, &y}, x.dtype, "clamp_fwd");
+  check_host({&x, &y}, "clamp_fwd");
   check_clamp_args(nullptr, x, limit, y, "clamp_fwd");
   dispatch_real(x.dtype, "clamp_fwd", [&](auto tag) {
     using T = decltype(tag);
@@ -163,7 +150,7 @@ void clamp_fwd(const Tensor& x, double limit, const Tensor& y) {
 }
 
 void clamp_bwd(const Tensor& dy, const Tensor& x, double limit, const Tensor& dx) {
-  check_args({&dy, &x, &dx}, x.dtype, "clamp_bwd");
+  check_host({&dy, &x, &dx}, "clamp_bwd");
   check_clamp_args(&dy, x, limit, dx, "clamp_bwd");
   dispatch_real(x.dtype, "clamp_bwd", [&](auto tag) {
     using T = decltype(tag);
@@ -177,12 +164,91 @@ void clamp_bwd(const Tensor& dy, const Tensor& x, double limit, const Tensor& dx
   });
 }
 
+// ---------------------------------------------------------------- SwiGLU
+namespace {
+// h = silu(g) u, stored as H (f32 / f64, or bf16 rounded); with copies, g and u rounded to bf16.
+template <class T, class H, bool kCopies>
+void swiglu_fwd_loop(const T* pg, const T* pu, H* ph, bf16* pgc, bf16* puc, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const T gi = pg[i], ui = pu[i];
+    store(ph + i, gi / (T(1) + fast_exp(-gi)) * ui);
+    if constexpr (kCopies) {
+      store(pgc + i, gi);
+      store(puc + i, ui);
+    }
+  }
+}
+}  // namespace
+
+void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h, const Tensor& g_copy,
+                const Tensor& u_copy) {
+  check_host({&g, &u, &h, &g_copy, &u_copy}, "swiglu_fwd");
+  check_swiglu_fwd(g, u, h, g_copy, u_copy);
+  const bool copies = !g_copy.empty();
+  const int64_t n = g.numel();
+  if (h.dtype == DType::kBF16 && g.dtype == DType::kF32) {
+    if (copies) swiglu_fwd_loop<float, bf16, true>(g.as<float>(), u.as<float>(), h.as<bf16>(), g_copy.as<bf16>(), u_copy.as<bf16>(), n);
+    else swiglu_fwd_loop<float, bf16, false>(g.as<float>(), u.as<float>(), h.as<bf16>(), nullptr, nullptr, n);
+    return;
+  }
+  dispatch_real(g.dtype, "swiglu_fwd", [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float>) {
+      if (copies) {
+        swiglu_fwd_loop<T, T, true>(g.as<T>(), u.as<T>(), h.as<T>(), g_copy.as<bf16>(), u_copy.as<bf16>(), n);
+        return;
+      }
+    }
+    swiglu_fwd_loop<T, T, false>(g.as<T>(), u.as<T>(), h.as<T>(), nullptr, nullptr, n);
+  });
+}
+
+namespace {
+// One element of the SwiGLU backward; G is the stored type of g and u (bf16 in bf16 mode), O
+// that of dg and du (bf16 rounded when they are the next GEMMs' operands).
+template <class T, class G, class O>
+void swiglu_bwd_loop(const T* pdh, const G* pg, const G* pu, O* pdg, O* pdu, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const T gi = static_cast<T>(to_float(pg[i])), ui = static_cast<T>(to_float(pu[i])), dhi = pdh[i];
+    const T e = fast_exp(-gi);
+    const T sig = T(1) / (T(1) + e);
+    // 1 - sig = e sig, exact for g > 0 where 1 - sig would cancel (e < 1 there, no overflow).
+    const T one_minus_sig = gi > T(0) ? e * sig : T(1) - sig;
+    const T dsilu = sig * (T(1) + gi * one_minus_sig);
+    store(pdg + i, dhi * ui * dsilu);
+    store(pdu + i, dhi * (gi * sig));
+  }
+}
+
+template <class G>
+void swiglu_bwd_f32(const Tensor& dh, const G* pg, const G* pu, const Tensor& dg, const Tensor& du) {
+  if (dg.dtype == DType::kBF16) swiglu_bwd_loop(dh.as<float>(), pg, pu, dg.as<bf16>(), du.as<bf16>(), dh.numel());
+  else swiglu_bwd_loop(dh.as<float>(), pg, pu, dg.as<float>(), du.as<float>(), dh.numel());
+}
+}  // namespace
+
+void swiglu_bwd(const Tensor& dh, const Tensor& g, const Tensor& u, const Tensor& dg,
+                const Tensor& du) {
+  check_host({&dh, &g, &u, &dg, &du}, "swiglu_bwd");
+  check_swiglu_bwd(dh, g, u, dg, du);
+  const DType compute = g.dtype == DType::kBF16 ? DType::kF32 : g.dtype;
+  if (g.dtype == DType::kBF16) {  // saved activations in bf16
+    swiglu_bwd_f32(dh, g.as<bf16>(), u.as<bf16>(), dg, du);
+  } else if (compute == DType::kF32) {
+    swiglu_bwd_f32(dh, g.as<float>(), u.as<float>(), dg, du);
+  } else {
+    check_dtype(g, DType::kF64, "swiglu_bwd g");
+    swiglu_bwd_loop(dh.as<double>(), g.as<double>(), u.as<double>(), dg.as<double>(), du.as<double>(), g.numel());
+  }
+}
+
 // ---------------------------------------------------------------- reductions to a scalar
 namespace {
 void sum_common(const Tensor& x, const Tensor& out, double scale, bool square, const char* op) {
-  check_args({&x}, x.dtype, op);
-  check_args({&out}, DType::kF64, op);
-  check_shape(out, {1}, "sum_to/sumsq_to out");
+  check_host({&x, &out}, op);
+  check_sum_args(x, out, op);
   dispatch_any_float(x.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     const T* p = static_cast<const T*>(x.data);
@@ -214,26 +280,16 @@ void sumsq_to(const Tensor& x, const Tensor& out) { sum_common(x, out, 1.0, true
 
 void sumsq_segments(const Tensor& x, const Tensor& segments, const Tensor& out) {
   const char* op = "sumsq_segments";
-  MOE_CHECK(is_float(x.dtype), op, ": x must be a float tensor, got ", dtype_name(x.dtype));
-  check_args({&x}, x.dtype, op);
-  check_args({&segments}, DType::kI64, op);
-  check_args({&out}, DType::kF64, op);
-  check_shape(x, {-1}, "sumsq_segments x");
-  check_shape(segments, {-1, 3}, "sumsq_segments segments");
-  check_shape(out, {-1}, "sumsq_segments out");
-  const int64_t n = x.numel(), nout = out.numel(), S = segments.dim(0);
+  check_host({&x, &segments, &out}, op);
+  check_sumsq_segments(x, segments, out);
+  const int64_t S = segments.dim(0);
   const auto* seg = static_cast<const int64_t*>(segments.data);
+  check_segments(seg, S, x.numel(), out.numel());
   // Every segment's chunks in one parallel loop (chunk k of all segments' chunks in row order),
   // then each segment's parts added in order: the parts and their order are sumsq_to's.
   int64_t* first = scratch<int64_t>(static_cast<size_t>(S + 1));
   first[0] = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t begin = seg[3 * s], end = seg[3 * s + 1], index = seg[3 * s + 2];
-    MOE_CHECK(0 <= begin && begin <= end && end <= n, op, ": segment ", s, " [", begin, ", ", end,
-              ") outside x of ", n, " elements");
-    MOE_CHECK(0 <= index && index < nout, op, ": segment ", s, " index ", index, " outside out of ", nout);
-    first[s + 1] = first[s] + ceil_div(end - begin, kSumChunk);
-  }
+  for (int64_t s = 0; s < S; ++s) first[s + 1] = first[s] + ceil_div(seg[3 * s + 1] - seg[3 * s], kSumChunk);
   const int64_t nchunks = first[S];
   double* part = scratch<double>(static_cast<size_t>(nchunks));
   dispatch_any_float(x.dtype, op, [&](auto tag) {
@@ -260,8 +316,8 @@ void sumsq_segments(const Tensor& x, const Tensor& segments, const Tensor& out) 
 
 // ---------------------------------------------------------------- axpy, scale, fill, convert
 void axpy(double alpha, const Tensor& x, const Tensor& y) {
-  check_args({&x, &y}, x.dtype, "axpy");
-  check_same_shape(x, y, "axpy x/y");
+  check_host({&x, &y}, "axpy");
+  check_axpy(x, y);
   dispatch_any_float(x.dtype, "axpy", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -275,7 +331,7 @@ void axpy(double alpha, const Tensor& x, const Tensor& y) {
 }
 
 void scale(const Tensor& x, double alpha) {
-  check_args({&x}, x.dtype, "scale");
+  check_host({&x}, "scale");
   dispatch_any_float(x.dtype, "scale", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -288,11 +344,10 @@ void scale(const Tensor& x, double alpha) {
 }
 
 void fill(const Tensor& x, double value) {
-  check_args({&x}, x.dtype, "fill");
+  check_host({&x}, "fill");
+  check_fill(x, value);
   const int64_t n = x.numel();
   if (x.dtype == DType::kI32) {
-    MOE_CHECK(value == std::floor(value) && std::fabs(value) <= 2147483647.0, "fill: value ",
-              value, " is not an i32");
     int32_t* p = x.as<int32_t>();
     const int32_t v = static_cast<int32_t>(value);
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
@@ -310,10 +365,8 @@ void fill(const Tensor& x, double value) {
 }
 
 void convert(const Tensor& src, const Tensor& dst) {
-  check_args({&src}, src.dtype, "convert src");
-  check_args({&dst}, dst.dtype, "convert dst");
-  MOE_CHECK(src.numel() == dst.numel(), "convert: src ", src.shape_str(), " and dst ",
-            dst.shape_str(), " differ in size");
+  check_host({&src, &dst}, "convert");
+  check_convert(src, dst);
   const int64_t n = src.numel();
   if (src.dtype == dst.dtype && is_float(src.dtype)) {
     std::memcpy(dst.data, src.data, src.nbytes());
@@ -406,11 +459,8 @@ void adamw_loop(T* p, const T* g, T* pm, T* pv, int64_t n, double lr, double bet
 
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr,
            double beta1, double beta2, double eps, double weight_decay, int64_t step) {
-  check_args({&param, &grad, &m, &v}, param.dtype, "adamw");
-  check_same_shape(param, grad, "adamw param/grad");
-  check_same_shape(param, m, "adamw param/m");
-  check_same_shape(param, v, "adamw param/v");
-  MOE_CHECK(step >= 1, "adamw: step counts from 1, got ", step);
+  check_host({&param, &grad, &m, &v}, "adamw");
+  check_adamw(param, grad, m, v, step);
   dispatch_real(param.dtype, "adamw", [&](auto tag) {
     using T = decltype(tag);
     auto loop = std::fabs(1 - beta1) < 0.5 ? adamw_loop<T, true> : adamw_loop<T, false>;

@@ -28,9 +28,10 @@
 #include <vector>
 
 #include "core/buffer.h"
-#include "kernels/gemm_shapes.h"
+#include "kernels/checks/gemm_checks.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/gemm_dnnl.h"
+#include "kernels/host/host_args.h"
 
 namespace moe::cpu {
 namespace {
@@ -419,15 +420,12 @@ void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const vo
 // ------------------------------------------------------------------ checks
 
 void check_operands(const Tensor& a, const Tensor& b, const Tensor& out, const char* op) {
-  MOE_CHECK(a.device == Device::kCpu && b.device == Device::kCpu && out.device == Device::kCpu, op,
-            ": the cpu backend needs host tensors");
+  check_host({&a, &b, &out}, op);
   MOE_CHECK(a.dtype != DType::kF64, op,
             ": the cpu backend does not support f64 GEMMs (the f64 path uses the ref backend)");
   MOE_CHECK(a.dtype == DType::kF32 || a.dtype == DType::kBF16, op,
             ": operands must be f32 or bf16, got ", dtype_name(a.dtype));
-  MOE_CHECK(b.dtype == a.dtype, op, ": operands must share a dtype, got ", dtype_name(a.dtype),
-            " and ", dtype_name(b.dtype));
-  check_dtype(out, DType::kF32, op);
+  check_gemm_dtypes(a, b, out, op);
 }
 
 void zero_rows(float* c, int64_t rows, int64_t cols) {

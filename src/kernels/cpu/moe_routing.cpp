@@ -9,13 +9,15 @@
 #include <limits>
 #include <vector>
 
-#include "core/rng.h"
-#include "kernels/dtype_dispatch.h"
-#include "kernels/expert_weights.h"
+#include "kernels/checks/routing_checks.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/host/dtype_dispatch.h"
+#include "kernels/host/routing_ops.h"
+#include "kernels/math/routing_rows.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe::cpu {
+namespace rows = routing_rows;
 namespace {
 
 constexpr int64_t kChunk = 256;  // tokens per reduction chunk (fixed: independent of threads)
@@ -49,58 +51,33 @@ template <class T> void topk_row(const T* sel, int64_t E, int64_t K, int32_t* ou
   }
 }
 
+// routing_ops' loop of rows: split over the OpenMP threads, each with its own scratch.
+struct ParallelRows {
+  template <class F> void operator()(int64_t n, F&& f) const {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < n; ++t) f(t);
+  }
+  template <class S, class F> void with_scratch(int64_t n, int64_t count, F&& f) const {
+#pragma omp parallel
+    {
+      S* scratch_row = scratch<S, 2>(count);
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < n; ++t) f(t, scratch_row);
+    }
+  }
+};
+
 }  // namespace
 
-void router_scores_fwd(const Tensor& logits, int kind, double eps, const Tensor& scores) {
-  check_router_scores(logits, kind, eps, scores, "router_scores_fwd");
-  dispatch_real(logits.dtype, __func__, [&](auto zero) {
-    using T = decltype(zero);
-    const T* z = logits.as<T>();
-    T* s = scores.as<T>();
-    const int64_t N = logits.rows(), E = logits.cols();
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; ++t) {
-      const T* zr = z + t * E;
-      T* sr = s + t * E;
-      if (kind == 1) {
-        for (int64_t e = 0; e < E; ++e) sr[e] = T(1) / (T(1) + std::exp(-zr[e])) + static_cast<T>(eps);
-        continue;
-      }
-      T mx = zr[0];
-      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, zr[e]);
-      T sum = 0;
-      for (int64_t e = 0; e < E; ++e) sum += (sr[e] = std::exp(zr[e] - mx));
-      const T inv = T(1) / sum;
-      for (int64_t e = 0; e < E; ++e) sr[e] *= inv;
-    }
+void router_scores_fwd(const Tensor& logits, ScoreKind kind, double eps, const Tensor& scores) {
+  routing_ops::scores_fwd(logits, kind, eps, scores, ParallelRows{}, [](auto* sr, int64_t E, auto sum) {
+    const auto inv = decltype(sum)(1) / sum;
+    for (int64_t e = 0; e < E; ++e) sr[e] *= inv;
   });
 }
 
-void router_scores_bwd(const Tensor& dscores, const Tensor& scores, int kind, double eps, const Tensor& dlogits) {
-  check_router_scores_bwd(dscores, scores, kind, eps, dlogits);
-  dispatch_real(scores.dtype, __func__, [&](auto zero) {
-    using T = decltype(zero);
-    const T* ds = dscores.as<T>();
-    const T* s = scores.as<T>();
-    T* dz = dlogits.as<T>();
-    const int64_t N = scores.rows(), E = scores.cols();
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; ++t) {
-      const T* dr = ds + t * E;
-      const T* sr = s + t * E;
-      T* zr = dz + t * E;
-      if (kind == 1) {
-        for (int64_t e = 0; e < E; ++e) {
-          const T sig = sr[e] - static_cast<T>(eps);
-          zr[e] += dr[e] * sig * (T(1) - sig);
-        }
-        continue;
-      }
-      T dot = 0;
-      for (int64_t e = 0; e < E; ++e) dot += dr[e] * sr[e];
-      for (int64_t e = 0; e < E; ++e) zr[e] += sr[e] * (dr[e] - dot);
-    }
-  });
+void router_scores_bwd(const Tensor& dscores, const Tensor& scores, ScoreKind kind, double eps, const Tensor& dlogits) {
+  routing_ops::scores_bwd(dscores, scores, kind, eps, dlogits, ParallelRows{});
 }
 
 void router_topk(const Tensor& scores, const Tensor& bias, int64_t n_group, int64_t topk_group, const Tensor& expert_idx) {
@@ -124,9 +101,7 @@ void router_topk(const Tensor& scores, const Tensor& bias, int64_t n_group, int6
         }
         if (n_group > 0) {  // experts outside the chosen groups cannot be chosen
           allowed_groups([&](int64_t e) { return sel[e]; }, E, n_group, topk_group, allowed);
-          const int64_t per = E / n_group;
-          for (int64_t e = 0; e < E; ++e)
-            if (!(allowed[e / per / 32] & (1u << ((e / per) & 31)))) sel[e] = -std::numeric_limits<T>::infinity();
+          rows::mask_outside_groups(allowed, E, n_group, sel);
         }
         topk_row(row, E, K, idx + t * K);
       }
@@ -134,77 +109,19 @@ void router_topk(const Tensor& scores, const Tensor& bias, int64_t n_group, int6
   });
 }
 
-void router_assign(int kind, uint64_t seed, uint64_t stream, int64_t token_base, int num_experts,
+void router_assign(RouterAssignment kind, uint64_t seed, uint64_t stream, int64_t token_base, int num_experts,
                    const Tensor& expert_idx) {
-  const RoutingDims dims = check_router_assign(kind, num_experts, expert_idx);
-  const int64_t N = dims.T, E = dims.E, K = dims.K;
-  int32_t* idx = expert_idx.as<int32_t>();
-#pragma omp parallel
-  {
-    double* draw = scratch<double, 2>(E);
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < N; ++t) {
-      const uint64_t g = static_cast<uint64_t>(token_base + t);
-      if (kind == 0) {
-        for (int64_t j = 0; j < K; ++j)
-          idx[t * K + j] = static_cast<int32_t>((g * static_cast<uint64_t>(K) + static_cast<uint64_t>(j)) % static_cast<uint64_t>(E));
-        continue;
-      }
-      for (int64_t e = 0; e < E; ++e)
-        draw[e] = random_uniform(seed, stream, g * static_cast<uint64_t>(E) + static_cast<uint64_t>(e));
-      topk_row(draw, E, K, idx + t * K);
-    }
-  }
+  routing_ops::assign(kind, seed, stream, token_base, num_experts, expert_idx, ParallelRows{},
+                      [](const double* draw, int64_t E, int64_t K, int32_t* out) { topk_row(draw, E, K, out); });
 }
 
 void router_gather(const Tensor& scores, const Tensor& expert_idx, const ExpertWeightRule& rule, const Tensor& weights) {
-  const RoutingDims dims = check_router_gather(scores, expert_idx, rule, weights);
-  const int64_t N = dims.T, E = dims.E, K = dims.K;
-  dispatch_real(scores.dtype, __func__, [&](auto zero) {
-    using T = decltype(zero);
-    const T* s = scores.as<T>();
-    const int32_t* idx = expert_idx.as<int32_t>();
-    T* w = weights.as<T>();
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; ++t) {
-      for (int64_t j = 0; j < K; ++j) w[t * K + j] = s[t * E + idx[t * K + j]];
-      T c = static_cast<T>(rule.factor);
-      if (rule.norm_p > 0) c /= topk_norm(w + t * K, K, rule.norm_p);
-      for (int64_t j = 0; j < K; ++j) w[t * K + j] *= c;
-    }
-  });
+  routing_ops::gather(scores, expert_idx, rule, weights, ParallelRows{});
 }
 
 void router_gather_bwd(const Tensor& dweights, const Tensor& scores, const Tensor& expert_idx,
                        const ExpertWeightRule& rule, const Tensor& dscores) {
-  const RoutingDims dims = check_router_gather_bwd(dweights, scores, expert_idx, rule, dscores);
-  const int64_t N = dims.T, E = dims.E, K = dims.K;
-  dispatch_real(scores.dtype, __func__, [&](auto zero) {
-    using T = decltype(zero);
-    const T* s = scores.as<T>();
-    const T* dw = dweights.as<T>();
-    const int32_t* idx = expert_idx.as<int32_t>();
-    T* ds = dscores.as<T>();
-    const T c = static_cast<T>(rule.factor);
-#pragma omp parallel
-    {
-      T* sel = scratch<T, 4>(K);
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < N; ++t) {
-        if (rule.norm_p <= 0) {
-          for (int64_t j = 0; j < K; ++j) ds[t * E + idx[t * K + j]] += c * dw[t * K + j];
-          continue;
-        }
-        // As the reference: ds_j = c (dw_j - (sum_i dw_i s_i / n) (s_j / n)^(p-1)) / n.
-        for (int64_t j = 0; j < K; ++j) sel[j] = s[t * E + idx[t * K + j]];
-        const T n = topk_norm(sel, K, rule.norm_p);
-        T dot = 0;
-        for (int64_t j = 0; j < K; ++j) dot += dw[t * K + j] * sel[j] / n;
-        for (int64_t j = 0; j < K; ++j)
-          ds[t * E + idx[t * K + j]] += c * (dw[t * K + j] - dot * norm_power(sel[j] / n, rule.norm_p - 1)) / n;
-      }
-    }
-  });
+  routing_ops::gather_bwd(dweights, scores, expert_idx, rule, dscores, ParallelRows{});
 }
 
 void router_bias_update(const Tensor& step_counts, double gamma, const Tensor& bias) {
@@ -235,7 +152,7 @@ void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offs
       ++h[idx[r]];
     }
   }
-  MOE_CHECK(!bad, "moe_plan: expert id out of range [0,", E, ")");
+  if (bad) check_expert_ids(idx, R, E, "moe_plan");  // names the first bad id
   int32_t* cnt = counts.as<int32_t>();
   int32_t* off = offsets.as<int32_t>();
   int32_t running = 0;
@@ -354,7 +271,7 @@ void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_po
   }
 }
 
-void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int top_k,
+void load_balance_loss(const Tensor& scores, const Tensor& counts, ScoreKind kind, int top_k,
                        double value_scale, double grad_scale, const Tensor& out,
                        const Tensor& dscores, const Tensor& mean_prob) {
   const RoutingDims dims = check_load_balance_loss(scores, counts, kind, top_k, out, dscores, mean_prob);
@@ -366,21 +283,14 @@ void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int
     F* ds = dscores.empty() ? nullptr : dscores.as<F>();
     F* P = mean_prob.as<F>();
     F* f = scratch<F, 4>(E);
-    for (int64_t e = 0; e < E; ++e) f[e] = static_cast<F>(c[e]) / static_cast<F>(top_k * T);
+    rows::expert_fractions(c, E, top_k, T, f);
     const int64_t num_chunks = (T + kChunk - 1) / kChunk;
     F* partial = scratch<F, 5>(num_chunks * E);
     std::fill(partial, partial + num_chunks * E, F(0));
 #pragma omp parallel for schedule(static)
     for (int64_t ch = 0; ch < num_chunks; ++ch) {
       F* acc = partial + ch * E;
-      for (int64_t t = ch * kChunk; t < std::min(T, (ch + 1) * kChunk); ++t) {
-        F norm = 1;
-        if (kind == 1) {
-          norm = 0;
-          for (int64_t e = 0; e < E; ++e) norm += s[t * E + e];
-        }
-        for (int64_t e = 0; e < E; ++e) acc[e] += s[t * E + e] / norm;
-      }
+      for (int64_t t = ch * kChunk; t < std::min(T, (ch + 1) * kChunk); ++t) rows::add_score_shares(s + t * E, kind, E, acc);
     }
     F loss = 0;
     for (int64_t e = 0; e < E; ++e) {
@@ -393,16 +303,7 @@ void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int
     if (!ds) return;
     const F gscale = static_cast<F>(grad_scale) * static_cast<F>(E) / static_cast<F>(T);
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      if (kind == 0) {
-        for (int64_t e = 0; e < E; ++e) ds[t * E + e] += gscale * f[e];
-        continue;
-      }
-      F norm = 0, dot = 0;
-      for (int64_t e = 0; e < E; ++e) norm += s[t * E + e];
-      for (int64_t e = 0; e < E; ++e) dot += f[e] * s[t * E + e] / norm;
-      for (int64_t e = 0; e < E; ++e) ds[t * E + e] += gscale * (f[e] - dot) / norm;
-    }
+    for (int64_t t = 0; t < T; ++t) rows::load_balance_grad(s + t * E, f, kind, gscale, E, ds + t * E);
   });
 }
 
@@ -420,15 +321,9 @@ void router_z_loss(const Tensor& logits, double value_scale, double grad_scale, 
     for (int64_t ch = 0; ch < num_chunks; ++ch) {
       double acc = 0;
       for (int64_t t = ch * kChunk; t < std::min(T, (ch + 1) * kChunk); ++t) {
-        F mx = z[t * E];
-        for (int64_t e = 1; e < E; ++e) mx = std::max(mx, z[t * E + e]);
-        F sum = 0;
-        for (int64_t e = 0; e < E; ++e) sum += std::exp(z[t * E + e] - mx);
-        const F lse = mx + std::log(sum);
+        const F lse = rows::log_sum_exp(z + t * E, E);
         acc += static_cast<double>(lse) * static_cast<double>(lse);
-        if (!dz) continue;
-        const F g = static_cast<F>(grad_scale) * F(2) * lse / static_cast<F>(T);
-        for (int64_t e = 0; e < E; ++e) dz[t * E + e] += g * std::exp(z[t * E + e] - lse);
+        if (dz) rows::z_loss_grad(z + t * E, lse, grad_scale, T, E, dz + t * E);
       }
       partial[ch] = acc;
     }
@@ -436,18 +331,6 @@ void router_z_loss(const Tensor& logits, double value_scale, double grad_scale, 
     for (int64_t ch = 0; ch < num_chunks; ++ch) total += partial[ch];
     out.as<double>()[0] += value_scale * total / static_cast<double>(T);
   });
-}
-
-// A few thousand integer operations per MoE layer: the reference loop is the fast path.
-void ep_plan(const Tensor& counts, int64_t rank, int64_t capacity, const Tensor& kept, const Tensor& local_begin,
-             const Tensor& recv_begin, const Tensor& recv_offsets, const Tensor& totals) {
-  ref::ep_plan(counts, rank, capacity, kept, local_begin, recv_begin, recv_offsets, totals);
-}
-
-// Whole-row memcpy per block: the reference is already the memory-bound copy.
-void ep_slab_copy(const Tensor& counts, const Tensor& kept, const Tensor& local_begin, const Tensor& recv_begin,
-                  int64_t rank, bool expert_side, bool to_slabs, const Tensor& rows, const Tensor& slabs) {
-  ref::ep_slab_copy(counts, kept, local_begin, recv_begin, rank, expert_side, to_slabs, rows, slabs);
 }
 
 }  // namespace moe::cpu

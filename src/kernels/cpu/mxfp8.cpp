@@ -1,4 +1,4 @@
-// CPU MXFP8 ops. Quantization runs the shared block function (kernels/mx_blocks.h) over blocks in
+// CPU MXFP8 ops. Quantization runs the shared block function (kernels/math/mx_blocks.h) over blocks in
 // parallel: the bytes are the reference's by construction and do not depend on the thread count
 // (the statistics are counts and a max).
 //
@@ -23,21 +23,17 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/checks/gemm_checks.h"
+#include "kernels/checks/mx_checks.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/elem_common.h"
-#include "kernels/mx_blocks.h"
-#include "kernels/mx_checks.h"
+#include "kernels/host/host_args.h"
+#include "kernels/math/mx_blocks.h"
 
 namespace moe::cpu {
 namespace {
 
 constexpr int64_t kParallelBlocks = 256;  // fewer blocks run on the calling thread
-
-void check_host(std::initializer_list<const Tensor*> ts, const char* what) {
-  for (const Tensor* t : ts)
-    MOE_CHECK(t->data == nullptr || t->device == Device::kCpu, what, ": tensor ", t->shape_str(),
-              " is not on the host");
-}
 
 // Per-thread statistics (grown once per calling thread, then reused: no allocation per call),
 // combined after the loop (sums of counts and a max: order-free).
@@ -94,23 +90,22 @@ mx::BlockStats quantize(const T* x, const MxQuantizeShape& s, int64_t rows, bool
 
 }  // namespace
 
-void mx_quantize(const Tensor& x, bool columnwise, int rule, const Tensor& codes, const Tensor& scales,
+void mx_quantize(const Tensor& x, bool columnwise, mx::ScaleRule rule, const Tensor& codes, const Tensor& scales,
                  const Tensor& stats, const Tensor& row_end) {
   const MxQuantizeShape s = check_mx_quantize_args(x, columnwise, rule, codes, scales, stats, row_end);
   check_host({&x, &codes, &scales, &stats, &row_end}, "mx_quantize");
   const int64_t rows = mx_row_limit(row_end, s.n, "mx_quantize");
   const mx::Elem e = mx_elem(codes, "mx_quantize");
-  const mx::ScaleRule r = mx_rule(rule, "mx_quantize");
   auto* c = static_cast<uint8_t*>(codes.data);
   auto* sc = static_cast<uint8_t*>(scales.data);
   mx::BlockStats st;
-  if (x.dtype == DType::kF64) st = quantize(x.as<double>(), s, rows, columnwise, e, r, c, sc);
-  else if (x.dtype == DType::kF32) st = quantize(x.as<float>(), s, rows, columnwise, e, r, c, sc);
-  else st = quantize(x.as<bf16>(), s, rows, columnwise, e, r, c, sc);
+  if (x.dtype == DType::kF64) st = quantize(x.as<double>(), s, rows, columnwise, e, rule, c, sc);
+  else if (x.dtype == DType::kF32) st = quantize(x.as<float>(), s, rows, columnwise, e, rule, c, sc);
+  else st = quantize(x.as<bf16>(), s, rows, columnwise, e, rule, c, sc);
   if (stats.data) mx::update_stats(stats.as<double>(), st);
 }
 
-void mx_quantize_swizzled(const Tensor& x, int rule, const Tensor& codes, const Tensor& scales, const Tensor& offsets) {
+void mx_quantize_swizzled(const Tensor& x, mx::ScaleRule rule, const Tensor& codes, const Tensor& scales, const Tensor& offsets) {
   check_host({&x, &codes, &scales, &offsets}, "mx_quantize_swizzled");
   const MxSwizzledShape s = check_mx_quantize_swizzled_args(x, rule, codes, scales, offsets);
   auto* sc = static_cast<uint8_t*>(scales.data);
@@ -316,9 +311,7 @@ void mx_grouped_linear(const Tensor& a, const Tensor& a_scales, const Tensor& b,
   check_host({&a, &a_scales, &b, &b_scales, &offsets, &y}, "mx_grouped_linear");
   const Operand oa = operand(a, a_scales, "mx_grouped_linear");
   const Operand ob = operand(b, b_scales, "mx_grouped_linear");
-  const int32_t* off = offsets.as<int32_t>();
-  MOE_CHECK(off[0] == 0 && off[s.groups] <= s.m, "mx_grouped_linear: offsets must run from 0 to at most ",
-            s.m, " rows");
+  const int32_t* off = checked_offsets(offsets, s.groups, s.m, "mx_grouped_linear");
   const int64_t kb = s.k / mx::kBlock, rows = off[s.groups];
   if (rows == 0 || s.n == 0) return;
   std::lock_guard<std::mutex> lock(gemm_mutex());
@@ -327,8 +320,6 @@ void mx_grouped_linear(const Tensor& a, const Tensor& a_scales, const Tensor& b,
   sc.a.resize(static_cast<size_t>(s.m * s.k));  // the row capacity, so a new load allocates nothing
   sc.b.resize(static_cast<size_t>(s.groups * s.n * s.k));
   for (int64_t g = 0; g < s.groups; ++g) {
-    MOE_CHECK(off[g] <= off[g + 1], "mx_grouped_linear: offsets[", g + 1, "] = ", off[g + 1],
-              " is below offsets[", g, "]");
     uint8_t* ex = sc.exact.data() + g * kb;
     const Operand bg{ob.codes + g * s.n * s.k, ob.scales + g * s.n * kb, ob.elem};
     for (int64_t j = 0; j < kb; ++j) ex[j] = off[g] == off[g + 1] || block_exact(oa, off[g], off[g + 1], bg, s.n, s.k, j);

@@ -1,7 +1,7 @@
 // step_control and the gated update ops: the scalars are read here (the backend's own memory),
 // then the cpu kernels run with them, so the results are bitwise those of the ungated ops.
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/gated_update.h"
+#include "kernels/host/gated_update.h"
 #include "kernels/ref/ref_ops.h"
 #include "kernels/step_control.h"
 
@@ -12,18 +12,15 @@ void step_control(const Tensor& values, const Tensor& sumsq, double lm_z_coef, d
   ref::step_control(values, sumsq, lm_z_coef, lbl_coef, router_z_coef, max_norm, lr_table, control);
 }
 
-void clip_by_control(const Tensor& x, const Tensor& control) {
-  gated::clip(x, control, [](const Tensor& t, double a) { scale(t, a); });
-}
+void clip_by_control(const Tensor& x, const Tensor& control) { gated::clip(x, control, scale); }
 
 void adamw_by_control(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& control,
                       double beta1, double beta2, double eps, double weight_decay) {
-  gated::adamw(param, grad, m, v, control, beta1, beta2, eps, weight_decay,
-               [](auto&&... a) { adamw(a...); });
+  gated::adamw(param, grad, m, v, control, beta1, beta2, eps, weight_decay, adamw);
 }
 
 void router_bias_update_by_control(const Tensor& step_counts, double gamma, const Tensor& bias, const Tensor& control) {
-  gated::router_bias(step_counts, gamma, bias, control, [](auto&&... a) { router_bias_update(a...); });
+  gated::router_bias(step_counts, gamma, bias, control, router_bias_update);
 }
 
 }  // namespace moe::cpu

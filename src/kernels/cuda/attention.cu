@@ -11,7 +11,7 @@
 // with cuDNN, bf16 products without document masking go to cuDNN's SDPA first (sdpa_cudnn.cpp).
 #include <cmath>
 
-#include "kernels/attention_checks.h"
+#include "kernels/checks/attention_checks.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/dispatch.h"
@@ -65,7 +65,7 @@ __global__ void attention_fwd_kernel(Dims d, const float* q, const float* k, con
   __syncwarp();
   const float* kb = k + b * d.S * kstride + g * d.hd;
   const float* vb = v + b * d.S * kstride + g * d.hd;
-  const int64_t j0 = first_key(doc, d, b, i, err, static_cast<int>(OpId::attention_fwd) + 1);
+  const int64_t j0 = first_key(doc, d, b, i, err, err_code(OpId::attention_fwd));
   float m = -INFINITY, l = 0, acc[kPerLane] = {};
   for (int64_t c0 = j0; c0 <= i; c0 += 32) {
     const int64_t j = c0 + lane;
@@ -125,7 +125,7 @@ __global__ void attention_dq_kernel(Dims d, const float* dout, const float* q, c
   const float* kb = k + b * d.S * kstride + g * d.hd;
   const float* vb = v + b * d.S * kstride + g * d.hd;
   const float L = lse[(b * d.H + h) * d.S + i], D = delta[(b * d.H + h) * d.S + i];
-  const int64_t j0 = first_key(doc, d, b, i, err, static_cast<int>(OpId::attention_bwd) + 1);
+  const int64_t j0 = first_key(doc, d, b, i, err, err_code(OpId::attention_bwd));
   float acc[kPerLane] = {};
   for (int64_t c0 = j0; c0 <= i; c0 += 32) {
     const int64_t j = c0 + lane;
@@ -209,16 +209,10 @@ __global__ void attention_dkdv_kernel(Dims d, const float* dout, const float* q,
 }
 
 Dims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
-  MOE_CHECK(q.ndim == 4, op, ": q must be (B,S,H,hd), got ", q.shape_str());
+  const AttentionShape a = check_attention_inputs(q, k, v, op);
   require_f32(q, op);
-  Dims d{q.dim(0), q.dim(1), q.dim(2), k.ndim == 4 ? k.dim(2) : 0, q.dim(3)};
-  MOE_CHECK(d.G > 0 && d.H % d.G == 0, op, ": query heads H=", d.H, " must be a multiple of kv heads G=", d.G, " (q ",
-            q.shape_str(), ", k ", k.shape_str(), ")");
+  const Dims d{a.B, a.S, a.H, a.G, a.hd};
   MOE_CHECK(d.hd >= 1 && d.hd <= kMaxHd, op, ": head dim ", d.hd, " outside the CUDA kernel's 1..", kMaxHd);
-  check_shape(k, {d.B, d.S, d.G, d.hd}, "attention k");
-  check_shape(v, {d.B, d.S, d.G, d.hd}, "attention v");
-  check_dtype(k, q.dtype, "attention k");
-  check_dtype(v, q.dtype, "attention v");
   return d;
 }
 
@@ -234,7 +228,7 @@ unsigned warp_rows(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPe
 
 void attention_fwd(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                    const Tensor& doc_start, bool bf16_products) {
-  for (const Tensor* t : {&q, &k, &v, &o, &lse, &doc_start}) check_device(*t, "attention_fwd");
+  check_device({&q, &k, &v, &o, &lse, &doc_start}, "attention_fwd");
   const Dims d = check_attention(q, k, v, "attention_fwd");
   check_doc_start(doc_start, d, "attention_fwd doc_start");
   check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/false);
@@ -260,7 +254,7 @@ void attention_fwd(Context& ctx, const Tensor& q, const Tensor& k, const Tensor&
 void attention_bwd(Context& ctx, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                    const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& doc_start,
                    bool bf16_products) {
-  for (const Tensor* t : {&dout, &q, &k, &v, &o, &lse, &dq, &dk, &dv, &doc_start}) check_device(*t, "attention_bwd");
+  check_device({&dout, &q, &k, &v, &o, &lse, &dq, &dk, &dv, &doc_start}, "attention_bwd");
   const Dims d = check_attention(q, k, v, "attention_bwd");
   check_doc_start(doc_start, d, "attention_bwd doc_start");
   check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/true);

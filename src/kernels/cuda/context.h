@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "core/tensor.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -52,6 +53,9 @@ inline void check_cuda(cudaError_t err, const char* call, const char* file, int 
 void check_launch(const char* op);
 // The op's tensors must be this backend's device tensors (or empty "none" arguments).
 void check_device(const Tensor& t, const char* op);
+inline void check_device(std::initializer_list<const Tensor*> ts, const char* op) {
+  for (const Tensor* t : ts) check_device(*t, op);
+}
 size_t scratch_limit_error(size_t need, size_t have, const char* op);
 
 template <class T> T* Context::scratch_as(size_t count, const char* op) const {

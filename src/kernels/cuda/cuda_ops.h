@@ -5,7 +5,7 @@
 #pragma once
 
 #include "core/tensor.h"
-#include "kernels/routing_checks.h"
+#include "kernels/op_types.h"
 
 namespace moe::cuda {
 

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/grid.h"
+#include "kernels/ops.h"
 
 namespace moe::cuda {
 
@@ -40,6 +41,9 @@ __device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(
 // Rounds v as storing it in S would (identity for float).
 __device__ __forceinline__ float rounded_as(float v, const float*) { return v; }
 __device__ __forceinline__ float rounded_as(float v, const bf16s*) { return bf16_value(bf16_round(v)); }
+
+// The DeviceError code of an op.
+__host__ __device__ constexpr int err_code(OpId op) { return static_cast<int>(op) + 1; }
 
 // Records a device error (see DeviceError) unless one is already recorded. No atomics: the word
 // is host-mapped memory, where device atomics are not guaranteed; two threads failing at once

@@ -6,11 +6,11 @@
 
 #include <cmath>
 
+#include "kernels/checks/elementwise_checks.h"
+#include "kernels/checks/step_control_checks.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/dispatch.h"
-#include "kernels/elementwise_checks.h"
-#include "kernels/ops.h"
 #include "kernels/step_control.h"
 
 namespace moe::cuda {
@@ -24,7 +24,7 @@ template <class S> __global__ void embedding_fwd_kernel(const int32_t* ids, cons
   for (int64_t t = blockIdx.x; t < n; t += gridDim.x) {
     const int32_t id = ids[t];
     const bool ok = id >= 0 && id < vocab;
-    if (!ok && threadIdx.x == 0) report_error(err, static_cast<int>(OpId::embedding_fwd) + 1, id, t);
+    if (!ok && threadIdx.x == 0) report_error(err, err_code(OpId::embedding_fwd), id, t);
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) y[t * d + j] = ok ? table[id * d + j] : S{};
   }
 }
@@ -43,7 +43,7 @@ __global__ void embedding_bwd_kernel(const int32_t* sorted_ids, const int32_t* s
     const int32_t id = sorted_ids[p];
     if (p > 0 && sorted_ids[p - 1] == id) continue;
     if (id < 0 || id >= vocab) {
-      if (lane == 0) report_error(err, static_cast<int>(OpId::embedding_bwd) + 1, id, sorted_tok[p]);
+      if (lane == 0) report_error(err, err_code(OpId::embedding_bwd), id, sorted_tok[p]);
       continue;
     }
     if (id == pad_id) continue;
@@ -166,7 +166,7 @@ __global__ void sumsq_segment_parts_kernel(const S* x, int64_t n, const int64_t*
   const int64_t s = blockIdx.y;
   const int64_t begin = seg[3 * s], end = seg[3 * s + 1], index = seg[3 * s + 2];
   if (!(0 <= begin && begin <= end && end <= n && 0 <= index && index < nout)) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) report_error(err, static_cast<int>(OpId::sumsq_segments) + 1, 0, s);
+    if (blockIdx.x == 0 && threadIdx.x == 0) report_error(err, err_code(OpId::sumsq_segments), 0, s);
     return;
   }
   const int parts = parts_for(end - begin);
@@ -261,31 +261,13 @@ __global__ void adamw_by_control_kernel(float* p, const float* g, float* m, floa
   MOE_GRID_LOOP(i, n) adam_element(p, g, m, v, i, s);
 }
 
-void check_adam_args(std::initializer_list<const Tensor*> ts, const Tensor& param, const char* op) {
-  for (const Tensor* t : ts) {
-    check_device(*t, op);
-    check_same_shape(*t, param, "adamw param/grad/m/v");
-    check_dtype(*t, param.dtype, "adamw param/grad/m/v");
-  }
-  require_f32(param, op);
-}
-
-void check_control(const Tensor& control, const char* op) {
-  check_device(control, op);
-  check_dtype(control, DType::kF64, op);
-  check_shape(control, {kCtlSize}, op);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- embedding
 void embedding_fwd(Context& ctx, const Tensor& ids, const Tensor& table, const Tensor& y) {
-  for (const Tensor* t : {&ids, &table, &y}) check_device(*t, "embedding_fwd");
-  check_dtype(ids, DType::kI32, "embedding_fwd ids");
-  check_shape(table, {-1, -1}, "embedding_fwd table");
-  check_dtype(y, table.dtype, "embedding_fwd y");
-  const int64_t n = ids.numel(), vocab = table.dim(0), d = table.dim(1);
-  check_shape(y, {n, d}, "embedding_fwd y");
+  check_device({&ids, &table, &y}, "embedding_fwd");
+  const EmbeddingDims dims = check_embedding_fwd(ids, table, y);
+  const int64_t n = dims.tokens, vocab = dims.vocab, d = dims.dim;
   if (n == 0) return;
   dispatch_storage(table.dtype, "embedding_fwd", [&](auto* tag) {
     using S = std::remove_pointer_t<decltype(tag)>;
@@ -296,13 +278,10 @@ void embedding_fwd(Context& ctx, const Tensor& ids, const Tensor& table, const T
 }
 
 void embedding_bwd(Context& ctx, const Tensor& ids, const Tensor& dy, const Tensor& dtable, int64_t pad_id) {
-  for (const Tensor* t : {&ids, &dy, &dtable}) check_device(*t, "embedding_bwd");
-  check_dtype(ids, DType::kI32, "embedding_bwd ids");
-  check_shape(dtable, {-1, -1}, "embedding_bwd dtable");
-  check_dtype(dy, dtable.dtype, "embedding_bwd dy");
+  check_device({&ids, &dy, &dtable}, "embedding_bwd");
+  const EmbeddingDims dims = check_embedding_bwd(ids, dy, dtable);
   require_f32(dtable, "embedding_bwd");
-  const int64_t n = ids.numel(), vocab = dtable.dim(0), d = dtable.dim(1);
-  check_shape(dy, {n, d}, "embedding_bwd dy");
+  const int64_t n = dims.tokens, vocab = dims.vocab, d = dims.dim;
   if (n == 0) return;
   MOE_CHECK(n < (int64_t{1} << 31), "embedding_bwd: ", n, " tokens exceed the i32 sort");
   // Scratch: sorted ids, token order, sorted tokens, then CUB's temporary storage.
@@ -349,7 +328,7 @@ void rope_bwd(Context& ctx, const Tensor& dx, double theta, int64_t rotary_dim) 
 
 // ---------------------------------------------------------------- clamp (clip_qkv)
 void clamp_fwd(Context& ctx, const Tensor& x, double limit, const Tensor& y) {
-  for (const Tensor* t : {&x, &y}) check_device(*t, "clamp_fwd");
+  check_device({&x, &y}, "clamp_fwd");
   check_clamp_args(nullptr, x, limit, y, "clamp_fwd");
   require_f32(x, "clamp_fwd");
   const int64_t n = x.numel();
@@ -360,7 +339,7 @@ void clamp_fwd(Context& ctx, const Tensor& x, double limit, const Tensor& y) {
 }
 
 void clamp_bwd(Context& ctx, const Tensor& dy, const Tensor& x, double limit, const Tensor& dx) {
-  for (const Tensor* t : {&dy, &x, &dx}) check_device(*t, "clamp_bwd");
+  check_device({&dy, &x, &dx}, "clamp_bwd");
   check_clamp_args(&dy, x, limit, dx, "clamp_bwd");
   require_f32(x, "clamp_bwd");
   const int64_t n = x.numel();
@@ -373,18 +352,9 @@ void clamp_bwd(Context& ctx, const Tensor& dy, const Tensor& x, double limit, co
 // ---------------------------------------------------------------- SwiGLU
 void swiglu_fwd(Context& ctx, const Tensor& g, const Tensor& u, const Tensor& h, const Tensor& g_copy,
                 const Tensor& u_copy) {
-  for (const Tensor* t : {&g, &u, &h, &g_copy, &u_copy}) check_device(*t, "swiglu_fwd");
-  check_same_shape(g, u, "swiglu_fwd g/u");
-  check_same_shape(g, h, "swiglu_fwd g/h");
-  check_dtype(u, g.dtype, "swiglu_fwd u");
+  check_device({&g, &u, &h, &g_copy, &u_copy}, "swiglu_fwd");
+  check_swiglu_fwd(g, u, h, g_copy, u_copy);
   require_f32(g, "swiglu_fwd");
-  MOE_CHECK(g_copy.empty() == u_copy.empty(), "swiglu_fwd: g_copy and u_copy are given together");
-  if (!g_copy.empty())
-    for (const Tensor* t : {&g_copy, &u_copy}) {
-      check_dtype(*t, DType::kBF16, "swiglu_fwd copy");
-      check_same_shape(g, *t, "swiglu_fwd g/copy");
-    }
-  check_output_dtype(h, DType::kF32, "swiglu_fwd h");
   const int64_t n = g.numel();
   if (n == 0) return;
   dispatch_storage(h.dtype, "swiglu_fwd h", [&](auto* tag) {
@@ -396,14 +366,9 @@ void swiglu_fwd(Context& ctx, const Tensor& g, const Tensor& u, const Tensor& h,
 }
 
 void swiglu_bwd(Context& ctx, const Tensor& dh, const Tensor& g, const Tensor& u, const Tensor& dg, const Tensor& du) {
-  for (const Tensor* t : {&dh, &g, &u, &dg, &du}) {
-    check_device(*t, "swiglu_bwd");
-    check_same_shape(*t, g, "swiglu_bwd tensors");
-  }
-  check_dtype(u, g.dtype, "swiglu_bwd u");
-  check_dtype(dh, DType::kF32, "swiglu_bwd dh");
-  check_dtype(du, dg.dtype, "swiglu_bwd du");
-  check_output_dtype(dg, DType::kF32, "swiglu_bwd dg");
+  check_device({&dh, &g, &u, &dg, &du}, "swiglu_bwd");
+  check_swiglu_bwd(dh, g, u, dg, du);
+  require_f32(dh, "swiglu_bwd");
   const int64_t n = g.numel();
   if (n == 0) return;
   dispatch_storage(g.dtype, "swiglu_bwd g", [&](auto* gtag) {
@@ -420,10 +385,8 @@ void swiglu_bwd(Context& ctx, const Tensor& dh, const Tensor& g, const Tensor& u
 // ---------------------------------------------------------------- reductions to a scalar
 namespace {
 void sum_common(Context& ctx, const Tensor& x, const Tensor& out, double scale, bool square, const char* op) {
-  check_device(x, op);
-  check_device(out, op);
-  check_shape(out, {1}, "sum_to/sumsq_to out");
-  check_dtype(out, DType::kF64, "sum_to/sumsq_to out");
+  check_device({&x, &out}, op);
+  check_sum_args(x, out, op);
   const int64_t n = x.numel();
   const int parts = parts_for(n);
   double* partial = ctx.scratch_as<double>(kParts, op);
@@ -441,12 +404,8 @@ void sumsq_to(Context& ctx, const Tensor& x, const Tensor& out) { sum_common(ctx
 
 void sumsq_segments(Context& ctx, const Tensor& x, const Tensor& segments, const Tensor& out) {
   const char* op = "sumsq_segments";
-  for (const Tensor* t : {&x, &segments, &out}) check_device(*t, op);
-  check_shape(x, {-1}, "sumsq_segments x");
-  check_shape(segments, {-1, 3}, "sumsq_segments segments");
-  check_dtype(segments, DType::kI64, "sumsq_segments segments");
-  check_shape(out, {-1}, "sumsq_segments out");
-  check_dtype(out, DType::kF64, "sumsq_segments out");
+  check_device({&x, &segments, &out}, op);
+  check_sumsq_segments(x, segments, out);
   const int64_t nseg = segments.dim(0), n = x.numel(), nout = out.numel();
   if (nseg == 0) return;
   MOE_CHECK(nseg <= 65535, op, ": ", nseg, " segments exceed the grid (65535)");
@@ -463,10 +422,8 @@ void sumsq_segments(Context& ctx, const Tensor& x, const Tensor& segments, const
 
 // ---------------------------------------------------------------- axpy, scale, fill, convert
 void axpy(Context& ctx, double alpha, const Tensor& x, const Tensor& y) {
-  check_device(x, "axpy");
-  check_device(y, "axpy");
-  check_same_shape(x, y, "axpy x/y");
-  check_dtype(y, x.dtype, "axpy y");
+  check_device({&x, &y}, "axpy");
+  check_axpy(x, y);
   const int64_t n = x.numel();
   if (n == 0) return;
   dispatch_any(x.dtype, "axpy", [&](auto* tag) {
@@ -489,9 +446,9 @@ void scale(Context& ctx, const Tensor& x, double alpha) {
 
 void fill(Context& ctx, const Tensor& x, double value) {
   check_device(x, "fill");
+  check_fill(x, value);
   const int64_t n = x.numel();
   if (x.dtype == DType::kI32) {
-    MOE_CHECK(value == std::floor(value) && std::fabs(value) <= 2147483647.0, "fill: value ", value, " is not an i32");
     if (n > 0)
       fill_i32_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(ptr<int32_t>(x), static_cast<int32_t>(value), n);
     check_launch("fill");
@@ -506,9 +463,8 @@ void fill(Context& ctx, const Tensor& x, double value) {
 }
 
 void convert(Context& ctx, const Tensor& src, const Tensor& dst) {
-  check_device(src, "convert");
-  check_device(dst, "convert");
-  MOE_CHECK(src.numel() == dst.numel(), "convert: src ", src.shape_str(), " and dst ", dst.shape_str(), " differ in size");
+  check_device({&src, &dst}, "convert");
+  check_convert(src, dst);
   const int64_t n = src.numel();
   if (n == 0) return;
   dispatch_any(src.dtype, "convert src", [&](auto* stag) {
@@ -524,8 +480,9 @@ void convert(Context& ctx, const Tensor& src, const Tensor& dst) {
 // ---------------------------------------------------------------- AdamW and the gated updates
 void adamw(Context& ctx, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr,
            double beta1, double beta2, double eps, double weight_decay, int64_t step) {
-  check_adam_args({&param, &grad, &m, &v}, param, "adamw");
-  MOE_CHECK(step >= 1, "adamw: step counts from 1, got ", step);
+  check_device({&param, &grad, &m, &v}, "adamw");
+  check_adamw(param, grad, m, v, step);
+  require_f32(param, "adamw");
   const int64_t n = param.numel();
   if (n == 0) return;
   adamw_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(ptr<float>(param), ptr<const float>(grad),
@@ -536,7 +493,9 @@ void adamw(Context& ctx, const Tensor& param, const Tensor& grad, const Tensor& 
 
 void adamw_by_control(Context& ctx, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                       const Tensor& control, double beta1, double beta2, double eps, double weight_decay) {
-  check_adam_args({&param, &grad, &m, &v}, param, "adamw_by_control");
+  check_device({&param, &grad, &m, &v, &control}, "adamw_by_control");
+  check_adamw_tensors(param, grad, m, v, "adamw_by_control param/grad/m/v");
+  require_f32(param, "adamw_by_control");
   check_control(control, "adamw_by_control control");
   const int64_t n = param.numel();
   if (n == 0) return;
@@ -547,7 +506,7 @@ void adamw_by_control(Context& ctx, const Tensor& param, const Tensor& grad, con
 }
 
 void clip_by_control(Context& ctx, const Tensor& x, const Tensor& control) {
-  check_device(x, "clip_by_control");
+  check_device({&x, &control}, "clip_by_control");
   check_control(control, "clip_by_control control");
   const int64_t n = x.numel();
   if (n == 0) return;

@@ -14,7 +14,7 @@
 #include "core/dynamic_library.h"
 #include "kernels/cuda/alignment.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/gemm_shapes.h"
+#include "kernels/checks/gemm_checks.h"
 
 namespace moe::cuda {
 namespace {
@@ -189,11 +189,10 @@ double GemmLt::best_algorithm_seconds(cudaStream_t stream, bool bf16, bool trans
 namespace {
 
 void check_operands(const Tensor& a, const Tensor& b, const Tensor& out, const char* op) {
-  for (const Tensor* t : {&a, &b, &out}) check_device(*t, op);
+  check_device({&a, &b, &out}, op);
   MOE_CHECK(a.dtype == DType::kF32 || a.dtype == DType::kBF16, op, ": operands must be f32 or bf16 on cuda, got ",
             dtype_name(a.dtype));
-  MOE_CHECK(b.dtype == a.dtype, op, ": operands must share a dtype, got ", dtype_name(a.dtype), " and ", dtype_name(b.dtype));
-  check_dtype(out, DType::kF32, op);
+  check_gemm_dtypes(a, b, out, op);
 }
 
 }  // namespace

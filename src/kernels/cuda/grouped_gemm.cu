@@ -9,7 +9,7 @@
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/grouped_cutlass.h"
 #include "kernels/cuda/grouped_offsets.cuh"
-#include "kernels/gemm_shapes.h"
+#include "kernels/checks/gemm_checks.h"
 
 namespace moe::cuda {
 namespace {
@@ -149,11 +149,10 @@ __global__ void __launch_bounds__(kThreads) grouped_wgrad_kernel(const S* dy, co
 }
 
 void check_operands(const Tensor& a, const Tensor& b, const Tensor& offsets, const Tensor& out, const char* op) {
-  for (const Tensor* t : {&a, &b, &offsets, &out}) check_device(*t, op);
+  check_device({&a, &b, &offsets, &out}, op);
   MOE_CHECK(a.dtype == DType::kF32 || a.dtype == DType::kBF16, op, ": operands must be f32 or bf16 on cuda, got ",
             dtype_name(a.dtype));
-  MOE_CHECK(b.dtype == a.dtype, op, ": operands must share a dtype, got ", dtype_name(a.dtype), " and ", dtype_name(b.dtype));
-  check_dtype(out, DType::kF32, op);
+  check_gemm_dtypes(a, b, out, op);
   check_dtype(offsets, DType::kI32, op);
 }
 

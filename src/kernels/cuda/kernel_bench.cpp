@@ -3,7 +3,7 @@
 //   dense bf16 GEMM through our linear_fwd against the fastest of cuBLASLt's heuristic choices;
 //   grouped bf16 GEMMs (forward, data and weight gradient) at 128, 512 and 2,048 rows per expert
 //   against the dense rate; attention forward and backward (bf16 products, causal).
-// One row per measurement, printed as it is measured (kernels/bench_rows.h): "kernel | shape |
+// One row per measurement, printed as it is measured (kernels/cuda/bench_rows.h): "kernel | shape |
 // TFLOP/s | note", each labelled by the implementation that ran (the backend's CudaPaths).
 #include <cuda_runtime.h>
 
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/buffer.h"
-#include "kernels/bench_rows.h"
+#include "kernels/cuda/bench_rows.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/ops.h"

@@ -13,10 +13,10 @@ namespace {
 }
 }  // namespace
 
-void mx_quantize(Context&, const Tensor&, bool, int, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+void mx_quantize(Context&, const Tensor&, bool, mx::ScaleRule, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   unsupported("mx_quantize");
 }
-void mx_quantize_swizzled(Context&, const Tensor&, int, const Tensor&, const Tensor&, const Tensor&) {
+void mx_quantize_swizzled(Context&, const Tensor&, mx::ScaleRule, const Tensor&, const Tensor&, const Tensor&) {
   unsupported("mx_quantize_swizzled");
 }
 void mx_dequantize(Context&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {

@@ -1,6 +1,7 @@
 // CUDA RMSNorm and fused cross-entropy + z-loss (contracts: kernels/op_list.inc; reference:
 // kernels/ref/norm_loss.cpp). One block per row; statistics in fp32 with block reductions in a
 // fixed order; the weight gradient sums rows in fixed chunks, then the chunks in order.
+#include "kernels/checks/norm_loss_checks.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/dispatch.h"
@@ -76,7 +77,7 @@ __global__ void cross_entropy_kernel(const float* logits, const int32_t* labels,
     D* dr = dlogits + r * vocab;
     const int32_t label = labels[r];
     if (label < 0 || label >= vocab) {
-      if (label >= vocab && threadIdx.x == 0) report_error(err, static_cast<int>(OpId::cross_entropy) + 1, label, r);
+      if (label >= vocab && threadIdx.x == 0) report_error(err, err_code(OpId::cross_entropy), label, r);
       for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) store(dr + j, 0.0f);
       if (threadIdx.x == 0) row_ce[r] = row_z[r] = 0;
       continue;
@@ -109,13 +110,9 @@ unsigned row_blocks(int64_t n) { return static_cast<unsigned>(n < 65535 * 4 ? n 
 }  // namespace
 
 void rmsnorm_fwd(Context& ctx, const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
-  for (const Tensor* t : {&x, &w, &y, &rstd}) check_device(*t, "rmsnorm_fwd");
-  for (const Tensor* t : {&x, &w, &rstd}) require_f32(*t, "rmsnorm_fwd");
-  MOE_CHECK(x.ndim >= 1, "rmsnorm_fwd: x must have at least one dimension");
-  check_shape(w, {x.cols()}, "rmsnorm w");
-  check_shape(rstd, {x.rows()}, "rmsnorm rstd");
-  check_same_shape(x, y, "rmsnorm_fwd x/y");
-  check_output_dtype(y, DType::kF32, "rmsnorm_fwd y");
+  check_device({&x, &w, &y, &rstd}, "rmsnorm_fwd");
+  check_rmsnorm_fwd(x, w, y, rstd);
+  require_f32(x, "rmsnorm_fwd");
   const int64_t n = x.rows(), c = x.cols();
   if (n == 0) return;
   dispatch_storage(y.dtype, "rmsnorm_fwd y", [&](auto* tag) {
@@ -128,16 +125,9 @@ void rmsnorm_fwd(Context& ctx, const Tensor& x, const Tensor& w, double eps, con
 
 void rmsnorm_bwd(Context& ctx, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                  const Tensor& dw, bool accumulate) {
-  for (const Tensor* t : {&dy, &x, &w, &rstd, &dx, &dw}) check_device(*t, "rmsnorm_bwd");
-  for (const Tensor* t : {&dy, &x, &w, &rstd, &dw}) require_f32(*t, "rmsnorm_bwd");
-  if (accumulate) require_f32(dx, "rmsnorm_bwd dx (accumulated)");
-  check_output_dtype(dx, DType::kF32, "rmsnorm_bwd dx");
-  MOE_CHECK(x.ndim >= 1, "rmsnorm_bwd: x must have at least one dimension");
-  check_shape(w, {x.cols()}, "rmsnorm w");
-  check_shape(rstd, {x.rows()}, "rmsnorm rstd");
-  check_same_shape(x, dy, "rmsnorm_bwd x/dy");
-  check_same_shape(x, dx, "rmsnorm_bwd x/dx");
-  check_same_shape(w, dw, "rmsnorm_bwd w/dw");
+  check_device({&dy, &x, &w, &rstd, &dx, &dw}, "rmsnorm_bwd");
+  check_rmsnorm_bwd(dy, x, w, rstd, dx, dw, accumulate);
+  require_f32(x, "rmsnorm_bwd");
   const int64_t n = x.rows(), c = x.cols();
   if (n == 0) return;
   dispatch_storage(dx.dtype, "rmsnorm_bwd dx", [&](auto* tag) {
@@ -156,16 +146,10 @@ void rmsnorm_bwd(Context& ctx, const Tensor& dy, const Tensor& x, const Tensor& 
 
 void cross_entropy(Context& ctx, const Tensor& logits, const Tensor& labels, double loss_scale, double z_coef,
                    const Tensor& dlogits, const Tensor& row_ce, const Tensor& row_z) {
-  for (const Tensor* t : {&logits, &labels, &dlogits, &row_ce, &row_z}) check_device(*t, "cross_entropy");
-  for (const Tensor* t : {&logits, &row_ce, &row_z}) require_f32(*t, "cross_entropy");
-  check_shape(logits, {-1, -1}, "cross_entropy logits");
-  const int64_t n = logits.dim(0), vocab = logits.dim(1);
-  check_same_shape(logits, dlogits, "cross_entropy logits/dlogits");
-  check_output_dtype(dlogits, DType::kF32, "cross_entropy dlogits");
-  check_dtype(labels, DType::kI32, "cross_entropy labels");
-  check_shape(labels, {n}, "cross_entropy labels");
-  check_shape(row_ce, {n}, "cross_entropy row_ce");
-  check_shape(row_z, {n}, "cross_entropy row_z");
+  check_device({&logits, &labels, &dlogits, &row_ce, &row_z}, "cross_entropy");
+  const CrossEntropyDims d = check_cross_entropy(logits, labels, dlogits, row_ce, row_z);
+  require_f32(logits, "cross_entropy");
+  const int64_t n = d.rows, vocab = d.vocab;
   if (n == 0) return;
   dispatch_storage(dlogits.dtype, "cross_entropy dlogits", [&](auto* tag) {
     using D = std::remove_pointer_t<decltype(tag)>;

@@ -9,7 +9,7 @@
 
 #include "core/bf16.h"
 #include "core/buffer.h"
-#include "kernels/attention_checks.h"
+#include "kernels/checks/attention_checks.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe::ref {
@@ -19,20 +19,12 @@ struct Dims {
   int64_t B, S, H, G, hd;
 };
 
-// Checks every argument against q's shape and dtype; returns the dimensions.
+// Checks q, k and v (their contract, then the dtypes this backend takes); returns the dimensions.
 Dims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
-  MOE_CHECK(q.ndim == 4, op, ": q must be (B,S,H,hd), got ", q.shape_str());
+  const AttentionShape a = check_attention_inputs(q, k, v, op);
   MOE_CHECK(q.dtype == DType::kF32 || q.dtype == DType::kF64, op,
             ": ref backend supports f32 and f64, got ", dtype_name(q.dtype));
-  Dims d{q.dim(0), q.dim(1), q.dim(2), k.ndim == 4 ? k.dim(2) : 0, q.dim(3)};
-  MOE_CHECK(d.G > 0 && d.H % d.G == 0, op, ": query heads H=", d.H,
-            " must be a multiple of kv heads G=", d.G, " (q ", q.shape_str(), ", k ",
-            k.shape_str(), ")");
-  check_shape(k, {d.B, d.S, d.G, d.hd}, "attention k");
-  check_shape(v, {d.B, d.S, d.G, d.hd}, "attention v");
-  check_dtype(k, q.dtype, "attention k");
-  check_dtype(v, q.dtype, "attention v");
-  return d;
+  return {a.B, a.S, a.H, a.G, a.hd};
 }
 
 template <class T> T dot(const T* a, const T* b, int64_t n) {

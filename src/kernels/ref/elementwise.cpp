@@ -5,8 +5,9 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/dtype_dispatch.h"
-#include "kernels/elementwise_checks.h"
+#include "kernels/checks/elementwise_checks.h"
+#include "kernels/host/dtype_dispatch.h"
+#include "kernels/host/host_args.h"
 #include "kernels/ref/ref_ops.h"
 #include "kernels/ref/rounded_output.h"
 
@@ -27,16 +28,6 @@ inline void store(bf16* p, float v) { *p = bf16(v); }
 inline void store(float* p, float v) { *p = v; }
 inline void store(double* p, double v) { *p = v; }
 
-void check_host(const Tensor& t, const char* what) {
-  MOE_CHECK(t.device == Device::kCpu, what, " is not a host tensor");
-}
-
-void check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* op) {
-  for (int64_t t = 0; t < n; ++t)
-    MOE_CHECK(ids[t] >= 0 && ids[t] < vocab, op, ": id ", ids[t], " at position ", t,
-              " is outside [0, ", vocab, ")");
-}
-
 // Chunk size of sum_to / sumsq_to: each chunk is summed on its own, chunks are added in order.
 constexpr int64_t kSumChunk = 4096;
 
@@ -44,16 +35,9 @@ constexpr int64_t kSumChunk = 4096;
 
 // ---------------------------------------------------------------- embedding
 void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& y) {
-  check_host(ids, "embedding_fwd ids");
-  check_host(table, "embedding_fwd table");
-  check_host(y, "embedding_fwd y");
-  check_dtype(ids, DType::kI32, "embedding_fwd ids");
-  check_shape(table, {-1, -1}, "embedding_fwd table");
-  check_dtype(y, table.dtype, "embedding_fwd y");
-  const int64_t n = ids.numel(), vocab = table.dim(0), d = table.dim(1);
-  check_shape(y, {n, d}, "embedding_fwd y");
-  const int32_t* id = ids.as<int32_t>();
-  check_ids(id, n, vocab, "embedding_fwd");
+  check_host({&ids, &table, &y}, "embedding_fwd");
+  const auto [n, vocab, d] = check_embedding_fwd(ids, table, y);
+  const int32_t* id = checked_ids(ids, vocab, "embedding_fwd");
   dispatch_real(table.dtype, "embedding_fwd", [&](auto tag) {
     using T = decltype(tag);
     const T* w = table.as<T>();
@@ -64,16 +48,9 @@ void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& y) {
 }
 
 void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable, int64_t pad_id) {
-  check_host(ids, "embedding_bwd ids");
-  check_host(dy, "embedding_bwd dy");
-  check_host(dtable, "embedding_bwd dtable");
-  check_dtype(ids, DType::kI32, "embedding_bwd ids");
-  check_shape(dtable, {-1, -1}, "embedding_bwd dtable");
-  check_dtype(dy, dtable.dtype, "embedding_bwd dy");
-  const int64_t n = ids.numel(), vocab = dtable.dim(0), d = dtable.dim(1);
-  check_shape(dy, {n, d}, "embedding_bwd dy");
-  const int32_t* id = ids.as<int32_t>();
-  check_ids(id, n, vocab, "embedding_bwd");
+  check_host({&ids, &dy, &dtable}, "embedding_bwd");
+  const auto [n, vocab, d] = check_embedding_bwd(ids, dy, dtable);
+  const int32_t* id = checked_ids(ids, vocab, "embedding_bwd");
   dispatch_real(dtable.dtype, "embedding_bwd", [&](auto tag) {
     using T = decltype(tag);
     const T* g = dy.as<T>();
@@ -119,7 +96,7 @@ template <class T> void rope_apply(const Tensor& x, double theta, int64_t rd, bo
 }
 
 void rope_common(const Tensor& x, double theta, int64_t rotary_dim, bool inverse, const char* op) {
-  check_host(x, op);
+  check_host({&x}, op);
   check_rope_args(x, theta, rotary_dim, op);
   dispatch_real(x.dtype, op, [&](auto tag) { rope_apply<decltype(tag)>(x, theta, rotary_dim, inverse); });
 }
@@ -130,8 +107,7 @@ void rope_bwd(const Tensor& dx, double theta, int64_t rotary_dim) { rope_common(
 
 // ---------------------------------------------------------------- clamp (clip_qkv)
 void clamp_fwd(const Tensor& x, double limit, const Tensor& y) {
-  check_host(x, "clamp_fwd x");
-  check_host(y, "clamp_fwd y");
+  check_host({&x, &y}, "clamp_fwd");
   check_clamp_args(nullptr, x, limit, y, "clamp_fwd");
   dispatch_real(x.dtype, "clamp_fwd", [&](auto tag) {
     using T = decltype(tag);
@@ -143,7 +119,7 @@ void clamp_fwd(const Tensor& x, double limit, const Tensor& y) {
 }
 
 void clamp_bwd(const Tensor& dy, const Tensor& x, double limit, const Tensor& dx) {
-  for (const Tensor* t : {&dy, &x, &dx}) check_host(*t, "clamp_bwd tensor");
+  check_host({&dy, &x, &dx}, "clamp_bwd");
   check_clamp_args(&dy, x, limit, dx, "clamp_bwd");
   dispatch_real(x.dtype, "clamp_bwd", [&](auto tag) {
     using T = decltype(tag);
@@ -158,17 +134,9 @@ void clamp_bwd(const Tensor& dy, const Tensor& x, double limit, const Tensor& dx
 // ---------------------------------------------------------------- SwiGLU
 void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& h, const Tensor& g_copy,
                 const Tensor& u_copy) {
-  for (const Tensor* t : {&g, &u, &h}) check_host(*t, "swiglu_fwd tensor");
-  check_same_shape(g, u, "swiglu_fwd g/u");
-  check_same_shape(g, h, "swiglu_fwd g/h");
-  check_dtype(u, g.dtype, "swiglu_fwd u");
-  MOE_CHECK(g_copy.empty() == u_copy.empty(), "swiglu_fwd: g_copy and u_copy are given together");
+  check_host({&g, &u, &h, &g_copy, &u_copy}, "swiglu_fwd");
+  check_swiglu_fwd(g, u, h, g_copy, u_copy);
   if (!g_copy.empty()) {
-    check_dtype(g, DType::kF32, "swiglu_fwd g (with copies)");
-    for (const Tensor* t : {&g_copy, &u_copy}) {
-      check_dtype(*t, DType::kBF16, "swiglu_fwd copy");
-      check_same_shape(g, *t, "swiglu_fwd g/copy");
-    }
     convert(g, g_copy);
     convert(u, u_copy);
   }
@@ -204,14 +172,9 @@ void swiglu_bwd_loop(const T* pdh, const G* pg, const G* pu, T* pdg, T* pdu, int
 // (rounded).
 void swiglu_bwd(const Tensor& dh, const Tensor& g, const Tensor& u, const Tensor& dg,
                 const Tensor& du) {
-  for (const Tensor* t : {&dh, &g, &u, &dg, &du}) {
-    check_host(*t, "swiglu_bwd tensor");
-    check_same_shape(*t, g, "swiglu_bwd tensors");
-  }
+  check_host({&dh, &g, &u, &dg, &du}, "swiglu_bwd");
+  check_swiglu_bwd(dh, g, u, dg, du);
   const DType compute = g.dtype == DType::kBF16 ? DType::kF32 : g.dtype;
-  check_dtype(u, g.dtype, "swiglu_bwd u");
-  check_dtype(dh, compute, "swiglu_bwd dh");
-  check_dtype(du, dg.dtype, "swiglu_bwd du");
   const RoundedOutput odg(dg, compute, "swiglu_bwd dg"), odu(du, compute, "swiglu_bwd du");
   if (g.dtype == DType::kBF16) {
     swiglu_bwd_loop(dh.as<float>(), g.as<bf16>(), u.as<bf16>(), odg.work().as<float>(), odu.work().as<float>(), g.numel());
@@ -228,10 +191,8 @@ void swiglu_bwd(const Tensor& dh, const Tensor& g, const Tensor& u, const Tensor
 // ---------------------------------------------------------------- reductions to a scalar
 namespace {
 void sum_common(const Tensor& x, const Tensor& out, double scale, bool square, const char* op) {
-  check_host(x, op);
-  check_host(out, op);
-  check_shape(out, {1}, "sum_to/sumsq_to out");
-  check_dtype(out, DType::kF64, "sum_to/sumsq_to out");
+  check_host({&x, &out}, op);
+  check_sum_args(x, out, op);
   dispatch_any_float(x.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     const T* p = static_cast<const T*>(x.data);
@@ -257,29 +218,20 @@ void sumsq_to(const Tensor& x, const Tensor& out) { sum_common(x, out, 1.0, true
 
 void sumsq_segments(const Tensor& x, const Tensor& segments, const Tensor& out) {
   const char* op = "sumsq_segments";
-  for (const Tensor* t : {&x, &segments, &out}) check_host(*t, op);
-  check_shape(x, {-1}, "sumsq_segments x");
-  check_shape(segments, {-1, 3}, "sumsq_segments segments");
-  check_dtype(segments, DType::kI64, "sumsq_segments segments");
-  check_shape(out, {-1}, "sumsq_segments out");
-  check_dtype(out, DType::kF64, "sumsq_segments out");
-  const int64_t n = x.numel(), nout = out.numel();
+  check_host({&x, &segments, &out}, op);
+  check_sumsq_segments(x, segments, out);
   const auto* seg = static_cast<const int64_t*>(segments.data);
+  check_segments(seg, segments.dim(0), x.numel(), out.numel());
   for (int64_t s = 0; s < segments.dim(0); ++s) {
     const int64_t begin = seg[3 * s], end = seg[3 * s + 1], index = seg[3 * s + 2];
-    MOE_CHECK(0 <= begin && begin <= end && end <= n, op, ": segment ", s, " [", begin, ", ", end,
-              ") outside x of ", n, " elements");
-    MOE_CHECK(0 <= index && index < nout, op, ": segment ", s, " index ", index, " outside out of ", nout);
     sum_common(x.slice(begin, end), out.slice(index, index + 1), 1.0, true, op);
   }
 }
 
 // ---------------------------------------------------------------- axpy, scale, fill, convert
 void axpy(double alpha, const Tensor& x, const Tensor& y) {
-  check_host(x, "axpy x");
-  check_host(y, "axpy y");
-  check_same_shape(x, y, "axpy x/y");
-  check_dtype(y, x.dtype, "axpy y");
+  check_host({&x, &y}, "axpy");
+  check_axpy(x, y);
   dispatch_any_float(x.dtype, "axpy", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -291,7 +243,7 @@ void axpy(double alpha, const Tensor& x, const Tensor& y) {
 }
 
 void scale(const Tensor& x, double alpha) {
-  check_host(x, "scale x");
+  check_host({&x}, "scale");
   dispatch_any_float(x.dtype, "scale", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -302,10 +254,9 @@ void scale(const Tensor& x, double alpha) {
 }
 
 void fill(const Tensor& x, double value) {
-  check_host(x, "fill x");
+  check_host({&x}, "fill");
+  check_fill(x, value);
   if (x.dtype == DType::kI32) {
-    MOE_CHECK(value == std::floor(value) && std::fabs(value) <= 2147483647.0,
-              "fill: value ", value, " is not an i32");
     int32_t* p = x.as<int32_t>();
     for (int64_t i = 0; i < x.numel(); ++i) p[i] = static_cast<int32_t>(value);
     return;
@@ -319,10 +270,8 @@ void fill(const Tensor& x, double value) {
 }
 
 void convert(const Tensor& src, const Tensor& dst) {
-  check_host(src, "convert src");
-  check_host(dst, "convert dst");
-  MOE_CHECK(src.numel() == dst.numel(), "convert: src ", src.shape_str(), " and dst ",
-            dst.shape_str(), " differ in size");
+  check_host({&src, &dst}, "convert");
+  check_convert(src, dst);
   dispatch_any_float(src.dtype, "convert src", [&](auto stag) {
     using S = decltype(stag);
     dispatch_any_float(dst.dtype, "convert dst", [&](auto dtag) {
@@ -339,12 +288,8 @@ void convert(const Tensor& src, const Tensor& dst) {
 // ---------------------------------------------------------------- AdamW
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr,
            double beta1, double beta2, double eps, double weight_decay, int64_t step) {
-  for (const Tensor* t : {&param, &grad, &m, &v}) {
-    check_host(*t, "adamw tensor");
-    check_same_shape(*t, param, "adamw param/grad/m/v");
-    check_dtype(*t, param.dtype, "adamw param/grad/m/v");
-  }
-  MOE_CHECK(step >= 1, "adamw: step counts from 1, got ", step);
+  check_host({&param, &grad, &m, &v}, "adamw");
+  check_adamw(param, grad, m, v, step);
   dispatch_real(param.dtype, "adamw", [&](auto tag) {
     using T = decltype(tag);
     T* p = param.as<T>();

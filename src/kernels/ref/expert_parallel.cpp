@@ -2,8 +2,8 @@
 // the padded transport's copies between rows and per-peer slabs.
 #include <cstring>
 
-#include "kernels/ep_checks.h"
-#include "kernels/ep_plan_math.h"
+#include "kernels/checks/ep_checks.h"
+#include "kernels/math/ep_plan_math.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe::ref {

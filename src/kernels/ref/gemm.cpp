@@ -5,22 +5,18 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/gemm_shapes.h"
+#include "kernels/checks/gemm_checks.h"
+#include "kernels/host/host_args.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe::ref {
 namespace {
 
-DType out_dtype(DType in) { return in == DType::kF64 ? DType::kF64 : DType::kF32; }
-
 void check_operands(const Tensor& a, const Tensor& b, const Tensor& out, const char* op) {
-  MOE_CHECK(a.device == Device::kCpu && b.device == Device::kCpu && out.device == Device::kCpu, op,
-            ": the ref backend needs host tensors");
+  check_host({&a, &b, &out}, op);
   MOE_CHECK(a.dtype == DType::kF64 || a.dtype == DType::kF32 || a.dtype == DType::kBF16, op,
             ": operands must be f64, f32 or bf16, got ", dtype_name(a.dtype));
-  MOE_CHECK(b.dtype == a.dtype, op, ": operands must share a dtype, got ", dtype_name(a.dtype),
-            " and ", dtype_name(b.dtype));
-  check_dtype(out, out_dtype(a.dtype), op);
+  check_gemm_dtypes(a, b, out, op);
 }
 
 // y(m,n) (+)= x(m,k) * w(n,k)^T

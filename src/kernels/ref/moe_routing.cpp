@@ -5,14 +5,15 @@
 #include <limits>
 #include <vector>
 
-#include "core/rng.h"
-#include "kernels/dtype_dispatch.h"
-#include "kernels/expert_weights.h"
+#include "kernels/checks/routing_checks.h"
+#include "kernels/host/dtype_dispatch.h"
+#include "kernels/host/routing_ops.h"
+#include "kernels/math/routing_rows.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe::ref {
+namespace rows = routing_rows;
 namespace {
-
 
 // Indices of the K largest values of sel[0..E), descending, ties to the lower index.
 void topk_row(const double* sel, int64_t E, int64_t K, int32_t* out) {
@@ -24,53 +25,14 @@ void topk_row(const double* sel, int64_t E, int64_t K, int32_t* out) {
 
 }  // namespace
 
-void router_scores_fwd(const Tensor& logits, int kind, double eps, const Tensor& scores) {
-  check_router_scores(logits, kind, eps, scores, "router_scores_fwd");
-  dispatch_real(logits.dtype, __func__, [&](auto zero) {
-    using T = decltype(zero);
-    const T* z = logits.as<T>();
-    T* s = scores.as<T>();
-    const int64_t N = logits.rows(), E = logits.cols();
-    for (int64_t t = 0; t < N; ++t) {
-      const T* zr = z + t * E;
-      T* sr = s + t * E;
-      if (kind == 1) {
-        for (int64_t e = 0; e < E; ++e) sr[e] = T(1) / (T(1) + std::exp(-zr[e])) + static_cast<T>(eps);
-        continue;
-      }
-      T mx = zr[0];
-      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, zr[e]);
-      T sum = 0;
-      for (int64_t e = 0; e < E; ++e) sum += (sr[e] = std::exp(zr[e] - mx));
-      for (int64_t e = 0; e < E; ++e) sr[e] /= sum;
-    }
+void router_scores_fwd(const Tensor& logits, ScoreKind kind, double eps, const Tensor& scores) {
+  routing_ops::scores_fwd(logits, kind, eps, scores, routing_ops::SerialRows{}, [](auto* sr, int64_t E, auto sum) {
+    for (int64_t e = 0; e < E; ++e) sr[e] /= sum;
   });
 }
 
-void router_scores_bwd(const Tensor& dscores, const Tensor& scores, int kind, double eps, const Tensor& dlogits) {
-  check_router_scores_bwd(dscores, scores, kind, eps, dlogits);
-  dispatch_real(scores.dtype, __func__, [&](auto zero) {
-    using T = decltype(zero);
-    const T* ds = dscores.as<T>();
-    const T* s = scores.as<T>();
-    T* dz = dlogits.as<T>();
-    const int64_t N = scores.rows(), E = scores.cols();
-    for (int64_t t = 0; t < N; ++t) {
-      const T* dr = ds + t * E;
-      const T* sr = s + t * E;
-      T* zr = dz + t * E;
-      if (kind == 1) {
-        for (int64_t e = 0; e < E; ++e) {
-          const T sig = sr[e] - static_cast<T>(eps);
-          zr[e] += dr[e] * sig * (T(1) - sig);
-        }
-        continue;
-      }
-      T dot = 0;
-      for (int64_t e = 0; e < E; ++e) dot += dr[e] * sr[e];
-      for (int64_t e = 0; e < E; ++e) zr[e] += sr[e] * (dr[e] - dot);
-    }
-  });
+void router_scores_bwd(const Tensor& dscores, const Tensor& scores, ScoreKind kind, double eps, const Tensor& dlogits) {
+  routing_ops::scores_bwd(dscores, scores, kind, eps, dlogits, routing_ops::SerialRows{});
 }
 
 void router_topk(const Tensor& scores, const Tensor& bias, int64_t n_group, int64_t topk_group, const Tensor& expert_idx) {
@@ -88,79 +50,25 @@ void router_topk(const Tensor& scores, const Tensor& bias, int64_t n_group, int6
       if (n_group > 0) {  // experts outside the chosen groups cannot be chosen
         const T* row = s + t * E;
         allowed_groups([&](int64_t e) { return row[e] + (b ? b[e] : T(0)); }, E, n_group, topk_group, allowed.data());
-        const int64_t per = E / n_group;
-        for (int64_t e = 0; e < E; ++e)
-          if (!(allowed[static_cast<size_t>(e / per / 32)] & (1u << ((e / per) & 31))))
-            sel[static_cast<size_t>(e)] = -std::numeric_limits<double>::infinity();
+        rows::mask_outside_groups(allowed.data(), E, n_group, sel.data());
       }
       topk_row(sel.data(), E, K, expert_idx.as<int32_t>() + t * K);
     }
   });
 }
 
-void router_assign(int kind, uint64_t seed, uint64_t stream, int64_t token_base, int num_experts,
+void router_assign(RouterAssignment kind, uint64_t seed, uint64_t stream, int64_t token_base, int num_experts,
                    const Tensor& expert_idx) {
-  const RoutingDims dims = check_router_assign(kind, num_experts, expert_idx);
-  const int64_t N = dims.T, E = dims.E, K = dims.K;
-  int32_t* idx = expert_idx.as<int32_t>();
-  std::vector<double> draw(static_cast<size_t>(E));
-  for (int64_t t = 0; t < N; ++t) {
-    const uint64_t g = static_cast<uint64_t>(token_base + t);
-    if (kind == 0) {
-      for (int64_t j = 0; j < K; ++j)
-        idx[t * K + j] = static_cast<int32_t>((g * static_cast<uint64_t>(K) + static_cast<uint64_t>(j)) % static_cast<uint64_t>(E));
-      continue;
-    }
-    for (int64_t e = 0; e < E; ++e)
-      draw[static_cast<size_t>(e)] = random_uniform(seed, stream, g * static_cast<uint64_t>(E) + static_cast<uint64_t>(e));
-    topk_row(draw.data(), E, K, idx + t * K);
-  }
+  routing_ops::assign(kind, seed, stream, token_base, num_experts, expert_idx, routing_ops::SerialRows{}, topk_row);
 }
 
 void router_gather(const Tensor& scores, const Tensor& expert_idx, const ExpertWeightRule& rule, const Tensor& weights) {
-  const RoutingDims dims = check_router_gather(scores, expert_idx, rule, weights);
-  const int64_t N = dims.T, E = dims.E, K = dims.K;
-  dispatch_real(scores.dtype, __func__, [&](auto zero) {
-    using T = decltype(zero);
-    const T* s = scores.as<T>();
-    const int32_t* idx = expert_idx.as<int32_t>();
-    T* w = weights.as<T>();
-    for (int64_t t = 0; t < N; ++t) {
-      for (int64_t j = 0; j < K; ++j) w[t * K + j] = s[t * E + idx[t * K + j]];
-      T c = static_cast<T>(rule.factor);
-      if (rule.norm_p > 0) c /= topk_norm(w + t * K, K, rule.norm_p);
-      for (int64_t j = 0; j < K; ++j) w[t * K + j] *= c;
-    }
-  });
+  routing_ops::gather(scores, expert_idx, rule, weights, routing_ops::SerialRows{});
 }
 
 void router_gather_bwd(const Tensor& dweights, const Tensor& scores, const Tensor& expert_idx,
                        const ExpertWeightRule& rule, const Tensor& dscores) {
-  const RoutingDims dims = check_router_gather_bwd(dweights, scores, expert_idx, rule, dscores);
-  const int64_t N = dims.T, E = dims.E, K = dims.K;
-  dispatch_real(scores.dtype, __func__, [&](auto zero) {
-    using T = decltype(zero);
-    const T* s = scores.as<T>();
-    const T* dw = dweights.as<T>();
-    const int32_t* idx = expert_idx.as<int32_t>();
-    T* ds = dscores.as<T>();
-    std::vector<T> sel(static_cast<size_t>(K));
-    const T c = static_cast<T>(rule.factor);
-    for (int64_t t = 0; t < N; ++t) {
-      if (rule.norm_p <= 0) {
-        for (int64_t j = 0; j < K; ++j) ds[t * E + idx[t * K + j]] += c * dw[t * K + j];
-        continue;
-      }
-      // w_j = c s_j / N, N = (sum_i s_i^p)^(1/p): ds_j = c (dw_j - (sum_i dw_i s_i / N) (s_j / N)^(p-1)) / N.
-      for (int64_t j = 0; j < K; ++j) sel[static_cast<size_t>(j)] = s[t * E + idx[t * K + j]];
-      const T n = topk_norm(sel.data(), K, rule.norm_p);
-      T dot = 0;
-      for (int64_t j = 0; j < K; ++j) dot += dw[t * K + j] * sel[static_cast<size_t>(j)] / n;
-      for (int64_t j = 0; j < K; ++j)
-        ds[t * E + idx[t * K + j]] +=
-            c * (dw[t * K + j] - dot * norm_power(sel[static_cast<size_t>(j)] / n, rule.norm_p - 1)) / n;
-    }
-  });
+  routing_ops::gather_bwd(dweights, scores, expert_idx, rule, dscores, routing_ops::SerialRows{});
 }
 
 void router_bias_update(const Tensor& step_counts, double gamma, const Tensor& bias) {
@@ -189,11 +97,9 @@ void expert_counts(const Tensor& expert_idx, const Tensor& counts) {
   const int64_t R = expert_idx.numel(), E = counts.numel();
   const int32_t* idx = expert_idx.as<int32_t>();
   int32_t* c = counts.as<int32_t>();
+  check_expert_ids(idx, R, E, "expert_counts");
   for (int64_t e = 0; e < E; ++e) c[e] = 0;
-  for (int64_t r = 0; r < R; ++r) {
-    MOE_CHECK(idx[r] >= 0 && idx[r] < E, "expert_counts: expert id ", idx[r], " out of range [0,", E, ")");
-    ++c[idx[r]];
-  }
+  for (int64_t r = 0; r < R; ++r) ++c[idx[r]];
 }
 
 void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offsets,
@@ -203,11 +109,9 @@ void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offs
   const int32_t* idx = expert_idx.as<int32_t>();
   int32_t* c = counts.as<int32_t>();
   int32_t* off = offsets.as<int32_t>();
+  check_expert_ids(idx, R, E, "moe_plan");
   for (int64_t e = 0; e < E; ++e) c[e] = 0;
-  for (int64_t r = 0; r < R; ++r) {
-    MOE_CHECK(idx[r] >= 0 && idx[r] < E, "moe_plan: expert id ", idx[r], " out of range [0,", E, ")");
-    ++c[idx[r]];
-  }
+  for (int64_t r = 0; r < R; ++r) ++c[idx[r]];
   off[0] = 0;
   for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + c[e];
   std::vector<int32_t> fill(off, off + E);
@@ -295,7 +199,7 @@ void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_po
   }
 }
 
-void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int top_k,
+void load_balance_loss(const Tensor& scores, const Tensor& counts, ScoreKind kind, int top_k,
                        double value_scale, double grad_scale, const Tensor& out,
                        const Tensor& dscores, const Tensor& mean_prob) {
   const RoutingDims dims = check_load_balance_loss(scores, counts, kind, top_k, out, dscores, mean_prob);
@@ -306,19 +210,10 @@ void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int
     const int32_t* c = counts.as<int32_t>();
     F* ds = dscores.empty() ? nullptr : dscores.as<F>();
     F* P = mean_prob.as<F>();
-    std::vector<F> f(static_cast<size_t>(E)), p(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) {
-      f[static_cast<size_t>(e)] = static_cast<F>(c[e]) / static_cast<F>(top_k * T);
-      P[e] = 0;
-    }
-    for (int64_t t = 0; t < T; ++t) {
-      F norm = 1;
-      if (kind == 1) {
-        norm = 0;
-        for (int64_t e = 0; e < E; ++e) norm += s[t * E + e];
-      }
-      for (int64_t e = 0; e < E; ++e) P[e] += s[t * E + e] / norm;
-    }
+    std::vector<F> f(static_cast<size_t>(E));
+    rows::expert_fractions(c, E, top_k, T, f.data());
+    std::fill(P, P + E, F(0));
+    for (int64_t t = 0; t < T; ++t) rows::add_score_shares(s + t * E, kind, E, P);
     F loss = 0;
     for (int64_t e = 0; e < E; ++e) {
       P[e] /= static_cast<F>(T);
@@ -326,18 +221,8 @@ void load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int
     }
     out.as<double>()[0] += value_scale * static_cast<double>(static_cast<F>(E) * loss);
     if (!ds) return;
-    // d loss / d p_te = E f_e / T; for sigmoid p = s / sum(s): ds_j = (g_j - sum_i g_i p_i) / sum(s).
     const F gscale = static_cast<F>(grad_scale) * static_cast<F>(E) / static_cast<F>(T);
-    for (int64_t t = 0; t < T; ++t) {
-      if (kind == 0) {
-        for (int64_t e = 0; e < E; ++e) ds[t * E + e] += gscale * f[static_cast<size_t>(e)];
-        continue;
-      }
-      F norm = 0, dot = 0;
-      for (int64_t e = 0; e < E; ++e) norm += s[t * E + e];
-      for (int64_t e = 0; e < E; ++e) dot += f[static_cast<size_t>(e)] * s[t * E + e] / norm;
-      for (int64_t e = 0; e < E; ++e) ds[t * E + e] += gscale * (f[static_cast<size_t>(e)] - dot) / norm;
-    }
+    for (int64_t t = 0; t < T; ++t) rows::load_balance_grad(s + t * E, f.data(), kind, gscale, E, ds + t * E);
   });
 }
 
@@ -351,15 +236,9 @@ void router_z_loss(const Tensor& logits, double value_scale, double grad_scale, 
     F* dz = dlogits.empty() ? nullptr : dlogits.as<F>();
     F total = 0;
     for (int64_t t = 0; t < T; ++t) {
-      F mx = z[t * E];
-      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, z[t * E + e]);
-      F sum = 0;
-      for (int64_t e = 0; e < E; ++e) sum += std::exp(z[t * E + e] - mx);
-      F lse = mx + std::log(sum);
+      const F lse = rows::log_sum_exp(z + t * E, E);
       total += lse * lse;
-      if (!dz) continue;
-      const F g = static_cast<F>(grad_scale) * F(2) * lse / static_cast<F>(T);
-      for (int64_t e = 0; e < E; ++e) dz[t * E + e] += g * std::exp(z[t * E + e] - lse);
+      if (dz) rows::z_loss_grad(z + t * E, lse, grad_scale, T, E, dz + t * E);
     }
     out.as<double>()[0] += value_scale * static_cast<double>(total / static_cast<F>(T));
   });

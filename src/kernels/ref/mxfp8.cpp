@@ -1,21 +1,18 @@
 // Reference MXFP8 ops: plain loops. Quantization is the block function every backend shares
-// (kernels/mx_blocks.h); the GEMMs dequantize each element exactly and accumulate in the output's
+// (kernels/math/mx_blocks.h); the GEMMs dequantize each element exactly and accumulate in the output's
 // precision in increasing k order (f64: every product exact and the sum all but exact, the
 // oracle the fast kernels and the PyTorch emulation are compared with).
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/mx_blocks.h"
-#include "kernels/mx_checks.h"
+#include "kernels/checks/gemm_checks.h"
+#include "kernels/checks/mx_checks.h"
+#include "kernels/host/host_args.h"
+#include "kernels/math/mx_blocks.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace moe::ref {
 namespace {
-
-void check_host(std::initializer_list<const Tensor*> ts, const char* what) {
-  for (const Tensor* t : ts)
-    MOE_CHECK(t->data == nullptr || t->device == Device::kCpu, what, ": the ref backend needs host tensors");
-}
 
 template <class T>
 void quantize(const T* x, const MxQuantizeShape& s, int64_t rows, bool columnwise, mx::Elem e, mx::ScaleRule rule,
@@ -68,23 +65,22 @@ void with_out_type(const Tensor& y, F&& f) {
 
 }  // namespace
 
-void mx_quantize(const Tensor& x, bool columnwise, int rule, const Tensor& codes, const Tensor& scales,
+void mx_quantize(const Tensor& x, bool columnwise, mx::ScaleRule rule, const Tensor& codes, const Tensor& scales,
                  const Tensor& stats, const Tensor& row_end) {
   const MxQuantizeShape s = check_mx_quantize_args(x, columnwise, rule, codes, scales, stats, row_end);
   check_host({&x, &codes, &scales, &stats, &row_end}, "mx_quantize");
   const int64_t rows = mx_row_limit(row_end, s.n, "mx_quantize");
   const mx::Elem e = mx_elem(codes, "mx_quantize");
-  const mx::ScaleRule r = mx_rule(rule, "mx_quantize");
   mx::BlockStats st;
   auto* c = static_cast<uint8_t*>(codes.data);
   auto* sc = static_cast<uint8_t*>(scales.data);
-  if (x.dtype == DType::kF64) quantize(x.as<double>(), s, rows, columnwise, e, r, c, sc, st);
-  else if (x.dtype == DType::kF32) quantize(x.as<float>(), s, rows, columnwise, e, r, c, sc, st);
-  else quantize(x.as<bf16>(), s, rows, columnwise, e, r, c, sc, st);
+  if (x.dtype == DType::kF64) quantize(x.as<double>(), s, rows, columnwise, e, rule, c, sc, st);
+  else if (x.dtype == DType::kF32) quantize(x.as<float>(), s, rows, columnwise, e, rule, c, sc, st);
+  else quantize(x.as<bf16>(), s, rows, columnwise, e, rule, c, sc, st);
   if (stats.data) mx::update_stats(stats.as<double>(), st);
 }
 
-void mx_quantize_swizzled(const Tensor& x, int rule, const Tensor& codes, const Tensor& scales, const Tensor& offsets) {
+void mx_quantize_swizzled(const Tensor& x, mx::ScaleRule rule, const Tensor& codes, const Tensor& scales, const Tensor& offsets) {
   check_host({&x, &codes, &scales, &offsets}, "mx_quantize_swizzled");
   const MxSwizzledShape s = check_mx_quantize_swizzled_args(x, rule, codes, scales, offsets);
   auto* sc = static_cast<uint8_t*>(scales.data);
@@ -125,11 +121,7 @@ void mx_grouped_linear(const Tensor& a, const Tensor& a_scales, const Tensor& b,
                        const Tensor& offsets, const Tensor& y) {
   const MxGemmShape s = check_mx_grouped_linear_args(a, a_scales, b, b_scales, offsets, y, true);
   check_host({&a, &a_scales, &b, &b_scales, &offsets, &y}, "mx_grouped_linear");
-  const int32_t* off = offsets.as<int32_t>();
-  MOE_CHECK(off[0] == 0, "mx_grouped_linear: offsets[0] = ", off[0], ", expected 0");
-  for (int64_t g = 0; g < s.groups; ++g)
-    MOE_CHECK(off[g] <= off[g + 1] && off[g + 1] <= s.m, "mx_grouped_linear: offsets[", g + 1, "] = ",
-              off[g + 1], " out of order or past the ", s.m, " rows");
+  const int32_t* off = checked_offsets(offsets, s.groups, s.m, "mx_grouped_linear");
   const int64_t kb = s.k / mx::kBlock;
   const auto* ap = static_cast<const uint8_t*>(a.data);
   const auto* asp = static_cast<const uint8_t*>(a_scales.data);

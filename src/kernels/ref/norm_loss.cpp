@@ -3,38 +3,19 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/dtype_dispatch.h"
+#include "kernels/checks/norm_loss_checks.h"
+#include "kernels/host/dtype_dispatch.h"
+#include "kernels/host/host_args.h"
 #include "kernels/ref/ref_ops.h"
 #include "kernels/ref/rounded_output.h"
 
 namespace moe::ref {
-namespace {
-
-
-// Every tensor on the host and of the compute dtype.
-void check_float_args(std::initializer_list<const Tensor*> ts, DType dtype, const char* op) {
-  for (const Tensor* t : ts) {
-    MOE_CHECK(t->device == Device::kCpu, op, ": tensor ", t->shape_str(), " is not on the host");
-    MOE_CHECK(t->dtype == dtype, op, ": tensor ", t->shape_str(), " has dtype ",
-              dtype_name(t->dtype), ", expected ", dtype_name(dtype));
-  }
-}
-
-// x (N,C) or any rank viewed as rows x last dim; w (C); rstd (N).
-void check_norm_shapes(const Tensor& x, const Tensor& w, const Tensor& rstd, const char* op) {
-  MOE_CHECK(x.ndim >= 1, op, ": x must have at least one dimension");
-  check_shape(w, {x.cols()}, "rmsnorm w");
-  check_shape(rstd, {x.rows()}, "rmsnorm rstd");
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------- RMSNorm
 void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
                  const Tensor& rstd) {
-  check_float_args({&x, &w, &rstd}, x.dtype, "rmsnorm_fwd");
-  check_norm_shapes(x, w, rstd, "rmsnorm_fwd");
-  check_same_shape(x, y, "rmsnorm_fwd x/y");
+  check_host({&x, &w, &y, &rstd}, "rmsnorm_fwd");
+  check_rmsnorm_fwd(x, w, y, rstd);
   const RoundedOutput out(y, x.dtype, "rmsnorm_fwd y");
   dispatch_real(x.dtype, "rmsnorm_fwd", [&](auto tag) {
     using T = decltype(tag);
@@ -57,13 +38,9 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
 
 void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                  const Tensor& dx, const Tensor& dw, bool accumulate) {
-  check_float_args({&dy, &x, &w, &rstd, &dw}, x.dtype, "rmsnorm_bwd");
-  if (accumulate) check_float_args({&dx}, x.dtype, "rmsnorm_bwd dx (accumulated)");
+  check_host({&dy, &x, &w, &rstd, &dx, &dw}, "rmsnorm_bwd");
+  check_rmsnorm_bwd(dy, x, w, rstd, dx, dw, accumulate);
   const RoundedOutput out(dx, x.dtype, "rmsnorm_bwd dx");
-  check_norm_shapes(x, w, rstd, "rmsnorm_bwd");
-  check_same_shape(x, dy, "rmsnorm_bwd x/dy");
-  check_same_shape(x, dx, "rmsnorm_bwd x/dx");
-  check_same_shape(w, dw, "rmsnorm_bwd w/dw");
   dispatch_real(x.dtype, "rmsnorm_bwd", [&](auto tag) {
     using T = decltype(tag);
     const int64_t n = x.rows(), c = x.cols();
@@ -94,19 +71,9 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
 // ---------------------------------------------------------------- cross-entropy + z-loss
 void cross_entropy(const Tensor& logits, const Tensor& labels, double loss_scale, double z_coef,
                    const Tensor& dlogits, const Tensor& row_ce, const Tensor& row_z) {
-  check_float_args({&logits, &row_ce, &row_z}, logits.dtype, "cross_entropy");
-  MOE_CHECK(labels.device == Device::kCpu, "cross_entropy: labels are not on the host");
-  check_shape(logits, {-1, -1}, "cross_entropy logits");
-  const int64_t n = logits.dim(0), vocab = logits.dim(1);
-  check_same_shape(logits, dlogits, "cross_entropy logits/dlogits");
-  check_dtype(labels, DType::kI32, "cross_entropy labels");
-  check_shape(labels, {n}, "cross_entropy labels");
-  check_shape(row_ce, {n}, "cross_entropy row_ce");
-  check_shape(row_z, {n}, "cross_entropy row_z");
-  const int32_t* lab = labels.as<int32_t>();
-  for (int64_t r = 0; r < n; ++r)
-    MOE_CHECK(lab[r] < vocab, "cross_entropy: label ", lab[r], " at row ", r,
-              " is out of range for vocab size ", vocab);
+  check_host({&logits, &labels, &dlogits, &row_ce, &row_z}, "cross_entropy");
+  const auto [n, vocab] = check_cross_entropy(logits, labels, dlogits, row_ce, row_z);
+  const int32_t* lab = checked_labels(labels, vocab);
   const RoundedOutput dout(dlogits, logits.dtype, "cross_entropy dlogits");
   dispatch_real(logits.dtype, "cross_entropy", [&](auto tag) {
     using T = decltype(tag);

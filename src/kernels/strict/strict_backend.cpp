@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/event_times.h"
+#include "kernels/host/event_times.h"
 
 namespace moe {
 namespace {

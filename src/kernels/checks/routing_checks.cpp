@@ -1,4 +1,4 @@
-#include "kernels/routing_checks.h"
+#include "kernels/checks/routing_checks.h"
 
 #include <cmath>
 
@@ -11,9 +11,10 @@ RoutingDims matrix(const Tensor& t, const char* what) {
   return {t.shape[0], t.shape[1], 0};
 }
 
-void check_kind(int kind, double eps, const char* op) {
-  MOE_CHECK(kind == 0 || kind == 1, op, ": score kind ", kind, " (0 softmax, 1 sigmoid)");
-  MOE_CHECK(std::isfinite(eps) && eps >= 0 && (eps == 0 || kind == 1), op, ": eps = ", eps,
+void check_kind(ScoreKind kind, double eps, const char* op) {
+  MOE_CHECK(kind == ScoreKind::kSoftmax || kind == ScoreKind::kSigmoid, op, ": score kind ", static_cast<int>(kind),
+            " (0 softmax, 1 sigmoid)");
+  MOE_CHECK(std::isfinite(eps) && eps >= 0 && (eps == 0 || kind == ScoreKind::kSigmoid), op, ": eps = ", eps,
             " (a non-negative offset of sigmoid scores only)");
 }
 
@@ -29,14 +30,14 @@ int64_t slots_per_token(int64_t slots, int64_t T, const char* op) {
 }
 }  // namespace
 
-RoutingDims check_router_scores(const Tensor& logits, int kind, double eps, const Tensor& scores, const char* op) {
+RoutingDims check_router_scores(const Tensor& logits, ScoreKind kind, double eps, const Tensor& scores, const char* op) {
   check_kind(kind, eps, op);
   const RoutingDims d = matrix(logits, op);
   check_same_shape(logits, scores, op);
   return d;
 }
 
-RoutingDims check_router_scores_bwd(const Tensor& dscores, const Tensor& scores, int kind, double eps,
+RoutingDims check_router_scores_bwd(const Tensor& dscores, const Tensor& scores, ScoreKind kind, double eps,
                                     const Tensor& dlogits) {
   const char* op = "router_scores_bwd";
   check_kind(kind, eps, op);
@@ -65,8 +66,9 @@ RoutingDims check_router_topk(const Tensor& scores, const Tensor& bias, int64_t 
   return d;
 }
 
-RoutingDims check_router_assign(int kind, int num_experts, const Tensor& expert_idx) {
-  MOE_CHECK(kind == 0 || kind == 1, "router_assign: kind ", kind, " (0 uniform, 1 random)");
+RoutingDims check_router_assign(RouterAssignment kind, int num_experts, const Tensor& expert_idx) {
+  MOE_CHECK(kind == RouterAssignment::kUniform || kind == RouterAssignment::kRandom, "router_assign: kind ",
+            static_cast<int>(kind), " (0 uniform, 1 random)");
   MOE_CHECK(expert_idx.ndim == 2, "router_assign expert_idx: expected (T,K), got ", expert_idx.shape_str());
   const RoutingDims d{expert_idx.shape[0], num_experts, expert_idx.shape[1]};
   MOE_CHECK(d.K >= 1 && d.K <= d.E, "router_assign: K=", d.K, " outside [1, E=", d.E, "]");
@@ -120,6 +122,11 @@ RoutingDims check_moe_plan(const Tensor& expert_idx, const Tensor& counts, const
   return {R / K, E, K};
 }
 
+void check_expert_ids(const int32_t* ids, int64_t R, int64_t E, const char* op) {
+  for (int64_t r = 0; r < R; ++r)
+    MOE_CHECK(ids[r] >= 0 && ids[r] < E, op, ": expert id ", ids[r], " out of range [0,", E, ")");
+}
+
 PermuteDims check_moe_gather(const Tensor& x, const Tensor& sorted_slot, const Tensor& xs) {
   MOE_CHECK(x.ndim == 2, "moe_gather x: expected (T,D), got ", x.shape_str());
   const int64_t T = x.shape[0], D = x.shape[1], R = sorted_slot.numel();
@@ -158,7 +165,7 @@ PermuteDims check_moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Te
   return d;
 }
 
-RoutingDims check_load_balance_loss(const Tensor& scores, const Tensor& counts, int kind, int top_k, const Tensor& out,
+RoutingDims check_load_balance_loss(const Tensor& scores, const Tensor& counts, ScoreKind kind, int top_k, const Tensor& out,
                                     const Tensor& dscores, const Tensor& mean_prob) {
   check_kind(kind, 0, "load_balance_loss");
   RoutingDims d = matrix(scores, "load_balance_loss scores");

@@ -7,6 +7,13 @@
 
 namespace moe {
 
+struct AttentionShape {
+  int64_t B = 0, S = 0, H = 0, G = 0, hd = 0;
+};
+// q (B,S,H,hd), k and v (B,S,G,hd) of q's dtype, G dividing H. Which dtypes and head dims a
+// backend takes are its own.
+AttentionShape check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const char* op);
+
 // Intra-document masking: doc_start is empty (returns nullptr) or (B,S) i32 in host memory with
 // 0 <= doc_start[b,s] <= s (returns its data).
 const int32_t* checked_doc_start(const Tensor& doc_start, int64_t B, int64_t S, const char* op);

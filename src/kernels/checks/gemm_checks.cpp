@@ -1,4 +1,4 @@
-#include "kernels/gemm_shapes.h"
+#include "kernels/checks/gemm_checks.h"
 
 #include "core/check.h"
 
@@ -56,6 +56,12 @@ GroupedDims grouped_bwd_weight_dims(const Tensor& dy, const Tensor& x, const Ten
   MOE_CHECK(dy.cols() == d.n && x.rows() == d.rows && x.cols() == d.k, "grouped_linear_bwd_weight: dy ",
             dy.shape_str(), ", x ", x.shape_str(), " and dw ", dw.shape_str(), " do not match");
   return d;
+}
+
+void check_gemm_dtypes(const Tensor& a, const Tensor& b, const Tensor& out, const char* op) {
+  MOE_CHECK(b.dtype == a.dtype, op, ": operands must share a dtype, got ", dtype_name(a.dtype), " and ",
+            dtype_name(b.dtype));
+  check_dtype(out, a.dtype == DType::kF64 ? DType::kF64 : DType::kF32, op);
 }
 
 const int32_t* checked_offsets(const Tensor& offsets, int64_t experts, int64_t rows, const char* op) {

@@ -1,4 +1,4 @@
-#include "kernels/ep_checks.h"
+#include "kernels/checks/ep_checks.h"
 
 #include "core/check.h"
 

@@ -1,7 +1,7 @@
 // The arithmetic of the ep_plan op (kernels/op_list.inc) over raw i32 arrays, compiled from this
 // one text by the reference backend (kernels/ref/expert_parallel.cpp) and the CUDA kernel
-// (kernels/cuda/routing.cu): the plan must be the same integers everywhere. Counts are checked
-// non-negative by the caller first.
+// (kernels/cuda/expert_parallel.cuh): the plan must be the same integers everywhere. Counts are
+// checked non-negative by the caller first.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "kernels/mx_checks.h"
+#include "kernels/checks/mx_checks.h"
 
 #include "core/mx_scale_layout.h"
 
@@ -24,17 +24,18 @@ void check_row_end(const Tensor& row_end, const char* what) {
             ", expected (n >= 1)");
 }
 
+// A scale rule the format defines (an enum value made by a cast can be any other).
+void check_mx_rule(mx::ScaleRule rule, const char* what) {
+  MOE_CHECK(rule == mx::ScaleRule::kRceil || rule == mx::ScaleRule::kFloor, what, ": scale rule ",
+            static_cast<int>(rule), ", expected rceil or floor");
+}
+
 }  // namespace
 
 mx::Elem mx_elem(const Tensor& codes, const char* what) {
   MOE_CHECK(codes.dtype == DType::kE4M3 || codes.dtype == DType::kE5M2, what, ": codes have dtype ",
             dtype_name(codes.dtype), ", expected e4m3 or e5m2");
   return codes.dtype == DType::kE4M3 ? mx::Elem::kE4M3 : mx::Elem::kE5M2;
-}
-
-mx::ScaleRule mx_rule(int rule, const char* what) {
-  MOE_CHECK(rule == 0 || rule == 1, what, ": scale rule ", rule, ", expected 0 (rceil) or 1 (floor)");
-  return rule == 0 ? mx::ScaleRule::kRceil : mx::ScaleRule::kFloor;
 }
 
 int64_t mx_row_limit(const Tensor& row_end, int64_t n, const char* what) {
@@ -44,10 +45,10 @@ int64_t mx_row_limit(const Tensor& row_end, int64_t n, const char* what) {
   return r;
 }
 
-MxQuantizeShape check_mx_quantize_args(const Tensor& x, bool columnwise, int rule, const Tensor& codes,
+MxQuantizeShape check_mx_quantize_args(const Tensor& x, bool columnwise, mx::ScaleRule rule, const Tensor& codes,
                                        const Tensor& scales, const Tensor& stats, const Tensor& row_end) {
   const char* what = "mx_quantize";
-  mx_rule(rule, what);
+  check_mx_rule(rule, what);
   mx_elem(codes, what);
   MOE_CHECK(x.dtype == DType::kF32 || x.dtype == DType::kF64 || x.dtype == DType::kBF16, what,
             ": x has dtype ", dtype_name(x.dtype), ", expected f32, f64 or bf16");
@@ -81,11 +82,12 @@ MxQuantizeShape check_mx_quantize_args(const Tensor& x, bool columnwise, int rul
   return s;
 }
 
-MxSwizzledShape check_mx_quantize_swizzled_args(const Tensor& x, int rule, const Tensor& codes, const Tensor& scales,
+MxSwizzledShape check_mx_quantize_swizzled_args(const Tensor& x, mx::ScaleRule rule, const Tensor& codes, const Tensor& scales,
                                                 const Tensor& offsets) {
   const char* what = "mx_quantize_swizzled";
   MxSwizzledShape s;
-  s.rule = mx_rule(rule, what);
+  check_mx_rule(rule, what);
+  s.rule = rule;
   s.elem = mx_elem(codes, what);
   MOE_CHECK(x.dtype == DType::kF32 || x.dtype == DType::kF64 || x.dtype == DType::kBF16, what,
             ": x has dtype ", dtype_name(x.dtype), ", expected f32, f64 or bf16");

@@ -12,13 +12,12 @@ namespace moe {
 
 // The element format of a codes tensor (e4m3 or e5m2; anything else is an error naming `what`).
 mx::Elem mx_elem(const Tensor& codes, const char* what);
-mx::ScaleRule mx_rule(int rule, const char* what);
 
 // mx_quantize: x (N,C) or (G,N,C); the matrices and the length of each block-reduced line.
 struct MxQuantizeShape {
   int64_t groups = 1, n = 0, c = 0;  // x is groups x (n, c)
 };
-MxQuantizeShape check_mx_quantize_args(const Tensor& x, bool columnwise, int rule, const Tensor& codes,
+MxQuantizeShape check_mx_quantize_args(const Tensor& x, bool columnwise, mx::ScaleRule rule, const Tensor& codes,
                                        const Tensor& scales, const Tensor& stats, const Tensor& row_end);
 // mx_quantize_swizzled: x (N,C), codes (N,C), scales (S) e8m0, offsets empty or (G+1) i32; on a
 // host-addressable offsets, also its order and S against the padded size (mx_swizzled_layout).
@@ -30,7 +29,7 @@ struct MxSwizzledShape {
   std::vector<int64_t> begin, padded_before;
   int64_t bytes = 0;  // the span the scales take
 };
-MxSwizzledShape check_mx_quantize_swizzled_args(const Tensor& x, int rule, const Tensor& codes, const Tensor& scales,
+MxSwizzledShape check_mx_quantize_swizzled_args(const Tensor& x, mx::ScaleRule rule, const Tensor& codes, const Tensor& scales,
                                                 const Tensor& offsets);
 // mx_dequantize: codes (N,C), scales (N,C/32), y (N,C).
 void check_mx_dequantize_args(const Tensor& codes, const Tensor& scales, const Tensor& y, const Tensor& row_end);

@@ -4,13 +4,13 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "kernels/checks/step_control_checks.h"
 #include "kernels/step_control.h"
 
 namespace moe::gated {
 
 inline const double* control_scalars(const Tensor& control, const char* op) {
-  check_dtype(control, DType::kF64, op);
-  check_shape(control, {kCtlSize}, op);
+  check_control(control, op);
   return control.as<double>();
 }
 

@@ -22,6 +22,9 @@ GemmDims linear_bwd_weight_dims(const Tensor& dy, const Tensor& x, const Tensor&
 GroupedDims grouped_fwd_dims(const Tensor& x, const Tensor& w, const Tensor& y);         // w(E,N,K)
 GroupedDims grouped_bwd_data_dims(const Tensor& dy, const Tensor& w, const Tensor& dx);
 GroupedDims grouped_bwd_weight_dims(const Tensor& dy, const Tensor& x, const Tensor& dw);
+// The operands a and b share a dtype; out is f64 for f64 operands, else f32. Which operand dtypes
+// a backend takes are its own.
+void check_gemm_dtypes(const Tensor& a, const Tensor& b, const Tensor& out, const char* op);
 // Offsets (E+1) i32 in host memory: offsets[0] = 0, non-decreasing, offsets[E] <= rows.
 const int32_t* checked_offsets(const Tensor& offsets, int64_t experts, int64_t rows, const char* op);
 

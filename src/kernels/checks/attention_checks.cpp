@@ -1,8 +1,20 @@
-#include "kernels/attention_checks.h"
+#include "kernels/checks/attention_checks.h"
 
 #include "core/check.h"
 
 namespace moe {
+
+AttentionShape check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
+  MOE_CHECK(q.ndim == 4, op, ": q must be (B,S,H,hd), got ", q.shape_str());
+  const AttentionShape d{q.dim(0), q.dim(1), q.dim(2), k.ndim == 4 ? k.dim(2) : 0, q.dim(3)};
+  MOE_CHECK(d.G > 0 && d.H % d.G == 0, op, ": query heads H=", d.H, " must be a multiple of kv heads G=", d.G, " (q ",
+            q.shape_str(), ", k ", k.shape_str(), ")");
+  check_shape(k, {d.B, d.S, d.G, d.hd}, "attention k");
+  check_shape(v, {d.B, d.S, d.G, d.hd}, "attention v");
+  check_dtype(k, q.dtype, "attention k");
+  check_dtype(v, q.dtype, "attention v");
+  return d;
+}
 
 const int32_t* checked_doc_start(const Tensor& doc_start, int64_t B, int64_t S, const char* op) {
   if (doc_start.data == nullptr) return nullptr;

@@ -1,0 +1,38 @@
+// The arithmetic of the step_control op (kernels/op_list.inc) over raw f64 arrays, compiled from
+// this one text by the reference backend (kernels/ref/step_control.cpp; cpu runs it too) and the
+// CUDA kernel (kernels/cuda/step_control.cuh): the step's decisions must be the same everywhere.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/host_device.h"
+#include "kernels/step_control.h"
+
+namespace moe {
+
+// c (kCtlSize) from values (nv) = [ce, lm_z, lbl x M, router_z x M], the per-parameter sums of
+// squares sq (nsq) and lr_table (nlr): op_list.inc's step_control, in its order.
+MOE_HD inline void step_control_scalars(const double* v, int64_t nv, const double* sq, int64_t nsq, double lm_z_coef,
+                                        double lbl_coef, double router_z_coef, double max_norm,
+                                        const double* lr_table, int64_t nlr, double* c) {
+  double total = 0;
+  for (int64_t i = 0; i < nsq; ++i) total += sq[i];
+  const double norm = std::sqrt(total);
+  const int64_t M = (nv - 2) / 2;
+  double loss = v[0] + lm_z_coef * v[1];
+  for (int64_t m = 0; m < M; ++m) loss += lbl_coef * v[2 + m];
+  for (int64_t m = 0; m < M; ++m) loss += router_z_coef * v[2 + M + m];
+  c[kCtlGradNorm] = norm;
+  c[kCtlLoss] = loss;
+  if (!std::isfinite(loss) || !std::isfinite(norm)) c[kCtlNonfinite] = 1;
+  const double coef = max_norm > 0 ? max_norm / (norm + 1e-6) : 1.0;  // torch.nn.utils.clip_grad_norm_
+  const bool clipped = max_norm > 0 && coef < 1.0;
+  c[kCtlClipCoef] = clipped ? coef : 1.0;
+  c[kCtlClipped] = clipped ? 1.0 : 0.0;
+  const auto n = static_cast<int64_t>(c[kCtlUpdates]) + 1;
+  c[kCtlLr] = lr_table[n < nlr - 1 ? n : nlr - 1];
+  if (c[kCtlNonfinite] == 0) c[kCtlUpdates] = static_cast<double>(n);
+}
+
+}  // namespace moe
