@@ -31,11 +31,7 @@ using nlohmann::json;
 
 namespace {
 
-using checkpoint_format::HostState;
-using checkpoint_format::hex32;
-using checkpoint_format::kFormat;
-using checkpoint_format::kFormatVersion;
-using checkpoint_format::st_dtype;
+using namespace checkpoint_format;  // the format both sides share
 
 // ---- crash points -------------------------------------------------------------------------------
 int tensors_written = 0;  // per save, for after_tensor:N
