@@ -30,9 +30,8 @@ int64_t need_int(const nlohmann::json& j, const char* key) {
   return v.get<int64_t>();
 }
 
-}  // namespace
-
-Config config_from_hf_json(const std::string& text, std::vector<std::string>* notes) {
+// config.json's text as a JSON object of a supported model type.
+nlohmann::json parse_hf_config(const std::string& text) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -43,7 +42,11 @@ Config config_from_hf_json(const std::string& text, std::vector<std::string>* no
   MOE_CHECK(j.contains("model_type") && (j["model_type"] == "olmoe" || j["model_type"] == "olmo3moe"),
             "config.json: model_type ", j.contains("model_type") ? j["model_type"].dump() : std::string("missing"),
             " (supported: \"olmoe\", OlmoeForCausalLM; \"olmo3moe\", Olmo-core 3's Olmo3MoeForCausalLM)");
-  if (j["model_type"] == "olmo3moe") return config_from_olmo3moe(j, notes);
+  return j;
+}
+
+// OLMoE's fields moecore reads or ignores; any other is refused by name, as is another architecture.
+void check_olmoe_fields(const nlohmann::json& j) {
   static const char* kIgnored[] = {"architectures", "model_type", "use_cache", "output_router_logits",
                                    "router_aux_loss_coef", "transformers_version", "dtype", "torch_dtype",
                                    "_name_or_path", "initializer_range", "return_dict", "output_hidden_states",
@@ -63,6 +66,151 @@ Config config_from_hf_json(const std::string& text, std::vector<std::string>* no
   if (j.contains("architectures") && !j["architectures"].is_null())
     MOE_CHECK(j["architectures"] == nlohmann::json::array({"OlmoeForCausalLM"}), "config.json: architectures ",
               j["architectures"].dump(), " (only [\"OlmoeForCausalLM\"] is supported)");
+}
+
+// OLMoE's attention: default RoPE, SiLU experts, no dropout, no clamp, heads of hidden_size /
+// num_attention_heads; attention_bias read on the way (refusals in config.json's order).
+void read_olmoe_attention(const nlohmann::json& j, ModelConfig& c) {
+  if (j.contains("rope_scaling"))
+    MOE_CHECK(j["rope_scaling"].is_null(), "config.json: rope_scaling ", j["rope_scaling"].dump(),
+              " (only unscaled default RoPE)");
+  if (j.contains("hidden_act"))
+    MOE_CHECK(j["hidden_act"] == "silu", "config.json: hidden_act ", j["hidden_act"].dump(), " (only \"silu\")");
+  c.attention_bias = hf_json::boolean(j, "attention_bias", false);  // q/k/v/o_proj.bias
+  if (j.contains("attention_dropout"))
+    MOE_CHECK(j["attention_dropout"].is_number() && j["attention_dropout"].get<double>() == 0.0,
+              "config.json: attention_dropout ", j["attention_dropout"].dump(), " (only 0)");
+  if (j.contains("clip_qkv"))
+    MOE_CHECK(j["clip_qkv"].is_null(), "config.json: clip_qkv ", j["clip_qkv"].dump(),
+              " (OLMoE clamps q and k after their QK-norm; moecore's model.clip_qkv, as Olmo-core 3's, "
+              "clamps before it: only null)");
+  MOE_CHECK(c.d_model % c.n_heads == 0, "config.json: hidden_size ", c.d_model,
+            " is not a multiple of num_attention_heads ", c.n_heads);
+  if (j.contains("head_dim") && !j["head_dim"].is_null())
+    MOE_CHECK(j["head_dim"] == c.d_model / c.n_heads, "config.json: head_dim ", j["head_dim"].dump(),
+              " != hidden_size / num_attention_heads = ", c.d_model / c.n_heads);
+}
+
+// The shard files of a Hugging Face folder and, when sharded, the file its index names for each key.
+struct HfShards {
+  std::vector<std::string> files;
+  std::map<std::string, std::string> index_of;  // key -> shard file named by the index
+};
+
+HfShards hf_shards(const std::string& dir) {
+  HfShards out;
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (path_entry_exists(index_path)) {
+    nlohmann::json idx;
+    try {
+      idx = nlohmann::json::parse(read_input_file(index_path, "Hugging Face shard index"));
+    } catch (const std::exception& e) {
+      MOE_FAIL("'", index_path, "' is not valid JSON: ", e.what());
+    }
+    MOE_CHECK(idx.is_object() && idx.contains("weight_map") && idx["weight_map"].is_object(), "'", index_path,
+              "' has no weight_map object");
+    for (auto& [k, v] : idx["weight_map"].items()) {
+      MOE_CHECK(v.is_string(), "'", index_path, "': weight_map['", k, "'] is not a file name");
+      const std::string f = v.get<std::string>();
+      MOE_CHECK(f.find('/') == std::string::npos && f.find("..") == std::string::npos, "'", index_path,
+                "': shard name '", f, "' is not a plain file name");
+      out.index_of[k] = f;
+      if (std::find(out.files.begin(), out.files.end(), f) == out.files.end()) out.files.push_back(f);
+    }
+    std::sort(out.files.begin(), out.files.end());
+  } else {
+    MOE_CHECK(path_entry_exists(dir + "/model.safetensors"), "'", dir,
+              "' has neither model.safetensors nor model.safetensors.index.json");
+    out.files.push_back("model.safetensors");
+  }
+  return out;
+}
+
+// What the weight files gave so far: elements written per parameter of ours, the file of each HF
+// key, and a tied lm_head to compare with the embedding.
+struct HfRead {
+  std::map<std::string, int64_t> covered;
+  std::map<std::string, std::string> seen;
+  std::vector<float> tied_head;
+};
+
+// One HF tensor into our flat parameters: a copy, or OLMoE's fused gate_up split into gate and up.
+void place_hf_tensor(const hf::Target& tg, const OwnedTensor& v, std::vector<float>& params, HfRead& read) {
+  const float* src = v.as<float>();
+  if (tg.kind == hf::Kind::kCopy) {
+    std::memcpy(params.data() + tg.offset, src, static_cast<size_t>(v.t.numel()) * sizeof(float));
+    read.covered[tg.ours] += v.t.numel();
+  } else {
+    const int64_t per = tg.F * tg.D;
+    for (int64_t x = 0; x < tg.E; ++x) {
+      std::memcpy(params.data() + tg.gate_offset + x * per, src + x * 2 * per, per * sizeof(float));
+      std::memcpy(params.data() + tg.up_offset + x * per, src + x * 2 * per + per, per * sizeof(float));
+    }
+    const std::string base = tg.ours.substr(0, tg.ours.size() - 7);  // "layers.L.experts."
+    read.covered[base + "gate"] += tg.E * per;
+    read.covered[base + "up"] += tg.E * per;
+  }
+}
+
+// Every tensor of weight file f: once in the folder, where the index says, a known key of the
+// format with its shape and a float dtype.
+void read_hf_file(const std::string& dir, const std::string& f, const HfShards& shards,
+                  const std::map<std::string, hf::Target>& targets, const ModelConfig& c, const ParamLayout& layout,
+                  HfFormat format, std::vector<float>& params, HfRead& read) {
+  SafetensorsFile st(dir + "/" + f, "Hugging Face weights file");
+  for (const auto& [key, e] : st.entries()) {
+    auto prev = read.seen.find(key);
+    MOE_CHECK(prev == read.seen.end(), "tensor '", key, "' appears in both '", prev->second, "' and '", f, "'");
+    read.seen[key] = f;
+    if (!shards.index_of.empty()) {
+      auto it = shards.index_of.find(key);
+      MOE_CHECK(it != shards.index_of.end() && it->second == f, "'", dir + "/" + f, "' holds '", key,
+                "', which the index places ", it == shards.index_of.end() ? std::string("nowhere") : "in '" + it->second + "'");
+    }
+    if (key == "lm_head.weight" && c.tie_embeddings) {  // tied: must equal the embedding (checked below)
+      MOE_CHECK(e.shape == layout.find("embed").shape, "'", dir + "/", f, "': tied lm_head.weight has shape ",
+                hf::shape_str(e.shape), ", expected ", hf::shape_str(layout.find("embed").shape));
+      OwnedTensor v = st.read(key, DType::kF32);
+      read.tied_head.assign(v.as<float>(), v.as<float>() + v.t.numel());
+      continue;
+    }
+    auto t = targets.find(key);
+    MOE_CHECK(t != targets.end(), "'", dir + "/", f, "': unexpected tensor '", key, "' (not part of ",
+              format == HfFormat::kOlmoe ? "OlmoeForCausalLM" : "Olmo3MoeForCausalLM", " with this config.json)");
+    const hf::Target& tg = t->second;
+    MOE_CHECK(e.shape == tg.shape, "'", dir + "/", f, "': tensor '", key, "' has shape ", hf::shape_str(e.shape),
+              ", expected ", hf::shape_str(tg.shape));
+    MOE_CHECK(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16" || e.dtype == "F64", "'", dir + "/", f,
+              "': tensor '", key, "' has dtype ", e.dtype, " (need a float type)");
+    place_hf_tensor(tg, st.read(key, DType::kF32), params, read);
+  }
+}
+
+// After every file: a tied head equal to the embedding, every indexed key found, every parameter
+// of ours written exactly once.
+void check_hf_complete(const std::string& dir, const ParamLayout& layout, const std::vector<float>& params,
+                       const HfShards& shards, HfRead& read) {
+  if (!read.tied_head.empty()) {
+    const ParamInfo emb = layout.find("embed");  // a copy: no reference to a call given a temporary
+    MOE_CHECK(std::memcmp(read.tied_head.data(), params.data() + emb.offset, read.tied_head.size() * sizeof(float)) == 0,
+              "'", dir, "': tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight");
+  }
+  for (const auto& [k, f] : shards.index_of)
+    MOE_CHECK(read.seen.count(k), "the index places '", k, "' in '", f, "', which does not hold it");
+  for (const ParamInfo& p : layout.entries()) {
+    const int64_t n = read.covered.count(p.name) ? read.covered[p.name] : 0;
+    MOE_CHECK(n <= p.numel, "'", dir, "' gives parameter '", p.name, "' more than once (per-expert and fused keys both present?)");
+    MOE_CHECK(n == p.numel, "'", dir, "' lacks tensors for parameter '", p.name, "' (", n, " of ", p.numel,
+              " elements present)");
+  }
+}
+
+}  // namespace
+
+Config config_from_hf_json(const std::string& text, std::vector<std::string>* notes) {
+  const nlohmann::json j = parse_hf_config(text);
+  if (j["model_type"] == "olmo3moe") return config_from_olmo3moe(j, notes);
+  check_olmoe_fields(j);
   Config full;
   ModelConfig& c = full.model;
   c.vocab_size = need_int(j, "vocab_size");
@@ -89,24 +237,7 @@ Config config_from_hf_json(const std::string& text, std::vector<std::string>* no
   c.rope_theta = hf_json::rope_theta(j, 10000.0);
   if (j.contains("initializer_range") && j["initializer_range"].is_number())
     c.init_std = j["initializer_range"].get<double>();
-  if (j.contains("rope_scaling"))
-    MOE_CHECK(j["rope_scaling"].is_null(), "config.json: rope_scaling ", j["rope_scaling"].dump(),
-              " (only unscaled default RoPE)");
-  if (j.contains("hidden_act"))
-    MOE_CHECK(j["hidden_act"] == "silu", "config.json: hidden_act ", j["hidden_act"].dump(), " (only \"silu\")");
-  c.attention_bias = hf_json::boolean(j, "attention_bias", false);  // q/k/v/o_proj.bias
-  if (j.contains("attention_dropout"))
-    MOE_CHECK(j["attention_dropout"].is_number() && j["attention_dropout"].get<double>() == 0.0,
-              "config.json: attention_dropout ", j["attention_dropout"].dump(), " (only 0)");
-  if (j.contains("clip_qkv"))
-    MOE_CHECK(j["clip_qkv"].is_null(), "config.json: clip_qkv ", j["clip_qkv"].dump(),
-              " (OLMoE clamps q and k after their QK-norm; moecore's model.clip_qkv, as Olmo-core 3's, "
-              "clamps before it: only null)");
-  MOE_CHECK(c.d_model % c.n_heads == 0, "config.json: hidden_size ", c.d_model,
-            " is not a multiple of num_attention_heads ", c.n_heads);
-  if (j.contains("head_dim") && !j["head_dim"].is_null())
-    MOE_CHECK(j["head_dim"] == c.d_model / c.n_heads, "config.json: head_dim ", j["head_dim"].dump(),
-              " != hidden_size / num_attention_heads = ", c.d_model / c.n_heads);
+  read_olmoe_attention(j, c);
   // Token ids: an integer in [0, vocab_size) or null (-1). moecore keeps one id of each kind.
   auto token_id = [&](const char* key) { return hf_json::token_id(j, key, c.vocab_size); };
   c.pad_id = token_id("pad_token_id");
@@ -136,95 +267,12 @@ HfModel import_hf(const std::string& dir) {
   const ModelConfig& c = m.config.model;
   const ParamLayout layout(c);
   m.params.assign(static_cast<size_t>(layout.total()), 0.0f);
-
   // The files and which keys each should hold (from the index, if sharded).
-  std::vector<std::string> files;
-  std::map<std::string, std::string> index_of;  // key -> shard file named by the index
-  const std::string index_path = dir + "/model.safetensors.index.json";
-  if (path_entry_exists(index_path)) {
-    nlohmann::json idx;
-    try {
-      idx = nlohmann::json::parse(read_input_file(index_path, "Hugging Face shard index"));
-    } catch (const std::exception& e) {
-      MOE_FAIL("'", index_path, "' is not valid JSON: ", e.what());
-    }
-    MOE_CHECK(idx.is_object() && idx.contains("weight_map") && idx["weight_map"].is_object(), "'", index_path,
-              "' has no weight_map object");
-    for (auto& [k, v] : idx["weight_map"].items()) {
-      MOE_CHECK(v.is_string(), "'", index_path, "': weight_map['", k, "'] is not a file name");
-      const std::string f = v.get<std::string>();
-      MOE_CHECK(f.find('/') == std::string::npos && f.find("..") == std::string::npos, "'", index_path,
-                "': shard name '", f, "' is not a plain file name");
-      index_of[k] = f;
-      if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
-    }
-    std::sort(files.begin(), files.end());
-  } else {
-    MOE_CHECK(path_entry_exists(dir + "/model.safetensors"), "'", dir,
-              "' has neither model.safetensors nor model.safetensors.index.json");
-    files.push_back("model.safetensors");
-  }
-
+  const HfShards shards = hf_shards(dir);
   const auto targets = hf::targets(c, layout, format);
-  std::map<std::string, int64_t> covered;  // our parameter -> elements written
-  std::map<std::string, std::string> seen;  // HF key -> file
-  std::vector<float> tied_head;
-  for (const std::string& f : files) {
-    SafetensorsFile st(dir + "/" + f, "Hugging Face weights file");
-    for (const auto& [key, e] : st.entries()) {
-      auto prev = seen.find(key);
-      MOE_CHECK(prev == seen.end(), "tensor '", key, "' appears in both '", prev->second, "' and '", f, "'");
-      seen[key] = f;
-      if (!index_of.empty()) {
-        auto it = index_of.find(key);
-        MOE_CHECK(it != index_of.end() && it->second == f, "'", dir + "/" + f, "' holds '", key,
-                  "', which the index places ", it == index_of.end() ? std::string("nowhere") : "in '" + it->second + "'");
-      }
-      if (key == "lm_head.weight" && c.tie_embeddings) {  // tied: must equal the embedding (checked below)
-        MOE_CHECK(e.shape == layout.find("embed").shape, "'", dir + "/", f, "': tied lm_head.weight has shape ",
-                  hf::shape_str(e.shape), ", expected ", hf::shape_str(layout.find("embed").shape));
-        OwnedTensor v = st.read(key, DType::kF32);
-        tied_head.assign(v.as<float>(), v.as<float>() + v.t.numel());
-        continue;
-      }
-      auto t = targets.find(key);
-      MOE_CHECK(t != targets.end(), "'", dir + "/", f, "': unexpected tensor '", key, "' (not part of ",
-                format == HfFormat::kOlmoe ? "OlmoeForCausalLM" : "Olmo3MoeForCausalLM", " with this config.json)");
-      const hf::Target& tg = t->second;
-      MOE_CHECK(e.shape == tg.shape, "'", dir + "/", f, "': tensor '", key, "' has shape ", hf::shape_str(e.shape),
-                ", expected ", hf::shape_str(tg.shape));
-      MOE_CHECK(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16" || e.dtype == "F64", "'", dir + "/", f,
-                "': tensor '", key, "' has dtype ", e.dtype, " (need a float type)");
-      OwnedTensor v = st.read(key, DType::kF32);
-      const float* src = v.as<float>();
-      if (tg.kind == hf::Kind::kCopy) {
-        std::memcpy(m.params.data() + tg.offset, src, static_cast<size_t>(v.t.numel()) * sizeof(float));
-        covered[tg.ours] += v.t.numel();
-      } else {
-        const int64_t per = tg.F * tg.D;
-        for (int64_t x = 0; x < tg.E; ++x) {
-          std::memcpy(m.params.data() + tg.gate_offset + x * per, src + x * 2 * per, per * sizeof(float));
-          std::memcpy(m.params.data() + tg.up_offset + x * per, src + x * 2 * per + per, per * sizeof(float));
-        }
-        const std::string base = tg.ours.substr(0, tg.ours.size() - 7);  // "layers.L.experts."
-        covered[base + "gate"] += tg.E * per;
-        covered[base + "up"] += tg.E * per;
-      }
-    }
-  }
-  if (!tied_head.empty()) {
-    const ParamInfo emb = layout.find("embed");  // a copy: no reference to a call given a temporary
-    MOE_CHECK(std::memcmp(tied_head.data(), m.params.data() + emb.offset, tied_head.size() * sizeof(float)) == 0,
-              "'", dir, "': tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight");
-  }
-  for (const auto& [k, f] : index_of)
-    MOE_CHECK(seen.count(k), "the index places '", k, "' in '", f, "', which does not hold it");
-  for (const ParamInfo& p : layout.entries()) {
-    const int64_t n = covered.count(p.name) ? covered[p.name] : 0;
-    MOE_CHECK(n <= p.numel, "'", dir, "' gives parameter '", p.name, "' more than once (per-expert and fused keys both present?)");
-    MOE_CHECK(n == p.numel, "'", dir, "' lacks tensors for parameter '", p.name, "' (", n, " of ", p.numel,
-              " elements present)");
-  }
+  HfRead read;
+  for (const std::string& f : shards.files) read_hf_file(dir, f, shards, targets, c, layout, format, m.params, read);
+  check_hf_complete(dir, layout, m.params, shards, read);
   return m;
 }
 

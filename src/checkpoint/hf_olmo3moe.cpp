@@ -70,6 +70,107 @@ void require_neutral(const nlohmann::json& j, const char* key, const nlohmann::j
   MOE_FAIL("config.json: '", key, "' = ", j[key].dump(), " is not supported (", why, "; only ", neutral.dump(), ")");
 }
 
+// Fields moecore cannot honour, refused by name: unknown ones, another architecture, and the
+// neutral-only ones at any other value.
+void check_olmo3moe_fields(const nlohmann::json& j) {
+  namespace H = hf_json;
+  for (auto& [key, v] : j.items())
+    MOE_CHECK(known_fields().count(key), "config.json: unsupported field '", key, "' = ", v.dump(),
+              " (moecore cannot honour it)");
+  if (H::present(j, "architectures"))
+    MOE_CHECK(j["architectures"] == nlohmann::json::array({"Olmo3MoeForCausalLM"}), "config.json: architectures ",
+              j["architectures"].dump(), " (olmo3moe: [\"Olmo3MoeForCausalLM\"])");
+  require_neutral(j, "qk_norm_per_head_gains", false, "per-head QK gains");
+  require_neutral(j, "scalable_softmax", false, "scalable softmax");
+  require_neutral(j, "attention_gate_type", nullptr, "attention output gates");
+  require_neutral(j, "latent_moe_dim", nullptr, "latent MoE");
+  for (const char* k : {"emo_min_document_expert_pool", "emo_max_document_expert_pool", "emo_eval_document_expert_pool"})
+    require_neutral(j, k, nullptr, "EMO document expert pools");
+  require_neutral(j, "attention_dropout", 0.0, "no dropout");
+  require_neutral(j, "hidden_act", "silu", "SwiGLU experts");
+  require_neutral(j, "rope_scaling", nullptr, "only unscaled default RoPE");
+}
+
+// Widths, heads, experts and the router's rule.
+void read_olmo3moe_shape(const nlohmann::json& j, ModelConfig& c) {
+  namespace H = hf_json;
+  c.vocab_size = H::positive_int(j, "vocab_size", 50304);
+  c.d_model = H::positive_int(j, "hidden_size", 4096);
+  c.n_layers = H::positive_int(j, "num_hidden_layers", 32);
+  c.n_heads = H::positive_int(j, "num_attention_heads", 32);
+  c.n_kv_heads = H::positive_int(j, "num_key_value_heads", c.n_heads);
+  const int64_t attn_hidden = H::positive_int(j, "attention_hidden_size", c.d_model);
+  c.head_dim = H::positive_int(j, "head_dim", attn_hidden / c.n_heads);
+  MOE_CHECK(c.head_dim * c.n_heads == attn_hidden, "config.json: attention_hidden_size = ", attn_hidden,
+            " is not num_attention_heads x head_dim = ", c.n_heads, " x ", c.head_dim);
+  c.expert_hidden = H::positive_int(j, "moe_intermediate_size", 2048);
+  c.dense_hidden = H::positive_int(j, "dense_mlp_intermediate_size", 11008);
+  c.shared_hidden = j.contains("shared_expert_intermediate_size")
+                        ? (j["shared_expert_intermediate_size"].is_null() ? 0 : H::positive_int(j, "shared_expert_intermediate_size", 0))
+                        : 2048;
+  c.num_experts = H::positive_int(j, "n_routed_experts", 64);
+  c.top_k = H::positive_int(j, "num_experts_per_tok", 4);
+  c.original_top_k = H::present(j, "original_num_experts_per_tok") ? H::positive_int(j, "original_num_experts_per_tok", 0) : 0;
+  const std::string gating = j.contains("gating_function") ? j["gating_function"].get<std::string>() : "softmax";
+  MOE_CHECK(gating == "softmax" || gating == "sigmoid", "config.json: gating_function \"", gating,
+            "\" (olmo3moe: softmax or sigmoid)");
+  c.score_func = gating;
+  c.sigmoid_eps = gating == "sigmoid" ? 1e-7 : 0.0;  // olmo3moe's router adds 1e-7 to sigmoid scores
+  if (!j.contains("normalize_expert_weights")) {
+    c.norm_topk_prob = true;  // default 1.0
+  } else if (!j["normalize_expert_weights"].is_null()) {
+    c.norm_topk_prob = true;
+    c.norm_topk_p = H::positive_number(j, "normalize_expert_weights", 1.0);
+  }
+}
+
+// Dense layers (default [0]) as moecore's list: sorted, each once.
+std::string olmo3moe_dense_layers(const nlohmann::json& j, int64_t n_layers) {
+  std::vector<int64_t> dense{0};
+  if (j.contains("dense_layers_indices")) {
+    dense.clear();
+    if (!j["dense_layers_indices"].is_null()) {
+      MOE_CHECK(j["dense_layers_indices"].is_array(), "config.json: dense_layers_indices is not a list");
+      for (const auto& v : j["dense_layers_indices"]) {
+        MOE_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < n_layers,
+                  "config.json: dense_layers_indices holds ", v.dump(), " (need layer indices in [0, ", n_layers, "))");
+        dense.push_back(v.get<int64_t>());
+      }
+    }
+  }
+  std::sort(dense.begin(), dense.end());
+  dense.erase(std::unique(dense.begin(), dense.end()), dense.end());
+  std::string out;
+  for (size_t i = 0; i < dense.size(); ++i) {
+    if (i) out.push_back(',');
+    out.append(std::to_string(dense[i]));
+  }
+  return out;
+}
+
+// Attention per layer (default: sliding on even layers, 4096 keys): each layer's window (0: full).
+std::vector<int64_t> olmo3moe_windows(const nlohmann::json& j, int64_t n_layers) {
+  namespace H = hf_json;
+  const int64_t window = j.contains("sliding_window") ? (j["sliding_window"].is_null() ? 0 : H::positive_int(j, "sliding_window", 0))
+                                                       : kDefaultWindow;
+  std::vector<int64_t> per_layer(static_cast<size_t>(n_layers), 0);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    std::string type = l % 2 == 0 ? "sliding_attention" : "full_attention";
+    if (H::present(j, "layer_types")) {
+      MOE_CHECK(j["layer_types"].is_array() && static_cast<int64_t>(j["layer_types"].size()) == n_layers,
+                "config.json: layer_types must list num_hidden_layers = ", n_layers, " entries");
+      type = j["layer_types"][static_cast<size_t>(l)].get<std::string>();
+    }
+    MOE_CHECK(type == "full_attention" || type == "sliding_attention", "config.json: layer_types[", l, "] = \"", type,
+              "\" (moecore has full_attention and sliding_attention; no linear / KDA layers)");
+    if (type == "sliding_attention") {
+      MOE_CHECK(window > 0, "config.json: layer_types[", l, "] is sliding_attention but sliding_window is null");
+      per_layer[static_cast<size_t>(l)] = window;
+    }
+  }
+  return per_layer;
+}
+
 }  // namespace
 
 std::string olmo3moe_unsupported_reason(const ModelConfig& c) {
@@ -173,51 +274,10 @@ nlohmann::ordered_json olmo3moe_config(const Config& full, const std::string& to
 
 Config config_from_olmo3moe(const nlohmann::json& j, std::vector<std::string>* notes) {
   namespace H = hf_json;
-  for (auto& [key, v] : j.items())
-    MOE_CHECK(known_fields().count(key), "config.json: unsupported field '", key, "' = ", v.dump(),
-              " (moecore cannot honour it)");
-  if (H::present(j, "architectures"))
-    MOE_CHECK(j["architectures"] == nlohmann::json::array({"Olmo3MoeForCausalLM"}), "config.json: architectures ",
-              j["architectures"].dump(), " (olmo3moe: [\"Olmo3MoeForCausalLM\"])");
-  require_neutral(j, "qk_norm_per_head_gains", false, "per-head QK gains");
-  require_neutral(j, "scalable_softmax", false, "scalable softmax");
-  require_neutral(j, "attention_gate_type", nullptr, "attention output gates");
-  require_neutral(j, "latent_moe_dim", nullptr, "latent MoE");
-  for (const char* k : {"emo_min_document_expert_pool", "emo_max_document_expert_pool", "emo_eval_document_expert_pool"})
-    require_neutral(j, k, nullptr, "EMO document expert pools");
-  require_neutral(j, "attention_dropout", 0.0, "no dropout");
-  require_neutral(j, "hidden_act", "silu", "SwiGLU experts");
-  require_neutral(j, "rope_scaling", nullptr, "only unscaled default RoPE");
+  check_olmo3moe_fields(j);
   Config full;
   ModelConfig& c = full.model;
-  c.vocab_size = H::positive_int(j, "vocab_size", 50304);
-  c.d_model = H::positive_int(j, "hidden_size", 4096);
-  c.n_layers = H::positive_int(j, "num_hidden_layers", 32);
-  c.n_heads = H::positive_int(j, "num_attention_heads", 32);
-  c.n_kv_heads = H::positive_int(j, "num_key_value_heads", c.n_heads);
-  const int64_t attn_hidden = H::positive_int(j, "attention_hidden_size", c.d_model);
-  c.head_dim = H::positive_int(j, "head_dim", attn_hidden / c.n_heads);
-  MOE_CHECK(c.head_dim * c.n_heads == attn_hidden, "config.json: attention_hidden_size = ", attn_hidden,
-            " is not num_attention_heads x head_dim = ", c.n_heads, " x ", c.head_dim);
-  c.expert_hidden = H::positive_int(j, "moe_intermediate_size", 2048);
-  c.dense_hidden = H::positive_int(j, "dense_mlp_intermediate_size", 11008);
-  c.shared_hidden = j.contains("shared_expert_intermediate_size")
-                        ? (j["shared_expert_intermediate_size"].is_null() ? 0 : H::positive_int(j, "shared_expert_intermediate_size", 0))
-                        : 2048;
-  c.num_experts = H::positive_int(j, "n_routed_experts", 64);
-  c.top_k = H::positive_int(j, "num_experts_per_tok", 4);
-  c.original_top_k = H::present(j, "original_num_experts_per_tok") ? H::positive_int(j, "original_num_experts_per_tok", 0) : 0;
-  const std::string gating = j.contains("gating_function") ? j["gating_function"].get<std::string>() : "softmax";
-  MOE_CHECK(gating == "softmax" || gating == "sigmoid", "config.json: gating_function \"", gating,
-            "\" (olmo3moe: softmax or sigmoid)");
-  c.score_func = gating;
-  c.sigmoid_eps = gating == "sigmoid" ? 1e-7 : 0.0;  // olmo3moe's router adds 1e-7 to sigmoid scores
-  if (!j.contains("normalize_expert_weights")) {
-    c.norm_topk_prob = true;  // default 1.0
-  } else if (!j["normalize_expert_weights"].is_null()) {
-    c.norm_topk_prob = true;
-    c.norm_topk_p = H::positive_number(j, "normalize_expert_weights", 1.0);
-  }
+  read_olmo3moe_shape(j, c);
   c.restore_weight_scale = H::boolean(j, "restore_weight_scale", true);
   c.norm_eps = H::positive_number(j, "rms_norm_eps", 1e-5);
   c.rope_theta = H::rope_theta(j, 10000.0);
@@ -229,46 +289,9 @@ Config config_from_olmo3moe(const nlohmann::json& j, std::vector<std::string>* n
   c.embed_scale = H::positive_number(j, "embed_scale", 1.0);
   c.embedding_norm = H::boolean(j, "embed_norm", false);
   c.attention_bias = H::boolean(j, "attention_bias", false);  // q/k/v/o_proj.bias (and g_proj's: no gate here)
-  // Dense layers (default [0]).
-  std::vector<int64_t> dense{0};
-  if (j.contains("dense_layers_indices")) {
-    dense.clear();
-    if (!j["dense_layers_indices"].is_null()) {
-      MOE_CHECK(j["dense_layers_indices"].is_array(), "config.json: dense_layers_indices is not a list");
-      for (const auto& v : j["dense_layers_indices"]) {
-        MOE_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < c.n_layers,
-                  "config.json: dense_layers_indices holds ", v.dump(), " (need layer indices in [0, ", c.n_layers, "))");
-        dense.push_back(v.get<int64_t>());
-      }
-    }
-  }
-  std::sort(dense.begin(), dense.end());
-  dense.erase(std::unique(dense.begin(), dense.end()), dense.end());
   c.n_dense_layers = 0;
-  c.dense_layers.clear();
-  for (size_t i = 0; i < dense.size(); ++i) {
-    if (i) c.dense_layers.push_back(',');
-    c.dense_layers.append(std::to_string(dense[i]));
-  }
-  // Attention per layer (default: sliding on even layers, 4096 keys).
-  const int64_t window = j.contains("sliding_window") ? (j["sliding_window"].is_null() ? 0 : H::positive_int(j, "sliding_window", 0))
-                                                       : kDefaultWindow;
-  std::vector<int64_t> per_layer(static_cast<size_t>(c.n_layers), 0);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    std::string type = l % 2 == 0 ? "sliding_attention" : "full_attention";
-    if (H::present(j, "layer_types")) {
-      MOE_CHECK(j["layer_types"].is_array() && static_cast<int64_t>(j["layer_types"].size()) == c.n_layers,
-                "config.json: layer_types must list num_hidden_layers = ", c.n_layers, " entries");
-      type = j["layer_types"][static_cast<size_t>(l)].get<std::string>();
-    }
-    MOE_CHECK(type == "full_attention" || type == "sliding_attention", "config.json: layer_types[", l, "] = \"", type,
-              "\" (moecore has full_attention and sliding_attention; no linear / KDA layers)");
-    if (type == "sliding_attention") {
-      MOE_CHECK(window > 0, "config.json: layer_types[", l, "] is sliding_attention but sliding_window is null");
-      per_layer[static_cast<size_t>(l)] = window;
-    }
-  }
-  c.sliding_window = window_pattern(per_layer);
+  c.dense_layers = olmo3moe_dense_layers(j, c.n_layers);
+  c.sliding_window = window_pattern(olmo3moe_windows(j, c.n_layers));
   c.sliding_window_full_first = c.sliding_window.empty();
   c.sliding_window_full_last = c.sliding_window.empty();
   c.pad_id = H::token_id(j, "pad_token_id", c.vocab_size, kDefaultPad < c.vocab_size ? kDefaultPad : -1);

@@ -73,33 +73,46 @@ struct CommandLine {
     app.fallthrough(false);
     app.footer("Run 'moecore <command> --help' for a command's options. PATH (--checkpoint): a checkpoint step_N\n"
                "directory, or a checkpoint directory (its newest checkpoint that verifies).");
-    auto config = [&](CLI::App* c) {
-      c->add_option("--config", a.config_path, "TOML config file (default: the embedded configs/default.toml)")
-          ->type_name("FILE");
-    };
-    auto sets = [&](CLI::App* c) {
-      c->add_option("--set", a.overrides, "override one config key; repeat for more")
-          ->type_name("SECTION.KEY=VALUE")
-          ->expected(1)
-          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-    };
+    add_train_and_config();
+    add_plan();
+    add_prepare_eval_generate();
+    add_hf();
+    add_bench();
+    add_report();
+    app.add_subcommand("help", "print this help");
+  }
+
+  void add_config_option(CLI::App* c) {
+    c->add_option("--config", a.config_path, "TOML config file (default: the embedded configs/default.toml)")
+        ->type_name("FILE");
+  }
+  void add_set_option(CLI::App* c) {
+    c->add_option("--set", a.overrides, "override one config key; repeat for more")
+        ->type_name("SECTION.KEY=VALUE")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  }
+
+  void add_train_and_config() {
     CLI::App* train = app.add_subcommand("train", "train a model; writes metrics.jsonl, events.jsonl and checkpoints");
-    config(train);
-    sets(train);
+    add_config_option(train);
+    add_set_option(train);
     train->add_flag("--resume", a.resume, "continue from the latest checkpoint that verifies");
 
     CLI::App* cfg = app.add_subcommand("config", "print the resolved config, parameter count, FLOPs and memory estimate");
-    config(cfg);
-    sets(cfg);
+    add_config_option(cfg);
+    add_set_option(cfg);
     cfg->add_flag("--reference", a.reference, "print every config key with its type, default, allowed values and "
                                               "meaning (markdown: docs/CONFIG.md's table)")
         ->excludes(cfg->get_option("--config"))
         ->excludes(cfg->get_option("--set"));
+  }
 
+  void add_plan() {
     CLI::App* plan = app.add_subcommand("plan", "memory per stage and communication per step of a parallel layout, "
                                                 "before the run");
-    config(plan);
-    sets(plan);
+    add_config_option(plan);
+    add_set_option(plan);
     plan->add_option("--layout", a.layout, "the layout to plan instead of [parallel]'s (e.g. dp=4,ep=2,pp=2)")
         ->type_name("dp=N,ep=N,pp=N");
     plan->add_option("--ranks-per-node", a.ranks_per_node, "ranks sharing one node's links (0 = all in one node)")
@@ -116,7 +129,9 @@ struct CommandLine {
                      "(sets parallel.pp_interleave)")->check(CLI::PositiveNumber);
     plan->add_flag("--power-capped", a.power_capped, "GEMMs at the device's power-capped rate (where the cluster file gives one)");
     plan->add_flag("--json", a.json, "JSON for scripts (every number at full precision)");
+  }
 
+  void add_prepare_eval_generate() {
     CLI::App* prep = app.add_subcommand("prepare", "byte-level token files (train.bin, valid.bin) and the bigram entropy");
     prep->add_option("--input", a.input, "plain text file")->type_name("TEXT")->required();
     prep->add_option("--out", a.out, "output directory")->type_name("DIR")->required();
@@ -125,7 +140,7 @@ struct CommandLine {
     eval->add_option("--checkpoint", a.checkpoint, "checkpoint to evaluate")->type_name("PATH")->required();
     eval->add_option("--batches", a.batches, "validation micro-batches (0 = the whole validation set)")
         ->check(CLI::NonNegativeNumber);
-    sets(eval);
+    add_set_option(eval);
 
     CLI::App* gen = app.add_subcommand("generate", "sample text from a checkpoint (byte-level models)");
     gen->add_option("--checkpoint", a.checkpoint, "checkpoint to sample from")->type_name("PATH")->required();
@@ -136,8 +151,10 @@ struct CommandLine {
     gen->add_option("--top-k", a.top_k, "sample among the k most likely tokens (0 = all)")
         ->check(CLI::NonNegativeNumber)->capture_default_str();
     gen->add_option("--seed", a.seed, "sampling seed")->capture_default_str();
-    sets(gen);
+    add_set_option(gen);
+  }
 
+  void add_hf() {
     CLI::App* exp = app.add_subcommand("export-hf", "write a Hugging Face folder, OlmoeForCausalLM or Olmo-core 3's "
                                                      "Olmo3MoeForCausalLM (config.json, generation_config.json, "
                                                      "model.safetensors or shards with an index, carried tokenizer files)");
@@ -153,19 +170,21 @@ struct CommandLine {
                   "file's other fields and tokenizer files");
     exp->add_option("--max-shard-bytes", a.max_shard_bytes, "largest shard; a larger export is sharded with "
                     "model.safetensors.index.json")->check(CLI::PositiveNumber)->capture_default_str();
-    config(exp);
-    sets(exp);
+    add_config_option(exp);
+    add_set_option(exp);
 
     CLI::App* imp = app.add_subcommand("import-hf", "read a Hugging Face folder (model_type olmoe or olmo3moe) into our "
                                                      "parameter file, carrying its config.json and tokenizer files");
     imp->add_option("--from", a.from, "folder with config.json and model.safetensors (or a sharded index)")
         ->type_name("DIR")->required();
     imp->add_option("--out", a.out, "parameter file to write (use with train.init_from)")->type_name("PARAMS")->required();
+  }
 
+  void add_bench() {
     CLI::App* bench = app.add_subcommand("bench", "timed training steps on random ids: tokens/s, TFLOP/s, MFU, phases, "
                                                   "allocations, peak RSS");
-    config(bench);
-    sets(bench);
+    add_config_option(bench);
+    add_set_option(bench);
     bench->add_option("--warmup", a.warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
     bench->add_option("--steps", a.bench_steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
     bench->add_flag("--kernels", a.kernels, "instead: the GPU's dense, grouped and attention kernel rates (cuda build)");
@@ -174,14 +193,14 @@ struct CommandLine {
     bench->add_option("--cluster", a.cluster, "with --calibrate: the preset or file whose other numbers are kept "
                       "(default: cpu, or cpu-core under mpirun)")->type_name("NAME|FILE");
     bench->add_option("--out", a.out, "with --calibrate: the cluster file to write (default calibration.toml)")->type_name("FILE");
+  }
 
+  void add_report() {
     CLI::App* report = app.add_subcommand("report", "one self-contained HTML page of plots for one or more runs "
                                                     "(their train.out_dir folders, overlaid)");
     report->add_option("RUN_DIR", a.run_dirs, "run directories (metrics.jsonl, events.jsonl, config.toml)")->required();
     report->add_option("--out", a.out, "the page to write (default: report.html in the first run directory)")
         ->type_name("FILE");
-
-    app.add_subcommand("help", "print this help");
   }
 
   // Parses argv; returns an exit code when the command line is fully handled (--help,
@@ -277,73 +296,77 @@ int config_command(const Args& a) {
   return 0;
 }
 
-int run(int argc, char** argv) {
-  CommandLine cli;
-  if (const int code = cli.parse(argc, argv); code >= 0) return code;
-  const Args& a = cli.a;
-  if (a.command == "config") return config_command(a);
-  if (a.command == "report") {
-    std::vector<moe::report::RunReport> reports;
-    for (const std::string& dir : a.run_dirs) reports.push_back(moe::report::read_run(dir));
-    std::vector<const moe::report::RunReport*> runs;
-    for (const auto& r : reports) runs.push_back(&r);
-    const std::string out = a.out.empty() ? a.run_dirs.front() + "/report.html" : a.out;
-    const size_t bytes = moe::report::write_report(out, runs);
-    std::cout << "wrote " << out << " (" << bytes << " bytes, " << runs.size() << " run" << (runs.size() > 1 ? "s" : "")
-              << ")\n";
-    for (const auto& r : reports)
-      for (const std::string& n : r.notices()) std::cout << "  " << r.dir() << ": " << n << "\n";
-    return 0;
+int report_command(const Args& a) {
+  std::vector<moe::report::RunReport> reports;
+  for (const std::string& dir : a.run_dirs) reports.push_back(moe::report::read_run(dir));
+  std::vector<const moe::report::RunReport*> runs;
+  for (const auto& r : reports) runs.push_back(&r);
+  const std::string out = a.out.empty() ? a.run_dirs.front() + "/report.html" : a.out;
+  const size_t bytes = moe::report::write_report(out, runs);
+  std::cout << "wrote " << out << " (" << bytes << " bytes, " << runs.size() << " run" << (runs.size() > 1 ? "s" : "")
+            << ")\n";
+  for (const auto& r : reports)
+    for (const std::string& n : r.notices()) std::cout << "  " << r.dir() << ": " << n << "\n";
+  return 0;
+}
+
+// --overlap-ep HIDDEN,SLOWDOWN into the time model's overlap.
+void parse_overlap_ep(const std::string& arg, moe::OverlapModel& overlap) {
+  const size_t comma = arg.find(',');
+  try {
+    MOE_CHECK(comma != std::string::npos, "");
+    size_t u1 = 0, u2 = 0;
+    const std::string h = arg.substr(0, comma), d = arg.substr(comma + 1);
+    overlap.exchange_hidden = std::stod(h, &u1);
+    overlap.grouped_slowdown = std::stod(d, &u2);
+    MOE_CHECK(u1 == h.size() && u2 == d.size(), "");
+  } catch (const std::exception&) {
+    MOE_FAIL("--overlap-ep ", arg, ": expected HIDDEN,SLOWDOWN (two numbers, e.g. 0.72,0.25)");
   }
-  if (a.command == "plan") {
-    moe::PlanRequest r;
-    r.layout = a.layout;
-    r.cluster = a.cluster;
-    r.ranks_per_node = a.ranks_per_node;
-    r.step = a.plan_step;
-    r.sweep = a.sweep;
-    r.interleave = a.interleave;
-    r.time.power_capped = a.power_capped;
-    if (!a.overlap_ep.empty()) {
-      const size_t comma = a.overlap_ep.find(',');
-      try {
-        MOE_CHECK(comma != std::string::npos, "");
-        size_t u1 = 0, u2 = 0;
-        const std::string h = a.overlap_ep.substr(0, comma), d = a.overlap_ep.substr(comma + 1);
-        r.time.overlap.exchange_hidden = std::stod(h, &u1);
-        r.time.overlap.grouped_slowdown = std::stod(d, &u2);
-        MOE_CHECK(u1 == h.size() && u2 == d.size(), "");
-      } catch (const std::exception&) {
-        MOE_FAIL("--overlap-ep ", a.overlap_ep, ": expected HIDDEN,SLOWDOWN (two numbers, e.g. 0.72,0.25)");
-      }
-    }
-    const moe::PlanReport report = moe::run_plan(resolve(a), r);
-    std::cout << (a.json ? report.json() : report.text());
-    return 0;
-  }
-  if (a.command == "prepare") {
-    moe::PrepareResult r = moe::prepare_text(a.input, a.out);
-    std::cout << "prepared " << a.out << ": " << r.train_tokens << " training and " << r.valid_tokens
-              << " validation byte tokens (every 20th block of " << r.block << " bytes held out)\n";
-    for (const std::string& w : r.warnings) std::cout << "warning: " << w << "\n";
-    std::cout << "unigram entropy " << r.unigram_entropy_nats
-              << " nats/token\nbigram conditional entropy " << r.bigram_entropy_nats
-              << " nats/token (the bar a trained model must beat on validation)\n";
-    return 0;
-  }
-  if (a.command == "train") {
-    moe::TrainSummary s = moe::run_training(resolve(a), std::cout, a.resume);
-    if (moe::launch_rank() != 0) return 0;  // rank 0 reports for the run
-    // Losses with every digit (they round-trip): runs are compared on them.
-    std::cout << std::fixed << std::setprecision(1) << "done: " << s.steps << " steps in " << s.seconds << " s, "
-              << s.tokens_per_s << " tok/s" << std::defaultfloat
-              << std::setprecision(std::numeric_limits<double>::max_digits10) << ", final train ce "
-              << s.final_train_loss;
-    if (s.final_valid_loss >= 0) std::cout << ", validation ce " << s.final_valid_loss;
-    std::cout << "\n";
-    return 0;
-  }
-  if (a.command == "bench" && a.kernels) {
+}
+
+int plan_command(const Args& a) {
+  moe::PlanRequest r;
+  r.layout = a.layout;
+  r.cluster = a.cluster;
+  r.ranks_per_node = a.ranks_per_node;
+  r.step = a.plan_step;
+  r.sweep = a.sweep;
+  r.interleave = a.interleave;
+  r.time.power_capped = a.power_capped;
+  if (!a.overlap_ep.empty()) parse_overlap_ep(a.overlap_ep, r.time.overlap);
+  const moe::PlanReport report = moe::run_plan(resolve(a), r);
+  std::cout << (a.json ? report.json() : report.text());
+  return 0;
+}
+
+int prepare_command(const Args& a) {
+  moe::PrepareResult r = moe::prepare_text(a.input, a.out);
+  std::cout << "prepared " << a.out << ": " << r.train_tokens << " training and " << r.valid_tokens
+            << " validation byte tokens (every 20th block of " << r.block << " bytes held out)\n";
+  for (const std::string& w : r.warnings) std::cout << "warning: " << w << "\n";
+  std::cout << "unigram entropy " << r.unigram_entropy_nats
+            << " nats/token\nbigram conditional entropy " << r.bigram_entropy_nats
+            << " nats/token (the bar a trained model must beat on validation)\n";
+  return 0;
+}
+
+int train_command(const Args& a) {
+  moe::TrainSummary s = moe::run_training(resolve(a), std::cout, a.resume);
+  if (moe::launch_rank() != 0) return 0;  // rank 0 reports for the run
+  // Losses with every digit (they round-trip): runs are compared on them.
+  std::cout << std::fixed << std::setprecision(1) << "done: " << s.steps << " steps in " << s.seconds << " s, "
+            << s.tokens_per_s << " tok/s" << std::defaultfloat
+            << std::setprecision(std::numeric_limits<double>::max_digits10) << ", final train ce "
+            << s.final_train_loss;
+  if (s.final_valid_loss >= 0) std::cout << ", validation ce " << s.final_valid_loss;
+  std::cout << "\n";
+  return 0;
+}
+
+// moecore bench: the kernel rates (--kernels), this machine measured (--calibrate), or timed steps.
+int bench_command(const Args& a) {
+  if (a.kernels) {
 #ifdef MOE_WITH_CUDA
     moe::cuda_kernel_bench(std::cout);
     return 0;
@@ -351,7 +374,7 @@ int run(int argc, char** argv) {
     MOE_FAIL("bench --kernels: this moecore was built without CUDA (configure with -DMOE_CUDA=ON)");
 #endif
   }
-  if (a.command == "bench" && a.calibrate) {
+  if (a.calibrate) {
     const moe::Config c = resolve(a);
     moe::CalibrateOptions o;
     o.base = a.cluster;
@@ -366,36 +389,34 @@ int run(int argc, char** argv) {
     }
     return 0;
   }
-  if (a.command == "bench") {
-    MOE_CHECK(a.cluster.empty() && a.out.empty(), "bench: --cluster and --out go with --calibrate");
-    const moe::Config c = resolve(a);
-    moe::BenchOptions o;
-    o.warmup = a.warmup;
-    o.steps = a.bench_steps;
-    o.alloc_counter = moe::cli::alloc_counter();
-    o.thread_alloc_reader = moe::cli::thread_alloc_reader();
-    const moe::BenchResult result = moe::run_bench(c, o);
-    if (moe::launch_rank() == 0) moe::print_bench(c, result, std::cout);
-    return 0;
-  }
-  if (a.command == "eval") {
-    Restored r = restore(a);
-    moe::run_eval_command(*r.trainer, a.batches, std::cout);
-    return 0;
-  }
-  if (a.command == "generate") {
-    MOE_CHECK(!a.prompt.empty(), "generate needs --prompt TEXT");
-    // One sequence per forward: the batch shape does not change the parameters.
-    Restored r = restore(a, {"train.batch_size=1", "train.micro_batch_size=1"});
-    moe::GenerateOptions o;
-    o.max_new_tokens = a.max_tokens;
-    o.temperature = a.temperature;
-    o.top_k = a.top_k;
-    o.seed = a.seed;
-    moe::run_generate_command(*r.trainer, a.prompt, o, std::cout);
-    return 0;
-  }
-  if (a.command == "export-hf" && !a.checkpoint.empty()) {
+  MOE_CHECK(a.cluster.empty() && a.out.empty(), "bench: --cluster and --out go with --calibrate");
+  const moe::Config c = resolve(a);
+  moe::BenchOptions o;
+  o.warmup = a.warmup;
+  o.steps = a.bench_steps;
+  o.alloc_counter = moe::cli::alloc_counter();
+  o.thread_alloc_reader = moe::cli::thread_alloc_reader();
+  const moe::BenchResult result = moe::run_bench(c, o);
+  if (moe::launch_rank() == 0) moe::print_bench(c, result, std::cout);
+  return 0;
+}
+
+int generate_command(const Args& a) {
+  MOE_CHECK(!a.prompt.empty(), "generate needs --prompt TEXT");
+  // One sequence per forward: the batch shape does not change the parameters.
+  Restored r = restore(a, {"train.batch_size=1", "train.micro_batch_size=1"});
+  moe::GenerateOptions o;
+  o.max_new_tokens = a.max_tokens;
+  o.temperature = a.temperature;
+  o.top_k = a.top_k;
+  o.seed = a.seed;
+  moe::run_generate_command(*r.trainer, a.prompt, o, std::cout);
+  return 0;
+}
+
+// moecore export-hf: a training checkpoint's model (--checkpoint), or a parameter file (--from).
+int export_hf_command(const Args& a) {
+  if (!a.checkpoint.empty()) {
     Restored r = restore(a);
     moe::HfExportOptions o;
     o.format = moe::hf_format_from_name(a.hf_format.empty() ? "olmoe" : a.hf_format);
@@ -405,37 +426,56 @@ int run(int argc, char** argv) {
     std::cout << "exported " << a.out << " (" << moe::hf_format_name(o.format) << ", " << a.dtype << ")\n";
     return 0;
   }
-  if (a.command == "export-hf") {
-    MOE_CHECK(!a.from.empty(), "export-hf needs --from PARAMS or --checkpoint PATH");
-    // The config: --config FILE, else the one stored in PARAMS; --set overrides apply to either.
-    const moe::Config config =
-        a.config_path.empty()
-            ? moe::parse_config(moe::config_to_toml(moe::config_from_json(
-                                    moe::SafetensorsFile(a.from, "export-hf --from").meta("config"))),
-                                a.overrides, a.from + " (stored config)")
-            : resolve(a);
-    const moe::SafetensorsFile file(a.from, "export-hf --from");
-    const std::vector<float> params = moe::load_our_params(file, config.model);
-    const moe::HfCarried carried = moe::load_hf_carried(file);  // config.json and tokenizer of an import
-    moe::HfExportOptions o;
-    o.format = moe::hf_format_from_name(!a.hf_format.empty() ? a.hf_format : !carried.format.empty() ? carried.format : "olmoe");
-    o.dtype = a.dtype;
-    o.max_shard_bytes = a.max_shard_bytes;
-    if (!a.no_carry) o.carried = &carried;
-    moe::export_hf(config, params.data(), a.out, o);
-    std::cout << "exported " << a.out << " (" << moe::hf_format_name(o.format) << ", " << a.dtype << ")";
-    if (o.carried && carried.format == moe::hf_format_name(o.format) && !carried.files.empty())
-      std::cout << " with " << carried.files.size() << " carried tokenizer file(s)";
-    std::cout << "\n";
+  MOE_CHECK(!a.from.empty(), "export-hf needs --from PARAMS or --checkpoint PATH");
+  // The config: --config FILE, else the one stored in PARAMS; --set overrides apply to either.
+  const moe::Config config =
+      a.config_path.empty()
+          ? moe::parse_config(moe::config_to_toml(moe::config_from_json(
+                                  moe::SafetensorsFile(a.from, "export-hf --from").meta("config"))),
+                              a.overrides, a.from + " (stored config)")
+          : resolve(a);
+  const moe::SafetensorsFile file(a.from, "export-hf --from");
+  const std::vector<float> params = moe::load_our_params(file, config.model);
+  const moe::HfCarried carried = moe::load_hf_carried(file);  // config.json and tokenizer of an import
+  moe::HfExportOptions o;
+  o.format = moe::hf_format_from_name(!a.hf_format.empty() ? a.hf_format : !carried.format.empty() ? carried.format : "olmoe");
+  o.dtype = a.dtype;
+  o.max_shard_bytes = a.max_shard_bytes;
+  if (!a.no_carry) o.carried = &carried;
+  moe::export_hf(config, params.data(), a.out, o);
+  std::cout << "exported " << a.out << " (" << moe::hf_format_name(o.format) << ", " << a.dtype << ")";
+  if (o.carried && carried.format == moe::hf_format_name(o.format) && !carried.files.empty())
+    std::cout << " with " << carried.files.size() << " carried tokenizer file(s)";
+  std::cout << "\n";
+  return 0;
+}
+
+int import_hf_command(const Args& a) {
+  const moe::HfModel m = moe::import_hf(a.from);
+  for (const std::string& n : m.notes) std::cout << "note: " << n << "\n";
+  moe::save_our_params(a.out, m.config, m.params.data(), &m.carried);
+  std::cout << "imported " << a.from << " into " << a.out << " (" << m.params.size() << " floats)\n";
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  CommandLine cli;
+  if (const int code = cli.parse(argc, argv); code >= 0) return code;
+  const Args& a = cli.a;
+  if (a.command == "config") return config_command(a);
+  if (a.command == "report") return report_command(a);
+  if (a.command == "plan") return plan_command(a);
+  if (a.command == "prepare") return prepare_command(a);
+  if (a.command == "train") return train_command(a);
+  if (a.command == "bench") return bench_command(a);
+  if (a.command == "eval") {
+    Restored r = restore(a);
+    moe::run_eval_command(*r.trainer, a.batches, std::cout);
     return 0;
   }
-  if (a.command == "import-hf") {
-    const moe::HfModel m = moe::import_hf(a.from);
-    for (const std::string& n : m.notes) std::cout << "note: " << n << "\n";
-    moe::save_our_params(a.out, m.config, m.params.data(), &m.carried);
-    std::cout << "imported " << a.from << " into " << a.out << " (" << m.params.size() << " floats)\n";
-    return 0;
-  }
+  if (a.command == "generate") return generate_command(a);
+  if (a.command == "export-hf") return export_hf_command(a);
+  if (a.command == "import-hf") return import_hf_command(a);
   MOE_FAIL("unknown command '", a.command, "'");
 }
 

@@ -46,8 +46,8 @@ Dims model_dims(const ModelConfig& c, int64_t batch, int64_t seq_len, DType comp
 
 namespace {
 
-void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, const Dims& d, int64_t layer,
-                LayerActs& a) {
+// One layer's attention activations (and x_mid, the residual stream after it).
+void plan_attention(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, const Dims& d, LayerActs& a) {
   const int64_t T = d.T, D = c.d_model, H = c.n_heads, G = c.n_kv_heads, hd = c.hd();
   const bool peri = choice.output_norm();
   const bool in_norm = choice.input_norm();  // reordered: sublayers read the residual stream itself
@@ -90,6 +90,53 @@ void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, 
     at.rstd_out = A(d.cdt, {T});
   }
   a.x_mid = A(d.cdt, {T, D});
+}
+
+// An MoE layer's router, permutation and routed-expert activations.
+void plan_routed_experts(ArenaPlan& A, const ModelConfig& c, const Dims& d, FfnActs& f) {
+  const int64_t T = d.T, D = c.d_model;
+  const int64_t E = c.num_experts, K = c.top_k, R = d.R, F = c.expert_hidden;
+  f.logits = A(d.cdt, {T, E});
+  f.scores = A(d.cdt, {T, E});
+  f.expert_idx = A(DType::kI32, {T, K});
+  f.weights = A(d.cdt, {T, K});
+  f.counts = A(DType::kI32, {E});
+  if (c.shared_router) {
+    const int64_t Es = c.shared_experts;
+    f.shared_logits = A(d.cdt, {T, Es});
+    f.shared_scores = A(d.cdt, {T, Es});
+    f.shared_w = A(d.cdt, {T, Es});
+    f.shared_idx = A(DType::kI32, {T, Es});
+    f.shared_pos = A(DType::kI32, {T * Es});
+  }
+  f.offsets = A(DType::kI32, {E + 1});
+  f.sorted_slot = A(DType::kI32, {R});
+  f.slot_pos = A(DType::kI32, {R});
+  f.recv_offsets = f.offsets;  // with EP: the exchange plan's (set per forward)
+  if (d.mx.experts) {  // the GEMMs' inputs saved quantized (the gathered rows are scratch)
+    f.xr_q = A(DType::kE4M3, {d.Rx, D});
+    f.xr_qs = A(DType::kE8M0, {d.Rx, D / mx::kBlock});
+    f.ea_q = A(DType::kE4M3, {d.Rx, F});
+    f.ea_qs = A(DType::kE8M0, {d.Rx, F / mx::kBlock});
+  } else {
+    f.xs_act = A(d.adt, {R, D});
+    f.xr_act = f.xs_act;
+    if (d.ep > 1) f.xr_act = A(d.adt, {d.Rx, D});
+    f.ea_act = A(d.adt, {d.Rx, F});
+  }
+  f.eg = A(d.adt, {d.Rx, F});
+  f.eu = A(d.adt, {d.Rx, F});
+  f.ys = A(d.adt, {R, D});
+}
+
+// One layer's saved activations, carved in the order the arena lays them out.
+void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, const Dims& d, int64_t layer,
+                LayerActs& a) {
+  const int64_t T = d.T, D = c.d_model;
+  const bool peri = choice.output_norm();
+  const bool in_norm = choice.input_norm();  // reordered: sublayers read the residual stream itself
+  const bool bf16 = d.adt != d.cdt;
+  plan_attention(A, c, choice, d, a);
 
   FfnActs& f = a.ffn;
   if (in_norm) f.rstd_in = A(d.cdt, {T});
@@ -106,40 +153,7 @@ void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, 
     f.u = A(d.adt, {T, Fw});
     f.a_act = A(d.adt, {T, Fw});
   }
-  if (moe) {
-    const int64_t E = c.num_experts, K = c.top_k, R = d.R, F = c.expert_hidden;
-    f.logits = A(d.cdt, {T, E});
-    f.scores = A(d.cdt, {T, E});
-    f.expert_idx = A(DType::kI32, {T, K});
-    f.weights = A(d.cdt, {T, K});
-    f.counts = A(DType::kI32, {E});
-    if (c.shared_router) {
-      const int64_t Es = c.shared_experts;
-      f.shared_logits = A(d.cdt, {T, Es});
-      f.shared_scores = A(d.cdt, {T, Es});
-      f.shared_w = A(d.cdt, {T, Es});
-      f.shared_idx = A(DType::kI32, {T, Es});
-      f.shared_pos = A(DType::kI32, {T * Es});
-    }
-    f.offsets = A(DType::kI32, {E + 1});
-    f.sorted_slot = A(DType::kI32, {R});
-    f.slot_pos = A(DType::kI32, {R});
-    f.recv_offsets = f.offsets;  // with EP: the exchange plan's (set per forward)
-    if (d.mx.experts) {  // the GEMMs' inputs saved quantized (the gathered rows are scratch)
-      f.xr_q = A(DType::kE4M3, {d.Rx, D});
-      f.xr_qs = A(DType::kE8M0, {d.Rx, D / mx::kBlock});
-      f.ea_q = A(DType::kE4M3, {d.Rx, F});
-      f.ea_qs = A(DType::kE8M0, {d.Rx, F / mx::kBlock});
-    } else {
-      f.xs_act = A(d.adt, {R, D});
-      f.xr_act = f.xs_act;
-      if (d.ep > 1) f.xr_act = A(d.adt, {d.Rx, D});
-      f.ea_act = A(d.adt, {d.Rx, F});
-    }
-    f.eg = A(d.adt, {d.Rx, F});
-    f.eu = A(d.adt, {d.Rx, F});
-    f.ys = A(d.adt, {R, D});
-  }
+  if (moe) plan_routed_experts(A, c, d, f);
   if (peri) {
     f.out = A(d.cdt, {T, D});
     f.rstd_out = A(d.cdt, {T});
@@ -156,26 +170,12 @@ int64_t lm_head_chunk_rows(int64_t vocab_size, int64_t tokens) {
 }
 
 namespace {
-void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t head_chunk, Scratch& s) {
-  const int64_t T = d.T, D = c.d_model, H = c.n_heads, G = c.n_kv_heads, hd = c.hd();
-  const int64_t E = c.num_experts, K = c.top_k, R = d.R;
+// The SwiGLU gradient scratch, sized by the largest SwiGLU activation: routed (Rx,F), dense
+// (T,Fd), shared (T,Fs). Returns that size.
+int64_t plan_swiglu_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, Scratch& s) {
+  const int64_t T = d.T, D = c.d_model, Rx = d.Rx;
   const bool any_moe = c.num_moe_layers() > 0;
   const bool any_dense = c.num_dense_layers() > 0;
-  s.dresid_TD = A(d.cdt, {T, D});
-  s.dy_TD = A(d.cdt, {T, D});
-  s.droute_TD = A(d.cdt, {T, D});
-  s.dshared_TD = A(d.cdt, {T, D});
-  s.dnormed_TD = A(d.cdt, {T, D});
-  s.shared_out_TD = A(d.cdt, {T, D});
-  s.dq_BSHd = A(d.cdt, {d.B, d.S, H, hd});
-  s.dk_BSGd = A(d.cdt, {d.B, d.S, G, hd});
-  s.dv_BSGd = A(d.cdt, {d.B, d.S, G, hd});
-  s.do_BSHd = A(d.cdt, {d.B, d.S, H, hd});
-  s.dq_lin_THd = A(d.cdt, {T, H * hd});
-  s.dk_lin_TGd = A(d.cdt, {T, G * hd});
-  if (c.attention_bias || c.router_logit_bias || c.shared_router_bias) s.ones_T1 = A(d.cdt, {T, 1});
-  // Rows x width of the largest SwiGLU activation: routed (Rx,F), dense (T,Fd), shared (T,Fs).
-  const int64_t Rx = d.Rx;
   const bool ep = d.ep > 1;
   int64_t swiglu = 0;
   if (any_moe) swiglu = std::max({swiglu, Rx * c.expert_hidden, T * c.shared_width()});
@@ -189,44 +189,71 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
     s.up_f32_W = A(d.cdt, {swiglu});
   }
   if (any_moe && (d.adt != d.cdt || ep)) s.ys_f32_XD = A(d.cdt, {Rx, D});
-  if (any_moe) {
-    s.dys_RD = A(d.cdt, {R, D});
-    s.dxs_XD = A(d.cdt, {Rx, D});
-    if (ep) {
-      s.dyr_XD = A(d.adt, {Rx, D});
-      s.dxs_up_XD = A(d.cdt, {Rx, D});
-    }
-    s.dweights_TK = A(d.cdt, {T, K});
-    s.dscores_TE = A(d.cdt, {T, E});
-    s.dlogits_TE = A(d.cdt, {T, E});
-    if (c.shared_router) {
-      const int64_t Es = c.shared_experts;
-      s.dshared_w_TS = A(d.cdt, {T * Es});
-      s.dshared_scores_TS = A(d.cdt, {T * Es});
-      s.dshared_logits_TS = A(d.cdt, {T * Es});
-      s.shared_zero_N = A(DType::kI32, {T * Es});
-      s.shared_sorted_N = A(DType::kI32, {T * Es});
-      s.shared_plan_3 = A(DType::kI32, {3});
-    }
-    s.mean_prob_E = A(d.cdt, {E});
-    s.lbl_counts_E = A(DType::kI32, {E});
-    if (d.slab_rows > 0) s.ep_slabs = A(d.cdt, {2 * d.ep * d.slab_rows * D});
-    if (d.mx.experts) {
-      const int64_t F = c.expert_hidden, b = mx::kBlock;
-      s.mx_xs_RD = A(d.adt, {R, D});
-      if (ep && d.mx.dispatch) {
-        s.mx_xs_q = A(DType::kE4M3, {R, D});
-        s.mx_xs_qs = A(DType::kE8M0, {R, D / b});
-      } else if (ep) {
-        s.mx_xr_XD = A(d.adt, {Rx, D});
-      }
-      s.mx_dy_q = A(d.mx.grad_elem, {Rx, D});
-      s.mx_dy_qs = A(DType::kE8M0, {Rx, D / b});
-      s.mx_dh_q = A(d.mx.grad_elem, {Rx, F});
-      s.mx_dh_qs = A(DType::kE8M0, {Rx, F / b});
-      s.mx_deq_W = A(d.adt, {Rx * std::max(D, F)});
-    }
+  return swiglu;
+}
+
+// The MoE layers' scratch: expert rows' gradients, router gradients, load balancing, the
+// exchange's slabs, MXFP8 codes.
+void plan_moe_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, Scratch& s) {
+  const int64_t T = d.T, D = c.d_model, E = c.num_experts, K = c.top_k, R = d.R, Rx = d.Rx;
+  const bool ep = d.ep > 1;
+  s.dys_RD = A(d.cdt, {R, D});
+  s.dxs_XD = A(d.cdt, {Rx, D});
+  if (ep) {
+    s.dyr_XD = A(d.adt, {Rx, D});
+    s.dxs_up_XD = A(d.cdt, {Rx, D});
   }
+  s.dweights_TK = A(d.cdt, {T, K});
+  s.dscores_TE = A(d.cdt, {T, E});
+  s.dlogits_TE = A(d.cdt, {T, E});
+  if (c.shared_router) {
+    const int64_t Es = c.shared_experts;
+    s.dshared_w_TS = A(d.cdt, {T * Es});
+    s.dshared_scores_TS = A(d.cdt, {T * Es});
+    s.dshared_logits_TS = A(d.cdt, {T * Es});
+    s.shared_zero_N = A(DType::kI32, {T * Es});
+    s.shared_sorted_N = A(DType::kI32, {T * Es});
+    s.shared_plan_3 = A(DType::kI32, {3});
+  }
+  s.mean_prob_E = A(d.cdt, {E});
+  s.lbl_counts_E = A(DType::kI32, {E});
+  if (d.slab_rows > 0) s.ep_slabs = A(d.cdt, {2 * d.ep * d.slab_rows * D});
+  if (d.mx.experts) {
+    const int64_t F = c.expert_hidden, b = mx::kBlock;
+    s.mx_xs_RD = A(d.adt, {R, D});
+    if (ep && d.mx.dispatch) {
+      s.mx_xs_q = A(DType::kE4M3, {R, D});
+      s.mx_xs_qs = A(DType::kE8M0, {R, D / b});
+    } else if (ep) {
+      s.mx_xr_XD = A(d.adt, {Rx, D});
+    }
+    s.mx_dy_q = A(d.mx.grad_elem, {Rx, D});
+    s.mx_dy_qs = A(DType::kE8M0, {Rx, D / b});
+    s.mx_dh_q = A(d.mx.grad_elem, {Rx, F});
+    s.mx_dh_qs = A(DType::kE8M0, {Rx, F / b});
+    s.mx_deq_W = A(d.adt, {Rx * std::max(D, F)});
+  }
+}
+
+void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t head_chunk, Scratch& s) {
+  const int64_t T = d.T, D = c.d_model, H = c.n_heads, G = c.n_kv_heads, hd = c.hd();
+  const int64_t R = d.R, Rx = d.Rx;
+  const bool any_moe = c.num_moe_layers() > 0;
+  s.dresid_TD = A(d.cdt, {T, D});
+  s.dy_TD = A(d.cdt, {T, D});
+  s.droute_TD = A(d.cdt, {T, D});
+  s.dshared_TD = A(d.cdt, {T, D});
+  s.dnormed_TD = A(d.cdt, {T, D});
+  s.shared_out_TD = A(d.cdt, {T, D});
+  s.dq_BSHd = A(d.cdt, {d.B, d.S, H, hd});
+  s.dk_BSGd = A(d.cdt, {d.B, d.S, G, hd});
+  s.dv_BSGd = A(d.cdt, {d.B, d.S, G, hd});
+  s.do_BSHd = A(d.cdt, {d.B, d.S, H, hd});
+  s.dq_lin_THd = A(d.cdt, {T, H * hd});
+  s.dk_lin_TGd = A(d.cdt, {T, G * hd});
+  if (c.attention_bias || c.router_logit_bias || c.shared_router_bias) s.ones_T1 = A(d.cdt, {T, 1});
+  const int64_t swiglu = plan_swiglu_scratch(A, c, d, s);
+  if (any_moe) plan_moe_scratch(A, c, d, s);
   if (d.mx.attention) {
     const int64_t W = std::max(D, H * hd);
     s.mx_attn_x_N = A(d.adt, {T * W});

@@ -10,7 +10,7 @@
 
 namespace moe {
 namespace {
-// The router kernels' kind codes (kernels/op_list.inc): topk_softmax's scores are a softmax.
+// The expert weights' rule (normalized by p, times the factor: kernels/op_types.h).
 ExpertWeightRule weight_rule(const ModelConfig& c) { return {c.expert_weight_norm_p(), c.expert_weight_factor()}; }
 
 // The experts' GEMMs over the received rows a.xr_act (rows of them), in the operand dtype. bf16
@@ -145,22 +145,16 @@ void load_balance(const SublayerContext& ctx, const MoeLossOutputs& out, const F
   }
   ops.axpy(out.stat_weight, s.mean_prob_E, out.mean_prob);
 }
-}  // namespace
 
-void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const MoeExchangeStep& ex,
-                      const MoeLossOutputs& out, const Tensor& x_in, FfnActs& a) {
+// The shared experts' backward: their d(h) initializes s.dnormed_TD (zeros without them). v1's
+// shared output was scaled by 1/(K+1) in the forward.
+void shared_branch_backward(const SublayerContext& ctx, const LayerParams& p, const Tensor& dy, bool v1, FfnActs& a) {
   Backend& ops = ctx.ops;
   const ModelConfig& c = ctx.cfg;
-  const LayerWeights &W = p.w, &Wc = p.op;
+  const LayerWeights& Wc = p.op;
   LayerWeights& dW = p.grad;
   Scratch& s = ctx.scratch;
-  Tensor dy = ctx.sublayer_output_grad(ctx.choice.output_norm() ? a.out : Tensor(), W.ffn_out_norm, a.rstd_out,
-                                       dW.ffn_out_norm);
   const double k = static_cast<double>(c.top_k);
-  const bool v1 = c.shared_hidden > 0 && ctx.choice.shared_merge == SharedMerge::kV1;
-
-  // Shared expert: its d(h) initializes s.dnormed_TD.
-  std::optional<PhaseScope> phase(std::in_place, Phase::kExpertGemm);
   if (c.shared_router) {
     shared_experts_backward(ctx, p, dy, a, s.dnormed_TD);
   } else if (c.shared_hidden > 0) {
@@ -175,6 +169,104 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
   } else {
     ops.fill(s.dnormed_TD, 0.0);
   }
+}
+
+// The experts' GEMM gradients over rows received rows (bf16 / fp32 operands): g is the output
+// gradient, dxs and dxs_up receive the input gradient's gate and up parts. Without EP the gate
+// part is gathered back before the up gradient overwrites it.
+void bf16_experts_backward(const SublayerContext& ctx, const LayerParams& p, bool ep, int64_t rows, const Tensor& g,
+                           FfnActs& a, const Tensor& dxs, const Tensor& dxs_up) {
+  Backend& ops = ctx.ops;
+  const LayerWeights& Wc = p.op;
+  LayerWeights& dW = p.grad;
+  Scratch& s = ctx.scratch;
+  const int64_t F = a.eg.dim(1);
+  const Tensor da = rows_view(s.dact_W, rows, F);
+  // dg and du go straight into GEMM operands (bf16 over their own fp32 scratch in bf16 mode).
+  const Tensor dg = ctx.grad_operand_store(s.dgate_W, rows, F, rows_view(s.dgate_W, rows, F));
+  const Tensor du = ctx.grad_operand_store(s.dup_W, rows, F, rows_view(s.dup_W, rows, F));
+  const Tensor xr = a.xr_act.slice(0, rows);
+  ops.grouped_linear_bwd_data(g, Wc.exp_down, a.recv_offsets, da);
+  ops.grouped_linear_bwd_weight(g, a.ea_act.slice(0, rows), a.recv_offsets, dW.exp_down);
+  ops.swiglu_bwd(da, a.eg.slice(0, rows), a.eu.slice(0, rows), dg, du);
+  ops.grouped_linear_bwd_data(dg, Wc.exp_gate, a.recv_offsets, dxs);
+  ops.grouped_linear_bwd_weight(dg, xr, a.recv_offsets, dW.exp_gate);
+  if (!ep) {  // gathered back before the up gradient overwrites it
+    PhaseScope permute(Phase::kPermute);
+    ops.moe_gather_bwd(dxs, a.slot_pos, s.dnormed_TD);
+  }
+  ops.grouped_linear_bwd_data(du, Wc.exp_up, a.recv_offsets, dxs_up);
+  ops.grouped_linear_bwd_weight(du, xr, a.recv_offsets, dW.exp_up);
+}
+
+// Mirror of the forward exchange: output gradients (operand dtype) go to the experts' ranks,
+// input gradients (compute dtype, gate + up summed first: one message) come back. Returns the
+// input gradients of this rank's permuted rows.
+Tensor routed_experts_backward(const SublayerContext& ctx, const LayerParams& p, const MoeExchangeStep& ex,
+                               const MoeLossOutputs& out, FfnActs& a) {
+  Backend& ops = ctx.ops;
+  Scratch& s = ctx.scratch;
+  Tensor g = ctx.operand_grad(s.dys_RD);
+  int64_t rows = ctx.dims.R;
+  if (ex.exchange) {
+    a.recv_offsets = ex.exchange->received_offsets(ex.slot, ex.moe_layer);
+    ex.exchange->send_to_experts(ex.slot, ex.moe_layer, g, s.dyr_XD, s.ep_slabs);
+    rows = ctx.dims.Rx;
+    g = s.dyr_XD.slice(0, rows);
+  }
+  const Tensor dxs = s.dxs_XD.slice(0, rows);
+  const Tensor dxs_up = ex.exchange ? s.dxs_up_XD.slice(0, rows) : dxs;
+  if (ctx.dims.mx.experts) {
+    mx_experts_backward(ctx, *p.mx, p.grad, g, out.quant_stats, a, dxs, dxs_up);
+  } else {
+    bf16_experts_backward(ctx, p, ex.exchange != nullptr, rows, g, a, dxs, dxs_up);
+  }
+  Tensor dxs_local = dxs;
+  if (ex.exchange) {
+    ops.axpy(1.0, dxs_up, dxs);
+    ex.exchange->return_to_sources(ex.slot, ex.moe_layer, dxs, s.dys_RD, s.ep_slabs);  // dys was sent: free
+    dxs_local = s.dys_RD;
+  }
+  return dxs_local;
+}
+
+// Router: combine weights, then the auxiliary losses (their values go to the step's stats), into
+// the router's gradients and s.dnormed_TD.
+void router_backward(const SublayerContext& ctx, const LayerParams& p, const MoeLossOutputs& out, FfnActs& a) {
+  Backend& ops = ctx.ops;
+  const ModelConfig& c = ctx.cfg;
+  const LayerWeights& W = p.w;
+  LayerWeights& dW = p.grad;
+  Scratch& s = ctx.scratch;
+  const ScoreKind kind = score_kind(ctx.choice.score_func);
+  ops.fill(s.dscores_TE, 0.0);
+  ops.router_gather_bwd(s.dweights_TK, a.scores, a.expert_idx, weight_rule(c), s.dscores_TE);
+  load_balance(ctx, out, a, kind);
+  ops.add_counts(a.counts, out.counts);
+  ops.fill(s.dlogits_TE, 0.0);
+  ops.router_scores_bwd(s.dscores_TE, a.scores, kind, c.sigmoid_eps, s.dlogits_TE);
+  ops.router_z_loss(a.logits, out.aux_weight, out.router_z_coef * out.aux_weight, out.router_z, s.dlogits_TE);
+  ctx.row_bias_grad(s.dlogits_TE, dW.router_bias);
+  ops.linear_bwd_data(s.dlogits_TE, W.router, s.dnormed_TD, true);
+  ops.linear_bwd_weight(s.dlogits_TE, a.h, dW.router);
+}
+}  // namespace
+
+void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const MoeExchangeStep& ex,
+                      const MoeLossOutputs& out, const Tensor& x_in, FfnActs& a) {
+  Backend& ops = ctx.ops;
+  const ModelConfig& c = ctx.cfg;
+  const LayerWeights& W = p.w;
+  LayerWeights& dW = p.grad;
+  Scratch& s = ctx.scratch;
+  Tensor dy = ctx.sublayer_output_grad(ctx.choice.output_norm() ? a.out : Tensor(), W.ffn_out_norm, a.rstd_out,
+                                       dW.ffn_out_norm);
+  const double k = static_cast<double>(c.top_k);
+  const bool v1 = c.shared_hidden > 0 && ctx.choice.shared_merge == SharedMerge::kV1;
+
+  // Shared expert: its d(h) initializes s.dnormed_TD.
+  std::optional<PhaseScope> phase(std::in_place, Phase::kExpertGemm);
+  shared_branch_backward(ctx, p, dy, v1, a);
 
   // Routed experts.
   Tensor droute = dy;
@@ -188,63 +280,14 @@ void moe_ffn_backward(const SublayerContext& ctx, const LayerParams& p, const Mo
   ops.moe_combine_bwd(droute, a.ys, a.slot_pos, a.weights, s.dys_RD, s.dweights_TK);
   phase.reset();
   phase.emplace(Phase::kExpertGemm);
-  // Mirror of the forward exchange: output gradients (operand dtype) go to the experts' ranks,
-  // input gradients (compute dtype, gate + up summed first: one message) come back.
-  Tensor g = ctx.operand_grad(s.dys_RD);
-  int64_t rows = ctx.dims.R;
-  if (ex.exchange) {
-    a.recv_offsets = ex.exchange->received_offsets(ex.slot, ex.moe_layer);
-    ex.exchange->send_to_experts(ex.slot, ex.moe_layer, g, s.dyr_XD, s.ep_slabs);
-    rows = ctx.dims.Rx;
-    g = s.dyr_XD.slice(0, rows);
-  }
-  const Tensor dxs = s.dxs_XD.slice(0, rows);
-  const Tensor dxs_up = ex.exchange ? s.dxs_up_XD.slice(0, rows) : dxs;
-  if (ctx.dims.mx.experts) {
-    mx_experts_backward(ctx, *p.mx, dW, g, out.quant_stats, a, dxs, dxs_up);
-  } else {
-    const int64_t F = a.eg.dim(1);
-    const Tensor da = rows_view(s.dact_W, rows, F);
-    // dg and du go straight into GEMM operands (bf16 over their own fp32 scratch in bf16 mode).
-    const Tensor dg = ctx.grad_operand_store(s.dgate_W, rows, F, rows_view(s.dgate_W, rows, F));
-    const Tensor du = ctx.grad_operand_store(s.dup_W, rows, F, rows_view(s.dup_W, rows, F));
-    const Tensor xr = a.xr_act.slice(0, rows);
-    ops.grouped_linear_bwd_data(g, Wc.exp_down, a.recv_offsets, da);
-    ops.grouped_linear_bwd_weight(g, a.ea_act.slice(0, rows), a.recv_offsets, dW.exp_down);
-    ops.swiglu_bwd(da, a.eg.slice(0, rows), a.eu.slice(0, rows), dg, du);
-    ops.grouped_linear_bwd_data(dg, Wc.exp_gate, a.recv_offsets, dxs);
-    ops.grouped_linear_bwd_weight(dg, xr, a.recv_offsets, dW.exp_gate);
-    if (!ex.exchange) {  // gathered back before the up gradient overwrites it
-      PhaseScope permute(Phase::kPermute);
-      ops.moe_gather_bwd(dxs, a.slot_pos, s.dnormed_TD);
-    }
-    ops.grouped_linear_bwd_data(du, Wc.exp_up, a.recv_offsets, dxs_up);
-    ops.grouped_linear_bwd_weight(du, xr, a.recv_offsets, dW.exp_up);
-  }
-  Tensor dxs_local = dxs;
-  if (ex.exchange) {
-    ops.axpy(1.0, dxs_up, dxs);
-    ex.exchange->return_to_sources(ex.slot, ex.moe_layer, dxs, s.dys_RD, s.ep_slabs);  // dys was sent: free
-    dxs_local = s.dys_RD;
-  }
+  const Tensor dxs_local = routed_experts_backward(ctx, p, ex, out, a);
   phase.reset();
   phase.emplace(Phase::kPermute);
   ops.moe_gather_bwd(dxs_local, a.slot_pos, s.dnormed_TD);
 
-  // Router: combine weights, then the auxiliary losses (their values go to the step's stats).
-  const ScoreKind kind = score_kind(ctx.choice.score_func);
   phase.reset();
   phase.emplace(Phase::kRouter);
-  ops.fill(s.dscores_TE, 0.0);
-  ops.router_gather_bwd(s.dweights_TK, a.scores, a.expert_idx, weight_rule(c), s.dscores_TE);
-  load_balance(ctx, out, a, kind);
-  ops.add_counts(a.counts, out.counts);
-  ops.fill(s.dlogits_TE, 0.0);
-  ops.router_scores_bwd(s.dscores_TE, a.scores, kind, c.sigmoid_eps, s.dlogits_TE);
-  ops.router_z_loss(a.logits, out.aux_weight, out.router_z_coef * out.aux_weight, out.router_z, s.dlogits_TE);
-  ctx.row_bias_grad(s.dlogits_TE, dW.router_bias);
-  ops.linear_bwd_data(s.dlogits_TE, W.router, s.dnormed_TD, true);
-  ops.linear_bwd_weight(s.dlogits_TE, a.h, dW.router);
+  router_backward(ctx, p, out, a);
   phase.reset();
   ctx.norm_input_backward(s.dnormed_TD, x_in, W.ffn_norm, a.rstd_in, dW.ffn_norm);
 }

@@ -44,11 +44,8 @@ std::string layout_name(const Layout& L) {
   return "dp=" + std::to_string(L.dp) + " ep=" + std::to_string(L.ep) + " pp=" + std::to_string(L.pp);
 }
 
-}  // namespace
-
-std::string format_plan(const Config& config, const Plan& plan) {
-  std::ostringstream o;
-  char buf[256];
+// The plan's first lines: layout, micro-batches, precision; with EP the experts, their rows and drops.
+void write_plan_header(std::ostringstream& o, const Config& config, const Plan& plan) {
   const Layout& L = plan.layout;
   o << "# moecore plan: " << layout_name(L) << " (world " << L.world() << ", edp " << L.edp() << "), "
     << plan.micro_batches << " micro-batch(es) of " << plan.tokens_per_micro << " tokens per rank per step, "
@@ -70,6 +67,11 @@ std::string format_plan(const Config& config, const Plan& plan) {
       o << "\n";
     }
   }
+}
+
+// Memory per rank, a column per stage, by component; then the activation slots.
+void write_memory_table(std::ostringstream& o, const Plan& plan) {
+  char buf[256];
   double largest = 0;
   for (const PlannedStage& st : plan.stages) largest = std::max(largest, st.memory.total());
   const bool mib = largest < kGiB;  // small models read better in MiB
@@ -113,6 +115,11 @@ std::string format_plan(const Config& config, const Plan& plan) {
     std::snprintf(buf, sizeof buf, " %14lld", static_cast<long long>(st.slots));
     o << buf;
   }
+}
+
+// What a checkpoint writes (all ranks, rank 0) and the host memory a save stages.
+void write_checkpoint_line(std::ostringstream& o, const Plan& plan) {
+  char buf[256];
   double checkpoint = 0;
   for (const PlannedRank& r : plan.ranks) checkpoint += r.checkpoint_bytes;
   double host = 0;
@@ -124,8 +131,11 @@ std::string format_plan(const Config& config, const Plan& plan) {
     std::snprintf(buf, sizeof buf, "; %.4f GiB of host memory per rank to stage it (cuda)\n", host / kGiB);
     o << buf;
   }
+}
 
-  // Per stage, its rank that sends the most.
+// Per stage, its rank that sends the most: every collective of its step.
+void write_communication_tables(std::ostringstream& o, const Plan& plan) {
+  char buf[256];
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlannedRank* most = nullptr;
     for (const PlannedRank& r : plan.ranks)
@@ -143,6 +153,16 @@ std::string format_plan(const Config& config, const Plan& plan) {
       o << buf;
     }
   }
+}
+
+}  // namespace
+
+std::string format_plan(const Config& config, const Plan& plan) {
+  std::ostringstream o;
+  write_plan_header(o, config, plan);
+  write_memory_table(o, plan);
+  write_checkpoint_line(o, plan);
+  write_communication_tables(o, plan);
   return o.str();
 }
 

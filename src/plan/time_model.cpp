@@ -53,47 +53,34 @@ double collective_time(const PlannedCollective& c, const Cluster& cl, const Layo
 bool is_exchange(const PlannedCollective& c) { return c.group == "ep"; }
 bool is_pipeline(const PlannedCollective& c) { return c.group == "pp" && c.what != "step statistics"; }
 
-}  // namespace
-
-StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluster& cl, const TimeOptions& options) {
-  const OverlapModel& overlap = options.overlap;
-  MOE_CHECK(overlap.exchange_hidden >= 0 && overlap.exchange_hidden <= 1 && overlap.grouped_slowdown >= 0,
-            "overlap: the hidden fraction must be in [0, 1] and the slowdown >= 0");
-  const ModelConfig& c = config.model;
-  const TrainConfig& t = config.train;
-  const Layout& L = plan.layout;
-  const DeviceSpec& dev = cl.device;
-  // mxfp8 is timed as bf16 for now (the MXFP8 GEMM rates are not in the cluster files yet).
-  const bool bf16 = t.precision != "fp32";
-  const Roofline roof{dev, bf16 ? dev.bf16_flops : dev.fp32_flops, bf16 ? dev.attention_efficiency : dev.attention_efficiency_fp32,
-                      options.power_capped ? dev.power_capped_gemm : 1.0};
-  const double T = static_cast<double>(plan.tokens_per_micro);
-  const double S = static_cast<double>(t.seq_len), D = static_cast<double>(c.d_model), hd = static_cast<double>(c.hd());
-  const double H = static_cast<double>(c.n_heads), G = static_cast<double>(c.n_kv_heads), E = static_cast<double>(c.num_experts);
-  const double K = static_cast<double>(c.top_k), F = static_cast<double>(c.expert_hidden), V = static_cast<double>(c.vocab_size);
-  const double El = E / static_cast<double>(L.ep), a = bf16 ? 2 : 4;  // operand bytes
-  const double M = static_cast<double>(plan.micro_batches);
+// One layer's compute on one micro-batch, from the roofline and the model's shape.
+struct LayerCost {
+  const ModelConfig& c;
+  const Roofline& roof;
+  double fp32_flops;  // the router runs in fp32
+  int64_t seq_len;
+  double T, S, D, hd, H, G, E, F, El, a;  // a: operand bytes
   // Rows one rank's experts compute per micro-batch: all routes of its tokens without EP; with EP
   // T K on average (the group's tokens spread over the ranks), less the drops.
-  const double rows = T * K * (1 - plan.drop_fraction);
+  double rows;
 
-  // Forward time of one layer on one micro-batch (and, into *grouped, its grouped expert GEMMs').
   // Attention's QK^T and PV of one layer on one micro-batch: causal, cut by a sliding window.
-  const auto attention_s = [&](int64_t layer) {
-    return 4 * T * H * hd * (c.attention_pairs(layer, t.seq_len) / S) / (roof.peak * roof.attn_eff);
-  };
-  const auto layer_forward = [&](int64_t layer, double* grouped) {
+  double attention_s(int64_t layer) const {
+    return 4 * T * H * hd * (c.attention_pairs(layer, seq_len) / S) / (roof.peak * roof.attn_eff);
+  }
+  // Forward time of one layer on one micro-batch (and, into *grouped, its grouped expert GEMMs').
+  double forward(int64_t layer, double* grouped) const {
     const bool moe = c.is_moe_layer(layer);
     double s = roof.gemm(T, H * hd, D) + 2 * roof.gemm(T, G * hd, D) + roof.gemm(T, D, H * hd);
     s += attention_s(layer);
     double bytes = 4 * T * D * 10 + 8 * T * (H + 2 * G) * hd;   // norms, residual adds; QK-norm, RoPE
     if (moe) {
-      s += roof.gemm(T, E, D, dev.fp32_flops);  // the router runs in fp32
+      s += roof.gemm(T, E, D, fp32_flops);  // the router runs in fp32
       const double g = 3 * roof.grouped(rows / El, El, F, D);
       s += g;
       if (grouped) *grouped += g;
       if (c.shared_hidden > 0) s += 3 * roof.gemm(T, static_cast<double>(c.shared_width()), D);
-      if (c.shared_router) s += roof.gemm(T, static_cast<double>(c.shared_experts), D, dev.fp32_flops);
+      if (c.shared_router) s += roof.gemm(T, static_cast<double>(c.shared_experts), D, fp32_flops);
       bytes += 12 * T * E + rows * D * (2 * a + 4) + 3 * rows * F * a;  // scores, gather, SwiGLU, combine
     } else {
       const double Fd = static_cast<double>(c.dense_width());
@@ -101,79 +88,121 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
       bytes += 3 * T * Fd * a;
     }
     return s + roof.memory(bytes);
-  };
-  const auto layer_backward = [&](int64_t layer, double* grouped) {
-    // Data and weight gradients: twice the forward GEMMs; attention's backward 2.5x its forward.
+  }
+  // Data and weight gradients: twice the forward GEMMs; attention's backward 2.5x its forward.
+  double backward(int64_t layer, double* grouped) const {
     const double fwd_attn = attention_s(layer);
     double g = 0;
-    const double f = layer_forward(layer, &g);
+    const double f = forward(layer, &g);
     if (grouped) *grouped += 2 * g;
     return 2 * (f - fwd_attn) + 2.5 * fwd_attn;
-  };
-
-  StepTime out;
-  std::vector<double> fwd, bwd;
-  double transfer = 0;
-  for (size_t s = 0; s < plan.stages.size(); ++s) {
-    const PlannedStage& st = plan.stages[s];
-    StageTime x;
-    for (const LayerRange& r : st.chunks)
-      for (int64_t l = r.begin; l < r.end; ++l) {
-        x.forward_compute_s += layer_forward(l, &x.grouped_s);
-        x.backward_compute_s += layer_backward(l, &x.grouped_s) + (t.recompute ? layer_forward(l, &x.grouped_s) : 0);
-      }
-    if (st.layer_begin == 0) x.backward_compute_s += roof.memory(3 * T * D * 4);  // embedding
-    if (st.layer_end == c.n_layers) x.backward_compute_s += 3 * roof.gemm(T, V, D) + roof.memory(4 * T * V * 4);
-    // The stage's slowest rank's exchanges and sync (ranks of a stage differ in their traffic).
-    double fwd_ex = 0, bwd_ex = 0, sync = 0, xfer = 0;
-    for (const PlannedRank& r : plan.ranks) {
-      if (r.coords.pp != static_cast<int64_t>(s)) continue;
-      double f = 0, b = 0, y = 0, p = 0;
-      for (const PlannedCollective& col : r.comm) {
-        const double time = collective_time(col, cl, L);
-        if (is_exchange(col)) {
-          // Under recompute the plan's forward moves happen twice, the second time inside the
-          // backward; the count gather happens once.
-          const bool move_fwd = col.what.find("forward") != std::string::npos;
-          const double share = move_fwd && t.recompute ? 0.5 : 1;
-          if (col.what == "routing counts" || move_fwd) f += share * time / M;
-          if (!move_fwd && col.what != "routing counts") b += time / M;
-          if (move_fwd && t.recompute) b += share * time / M;
-        } else if (is_pipeline(col)) {
-          if (col.op == "send" && col.what != "end-of-step token") p = std::max(p, time / M);
-        } else {
-          y += time;
-        }
-      }
-      fwd_ex = std::max(fwd_ex, f);
-      bwd_ex = std::max(bwd_ex, b);
-      sync = std::max(sync, y);
-      xfer = std::max(xfer, p);
-    }
-    // Overlap (not in the trainer): part of each exchange hidden behind compute, the grouped GEMMs
-    // that run beside it slowed down (split between forward and backward as their shares).
-    if (overlap.exchange_hidden > 0 && fwd_ex + bwd_ex > 0) {
-      const double slower = overlap.grouped_slowdown * x.grouped_s;
-      const double f_share = x.forward_compute_s / (x.forward_compute_s + x.backward_compute_s);
-      x.forward_compute_s += slower * f_share;
-      x.backward_compute_s += slower * (1 - f_share);
-      fwd_ex *= 1 - overlap.exchange_hidden;
-      bwd_ex *= 1 - overlap.exchange_hidden;
-    }
-    x.forward_exchange_s = fwd_ex;
-    x.backward_exchange_s = bwd_ex;
-    x.sync_s = sync;
-    x.transfer_s = xfer;
-    transfer = std::max(transfer, xfer);
-    // Optimizer (memory-bound, per held parameter): clip r/w, AdamW's parameter r/w and gradient
-    // read, moments r/w for the owned share, the bf16 refresh, zeroing and the norm's read.
-    const double n = st.memory.params / 4, owned = st.memory.optimizer / 8;
-    x.optimizer_s = roof.memory(n * (8 + 8 + 4 + 4 + 4 + (bf16 ? 6 : 0)) + owned * 16);
-    out.stages.push_back(x);
-    fwd.push_back(x.forward_s());
-    bwd.push_back(x.backward_s());
   }
-  out.timeline = simulate_interleaved(fwd, bwd, transfer, plan.micro_batches, config.parallel.pp_interleave);
+};
+
+LayerCost layer_cost(const Config& config, const Plan& plan, const Roofline& roof, bool bf16) {
+  const ModelConfig& c = config.model;
+  const double T = static_cast<double>(plan.tokens_per_micro);
+  const double E = static_cast<double>(c.num_experts), K = static_cast<double>(c.top_k);
+  return {c,
+          roof,
+          roof.dev.fp32_flops,
+          config.train.seq_len,
+          T,
+          static_cast<double>(config.train.seq_len),
+          static_cast<double>(c.d_model),
+          static_cast<double>(c.hd()),
+          static_cast<double>(c.n_heads),
+          static_cast<double>(c.n_kv_heads),
+          E,
+          static_cast<double>(c.expert_hidden),
+          E / static_cast<double>(plan.layout.ep),
+          bf16 ? 2.0 : 4.0,
+          T * K * (1 - plan.drop_fraction)};
+}
+
+// The slowest rank of stage s: its exchanges per micro-batch (forward, backward), its sync after
+// the pipeline, and its largest pipeline send per micro-batch (ranks of a stage differ in traffic).
+struct StageTraffic {
+  double fwd_ex = 0, bwd_ex = 0, sync = 0, xfer = 0;
+};
+StageTraffic stage_traffic(const Plan& plan, const Cluster& cl, size_t s, bool recompute) {
+  const Layout& L = plan.layout;
+  const double M = static_cast<double>(plan.micro_batches);
+  StageTraffic out;
+  for (const PlannedRank& r : plan.ranks) {
+    if (r.coords.pp != static_cast<int64_t>(s)) continue;
+    double f = 0, b = 0, y = 0, p = 0;
+    for (const PlannedCollective& col : r.comm) {
+      const double time = collective_time(col, cl, L);
+      if (is_exchange(col)) {
+        // Under recompute the plan's forward moves happen twice, the second time inside the
+        // backward; the count gather happens once.
+        const bool move_fwd = col.what.find("forward") != std::string::npos;
+        const double share = move_fwd && recompute ? 0.5 : 1;
+        if (col.what == "routing counts" || move_fwd) f += share * time / M;
+        if (!move_fwd && col.what != "routing counts") b += time / M;
+        if (move_fwd && recompute) b += share * time / M;
+      } else if (is_pipeline(col)) {
+        if (col.op == "send" && col.what != "end-of-step token") p = std::max(p, time / M);
+      } else {
+        y += time;
+      }
+    }
+    out.fwd_ex = std::max(out.fwd_ex, f);
+    out.bwd_ex = std::max(out.bwd_ex, b);
+    out.sync = std::max(out.sync, y);
+    out.xfer = std::max(out.xfer, p);
+  }
+  return out;
+}
+
+// Stage s's time per micro-batch (compute, exchanges, transfers) and after the pipeline (sync,
+// optimizer).
+StageTime stage_time(const Config& config, const Plan& plan, const Cluster& cl, const TimeOptions& options,
+                     const LayerCost& cost, size_t s) {
+  const OverlapModel& overlap = options.overlap;
+  const ModelConfig& c = config.model;
+  const TrainConfig& t = config.train;
+  const Roofline& roof = cost.roof;
+  const bool bf16 = t.precision != "fp32";
+  const double T = cost.T, D = cost.D, V = static_cast<double>(c.vocab_size);
+  const PlannedStage& st = plan.stages[s];
+  StageTime x;
+  for (const LayerRange& r : st.chunks)
+    for (int64_t l = r.begin; l < r.end; ++l) {
+      x.forward_compute_s += cost.forward(l, &x.grouped_s);
+      x.backward_compute_s += cost.backward(l, &x.grouped_s) + (t.recompute ? cost.forward(l, &x.grouped_s) : 0);
+    }
+  if (st.layer_begin == 0) x.backward_compute_s += roof.memory(3 * T * D * 4);  // embedding
+  if (st.layer_end == c.n_layers) x.backward_compute_s += 3 * roof.gemm(T, V, D) + roof.memory(4 * T * V * 4);
+  StageTraffic tr = stage_traffic(plan, cl, s, t.recompute);
+  // Overlap (not in the trainer): part of each exchange hidden behind compute, the grouped GEMMs
+  // that run beside it slowed down (split between forward and backward as their shares).
+  if (overlap.exchange_hidden > 0 && tr.fwd_ex + tr.bwd_ex > 0) {
+    const double slower = overlap.grouped_slowdown * x.grouped_s;
+    const double f_share = x.forward_compute_s / (x.forward_compute_s + x.backward_compute_s);
+    x.forward_compute_s += slower * f_share;
+    x.backward_compute_s += slower * (1 - f_share);
+    tr.fwd_ex *= 1 - overlap.exchange_hidden;
+    tr.bwd_ex *= 1 - overlap.exchange_hidden;
+  }
+  x.forward_exchange_s = tr.fwd_ex;
+  x.backward_exchange_s = tr.bwd_ex;
+  x.sync_s = tr.sync;
+  x.transfer_s = tr.xfer;
+  // Optimizer (memory-bound, per held parameter): clip r/w, AdamW's parameter r/w and gradient
+  // read, moments r/w for the owned share, the bf16 refresh, zeroing and the norm's read.
+  const double n = st.memory.params / 4, owned = st.memory.optimizer / 8;
+  x.optimizer_s = roof.memory(n * (8 + 8 + 4 + 4 + 4 + (bf16 ? 6 : 0)) + owned * 16);
+  return x;
+}
+
+// After the simulated pipeline: each stage's busy time and bubble, the step (the pipeline, then
+// the slowest stage's sync and optimizer), its rates and where its time goes.
+void finish_step_time(const Config& config, const Plan& plan, const DeviceSpec& dev, double peak, StepTime& out) {
+  const ModelConfig& c = config.model;
+  const TrainConfig& t = config.train;
+  const double M = static_cast<double>(plan.micro_batches);
   for (const TimelineEntry& e : out.timeline) out.pipeline_s = std::max(out.pipeline_s, e.end_s);
   double tail = 0;
   size_t critical = 0;
@@ -195,10 +224,10 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
   out.step_spread = dev.timing_spread;
   const double tokens = static_cast<double>(t.batch_size * t.seq_len);
   out.tokens_per_s = tokens / out.step_s;
-  out.tokens_per_s_per_device = out.tokens_per_s / static_cast<double>(L.world());
+  out.tokens_per_s_per_device = out.tokens_per_s / static_cast<double>(plan.layout.world());
   out.model_flops_per_token = c.train_flops_per_token(t.seq_len);
   out.achieved_flops_per_device = out.model_flops_per_token * out.tokens_per_s_per_device;
-  out.mfu = out.achieved_flops_per_device / roof.peak;
+  out.mfu = out.achieved_flops_per_device / peak;
   out.mfu_bf16 = out.achieved_flops_per_device / dev.bf16_flops;
   out.bubble_fraction = out.pipeline_s > 0 ? out.stages[0].bubble_s / out.pipeline_s : 0;
   for (const PlannedRank& r : plan.ranks)
@@ -209,6 +238,32 @@ StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluste
                    {"pipeline bubble", x.bubble_s},
                    {"gradient and statistics sync", x.sync_s},
                    {"optimizer", x.optimizer_s}};
+}
+
+}  // namespace
+
+StepTime estimate_step_time(const Config& config, const Plan& plan, const Cluster& cl, const TimeOptions& options) {
+  const OverlapModel& overlap = options.overlap;
+  MOE_CHECK(overlap.exchange_hidden >= 0 && overlap.exchange_hidden <= 1 && overlap.grouped_slowdown >= 0,
+            "overlap: the hidden fraction must be in [0, 1] and the slowdown >= 0");
+  const DeviceSpec& dev = cl.device;
+  // mxfp8 is timed as bf16 for now (the MXFP8 GEMM rates are not in the cluster files yet).
+  const bool bf16 = config.train.precision != "fp32";
+  const Roofline roof{dev, bf16 ? dev.bf16_flops : dev.fp32_flops, bf16 ? dev.attention_efficiency : dev.attention_efficiency_fp32,
+                      options.power_capped ? dev.power_capped_gemm : 1.0};
+  const LayerCost cost = layer_cost(config, plan, roof, bf16);
+  StepTime out;
+  std::vector<double> fwd, bwd;
+  double transfer = 0;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const StageTime x = stage_time(config, plan, cl, options, cost, s);
+    transfer = std::max(transfer, x.transfer_s);
+    out.stages.push_back(x);
+    fwd.push_back(x.forward_s());
+    bwd.push_back(x.backward_s());
+  }
+  out.timeline = simulate_interleaved(fwd, bwd, transfer, plan.micro_batches, config.parallel.pp_interleave);
+  finish_step_time(config, plan, dev, roof.peak, out);
   return out;
 }
 

@@ -27,86 +27,41 @@ uint64_t comm_bytes_sent(const ProcessGroups& g) {
   for (const auto* c : {g.dp.get(), g.ep.get(), g.edp.get(), g.pp.get()}) n += c->stats().total_sent();
   return n;
 }
-}  // namespace
 
-BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
-  MOE_CHECK(opt.warmup >= 0 && opt.steps >= 1, "bench: --warmup must be >= 0 and --steps >= 1");
-  Config config = config_in;
-  // Schedule length covers the run so the LR never hits a degenerate point.
-  config.train.steps = std::max(config.train.steps, opt.warmup + opt.steps);
-  std::unique_ptr<Backend> ops = make_backend(config.train.backend);
-  // Under mpirun every rank benches its share of the step; rank 0 prints (main.cpp).
-  std::unique_ptr<Communicator> world = launch_world();
-  check_ranks_agree(config_in, *world, /*with_data_files=*/false);  // bench reads no data
-  const Layout layout = layout_from_config(config.parallel);
-  validate_layout(layout, world->size(), config.model.num_experts, config.model.n_layers);
-  std::unique_ptr<ProcessGroups> groups;
-  if (world->size() > 1) groups = std::make_unique<ProcessGroups>(make_process_groups(*world, layout));
-  // parallel.communicator = "nccl": tensors go over NCCL groups of the same ranks.
-  const std::unique_ptr<DeviceGroups> nccl = device_groups(config.parallel.communicator, groups.get(), *ops);
-  const auto setup_start = std::chrono::steady_clock::now();
-  Trainer trainer(config, *ops, DType::kF32, nccl ? &nccl->groups : groups.get());
-  ops->synchronize();
-  const double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+// Per timed step: its phases (measured by the call that enqueued it) and, once its record is
+// read, its time. A step's time is StepResult::step_s, stream time between the backend's events
+// exactly as `moecore train` records it: the host's clock would time only the enqueue on an
+// asynchronous backend (strict, cuda).
+struct TimedStep {
+  std::array<double, PhaseTimer::kNum> phase{}, cpu{};
+  double step_s = -1, bubble = 0;
+};
 
-  const TrainConfig& tc = config.train;
-  const int64_t B = trainer.local_batch(), S = tc.seq_len, V = config.model.vocab_size;
-  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S});
-  std::mt19937_64 rng(tc.seed);
-  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(V - 1));
-  std::vector<int32_t> row(static_cast<size_t>(S + 1));
+// The bench's steps: the trainer and what it runs on (groups null: one process), and the record
+// of each timed step.
+struct BenchSteps {
+  Trainer& trainer;
+  Backend& ops;
+  Communicator& world;
+  ProcessGroups* groups;
+  const BenchOptions& opt;
+  bool overlap_host;
+  std::vector<TimedStep> timed;
 
-  BenchResult r;
-  r.setup_s = setup_s;
-  r.params = trainer.model().layout().total();  // this rank's (padding included)
-  r.host_threads = cpu::num_threads();
-  r.tokens_per_step = tc.batch_size * S;  // the global step
-  r.ranks = world->size();
-  uint64_t alloc_before = 0, foreign_before = 0;
-  PhaseTimer::set_thread_alloc_reader(opt.thread_alloc_reader);
-  // Phases are timed with the backend's events: stream time, whatever the backend's asynchrony.
-  const PhaseClock clock{ops.get(), [](void* b) { return static_cast<Backend*>(b)->record().seq; },
-                         [](void* b) { static_cast<Backend*>(b)->synchronize(); },
-                         [](void* b, uint64_t from, uint64_t to) {
-                           return static_cast<Backend*>(b)->elapsed_seconds(Event{from}, Event{to});
-                         }};
-  PhaseTimer::set_clock(&clock);
-  struct Unset {
-    ~Unset() { PhaseTimer::set_clock(nullptr); }  // also when a step throws
-  } unset;
-  const int64_t total = opt.warmup + opt.steps;
-  // Per timed step: its phases (measured by the call that enqueued it) and, once its record is
-  // read, its time. A step's time is StepResult::step_s, stream time between the backend's
-  // events exactly as `moecore train` records it: the host's clock would time only the enqueue
-  // on an asynchronous backend (strict, cuda).
-  struct Timed {
-    std::array<double, PhaseTimer::kNum> phase{}, cpu{};
-    double step_s = -1, bubble = 0;
-  };
-  std::vector<Timed> timed_steps(static_cast<size_t>(opt.steps));
-  const auto record = [&](const StepResult* rec, int64_t step) {
+  // A step's record, read by the call that enqueued it or (lagged) by the next one.
+  void record(const StepResult* rec, int64_t step) {
     if (rec == nullptr || step <= opt.warmup) return;
-    Timed& t = timed_steps[static_cast<size_t>(step - opt.warmup - 1)];
+    TimedStep& t = timed[static_cast<size_t>(step - opt.warmup - 1)];
     t.step_s = rec->step_s;
     t.bubble = rec->pp_bubble_s;
-  };
-#ifdef MOE_WITH_CUDA
-  // Which implementation the timed steps' grouped GEMMs and attention took (the step table says).
-  const bool on_cuda = ops->device() == Device::kCuda;
-  CudaPaths paths_before;
-#endif
-  for (int64_t i = 1; i <= total; ++i) {
-#ifdef MOE_WITH_CUDA
-    if (on_cuda && i == opt.warmup + 1) paths_before = cuda_paths(*ops);
-#endif
-    // Fresh random ids each step (outside the phases); labels are the ids shifted by one.
-    for (int64_t b = 0; b < B; ++b) {
-      for (auto& x : row) x = dist(rng);
-      std::copy(row.begin(), row.end() - 1, ids.t.as<int32_t>() + b * S);
-      std::copy(row.begin() + 1, row.end(), labels.t.as<int32_t>() + b * S);
-    }
-    const bool timed = i > opt.warmup;
+  }
+
+  // Step i on this batch: its phases, and for the timed steps its traffic (transfers, bytes
+  // sent) and, on steps 3-10 with a counter, its heap allocations, into r.
+  void run(int64_t i, const OwnedTensor& ids, const OwnedTensor& labels, BenchResult& r) {
+    const bool timed_step = i > opt.warmup;
     const bool count_allocs = opt.alloc_counter && i >= 3 && i <= 10;
+    uint64_t alloc_before = 0, foreign_before = 0;
     if (count_allocs) {
       alloc_before = opt.alloc_counter->load(std::memory_order_relaxed);
       foreign_before = PhaseTimer::foreign_allocs();
@@ -114,24 +69,24 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     PhaseTimer::set_alloc_counter(count_allocs ? opt.alloc_counter : nullptr);
     PhaseTimer::set_enabled(true);
     PhaseTimer::reset();
-    if (groups) world->barrier();  // steps start together: a rank's wait is not the previous step's
+    if (groups) world.barrier();  // steps start together: a rank's wait is not the previous step's
     const uint64_t sent_before = groups ? comm_bytes_sent(*groups) : 0;
-    const TransferStats moved_before = ops->transfers();
+    const TransferStats moved_before = ops.transfers();
     // As `moecore train` runs them (train.overlap_host): each call enqueues a step and reads the
     // one before, whose record carries that step's time.
-    if (config.train.overlap_host) {
+    if (overlap_host) {
       record(trainer.submit(ids.t, labels.t), i - 1);
     } else {
       record(&trainer.step(ids.t, labels.t), i);
     }
-    if (timed) {
-      const TransferStats moved = ops->transfers() - moved_before;
+    if (timed_step) {
+      const TransferStats moved = ops.transfers() - moved_before;
       r.to_host_per_step += static_cast<double>(moved.to_host);
       r.to_host_bytes_per_step += static_cast<double>(moved.to_host_bytes);
       r.to_device_per_step += static_cast<double>(moved.to_device);
       r.to_device_bytes_per_step += static_cast<double>(moved.to_device_bytes);
     }
-    if (groups && timed) r.comm_bytes_per_step += static_cast<double>(comm_bytes_sent(*groups) - sent_before);
+    if (groups && timed_step) r.comm_bytes_per_step += static_cast<double>(comm_bytes_sent(*groups) - sent_before);
     PhaseTimer::flush();  // waits for the stream: the phases of this call's step
     PhaseTimer::set_enabled(false);
     if (count_allocs) {
@@ -142,18 +97,63 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
         r.phase_allocs[static_cast<size_t>(p)] += static_cast<double>(PhaseTimer::allocs()[static_cast<size_t>(p)]);
     }
     PhaseTimer::set_alloc_counter(nullptr);
-    if (!timed) continue;
-    Timed& t = timed_steps[static_cast<size_t>(i - opt.warmup - 1)];
+    if (!timed_step) return;
+    TimedStep& t = timed[static_cast<size_t>(i - opt.warmup - 1)];
     t.phase = PhaseTimer::seconds();
     t.cpu = PhaseTimer::cpu_seconds();
   }
-  record(trainer.collect(), total);  // the last step's record (submit leaves it in flight)
+};
+
+// The warm-up and timed steps on fresh random ids (labels: the ids shifted by one), phases timed
+// with the backend's events: stream time, whatever the backend's asynchrony.
+std::vector<TimedStep> run_steps(const Config& config, const BenchOptions& opt, Trainer& trainer, Backend& ops,
+                                 Communicator& world, ProcessGroups* groups, BenchResult& r) {
+  const TrainConfig& tc = config.train;
+  const int64_t B = trainer.local_batch(), S = tc.seq_len, V = config.model.vocab_size;
+  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S});
+  std::mt19937_64 rng(tc.seed);
+  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(V - 1));
+  std::vector<int32_t> row(static_cast<size_t>(S + 1));
+  const PhaseClock clock{&ops, [](void* b) { return static_cast<Backend*>(b)->record().seq; },
+                         [](void* b) { static_cast<Backend*>(b)->synchronize(); },
+                         [](void* b, uint64_t from, uint64_t to) {
+                           return static_cast<Backend*>(b)->elapsed_seconds(Event{from}, Event{to});
+                         }};
+  PhaseTimer::set_clock(&clock);
+  struct Unset {
+    ~Unset() { PhaseTimer::set_clock(nullptr); }  // also when a step throws
+  } unset;
+  const int64_t total = opt.warmup + opt.steps;
+  BenchSteps steps{trainer, ops, world, groups, opt, tc.overlap_host, std::vector<TimedStep>(static_cast<size_t>(opt.steps))};
 #ifdef MOE_WITH_CUDA
-  if (on_cuda) r.kernel_paths = cuda_paths_text(cuda_paths(*ops) - paths_before);
+  // Which implementation the timed steps' grouped GEMMs and attention took (the step table says).
+  const bool on_cuda = ops.device() == Device::kCuda;
+  CudaPaths paths_before;
 #endif
+  for (int64_t i = 1; i <= total; ++i) {
+#ifdef MOE_WITH_CUDA
+    if (on_cuda && i == opt.warmup + 1) paths_before = cuda_paths(ops);
+#endif
+    // Fresh random ids each step (outside the phases); labels are the ids shifted by one.
+    for (int64_t b = 0; b < B; ++b) {
+      for (auto& x : row) x = dist(rng);
+      std::copy(row.begin(), row.end() - 1, ids.t.as<int32_t>() + b * S);
+      std::copy(row.begin() + 1, row.end(), labels.t.as<int32_t>() + b * S);
+    }
+    steps.run(i, ids, labels, r);
+  }
+  steps.record(trainer.collect(), total);  // the last step's record (submit leaves it in flight)
+#ifdef MOE_WITH_CUDA
+  if (on_cuda) r.kernel_paths = cuda_paths_text(cuda_paths(ops) - paths_before);
+#endif
+  return std::move(steps.timed);
+}
+
+// The timed steps' times, phases and counters as means per step (the median step time too).
+void summarize_steps(const std::vector<TimedStep>& timed_steps, const BenchOptions& opt, BenchResult& r) {
   std::array<double, PhaseTimer::kNum> sums{}, cpu_sums{};
   double step_sum = 0;
-  for (const Timed& t : timed_steps) {
+  for (const TimedStep& t : timed_steps) {
     MOE_CHECK(t.step_s >= 0, "bench: a timed step's record was never read");
     const size_t opt_phase = static_cast<size_t>(Phase::kOptimizer);
     r.step_s.push_back(t.step_s);
@@ -193,8 +193,39 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     r.phase_sum_s += r.phase_s[static_cast<size_t>(p)];
   }
   r.phase_error = std::abs(r.phase_sum_s - r.mean_step_s) / r.mean_step_s;
+}
+}  // namespace
+
+BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
+  MOE_CHECK(opt.warmup >= 0 && opt.steps >= 1, "bench: --warmup must be >= 0 and --steps >= 1");
+  Config config = config_in;
+  // Schedule length covers the run so the LR never hits a degenerate point.
+  config.train.steps = std::max(config.train.steps, opt.warmup + opt.steps);
+  std::unique_ptr<Backend> ops = make_backend(config.train.backend);
+  // Under mpirun every rank benches its share of the step; rank 0 prints (main.cpp).
+  std::unique_ptr<Communicator> world = launch_world();
+  check_ranks_agree(config_in, *world, /*with_data_files=*/false);  // bench reads no data
+  const Layout layout = layout_from_config(config.parallel);
+  validate_layout(layout, world->size(), config.model.num_experts, config.model.n_layers);
+  std::unique_ptr<ProcessGroups> groups;
+  if (world->size() > 1) groups = std::make_unique<ProcessGroups>(make_process_groups(*world, layout));
+  // parallel.communicator = "nccl": tensors go over NCCL groups of the same ranks.
+  const std::unique_ptr<DeviceGroups> nccl = device_groups(config.parallel.communicator, groups.get(), *ops);
+  const auto setup_start = std::chrono::steady_clock::now();
+  Trainer trainer(config, *ops, DType::kF32, nccl ? &nccl->groups : groups.get());
+  ops->synchronize();
+  const double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+
+  BenchResult r;
+  r.setup_s = setup_s;
+  r.params = trainer.model().layout().total();  // this rank's (padding included)
+  r.host_threads = cpu::num_threads();
+  r.tokens_per_step = config.train.batch_size * config.train.seq_len;  // the global step
+  r.ranks = world->size();
+  PhaseTimer::set_thread_alloc_reader(opt.thread_alloc_reader);
+  summarize_steps(run_steps(config, opt, trainer, *ops, *world, groups.get(), r), opt, r);
   r.tokens_per_s = static_cast<double>(r.tokens_per_step) / r.median_step_s;
-  r.flops_per_token = config.model.train_flops_per_token(S);
+  r.flops_per_token = config.model.train_flops_per_token(config.train.seq_len);
   r.tflops = r.tokens_per_s * r.flops_per_token * 1e-12;
   r.peak = mfu_peak(config, world.get());
   r.mfu = r.peak.mfu(r.tflops);
