@@ -28,27 +28,13 @@ namespace moe {
 namespace {
 
 namespace fs = std::filesystem;
+using test::read_file;
+using test::write_file;
 
 const std::string kGolden = std::string(::moe::test::source_dir()) + "/tests/golden/";
 const std::string kFixture = kGolden + "olmoe_pre.safetensors";
 
-std::string tmp(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("moe_hf_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
+std::string tmp(const std::string& name) { return test::scratch_path("moe_hf_test", name); }
 
 using test::error_of;
 

@@ -31,22 +31,13 @@ namespace moe {
 namespace {
 
 namespace fs = std::filesystem;
+using test::read_file;
+using test::write_file;
 
 const std::string kHf = std::string(::moe::test::source_dir()) + "/tests/golden/hf/";
 const std::string kFolder = kHf + "olmo3moe";
 
-std::string tmp(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("moe_olmo3moe_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string tmp(const std::string& name) { return test::scratch_path("moe_olmo3moe_test", name); }
 
 nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(read_file(path)); }
 

@@ -1,6 +1,11 @@
 #include "common/test_util.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -179,6 +184,24 @@ OwnedTensor random_tensor(DType dtype, std::initializer_list<int64_t> dims, uint
   OwnedTensor t(dtype, dims);
   fill_uniform(t, test_seed(), salt, lo, hi);
   return t;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+std::string scratch_path(const std::string& prefix, const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
 }
 
 }  // namespace moe::test

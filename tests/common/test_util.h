@@ -61,4 +61,10 @@ OwnedTensor numeric_grad(const Tensor& param, const std::function<double()>& los
 OwnedTensor random_tensor(DType dtype, std::initializer_list<int64_t> dims, uint64_t salt,
                           double lo = -1.0, double hi = 1.0);
 
+// Files: the whole of one as bytes; one written (replaced) with text; a path in this process's
+// scratch folder <tmp>/<prefix>_<pid>/ (made if missing).
+std::string read_file(const std::string& path);
+void write_file(const std::string& path, const std::string& text);
+std::string scratch_path(const std::string& prefix, const std::string& name);
+
 }  // namespace moe::test

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/small_config.h"
 #include "common/test_util.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
@@ -19,29 +20,21 @@ namespace {
 
 constexpr int32_t kPad = 3;
 
+// The shared small model without its shared expert and z-loss, a padding token, and weight decay
+// that reaches the embedding.
 Config pad_config(bool tied) {
-  Config c;
+  Config c = test::small_config();
   ModelConfig& m = c.model;
   m.vocab_size = 40;
-  m.d_model = 32;
-  m.n_layers = 2;
-  m.n_heads = 4;
-  m.n_kv_heads = 2;
-  m.num_experts = 4;
-  m.top_k = 2;
-  m.expert_hidden = 24;
+  m.shared_hidden = 0;
   m.tie_embeddings = tied;
   m.pad_id = kPad;
+  c.loss.lm_z_coef = 0;
   c.optim.no_decay_embeddings_norms = false;  // weight decay reaches the embedding
   c.optim.weight_decay = 0.1;
   c.optim.lr = 0.01;
   c.optim.min_lr = 0.001;
-  c.optim.warmup_steps = 2;
-  c.optim.max_grad_norm = 0.5;
   c.train.seq_len = 20;
-  c.train.batch_size = 4;
-  c.train.micro_batch_size = 2;
-  c.train.steps = 6;
   return c;
 }
 
