@@ -30,7 +30,8 @@ constexpr int64_t kSumChunk = 4096;
 // ---------------------------------------------------------------- embedding
 void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& y) {
   check_host({&ids, &table, &y}, "embedding_fwd");
-  const auto [n, vocab, d] = check_embedding_fwd(ids, table, y);
+  const EmbeddingDims dims = check_embedding_fwd(ids, table, y);
+  const int64_t n = dims.tokens, vocab = dims.vocab, d = dims.dim;
   const int32_t* id = checked_ids(ids, vocab, "embedding_fwd");
   const size_t row_bytes = static_cast<size_t>(d) * dtype_size(table.dtype);
   const char* src = static_cast<const char*>(table.data);
@@ -45,7 +46,8 @@ void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& y) {
 // accumulates in token order whatever the thread count (no atomics, no scratch).
 void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable, int64_t pad_id) {
   check_host({&ids, &dy, &dtable}, "embedding_bwd");
-  const auto [n, vocab, d] = check_embedding_bwd(ids, dy, dtable);
+  const EmbeddingDims dims = check_embedding_bwd(ids, dy, dtable);
+  const int64_t n = dims.tokens, vocab = dims.vocab, d = dims.dim;
   const int32_t* id = checked_ids(ids, vocab, "embedding_bwd");
   dispatch_real(dtable.dtype, "embedding_bwd", [&](auto tag) {
     using T = decltype(tag);

@@ -152,7 +152,8 @@ template <class T> T exp_store_sum(const T* x, T* d, int64_t n, T mx) {
 void cross_entropy(const Tensor& logits, const Tensor& labels, double loss_scale, double z_coef,
                    const Tensor& dlogits, const Tensor& row_ce, const Tensor& row_z) {
   check_host({&logits, &labels, &dlogits, &row_ce, &row_z}, "cross_entropy");
-  const auto [n, vocab] = check_cross_entropy(logits, labels, dlogits, row_ce, row_z);
+  const CrossEntropyDims dims = check_cross_entropy(logits, labels, dlogits, row_ce, row_z);
+  const int64_t n = dims.rows, vocab = dims.vocab;
   const int32_t* lab = checked_labels(labels, vocab);
   const bool rounded = dlogits.dtype != logits.dtype;  // bf16 dlogits
   dispatch_real(logits.dtype, "cross_entropy", [&](auto tag) {

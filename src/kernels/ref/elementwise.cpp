@@ -36,7 +36,8 @@ constexpr int64_t kSumChunk = 4096;
 // ---------------------------------------------------------------- embedding
 void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& y) {
   check_host({&ids, &table, &y}, "embedding_fwd");
-  const auto [n, vocab, d] = check_embedding_fwd(ids, table, y);
+  const EmbeddingDims dims = check_embedding_fwd(ids, table, y);
+  const int64_t n = dims.tokens, vocab = dims.vocab, d = dims.dim;
   const int32_t* id = checked_ids(ids, vocab, "embedding_fwd");
   dispatch_real(table.dtype, "embedding_fwd", [&](auto tag) {
     using T = decltype(tag);
@@ -49,7 +50,8 @@ void embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& y) {
 
 void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable, int64_t pad_id) {
   check_host({&ids, &dy, &dtable}, "embedding_bwd");
-  const auto [n, vocab, d] = check_embedding_bwd(ids, dy, dtable);
+  const EmbeddingDims dims = check_embedding_bwd(ids, dy, dtable);
+  const int64_t n = dims.tokens, vocab = dims.vocab, d = dims.dim;
   const int32_t* id = checked_ids(ids, vocab, "embedding_bwd");
   dispatch_real(dtable.dtype, "embedding_bwd", [&](auto tag) {
     using T = decltype(tag);

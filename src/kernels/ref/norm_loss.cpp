@@ -72,7 +72,8 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
 void cross_entropy(const Tensor& logits, const Tensor& labels, double loss_scale, double z_coef,
                    const Tensor& dlogits, const Tensor& row_ce, const Tensor& row_z) {
   check_host({&logits, &labels, &dlogits, &row_ce, &row_z}, "cross_entropy");
-  const auto [n, vocab] = check_cross_entropy(logits, labels, dlogits, row_ce, row_z);
+  const CrossEntropyDims dims = check_cross_entropy(logits, labels, dlogits, row_ce, row_z);
+  const int64_t n = dims.rows, vocab = dims.vocab;
   const int32_t* lab = checked_labels(labels, vocab);
   const RoundedOutput dout(dlogits, logits.dtype, "cross_entropy dlogits");
   dispatch_real(logits.dtype, "cross_entropy", [&](auto tag) {
