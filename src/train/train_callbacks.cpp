@@ -42,14 +42,14 @@ double validation_loss(Trainer& trainer, const TokenDataset& valid, int64_t batc
 
 namespace {
 
+// Every `every` steps (0: never).
+bool every_n(int64_t step, int64_t every) { return every > 0 && step % every == 0; }
+
 class Validation final : public TrainCallback {
  public:
   Validation(Trainer& trainer, const TokenDataset& valid, RunRecorder& recorder)
       : trainer_(trainer), valid_(valid), recorder_(recorder) {}
-  bool needs_model_state(int64_t step) const override {
-    const int64_t every = trainer_.config().train.eval_every;
-    return every > 0 && step % every == 0;
-  }
+  bool needs_model_state(int64_t step) const override { return every_n(step, trainer_.config().train.eval_every); }
   void post_step(const StepEnd& s, nlohmann::json& record) override {
     if (!needs_model_state(s.step) && !s.last) return;
     const double vl = validation_loss(trainer_, valid_, trainer_.config().train.eval_batches);
@@ -70,10 +70,7 @@ class Checkpoints final : public TrainCallback {
  public:
   Checkpoints(Trainer& trainer, const DataAnchor& anchor, RunRecorder& recorder)
       : trainer_(trainer), anchor_(anchor), recorder_(recorder) {}
-  bool needs_model_state(int64_t step) const override {
-    const int64_t every = trainer_.config().checkpoint.every;
-    return every > 0 && step % every == 0;
-  }
+  bool needs_model_state(int64_t step) const override { return every_n(step, trainer_.config().checkpoint.every); }
   void post_record(const StepEnd& s) override {
     const SavedCheckpoint saved = maybe_save_checkpoint(trainer_.config(), trainer_.state(), s.step, s.next_instance, s.last,
                                                         anchor_, recorder_.elapsed(now_s()), recorder_.log());
