@@ -10,6 +10,9 @@
 #   scripts/gpu_check.sh --tests    build, the gpu tests (CUTLASS and bench-critical ones first)
 #   scripts/gpu_check.sh --bench    build moecore, the kernel rates, training steps, expert scaling
 #   scripts/gpu_check.sh            both
+#   scripts/gpu_check.sh --profile  build moecore, then Nsight Compute over two steps of the OLMoE
+#                                   shape with 2 layers: each kernel's device time, largest first
+#                                   (tools/ncu_kernel_table.py)
 #   scripts/gpu_check.sh --dry-run  configure and build only, no GPU needed; prints each part's
 #                                   estimate (scripts/gpu_dry_run.sh runs it against the sysroot
 #                                   alone; --record writes the estimates to cmake/gpu_check_estimates.txt)
@@ -30,11 +33,12 @@ while (($#)); do
     --tests) mode=tests ;;
     --bench) mode=bench ;;
     --dry-run) mode=dry ;;
+    --profile) mode=profile ;;
     --record) record=1 ;;
     --out) out=${2:?--out needs a folder}; shift ;;
     --out=*) out=${1#--out=} ;;
     --budget) budget=${2:?--budget needs seconds}; shift ;;
-    *) echo "usage: scripts/gpu_check.sh [--tests | --bench | --dry-run [--record]] [--out DIR] [--budget S]" >&2; exit 2 ;;
+    *) echo "usage: scripts/gpu_check.sh [--tests | --bench | --profile | --dry-run [--record]] [--out DIR] [--budget S]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -177,7 +181,7 @@ est_setup() {  # $1 parameters -> seconds of the trainer's setup on $jobs host t
 # ---------------------------------------------------------------- build
 case $mode in
   tests) targets=(moecore kernels_test model_test gpu_test); est_key=tests ;;
-  bench) targets=(moecore); est_key=bench ;;
+  bench|profile) targets=(moecore); est_key=bench ;;
   *) targets=(moecore kernels_test model_test gpu_test); est_key=tests ;;
 esac
 say "== build ($build, $jobs jobs: ${targets[*]})"
@@ -310,6 +314,24 @@ if [ $mode = all ] || [ $mode = bench ]; then
     cost=$(awk -v a="$base" -v b="$tps" 'BEGIN {if (a > 0 && b > 0) printf "%+.1f%%", 100 * (a / b - 1); else print "?"}')
     row "expert scaling cost" "$e experts vs 8, top-4" "$cost" "step time against 8 experts' (same active parameters)"
   done
+fi
+
+# ---------------------------------------------------------------- profile
+if [ $mode = profile ]; then
+  say "== kernel profile (Nsight Compute, gpu__time_duration.sum; kernels serialized)"
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+  if [ -z "$ncu_bin" ]; then
+    say "profile: no ncu on this machine"
+  else
+    prof_args=(--config configs/bench/gpu_olmoe.toml --set model.n_layers=2 --warmup 1 --steps 1)
+    say "profile: $ncu_bin over moecore bench ${prof_args[*]}"
+    # --clock-control none: the clocks as the card sets them (never changed from here); caches
+    # not flushed between kernels, as in a real step.
+    timeout "$(( $(left) > 30 ? $(left) - 15 : 15 ))" "$ncu_bin" --clock-control none --cache-control none --metrics gpu__time_duration.sum --launch-count 8000 --csv \
+      "$build/moecore" bench "${prof_args[@]}" > "$out/ncu.csv" 2>> "$log"
+    say "profile: ncu exit $? after $(elapsed) s"
+    python3 tools/ncu_kernel_table.py "$out/ncu.csv" --steps 2 --top 40 2>&1 | tee -a "$log" | tee "$out/kernels_by_time.txt"
+  fi
 fi
 
 # ---------------------------------------------------------------- the table

@@ -2,7 +2,12 @@
 // cuBLASLt, CUTLASS and NCCL calls count too): during steps after the warm-up, no allocation and
 // no free anywhere in the process, exactly one host synchronization per step (the wait for its
 // record), one device-to-host copy (the step's statistics: the strict backend's budget) and two
-// host-to-device copies (ids and labels). Label gpu; Skipped without a GPU or without CUPTI.
+// host-to-device copies (ids and labels) through the backend's pinned staging ring. cuDNN's
+// frontend adds its own: each SDPA execute copies its workspace constants from pageable host
+// vectors (graph_interface.h, run_auxiliary_kernels). The first GPU run counted them (bf16: 8 per
+// step of 2 layers x 2 micro-batches x forward and backward); they are told apart by their
+// pageable source and held to at most one per cuDNN call, none in fp32 (no cuDNN). Label gpu;
+// Skipped without a GPU or without CUPTI.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -25,6 +30,7 @@ namespace {
 #ifdef MOE_HAVE_CUPTI
 struct ApiCounts {
   int64_t alloc = 0, free = 0, sync = 0, d2h = 0, h2d = 0, d2d = 0;
+  std::vector<std::pair<uintptr_t, size_t>> h2d_sources;  // (host source, bytes), classified afterwards
   std::vector<std::pair<uintptr_t, uintptr_t>> untyped;  // cuMemcpy(Async): (dst, src), classified afterwards
   std::vector<std::string> names;                        // every counted call, for the failure message
 };
@@ -39,7 +45,10 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain, CUpti_CallbackId cbid,
   bool counted = true;
   if (has("Memcpy")) {
     if (has("DtoH")) ++g_counts.d2h;
-    else if (has("HtoD")) ++g_counts.h2d;
+    else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2) {
+      const auto* p = static_cast<const cuMemcpyHtoDAsync_v2_params*>(d->functionParams);
+      g_counts.h2d_sources.emplace_back(reinterpret_cast<uintptr_t>(p->srcHost), p->ByteCount);
+    } else if (has("HtoD")) ++g_counts.h2d;
     else if (has("DtoD")) ++g_counts.d2d;
     else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync) {
       const auto* p = static_cast<const cuMemcpyAsync_params*>(d->functionParams);
@@ -67,6 +76,15 @@ bool on_device(uintptr_t p) {
     return false;
   }
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+bool pinned_host(uintptr_t p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(p)) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
 }
 #endif
 
@@ -99,11 +117,22 @@ TEST(Cupti, PlainStepsAllocateNothingAndSyncOnce) {
     ASSERT_EQ(cuptiEnableDomain(1, sub, CUPTI_CB_DOMAIN_DRIVER_API), CUPTI_SUCCESS);
     g_counts = ApiCounts{};
     const int steps = 3;
+    const CudaPaths before = cuda_paths(*ops);
     g_counting = true;
     for (int s = 0; s < steps; ++s) one_step();
     g_counting = false;
     cuptiUnsubscribe(sub);
     trainer.collect();
+    const int64_t cudnn_calls = static_cast<int64_t>((cuda_paths(*ops) - before).attention_cudnn);
+    int64_t pageable = 0;
+    for (const auto& [src, bytes] : g_counts.h2d_sources) {
+      if (pinned_host(src)) {
+        ++g_counts.h2d;
+      } else {
+        ++pageable;
+        EXPECT_LE(bytes, 4096u) << "a pageable host-to-device copy of " << bytes << " bytes: not a cuDNN constant";
+      }
+    }
     for (const auto& [dst, src] : g_counts.untyped) {
       const bool d = on_device(dst), s = on_device(src);
       if (d && s) ++g_counts.d2d;
@@ -116,7 +145,12 @@ TEST(Cupti, PlainStepsAllocateNothingAndSyncOnce) {
     EXPECT_EQ(g_counts.free, 0) << calls;
     EXPECT_EQ(g_counts.sync, steps) << "one wait per step: " << calls;
     EXPECT_EQ(g_counts.d2h, steps) << "one download per step (the strict backend's budget): " << calls;
-    EXPECT_EQ(g_counts.h2d, 2 * steps) << "ids and labels: " << calls;
+    EXPECT_EQ(g_counts.h2d, 2 * steps) << "ids and labels, through the pinned ring: " << calls;
+    EXPECT_LE(pageable, cudnn_calls) << "copies from pageable memory: at most one per cuDNN SDPA call (" << cudnn_calls
+                                     << "): " << calls;
+    if (precision == "fp32") {
+      EXPECT_EQ(pageable, 0) << calls;
+    }
   }
 #endif
 }
