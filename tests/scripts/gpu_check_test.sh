@@ -97,5 +97,22 @@ FAKE_ROW_S=1 timeout -s KILL 4 "$repo/scripts/gpu_check.sh" --bench --out "$work
 check "rows measured before a kill are in the table" grep -q "dense bf16 GEMM (linear_fwd)" "$work/killed/table.txt"
 check "and in the log" grep -q "dense bf16 GEMM (linear_fwd)" "$work/killed/gpu_check.log"
 
+# ---------------------------------------------------------------- the profile's kernel table
+# Nsight Compute's CSV as the first H200 run wrote it (ncu's own lines around it, units per row).
+cat > "$work/ncu.csv" <<'EOF'
+==PROF== Connected to process 1 (moecore)
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","1","moecore","h","void moe::cuda::<unnamed>::adamw_by_control_kernel(float *, const float *, float *, float *, long, const double *, double, double, double, double)","1","7","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","863.70"
+"1","1","moecore","h","void moe::cuda::<unnamed>::convert_kernel<float, moe::cuda::bf16>(const float *, moe::cuda::bf16 *, long)","1","7","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","100.00"
+"2","1","moecore","h","void moe::cuda::<unnamed>::convert_kernel<moe::cuda::bf16, float>(const moe::cuda::bf16 *, float *, long)","1","7","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","50,000"
+"3","1","moecore","h","void moe::cuda::<unnamed>::adamw_by_control_kernel(float *, const float *, float *, float *, long, const double *, double, double, double, double)","1","7","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","msecond","0.8637"
+==PROF== Disconnected from process 1
+EOF
+python3 "$repo/tools/ncu_kernel_table.py" "$work/ncu.csv" --steps 2 > "$work/ncu_table.txt" 2>&1
+check "the kernel table reads ncu's CSV" grep -q "^4 kernel launches, 0.94 ms of kernel time per step" "$work/ncu_table.txt"
+check "kernels are folded by name, templates too, largest first" \
+  test "$(sed -n 3p "$work/ncu_table.txt" | cut -d'|' -f1 | sed 's/ *$//')" = "moe::cuda::<...>::adamw_by_control_kernel"
+check "units are converted (us, ns with a thousands comma, ms)" grep -qE "convert_kernel<...> +\| +1.0 \| +0.07 \| +75.0 \| +8.0%" "$work/ncu_table.txt"
+
 if [ $fail != 0 ]; then echo "--- the run's output:"; cat "$work/run.txt"; exit 1; fi
 echo "gpu_check.sh: all checks passed"
