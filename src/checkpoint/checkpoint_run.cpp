@@ -17,34 +17,6 @@
 namespace moe {
 namespace fs = std::filesystem;
 
-uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
-  static const std::array<std::array<uint32_t, 256>, 8> table = [] {
-    std::array<std::array<uint32_t, 256>, 8> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-      t[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; ++i)
-      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xff];
-    return t;
-  }();
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  while (n >= 8) {  // slicing-by-8 (little-endian load)
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    w ^= crc;
-    crc = table[7][w & 0xff] ^ table[6][(w >> 8) & 0xff] ^ table[5][(w >> 16) & 0xff] ^
-          table[4][(w >> 24) & 0xff] ^ table[3][(w >> 32) & 0xff] ^ table[2][(w >> 40) & 0xff] ^
-          table[1][(w >> 48) & 0xff] ^ table[0][(w >> 56) & 0xff];
-    p += 8;
-    n -= 8;
-  }
-  while (n-- > 0) crc = (crc >> 8) ^ table[0][(crc ^ *p++) & 0xff];
-  return ~crc;
-}
-
 CheckpointInfo resume_latest(const std::string& dir, const TrainingState& run, std::ostream& log) {
   std::vector<std::string> all = list_checkpoints(dir);
   MOE_CHECK(!all.empty(), "--resume: no complete checkpoint in '", dir, "'");
