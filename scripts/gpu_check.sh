@@ -235,7 +235,7 @@ if [ $mode = dry ]; then
     p=$(config_params "$build/moecore" --config "$cfg")
     say "setup $(basename "$cfg"): $p parameters, $(est_setup "$p") s"
   done
-  for e in 8 64; do
+  for e in 8 64 128; do
     p=$(config_params "$build/moecore" --config configs/bench/gpu_coarse.toml --set model.num_experts=$e --set model.top_k=4 \
         --set model.expert_hidden=1024 --set model.n_layers=2)
     say "setup expert scaling E=$e (2 layers): $p parameters, $(est_setup "$p") s"
@@ -308,7 +308,7 @@ if [ $mode = all ] || [ $mode = bench ]; then
   bench_row "coarse 8x top-2" configs/bench/gpu_coarse.toml
   say "== expert scaling (top-4, hidden 1024: constant active parameters; 2 layers)"
   base=""
-  for e in 8 64; do
+  for e in 8 64 128; do
     bench_row "expert scaling E=$e" configs/bench/gpu_coarse.toml --set model.num_experts=$e --set model.top_k=4 \
       --set model.expert_hidden=1024 --set model.n_layers=2
     tps=$bench_tps
