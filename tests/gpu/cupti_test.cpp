@@ -69,23 +69,20 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain, CUpti_CallbackId cbid,
   if (counted) g_counts.names.emplace_back(n);
 }
 
+// The memory a pointer names (cudaMemoryTypeUnregistered: pageable host memory, or unknown).
+cudaMemoryType memory_type(uintptr_t p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(p)) != cudaSuccess) {
+    cudaGetLastError();
+    return cudaMemoryTypeUnregistered;
+  }
+  return a.type;
+}
 bool on_device(uintptr_t p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(p)) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  const cudaMemoryType t = memory_type(p);
+  return t == cudaMemoryTypeDevice || t == cudaMemoryTypeManaged;
 }
-
-bool pinned_host(uintptr_t p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(p)) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return a.type == cudaMemoryTypeHost;
-}
+bool pinned_host(uintptr_t p) { return memory_type(p) == cudaMemoryTypeHost; }
 #endif
 
 TEST(Cupti, PlainStepsAllocateNothingAndSyncOnce) {
