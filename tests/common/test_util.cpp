@@ -129,11 +129,11 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 namespace moe::test {
 
 double fd_check(const Tensor& x, const Tensor& analytic, const std::function<double()>& loss, double h,
-                int64_t max_checks, bool fourth_order, bool extrapolate) {
+                int64_t max_checks, bool fourth_order, bool extrapolate, double min_scale) {
   MOE_CHECK(x.dtype == DType::kF64, "fd_check needs an f64 input");
   const int64_t n = x.numel();
   const int64_t stride = std::max<int64_t>(1, n / max_checks);
-  double max_err = 0, max_an = 1e-12;
+  double max_err = 0, max_an = min_scale;
   for (int64_t i = 0; i < n; i += stride) {
     double* p = x.as<double>() + i;
     const double saved = *p;

@@ -45,13 +45,16 @@ namespace moe::test {
 
 // Central finite differences in double: for each element i of `x` (f64), perturbs it by +-h,
 // evaluates loss(), and compares (L+ - L-)/2h with analytic[i]. Returns max|fd - an| / max|an|
-// (max|an| floored at 1e-12). Checks at most `max_checks` evenly spread elements.
+// (max|an| floored at `min_scale`). Checks at most `max_checks` evenly spread elements.
 // fourth_order: the 5-point stencil (-f(x+2h) + 8f(x+h) - 8f(x-h) + f(x-2h)) / 12h, whose
 // truncation error is O(h^4) instead of O(h^2): for strongly nonlinear functions (a whole model).
 // extrapolate: Richardson's combination of the stencil at h and h/2, which cancels its leading
 // truncation term (twice the loss evaluations).
+// min_scale: the floor of max|an|; raise it where a parameter's true gradient is structurally near
+// zero, so that the stencil's rounding (~1e-11 absolute for a whole model) is not compared with it.
 double fd_check(const Tensor& x, const Tensor& analytic, const std::function<double()>& loss,
-                double h = 1e-6, int64_t max_checks = 64, bool fourth_order = false, bool extrapolate = false);
+                double h = 1e-6, int64_t max_checks = 64, bool fourth_order = false, bool extrapolate = false,
+                double min_scale = 1e-12);
 // sum(a * b) in double for same-shape float tensors: the scalar "loss" of FD checks.
 double dot(const Tensor& a, const Tensor& b);
 // Central differences of loss() with respect to every element of param (f64), step h: truncation
