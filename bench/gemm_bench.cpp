@@ -1,5 +1,6 @@
-// GEMM family benchmarks on the cpu backend: GFLOP/s and the fraction of this machine's peak
-// (fp32 117 GFLOP/s per core, bf16 235; measured, see shared/reference), with 1 and 2 threads.
+// GEMM family benchmarks on the cpu backend: GFLOP/s and the fraction of this machine's FMA peak
+// at the benchmark's thread count (kernels/cpu/fma_peak.h, measured where it runs), with 1 and 2
+// threads.
 //   linear:  (m, n, k) = x(m,k) * w(n,k)^T and its two gradients, at T=4096 D=512 F=1536 and at
 //            small M (64 rows; 64x512x1536 is the case oneDNN's own threading does not scale).
 //   grouped: 64 experts, mean 64 rows each (4096 rows), D=512 -> F=1024, with a balanced load and
@@ -19,11 +20,11 @@
 
 #include "core/buffer.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/fma_peak.h"
 
 namespace moe {
 namespace {
 
-constexpr double kPeakPerCore[2] = {117e9, 235e9};  // f32, bf16
 
 enum Op { kFwd = 0, kBwdData = 1, kBwdWeight = 2 };
 const char* kOpNames[] = {"fwd", "bwd_data", "bwd_weight"};
@@ -56,8 +57,9 @@ struct ThreadScope {
 void set_counters(benchmark::State& st, double flops, int dtype, int threads) {
   const double total = flops * static_cast<double>(st.iterations());
   st.counters["GFLOP/s"] = benchmark::Counter(total / 1e9, benchmark::Counter::kIsRate);
+  const cpu::FmaPeak& peak = cpu::fma_peak(threads);
   st.counters["peak_frac"] =
-      benchmark::Counter(total / (kPeakPerCore[dtype] * threads), benchmark::Counter::kIsRate);
+      benchmark::Counter(total / (dtype ? peak.bf16_flops : peak.fp32_flops), benchmark::Counter::kIsRate);
 }
 
 // Args: op, dtype (0 f32, 1 bf16), m, n, k, threads.
@@ -144,7 +146,9 @@ void linear_args(benchmark::internal::Benchmark* b) {
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
       {4096, 1536, 512}, {64, 1536, 512}, {64, 512, 1536},
       // the fine-grained bench config's LM head: a micro-batch of 1,024 rows, vocabulary 50,304
-      {1024, 50304, 256}};
+      {1024, 50304, 256},
+      // olmoe_compat.toml (2,048 tokens a step): an attention projection, the LM head
+      {2048, 512, 512}, {2048, 8192, 512}};
   for (int threads : {1, 2})
     for (int dt : {0, 1})
       for (const auto& [m, n, k] : shapes)
@@ -162,6 +166,10 @@ void grouped_args(benchmark::internal::Benchmark* b) {
   for (int dt : {0, 1})
     for (int op : {kFwd, kBwdData, kBwdWeight})
       for (int skew : {0, 2}) b->Args({op, dt, 128, 512, 256, 256, skew, 2});
+  // olmoe_compat.toml's MoE layer: 16 experts, top-2 of 2,048 tokens (256 rows each on average),
+  // d_model = expert_hidden = 512 (the gate, up and down projections are each one such GEMM).
+  for (int dt : {0, 1})
+    for (int op : {kFwd, kBwdData, kBwdWeight}) b->Args({op, dt, 16, 256, 512, 512, 0, 2});
 }
 
 BENCHMARK(BM_GemmLinear)->Apply(linear_args)->UseRealTime()->Unit(benchmark::kMicrosecond);
