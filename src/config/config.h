@@ -143,6 +143,14 @@ struct ModelConfig {
   // Training FLOPs per token, causal attention: 6*active + 12*H*hd*sum over layers of
   // attention_pairs / S (= 12*L*H*hd*(S+1)/2 without sliding windows).
   double train_flops_per_token(int64_t seq_len) const;
+  // The same split by where the step spends it (the bench's phases): attention (q/k/v/o
+  // projections and the causal products), the routed experts' router, the experts (routed, shared
+  // and the shared experts' router), dense FFN layers, the LM head. Sums to train_flops_per_token.
+  struct TrainFlops {
+    double attention = 0, router = 0, experts = 0, dense_ffn = 0, lm_head = 0;
+    double total() const { return attention + router + experts + dense_ffn + lm_head; }
+  };
+  TrainFlops train_flops_by_part(int64_t seq_len) const;
   // The non-causal convention many published MFU figures use: 6*active + 12*L*H*hd*S (a windowed layer: its window).
   double train_flops_per_token_noncausal(int64_t seq_len) const;
 };

@@ -247,6 +247,24 @@ double ModelConfig::train_flops_per_token(int64_t seq_len) const {
          12.0 * static_cast<double>(n_heads * hd()) * pairs / static_cast<double>(seq_len);
 }
 
+ModelConfig::TrainFlops ModelConfig::train_flops_by_part(int64_t seq_len) const {
+  const double D = static_cast<double>(d_model), q = static_cast<double>(n_heads * hd()),
+               kv = static_cast<double>(n_kv_heads * hd());
+  TrainFlops f;
+  f.lm_head = 6.0 * static_cast<double>(vocab_size) * D;
+  const double shared_gate = shared_router ? static_cast<double>(shared_experts) * D : 0;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    f.attention += 6.0 * (2 * D * q + 2 * D * kv) + 12.0 * q * attention_pairs(l, seq_len) / static_cast<double>(seq_len);
+    if (!is_moe_layer(l)) {
+      f.dense_ffn += 6.0 * 3 * D * static_cast<double>(dense_width());
+      continue;
+    }
+    f.router += 6.0 * static_cast<double>(num_experts) * D;
+    f.experts += 6.0 * (3 * static_cast<double>(top_k * expert_hidden) * D + 3 * D * static_cast<double>(shared_width()) + shared_gate);
+  }
+  return f;
+}
+
 double ModelConfig::train_flops_per_token_noncausal(int64_t seq_len) const {
   double keys = 0;  // each query against every key of the layer's reach
   for (int64_t l = 0; l < n_layers; ++l) {

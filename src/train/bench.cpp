@@ -227,6 +227,15 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   r.tokens_per_s = static_cast<double>(r.tokens_per_step) / r.median_step_s;
   r.flops_per_token = config.model.train_flops_per_token(config.train.seq_len);
   r.tflops = r.tokens_per_s * r.flops_per_token * 1e-12;
+  if (r.ranks == 1) {  // (a rank of a layout computes a share that depends on it: not split)
+    const ModelConfig::TrainFlops f = config.model.train_flops_by_part(config.train.seq_len);
+    const double tokens = static_cast<double>(r.tokens_per_step);
+    r.phase_flops[static_cast<size_t>(Phase::kAttention)] = f.attention * tokens;
+    r.phase_flops[static_cast<size_t>(Phase::kRouter)] = f.router * tokens;
+    r.phase_flops[static_cast<size_t>(Phase::kExpertGemm)] = f.experts * tokens;
+    r.phase_flops[static_cast<size_t>(Phase::kLmHeadLoss)] = f.lm_head * tokens;
+    r.phase_flops[static_cast<size_t>(Phase::kOther)] = f.dense_ffn * tokens;
+  }
   r.peak = mfu_peak(config, world.get());
   r.mfu = r.peak.mfu(r.tflops);
   r.peak_rss_bytes = peak_rss_bytes();
@@ -264,7 +273,8 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   os << std::setprecision(1) << "model GFLOP/s: " << r.tflops * 1e3 << "  MFU: " << r.mfu * 100 << "% of "
      << r.peak.tflops * 1e3 << " GFLOP/s (" << r.peak.source << ": " << r.peak.detail << ")\n";
   os << "phase breakdown (mean per timed step, exclusive):\n";
-  os << "  phase          ms/step      %  cpu ms/step" << (r.alloc_steps > 0 ? "   allocs/step" : "") << "\n";
+  os << "  phase          ms/step      %  cpu ms/step" << (r.alloc_steps > 0 ? "   allocs/step" : "")
+     << (r.ranks == 1 ? "   GFLOP/s  % of peak" : "") << "\n";
   for (int p = 1; p <= PhaseTimer::kNum; ++p) {
     const int idx = p % PhaseTimer::kNum;  // "other" last
     const double s = r.phase_s[static_cast<size_t>(idx)];
@@ -273,6 +283,12 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
        << 100 * s / r.mean_step_s << std::setw(13) << std::setprecision(2)
        << r.phase_cpu_s[static_cast<size_t>(idx)] * 1e3;
     if (r.alloc_steps > 0) os << std::setw(14) << r.phase_allocs[static_cast<size_t>(idx)];
+    // Model FLOPs over the phase's time: where the step falls short of the peak (the attention
+    // phase's include the causal products).
+    const double flops = r.phase_flops[static_cast<size_t>(idx)];
+    if (flops > 0 && s > 0)
+      os << std::setw(10) << std::setprecision(1) << flops / s * 1e-9 << std::setw(11)
+         << (r.peak.tflops > 0 ? 100 * flops / s / (r.peak.tflops * 1e12) : 0.0);
     os << "\n";
   }
   os << std::setprecision(2) << "  sum           " << std::setw(9) << r.phase_sum_s * 1e3 << "  vs step " << r.mean_step_s * 1e3

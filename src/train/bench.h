@@ -40,6 +40,9 @@ struct BenchResult {
   MfuPeak peak;                        // MFU's denominator and its source (train/metrics.h)
   std::array<double, PhaseTimer::kNum> phase_s{};  // mean seconds per timed step, exclusive
   std::array<double, PhaseTimer::kNum> phase_cpu_s{};  // the same in process CPU seconds
+  // Model FLOPs each phase computes per timed step (ModelConfig::train_flops_by_part: attention,
+  // router, expert_gemm, lm_head_loss, and other for dense FFN layers); all 0 on more than one rank.
+  std::array<double, PhaseTimer::kNum> phase_flops{};
   double phase_sum_s = 0;              // sum of phase_s (other measured, not derived)
   double phase_error = 0;              // |phase_sum_s - mean_step_s| / mean_step_s
   int64_t alloc_steps = 0;             // steps counted for allocations (0: no counter)

@@ -170,6 +170,29 @@ TEST(Config, FlopsFollowTheStatedFormula) {
   EXPECT_DOUBLE_EQ(m.train_flops_per_token_noncausal(256), 6.0 * active + 12.0 * m.n_layers * m.n_heads * hd * S);
 }
 
+// The FLOPs by part (the bench's per-phase GFLOP/s): hand counts of each, and their sum is the
+// model's count for every kind of layer (dense, windowed, shared experts with their router, GQA).
+TEST(Config, TrainFlopsByPartCountEachPartAndSumToTheModelsCount) {
+  Config c = parse_config("", {"model.n_dense_layers=1", "model.shared_hidden=64"});
+  const ModelConfig& m = c.model;
+  const double D = static_cast<double>(m.d_model), q = static_cast<double>(m.n_heads * m.hd()),
+               kv = static_cast<double>(m.n_kv_heads * m.hd()), L = static_cast<double>(m.n_layers), S = 256;
+  const ModelConfig::TrainFlops f = m.train_flops_by_part(256);
+  EXPECT_DOUBLE_EQ(f.lm_head, 6.0 * static_cast<double>(m.vocab_size) * D);
+  EXPECT_DOUBLE_EQ(f.attention, L * (6.0 * (2 * D * q + 2 * D * kv) + 12.0 * q * (S + 1) / 2));
+  EXPECT_DOUBLE_EQ(f.dense_ffn, 6.0 * 3 * D * static_cast<double>(m.dense_width()));
+  EXPECT_DOUBLE_EQ(f.router, (L - 1) * 6.0 * static_cast<double>(m.num_experts) * D);
+  EXPECT_DOUBLE_EQ(f.experts, (L - 1) * 6.0 * 3 * D * static_cast<double>(m.top_k * m.expert_hidden + m.shared_hidden));
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{}, {"model.n_dense_layers=1", "model.shared_hidden=64"},
+        {"model.n_layers=6", "model.sliding_window=\"64,64,-1\"", "model.n_kv_heads=1"},
+        {"model.shared_hidden=32", "model.shared_experts=3", "model.shared_router=true"}}) {
+    const ModelConfig mc = parse_config("", sets).model;
+    EXPECT_NEAR(mc.train_flops_by_part(256).total(), mc.train_flops_per_token(256), 1e-12 * mc.train_flops_per_token(256))
+        << testing::PrintToString(sets);
+  }
+}
+
 // Olmo-core 3's SlidingWindowAttentionConfig: the pattern repeats from layer 1 (full_first), the
 // last layer is full, -1 is full; the FLOP count takes each layer's query-key pairs.
 TEST(Config, SlidingWindowsFollowOlmoCore3sPatternAndCutTheAttentionFlops) {

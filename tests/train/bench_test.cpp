@@ -47,6 +47,13 @@ steps = 10
     EXPECT_GT(r.phase_s[static_cast<size_t>(p)], 0.0) << phase_name(p);
   EXPECT_EQ(r.alloc_steps, 0);  // no counter installed in the test binary
   EXPECT_FALSE(PhaseTimer::enabled());  // bench leaves the profiler off
+  // The phases' model FLOPs are the step's (no dense layer here: none in "other").
+  double flops = 0;
+  for (double f : r.phase_flops) flops += f;
+  EXPECT_NEAR(flops, r.flops_per_token * static_cast<double>(r.tokens_per_step), 1e-9 * flops);
+  for (Phase p : {Phase::kAttention, Phase::kRouter, Phase::kExpertGemm, Phase::kLmHeadLoss})
+    EXPECT_GT(r.phase_flops[static_cast<size_t>(p)], 0.0) << phase_name(p);
+  EXPECT_EQ(r.phase_flops[static_cast<size_t>(Phase::kOther)], 0.0);
 }
 
 // Runs `moecore bench` (the binary has the counting operator new) on a tiny config and returns
