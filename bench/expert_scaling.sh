@@ -13,8 +13,11 @@
 # noise only ever adds time. The same from bench's CPU times. Rounds run the sizes in turn
 # (8, 32, 64, 128, 8, ...).
 #
+# Then the same from the median round, with the spread of the rounds (issue #30 asks at least 5
+# alternated rounds: ROUNDS=5 EXPERTS="8 128").
+#
 # usage: bench/expert_scaling.sh [moecore binary] ; env ROUNDS (1), STEPS (2), WARMUP (1),
-#        PRECISION (fp32), EXTRA (more --set flags)
+#        PRECISION (fp32), EXPERTS ("8 32 64 128"), EXTRA (more --set flags)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Waiting threads sleep rather than spin, so CPU time counts work only (see the cpu columns).
@@ -57,6 +60,9 @@ done
 # seconds of both threads: what a quiet machine's wall rate would be, robust to other
 # processes taking the cores; imbalance between the two threads does not show in it).
 best() { tr ' ' '\n' <<<"$1" | sort -n | tail -1; }
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+# max - min over the rounds, as a percentage of the median
+spread() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk -v m="$(median "$1")" 'NR == 1 {lo=$1} {hi=$1} END {printf "%.1f", 100 * (hi - lo) / m}'; }
 first=${EXPERTS%% *}
 echo
 echo "| experts | rows/expert (mean, per GEMM) | fwd+bwd tok/s (wall) | vs $first | full step (wall) | vs $first | fwd+bwd (cpu) | vs $first | full step (cpu) | vs $first |"
@@ -67,6 +73,20 @@ for e in $EXPERTS; do
     declare -n arr=$m
     v=$(best "${arr[$e]}") v0=$(best "${arr[$first]}")
     row+=$(awk -v v="$v" -v v0="$v0" 'BEGIN {printf " %d | %+.1f%% |", v, 100 * (v / v0 - 1)}')
+  done
+  echo "$row"
+done
+# The same from the median round of each size, with the rounds' spread (max - min, % of median).
+echo
+echo "median of $ROUNDS rounds (spread):"
+echo "| experts | fwd+bwd tok/s (wall) | vs $first | full step (wall) | vs $first | fwd+bwd (cpu) | vs $first | full step (cpu) | vs $first |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for e in $EXPERTS; do
+  row="| $e |"
+  for m in fb full cfb cfull; do
+    declare -n arr=$m
+    v=$(median "${arr[$e]}") v0=$(median "${arr[$first]}")
+    row+=$(awk -v v="$v" -v v0="$v0" -v sp="$(spread "${arr[$e]}")" 'BEGIN {printf " %d (%s%%) | %+.1f%% |", v, sp, 100 * (v / v0 - 1)}')
   done
   echo "$row"
 done
