@@ -148,7 +148,9 @@ void linear_args(benchmark::internal::Benchmark* b) {
       // the fine-grained bench config's LM head: a micro-batch of 1,024 rows, vocabulary 50,304
       {1024, 50304, 256},
       // olmoe_compat.toml (2,048 tokens a step): an attention projection, the LM head
-      {2048, 512, 512}, {2048, 8192, 512}};
+      {2048, 512, 512}, {2048, 8192, 512},
+      // the expert-scaling bench's router at 128 experts (a micro-batch of 16,384 tokens, d_model 256)
+      {16384, 128, 256}};
   for (int threads : {1, 2})
     for (int dt : {0, 1})
       for (const auto& [m, n, k] : shapes)
