@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <set>
 
@@ -100,6 +101,54 @@ TEST_P(MoeRouting, TopkPicksLargestWithBiasAndBreaksTiesToLowerId) {
   ref::fill(s, 0.5);
   test::fast().router_topk(s, Tensor(), 0, 0, a);
   for (int64_t j = 0; j < K; ++j) EXPECT_EQ(a.as<int32_t>()[j], j);
+}
+
+// The cpu backend's one-pass top-k against the reference, where they could differ: many equal
+// values (4 levels), signed zeros, infinities, K from 1 to past the one-pass limit of 16, E up to
+// 128. A row holding a NaN has no defined order (the reference's sort has no strict weak order
+// there; a NaN step is skipped whole): there, K distinct experts in range.
+TEST_P(MoeRouting, TopkEqualsTheReferenceOnTiesZerosInfinitiesAndNans) {
+  const uint64_t seed = recorded_seed();
+  SCOPED_TRACE(seed);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t E : {8, 70, 128})
+    for (int64_t K : {1, 2, 4, 8, 16, 20}) {
+      if (K > E) continue;
+      SCOPED_TRACE(testing::Message() << "E " << E << " K " << K);
+      const int64_t T = 64;
+      OwnedTensor s(DType::kF32, {T, E}), a(DType::kI32, {T, K}), c(DType::kI32, {T, K});
+      test::fill_uniform(s, seed, 17, 0, 4);
+      float* v = s.as<float>();
+      for (int64_t i = 0; i < T * E; ++i) v[i] = std::floor(v[i]) - 1.5f;  // 4 levels: ties everywhere
+      for (int64_t t = 0; t < T; ++t) {
+        float* row = v + t * E;
+        const int64_t at = (t * 7) % E;
+        switch (t % 8) {
+          case 1: row[at] = 0.0f; row[(at + 3) % E] = -0.0f; break;
+          case 2: row[at] = inf; row[(at + 5) % E] = -inf; break;
+          case 3: row[at] = nan; break;                // somewhere in the row
+          case 4: row[0] = nan; break;                 // first
+          case 5: row[E - 1] = nan; row[at] = inf; break;  // last
+          case 6: for (int64_t e = 0; e < E; ++e) row[e] = -inf; break;
+          default: break;
+        }
+      }
+      test::poison(a);
+      test::poison(c);
+      test::fast().router_topk(s, Tensor(), 0, 0, a);
+      ref::router_topk(s, Tensor(), 0, 0, c);
+      for (int64_t t = 0; t < T; ++t) {
+        const int32_t* x = a.as<int32_t>() + t * K;
+        const int32_t* y = c.as<int32_t>() + t * K;
+        if (t % 8 < 3 || t % 8 > 5) {
+          EXPECT_TRUE(std::equal(x, x + K, y)) << "row " << t;
+        } else {
+          std::set<int32_t> chosen(x, x + K);
+          EXPECT_EQ(static_cast<int64_t>(chosen.size()), K) << "row " << t;
+          EXPECT_TRUE(*chosen.begin() >= 0 && *chosen.rbegin() < E) << "row " << t;
+        }
+      }
+    }
 }
 
 // Group-limited routing: against a direct transcription of Olmo-core 3's get_top_k (group score =
