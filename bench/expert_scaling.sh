@@ -64,29 +64,23 @@ median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR]=$1} END {print (
 # max - min over the rounds, as a percentage of the median
 spread() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk -v m="$(median "$1")" 'NR == 1 {lo=$1} {hi=$1} END {printf "%.1f", 100 * (hi - lo) / m}'; }
 first=${EXPERTS%% *}
-echo
-echo "| experts | rows/expert (mean, per GEMM) | fwd+bwd tok/s (wall) | vs $first | full step (wall) | vs $first | fwd+bwd (cpu) | vs $first | full step (cpu) | vs $first |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
-for e in $EXPERTS; do
-  row="| $e | ${rows[$e]} |"
-  for m in fb full cfb cfull; do
-    declare -n arr=$m
-    v=$(best "${arr[$e]}") v0=$(best "${arr[$first]}")
-    row+=$(awk -v v="$v" -v v0="$v0" 'BEGIN {printf " %d | %+.1f%% |", v, 100 * (v / v0 - 1)}')
+# One row per size from the rounds' `best` or `median` (the median with the rounds' spread).
+table() {
+  echo "| experts | rows/expert (mean, per GEMM) | fwd+bwd tok/s (wall) | vs $first | full step (wall) | vs $first | fwd+bwd (cpu) | vs $first | full step (cpu) | vs $first |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+  for e in $EXPERTS; do
+    row="| $e | ${rows[$e]} |"
+    for m in fb full cfb cfull; do
+      declare -n arr=$m
+      v=$("$1" "${arr[$e]}") v0=$("$1" "${arr[$first]}") sp=""
+      [[ $1 == median ]] && sp=" ($(spread "${arr[$e]}")%)"
+      row+=$(awk -v v="$v" -v v0="$v0" -v sp="$sp" 'BEGIN {printf " %d%s | %+.1f%% |", v, sp, 100 * (v / v0 - 1)}')
+    done
+    echo "$row"
   done
-  echo "$row"
-done
-# The same from the median round of each size, with the rounds' spread (max - min, % of median).
+}
 echo
-echo "median of $ROUNDS rounds (spread):"
-echo "| experts | fwd+bwd tok/s (wall) | vs $first | full step (wall) | vs $first | fwd+bwd (cpu) | vs $first | full step (cpu) | vs $first |"
-echo "|---|---|---|---|---|---|---|---|---|"
-for e in $EXPERTS; do
-  row="| $e |"
-  for m in fb full cfb cfull; do
-    declare -n arr=$m
-    v=$(median "${arr[$e]}") v0=$(median "${arr[$first]}")
-    row+=$(awk -v v="$v" -v v0="$v0" -v sp="$(spread "${arr[$e]}")" 'BEGIN {printf " %d (%s%%) | %+.1f%% |", v, sp, 100 * (v / v0 - 1)}')
-  done
-  echo "$row"
-done
+table best
+echo
+echo "median of $ROUNDS rounds (spread: max - min, % of the median):"
+table median
