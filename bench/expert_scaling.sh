@@ -13,8 +13,8 @@
 # noise only ever adds time. The same from bench's CPU times. Rounds run the sizes in turn
 # (8, 32, 64, 128, 8, ...).
 #
-# Then the same from the median round, with the spread of the rounds (issue #30 asks at least 5
-# alternated rounds: ROUNDS=5 EXPERTS="8 128").
+# Then the same from the median round, with the spread of the rounds, and each round paired with
+# the same round's first size (issue #30 asks at least 5 alternated rounds: ROUNDS=5 EXPERTS="8 128").
 #
 # usage: bench/expert_scaling.sh [moecore binary] ; env ROUNDS (1), STEPS (2), WARMUP (1),
 #        PRECISION (fp32), EXPERTS ("8 32 64 128"), EXTRA (more --set flags)
@@ -84,3 +84,20 @@ table best
 echo
 echo "median of $ROUNDS rounds (spread: max - min, % of the median):"
 table median
+# Each round against the same round's first size (the two ran minutes apart: a drifting machine
+# moves both), the median and the range of those per-round changes.
+echo
+echo "paired by round, change against $first (median, min .. max over $ROUNDS rounds):"
+echo "| experts | fwd+bwd (wall) | full step (wall) | fwd+bwd (cpu) | full step (cpu) |"
+echo "|---|---|---|---|---|"
+for e in $EXPERTS; do
+  row="| $e |"
+  for m in fb full cfb cfull; do
+    declare -n arr=$m
+    changes=$(paste -d' ' <(tr ' ' '\n' <<<"${arr[$e]}" | grep .) <(tr ' ' '\n' <<<"${arr[$first]}" | grep .) |
+              awk '{printf "%.2f ", 100 * ($1 / $2 - 1)}')
+    row+=$(tr ' ' '\n' <<<"$changes" | grep . | sort -g | awk -v m="$(median "$changes")" \
+           'NR == 1 {lo=$1} {hi=$1} END {printf " %+.1f%% (%+.1f .. %+.1f) |", m, lo, hi}')
+  done
+  echo "$row"
+done
