@@ -125,8 +125,8 @@ void ModelState::init_params(uint64_t seed) {
   refresh_operand_weights();
 }
 
-void ModelState::refresh_operand_weights() {
-  if (operands_.flat.data != params_.flat.data) ops_.convert(params_.flat, operands_.flat);
+void ModelState::refresh_operand_weights(bool bf16_done) {
+  if (!bf16_done && operands_.flat.data != params_.flat.data) ops_.convert(params_.flat, operands_.flat);
   PhaseScope phase(Phase::kQuantize);  // within the optimizer's phase when it refreshes them
   for (size_t l = 0; l < mx_.size(); ++l) {
     const MxExpertWeights& q = mx_[l];

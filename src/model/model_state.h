@@ -69,9 +69,11 @@ class ModelState {
   // OLMo-style init: truncated normal (+-3 std) for matrices, ones for norms; each element a
   // pure function of (seed, parameter name, element index).
   void init_params(uint64_t seed);
-  // After the master weights change: refresh the bf16 operand copies (no-op in fp32 mode) and
-  // the MXFP8 expert caches.
-  void refresh_operand_weights();
+  // After the master weights change: refresh the bf16 operand copies (no-op in fp32 mode; skipped
+  // with bf16_done, when AdamW wrote them in its pass) and the MXFP8 expert caches.
+  void refresh_operand_weights(bool bf16_done = false);
+  // The bf16 operand copies, or null when the operands are the parameters (fp32 mode).
+  const Weights* bf16_operands() const { return operands_.flat.data != params_.flat.data ? &operands_ : nullptr; }
   void zero_grads();
 
  private:

@@ -92,7 +92,8 @@ class Transformer {
   Weights& grads() { return state_.grads(); }
   std::vector<OwnedTensor>& router_bias() { return state_.router_bias(); }
   void init_params(uint64_t seed) { state_.init_params(seed); }
-  void refresh_operand_weights() { state_.refresh_operand_weights(); }
+  void refresh_operand_weights(bool bf16_done = false) { state_.refresh_operand_weights(bf16_done); }
+  const Weights* bf16_operands() const { return state_.bf16_operands(); }
   void zero_grads() { state_.zero_grads(); }
   StepStats make_stats() const;
   void zero_stats(StepStats& stats) const;

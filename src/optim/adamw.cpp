@@ -30,14 +30,16 @@ AdamW::AdamW(Backend& ops, const ParamLayout& layout, const OptimConfig& config,
   ops.fill(v_.t, 0.0);
 }
 
-void AdamW::step_by_control(Backend& ops, const Weights& params, const Weights& grads, const Tensor& control) const {
+void AdamW::step_by_control(Backend& ops, const Weights& params, const Weights& grads, const Tensor& control,
+                            const Weights* copies) const {
   for (const StateSlice& s : slices_) {
     const bool no_decay = config_.no_decay_embeddings_norms && (s.param->is_norm || s.param->is_embedding);
     const int64_t f = s.flat_offset();
     ops.adamw_by_control(params.flat.slice(f, f + s.count), grads.flat.slice(f, f + s.count),
                          m_.t.slice(s.state_offset, s.state_offset + s.count),
                          v_.t.slice(s.state_offset, s.state_offset + s.count), control, config_.beta1, config_.beta2,
-                         config_.eps, no_decay ? 0.0 : config_.weight_decay);
+                         config_.eps, no_decay ? 0.0 : config_.weight_decay,
+                         copies ? copies->flat.slice(f, f + s.count) : Tensor());
   }
 }
 

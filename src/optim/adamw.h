@@ -33,8 +33,11 @@ class AdamW {
   // One update of the owned elements, reading gradients at the same flat offsets, with the
   // learning rate and step from a device control tensor (the step_control op), applied by the
   // backend only when control says the step is finite; the host sets its counter
-  // (set_steps_taken) once it has read the step's outcome.
-  void step_by_control(Backend& ops, const Weights& params, const Weights& grads, const Tensor& control) const;
+  // (set_steps_taken) once it has read the step's outcome. The gradients are read clipped by
+  // control's coefficient (they are left as they are). copies, when given (the bf16 operand
+  // weights, laid out like params), receive bf16 of the updated owned elements in the same pass.
+  void step_by_control(Backend& ops, const Weights& params, const Weights& grads, const Tensor& control,
+                       const Weights* copies = nullptr) const;
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t n) { step_ = n; }
   const Tensor& exp_avg() const { return m_.t; }

@@ -394,15 +394,17 @@ void Trainer::expert_parallel_stats(const char* host, StepResult& r) {
 void Trainer::enqueue_update() {
   // Every call reads the device decisions (stats_.control): the clip factor, the LR, AdamW's
   // step, and whether the step is finite (if not, nothing below changes any state).
-  PhaseScope phase(Phase::kOptimizer);  // clipping, AdamW, bias update, bf16 refresh
-  ops_.clip_by_control(model_->grads().flat, stats_.control);
-  optim_->step_by_control(ops_, model_->params(), model_->grads(), stats_.control);
+  PhaseScope phase(Phase::kOptimizer);  // AdamW (clipping and the bf16 copies in its pass), bias update
+  // Without ZeRO-1 AdamW updates every parameter here and writes the bf16 operand copies as it
+  // goes; with it, the copies wait for the all-gather of the other ranks' chunks.
+  const Weights* copies = sync_->zero1() ? nullptr : model_->bf16_operands();
+  optim_->step_by_control(ops_, model_->params(), model_->grads(), stats_.control, copies);
   sync_->gather_params(model_->params().flat);
   if (config_.model.router_bias_gamma > 0)
     for (int64_t i = 0; i < stats_.num_moe_layers; ++i)
       ops_.router_bias_update_by_control(stats_.counts[static_cast<size_t>(i)], config_.model.router_bias_gamma,
                                          model_->router_bias()[static_cast<size_t>(i)].t, stats_.control);
-  model_->refresh_operand_weights();
+  model_->refresh_operand_weights(/*bf16_done=*/copies != nullptr);
 }
 
 }  // namespace moe

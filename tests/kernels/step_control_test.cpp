@@ -114,13 +114,27 @@ TEST_P(StepControlOps, GatedUpdatesAreTheUngatedOpsOrNothing) {
         test::fast().clip_by_control(gated, control);
         if (finite && clipped) test::fast().scale(plain, 0.3125);
         EXPECT_TRUE(test::bitwise_equal(gated, plain));
-        // adamw_by_control vs adamw(lr, step)
+        // adamw_by_control vs clip_by_control(grad) then adamw(lr, step), and its bf16 copy vs
+        // convert of the result (777 elements: the 16-wide blocks and a tail). The gradient itself
+        // is left as it was.
         const OwnedTensor p0 = random_tensor(dt, {777}, ++salt), gr = random_tensor(dt, {777}, ++salt);
         const OwnedTensor m0 = random_tensor(dt, {777}, ++salt, -0.1, 0.1), v0 = random_tensor(dt, {777}, ++salt, 0.0, 0.1);
-        OwnedTensor pa = clone(p0), ma = clone(m0), va = clone(v0), pb = clone(p0), mb = clone(m0), vb = clone(v0);
-        test::fast().adamw_by_control(pa, gr, ma, va, control, 0.9, 0.95, 1e-8, 0.1);
-        if (finite) test::fast().adamw(pb, gr, mb, vb, 2e-3, 0.9, 0.95, 1e-8, 0.1, 7);
-        EXPECT_TRUE(test::bitwise_equal(pa, pb) && test::bitwise_equal(ma, mb) && test::bitwise_equal(va, vb));
+        for (bool with_copy : {false, true}) {
+          SCOPED_TRACE(with_copy ? "with the bf16 copy" : "no copy");
+          OwnedTensor pa = clone(p0), ma = clone(m0), va = clone(v0), pb = clone(p0), mb = clone(m0), vb = clone(v0);
+          OwnedTensor ga = clone(gr), gb = clone(gr), copy(DType::kBF16, {777}), want(DType::kBF16, {777});
+          test::fill_uniform(copy, test::test_seed(), ++salt, -1, 1);  // untouched when not finite
+          test::fast().convert(copy, want);
+          test::fast().adamw_by_control(pa, ga, ma, va, control, 0.9, 0.95, 1e-8, 0.1, with_copy ? copy.t : Tensor());
+          test::fast().clip_by_control(gb, control);
+          if (finite) test::fast().adamw(pb, gb, mb, vb, 2e-3, 0.9, 0.95, 1e-8, 0.1, 7);
+          EXPECT_TRUE(test::bitwise_equal(pa, pb) && test::bitwise_equal(ma, mb) && test::bitwise_equal(va, vb));
+          EXPECT_TRUE(test::bitwise_equal(ga, gr));
+          if (with_copy && finite) test::fast().convert(pb, want);
+          if (with_copy) {
+            EXPECT_TRUE(test::bitwise_equal(copy, want));
+          }
+        }
       }
   // router_bias_update_by_control vs router_bias_update
   for (bool finite : {true, false}) {

@@ -10,6 +10,13 @@ void check_control(const Tensor& control, const char* op) {
   check_shape(control, {kCtlSize}, op);
 }
 
+void check_adamw_copy(const Tensor& param, const Tensor& param_copy) {
+  if (param_copy.empty()) return;
+  check_dtype(param_copy, DType::kBF16, "adamw_by_control param_copy");
+  MOE_CHECK(param_copy.numel() == param.numel(), "adamw_by_control: param_copy ", param_copy.shape_str(),
+            " must have param's ", param.numel(), " elements");
+}
+
 void check_step_control(const Tensor& values, const Tensor& sumsq, const Tensor& lr_table, const Tensor& control) {
   check_control(control, "step_control control");
   for (const Tensor* t : {&values, &sumsq, &lr_table}) check_dtype(*t, DType::kF64, "step_control");

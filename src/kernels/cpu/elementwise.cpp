@@ -416,14 +416,16 @@ inline void sqrt16(double* x) {
 }
 
 // Same scalars and operation order as kernels/ref (torch.optim.AdamW, single-tensor path),
-// over elements [i0, i0 + len), len <= 16.
+// over elements [i0, i0 + len), len <= 16. The gradient is read times gscale (1, or the clip
+// coefficient: bitwise scale() then this), and `copy`, when given, receives bf16(p) as convert()
+// rounds it: one pass instead of three.
 template <class T, bool kSmallW1> struct AdamWStep {
-  T decay, wa, b2, w2, step_size, bc2_sqrt, e;
+  T decay, wa, b2, w2, step_size, bc2_sqrt, e, gscale = T(1);
 
-  void run(T* p, const T* g, T* pm, T* pv, int64_t i0, int len) const {
+  void run(T* p, const T* g, T* pm, T* pv, bf16* copy, int64_t i0, int len) const {
     T mi[16], vi[16], s[16] = {};
     for (int l = 0; l < len; ++l) {
-      const T gi = g[i0 + l], m0 = pm[i0 + l];
+      const T gi = g[i0 + l] * gscale, m0 = pm[i0 + l];
       // torch's lerp: m + w (g - m) for w < 0.5, else g - (g - m)(1 - w).
       mi[l] = kSmallW1 ? m0 + wa * (gi - m0) : gi - (gi - m0) * wa;
       vi[l] = pv[i0 + l] * b2 + w2 * gi * gi;
@@ -437,12 +439,17 @@ template <class T, bool kSmallW1> struct AdamWStep {
       pv[i0 + l] = vi[l];
       p[i0 + l] = pi + (-step_size) * (mi[l] / denom);
     }
+    if (!copy) return;
+    uint16_t bits[16];
+#pragma omp simd
+    for (int l = 0; l < 16; ++l) bits[l] = bf16_bits(static_cast<float>(p[i0 + (l < len ? l : 0)]));
+    std::memcpy(copy + i0, bits, static_cast<size_t>(len) * sizeof(uint16_t));
   }
 };
 
 template <class T, bool kSmallW1>
-void adamw_loop(T* p, const T* g, T* pm, T* pv, int64_t n, double lr, double beta1, double beta2,
-                double eps, double weight_decay, int64_t step) {
+void adamw_loop(T* p, const T* g, T* pm, T* pv, bf16* copy, int64_t n, double lr, double beta1, double beta2,
+                double eps, double weight_decay, int64_t step, double grad_scale) {
   const T w1 = static_cast<T>(1 - beta1);
   const AdamWStep<T, kSmallW1> op{
       static_cast<T>(1 - lr * weight_decay),
@@ -451,24 +458,37 @@ void adamw_loop(T* p, const T* g, T* pm, T* pv, int64_t n, double lr, double bet
       static_cast<T>(1 - beta2),
       static_cast<T>(lr / (1 - std::pow(beta1, static_cast<double>(step)))),
       static_cast<T>(std::sqrt(1 - std::pow(beta2, static_cast<double>(step)))),
-      static_cast<T>(eps)};
+      static_cast<T>(eps),
+      static_cast<T>(grad_scale)};
   const int64_t nblk = n / 16;
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t b = 0; b < nblk; ++b) op.run(p, g, pm, pv, b * 16, 16);
-  if (n > nblk * 16) op.run(p, g, pm, pv, nblk * 16, static_cast<int>(n - nblk * 16));
+  for (int64_t b = 0; b < nblk; ++b) op.run(p, g, pm, pv, copy, b * 16, 16);
+  if (n > nblk * 16) op.run(p, g, pm, pv, copy, nblk * 16, static_cast<int>(n - nblk * 16));
+}
+
+void adamw_scaled(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& copy,
+                  double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                  double grad_scale) {
+  check_host({&param, &grad, &m, &v, &copy}, "adamw");
+  check_adamw(param, grad, m, v, step);
+  dispatch_real(param.dtype, "adamw", [&](auto tag) {
+    using T = decltype(tag);
+    auto loop = std::fabs(1 - beta1) < 0.5 ? adamw_loop<T, true> : adamw_loop<T, false>;
+    loop(param.as<T>(), grad.as<T>(), m.as<T>(), v.as<T>(), copy.empty() ? nullptr : copy.as<bf16>(), param.numel(),
+         lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+  });
 }
 }  // namespace
 
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr,
            double beta1, double beta2, double eps, double weight_decay, int64_t step) {
-  check_host({&param, &grad, &m, &v}, "adamw");
-  check_adamw(param, grad, m, v, step);
-  dispatch_real(param.dtype, "adamw", [&](auto tag) {
-    using T = decltype(tag);
-    auto loop = std::fabs(1 - beta1) < 0.5 ? adamw_loop<T, true> : adamw_loop<T, false>;
-    loop(param.as<T>(), grad.as<T>(), m.as<T>(), v.as<T>(), param.numel(), lr, beta1, beta2, eps,
-         weight_decay, step);
-  });
+  adamw_scaled(param, grad, m, v, Tensor(), lr, beta1, beta2, eps, weight_decay, step, 1.0);
+}
+
+void adamw_clipped_with_copy(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                             const Tensor& copy, double lr, double beta1, double beta2, double eps,
+                             double weight_decay, int64_t step, double grad_scale) {
+  adamw_scaled(param, grad, m, v, copy, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
 }
 
 }  // namespace moe::cpu

@@ -221,6 +221,7 @@ template <class S> __global__ void clip_by_control_kernel(S* x, const double* c,
 struct AdamScalars {
   float decay, w1, b2, w2, step_size, bc2_sqrt, eps;
   bool small;
+  float gscale = 1.0f;  // the gradient's clip coefficient (adamw_by_control)
 };
 
 // Scalars as torch.optim.AdamW's single-tensor path forms them: in double, then rounded.
@@ -240,6 +241,7 @@ __host__ __device__ inline AdamScalars adam_scalars(double lr, double beta1, dou
 
 // One element's update, on values: the arithmetic of torch.optim.AdamW's single-tensor path.
 __device__ __forceinline__ void adam_values(float& p, float g, float& m, float& v, const AdamScalars& s) {
+  g = __fmul_rn(g, s.gscale);  // the clip (1 when not clipped: exact), as clip_by_control rounds it
   const float pi = __fmul_rn(p, s.decay);
   const float mn = s.small ? __fadd_rn(m, __fmul_rn(s.w1, __fsub_rn(g, m)))
                            : __fsub_rn(g, __fmul_rn(__fsub_rn(g, m), __fsub_rn(1.0f, s.w1)));
@@ -251,8 +253,10 @@ __device__ __forceinline__ void adam_values(float& p, float g, float& m, float& 
 }
 
 // Every element of [0, n), each thread striding over the grid: four at a time in 16-byte loads
-// where the four arrays allow it, the rest one by one (the same arithmetic either way).
-__device__ __forceinline__ void adam_range(float* p, const float* g, float* m, float* v, int64_t n, const AdamScalars& s) {
+// where the four arrays allow it, the rest one by one (the same arithmetic either way). copy, when
+// given, receives bf16(p) as convert rounds it.
+__device__ __forceinline__ void adam_range(float* p, const float* g, float* m, float* v, int64_t n, const AdamScalars& s,
+                                           bf16s* copy = nullptr) {
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   const uintptr_t addresses = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g) |
@@ -271,10 +275,19 @@ __device__ __forceinline__ void adam_range(float* p, const float* g, float* m, f
       reinterpret_cast<float4*>(p)[q] = pq;
       reinterpret_cast<float4*>(m)[q] = mq;
       reinterpret_cast<float4*>(v)[q] = vq;
+      if (copy) {
+        store(copy + 4 * q, pq.x);
+        store(copy + 4 * q + 1, pq.y);
+        store(copy + 4 * q + 2, pq.z);
+        store(copy + 4 * q + 3, pq.w);
+      }
     }
     done = quads * 4;
   }
-  for (int64_t i = done + first; i < n; i += stride) adam_values(p[i], g[i], m[i], v[i], s);
+  for (int64_t i = done + first; i < n; i += stride) {
+    adam_values(p[i], g[i], m[i], v[i], s);
+    if (copy) store(copy + i, p[i]);
+  }
 }
 
 // AdamW is memory-bound: a grid of a few blocks per multiprocessor, each thread striding over
@@ -292,13 +305,16 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
 // The step's scalars come from the control block: thread 0 of each block forms them once (in
 // double, as torch does: two pow calls) and shares them, rather than every thread doing so.
 __global__ void adamw_by_control_kernel(float* p, const float* g, float* m, float* v, int64_t n, const double* c,
-                                        double beta1, double beta2, double eps, double wd) {
+                                        double beta1, double beta2, double eps, double wd, bf16s* copy) {
   if (c[kCtlNonfinite] != 0) return;  // the same for every block
   __shared__ AdamScalars shared;
-  if (threadIdx.x == 0) shared = adam_scalars(c[kCtlLr], beta1, beta2, eps, wd, static_cast<int64_t>(c[kCtlUpdates]));
+  if (threadIdx.x == 0) {
+    shared = adam_scalars(c[kCtlLr], beta1, beta2, eps, wd, static_cast<int64_t>(c[kCtlUpdates]));
+    shared.gscale = c[kCtlClipped] != 0 ? static_cast<float>(c[kCtlClipCoef]) : 1.0f;
+  }
   __syncthreads();
   const AdamScalars s = shared;
-  adam_range(p, g, m, v, n, s);
+  adam_range(p, g, m, v, n, s, copy);
 }
 
 }  // namespace
@@ -532,16 +548,18 @@ void adamw(Context& ctx, const Tensor& param, const Tensor& grad, const Tensor& 
 }
 
 void adamw_by_control(Context& ctx, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                      const Tensor& control, double beta1, double beta2, double eps, double weight_decay) {
-  check_device({&param, &grad, &m, &v, &control}, "adamw_by_control");
+                      const Tensor& control, double beta1, double beta2, double eps, double weight_decay,
+                      const Tensor& param_copy) {
+  check_device({&param, &grad, &m, &v, &control, &param_copy}, "adamw_by_control");
   check_adamw_tensors(param, grad, m, v, "adamw_by_control param/grad/m/v");
   require_f32(param, "adamw_by_control");
   check_control(control, "adamw_by_control control");
+  check_adamw_copy(param, param_copy);
   const int64_t n = param.numel();
   if (n == 0) return;
   adamw_by_control_kernel<<<adam_blocks(ctx, n), kThreads, 0, ctx.stream>>>(
       ptr<float>(param), ptr<const float>(grad), ptr<float>(m), ptr<float>(v), n, ptr<const double>(control), beta1, beta2,
-      eps, weight_decay);
+      eps, weight_decay, param_copy.empty() ? nullptr : ptr<bf16s>(param_copy));
   check_launch("adamw_by_control");
 }
 

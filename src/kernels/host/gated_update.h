@@ -19,12 +19,15 @@ template <class Scale> void clip(const Tensor& x, const Tensor& control, Scale s
   if (c[kCtlClipped] != 0 && c[kCtlNonfinite] == 0) scale(x, c[kCtlClipCoef]);
 }
 
+// adamw_op(param, grad, m, v, copy, lr, beta1, beta2, eps, weight_decay, step, grad_scale).
 template <class AdamW>
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& control, double beta1,
-           double beta2, double eps, double weight_decay, AdamW adamw_op) {
+           double beta2, double eps, double weight_decay, const Tensor& param_copy, AdamW adamw_op) {
   const double* c = control_scalars(control, "adamw_by_control control");
+  check_adamw_copy(param, param_copy);
   if (c[kCtlNonfinite] != 0) return;
-  adamw_op(param, grad, m, v, c[kCtlLr], beta1, beta2, eps, weight_decay, static_cast<int64_t>(c[kCtlUpdates]));
+  adamw_op(param, grad, m, v, param_copy, c[kCtlLr], beta1, beta2, eps, weight_decay,
+           static_cast<int64_t>(c[kCtlUpdates]), c[kCtlClipped] != 0 ? c[kCtlClipCoef] : 1.0);
 }
 
 template <class Update>

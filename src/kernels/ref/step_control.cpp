@@ -1,4 +1,5 @@
 // step_control and the update ops it gates (kernels/op_list.inc, kernels/step_control.h).
+#include "core/buffer.h"
 #include "kernels/checks/step_control_checks.h"
 #include "kernels/host/gated_update.h"
 #include "kernels/host/host_args.h"
@@ -16,9 +17,20 @@ void step_control(const Tensor& values, const Tensor& sumsq, double lm_z_coef, d
 
 void clip_by_control(const Tensor& x, const Tensor& control) { gated::clip(x, control, scale); }
 
+// By its definition: scale a copy of the gradient, adamw, convert.
 void adamw_by_control(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& control,
-                      double beta1, double beta2, double eps, double weight_decay) {
-  gated::adamw(param, grad, m, v, control, beta1, beta2, eps, weight_decay, adamw);
+                      double beta1, double beta2, double eps, double weight_decay, const Tensor& param_copy) {
+  check_host({&param, &grad, &m, &v, &control, &param_copy}, "adamw_by_control");
+  gated::adamw(param, grad, m, v, control, beta1, beta2, eps, weight_decay, param_copy,
+               [](const Tensor& p, const Tensor& g, const Tensor& pm, const Tensor& pv, const Tensor& copy, double lr,
+                  double b1, double b2, double e, double wd, int64_t step, double grad_scale) {
+                 const int64_t n = g.numel();
+                 OwnedTensor scaled(g.dtype, {n});
+                 convert(g.view({n}), scaled);
+                 scale(scaled, grad_scale);
+                 adamw(p.view({n}), scaled, pm.view({n}), pv.view({n}), lr, b1, b2, e, wd, step);
+                 if (!copy.empty()) convert(p.view({n}), copy.view({n}));
+               });
 }
 
 void router_bias_update_by_control(const Tensor& step_counts, double gamma, const Tensor& bias, const Tensor& control) {
