@@ -221,7 +221,7 @@ template <class S> __global__ void clip_by_control_kernel(S* x, const double* c,
 struct AdamScalars {
   float decay, w1, b2, w2, step_size, bc2_sqrt, eps;
   bool small;
-  float gscale = 1.0f;  // the gradient's clip coefficient (adamw_by_control)
+  float gscale;  // the gradient's clip coefficient (adamw_by_control sets it; 1 otherwise)
 };
 
 // Scalars as torch.optim.AdamW's single-tensor path forms them: in double, then rounded.
@@ -236,6 +236,7 @@ __host__ __device__ inline AdamScalars adam_scalars(double lr, double beta1, dou
   s.bc2_sqrt = static_cast<float>(sqrt(1 - pow(beta2, static_cast<double>(step))));
   s.eps = static_cast<float>(eps);
   s.small = fabs(1 - beta1) < 0.5;
+  s.gscale = 1.0f;
   return s;
 }
 
