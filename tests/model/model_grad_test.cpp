@@ -199,10 +199,6 @@ TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
     // 1e-10 still fails.
     constexpr double kMinScale = 1e-4;
     double err = test::fd_check(p, g, loss, 1e-4, 24, /*fourth_order=*/true, false, kMinScale);
-    // Some draws put a per-head QK-norm input or a peri-norm input near zero, where the function
-    // curves so sharply that the stencil's O(h^4) truncation alone exceeds the bound (seen: 4e-5
-    // in 1 of ~100 seeds). Then the estimate is refined by Richardson extrapolation from h and
-    // h/2, which removes that term; a wrong gradient stays wrong at every h.
     // A perturbation of a layer-0 weight moves the layer-1 projections too, and can carry one across
     // +-clip (2 in 1000 seeds with the 5e-3 margin): the stencil then spans the clamp's kink. At
     // h / 10 the moves are ten times smaller than the margin; truncation O(1e-20), rounding ~1e-10.
@@ -210,6 +206,10 @@ TEST_P(ModelGradient, MatchesCentralFiniteDifferences) {
       clamp_moved = false;
       err = test::fd_check(p, g, loss, 1e-5, 24, /*fourth_order=*/true, false, kMinScale);
     }
+    // Some draws put a per-head QK-norm input or a peri-norm input near zero, where the function
+    // curves so sharply that the stencil's O(h^4) truncation alone exceeds the bound (seen: 4e-5
+    // in 1 of ~100 seeds). Then the estimate is refined by Richardson extrapolation from h and
+    // h/2, which removes that term; a wrong gradient stays wrong at every h.
     if (err >= 1e-6) err = test::fd_check(p, g, loss, 1e-4, 24, /*fourth_order=*/true, /*extrapolate=*/true, kMinScale);
     EXPECT_FALSE(flipped) << info.name << ": an expert choice flipped under perturbation; re-seed";
     EXPECT_FALSE(clamp_moved) << info.name << ": a projection crossed the clip_qkv bound under perturbation; re-seed";
