@@ -64,17 +64,36 @@ median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR]=$1} END {print (
 # max - min over the rounds, as a percentage of the median
 spread() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk -v m="$(median "$1")" 'NR == 1 {lo=$1} {hi=$1} END {printf "%.1f", 100 * (hi - lo) / m}'; }
 first=${EXPERTS%% *}
-# One row per size from the rounds' `best` or `median` (the median with the rounds' spread).
+# One table cell of a size's rounds ($2) against the first size's ($3): `best` or `median` (the
+# rate and its change; the median with the rounds' spread), or `paired`: each round against the
+# same round's first size (the two ran minutes apart, so a drifting machine moves both), the
+# median of those changes and their range.
+cell() {
+  if [[ $1 == paired ]]; then
+    local changes
+    changes=$(paste -d' ' <(tr ' ' '\n' <<<"$2" | grep .) <(tr ' ' '\n' <<<"$3" | grep .) |
+              awk '{printf "%.2f ", 100 * ($1 / $2 - 1)}')
+    tr ' ' '\n' <<<"$changes" | grep . | sort -g | awk -v m="$(median "$changes")" \
+      'NR == 1 {lo=$1} {hi=$1} END {printf " %+.1f%% (%+.1f .. %+.1f) |", m, lo, hi}'
+  else
+    local sp=""
+    [[ $1 == median ]] && sp=" ($(spread "$2")%)"
+    awk -v v="$("$1" "$2")" -v v0="$("$1" "$3")" -v sp="$sp" 'BEGIN {printf " %d%s | %+.1f%% |", v, sp, 100 * (v / v0 - 1)}'
+  fi
+}
 table() {
-  echo "| experts | rows/expert (mean, per GEMM) | fwd+bwd tok/s (wall) | vs $first | full step (wall) | vs $first | fwd+bwd (cpu) | vs $first | full step (cpu) | vs $first |"
-  echo "|---|---|---|---|---|---|---|---|---|---|"
+  if [[ $1 == paired ]]; then
+    echo "| experts | rows/expert (mean, per GEMM) | fwd+bwd (wall) | full step (wall) | fwd+bwd (cpu) | full step (cpu) |"
+    echo "|---|---|---|---|---|---|"
+  else
+    echo "| experts | rows/expert (mean, per GEMM) | fwd+bwd tok/s (wall) | vs $first | full step (wall) | vs $first | fwd+bwd (cpu) | vs $first | full step (cpu) | vs $first |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+  fi
   for e in $EXPERTS; do
     row="| $e | ${rows[$e]} |"
     for m in fb full cfb cfull; do
       declare -n arr=$m
-      v=$("$1" "${arr[$e]}") v0=$("$1" "${arr[$first]}") sp=""
-      [[ $1 == median ]] && sp=" ($(spread "${arr[$e]}")%)"
-      row+=$(awk -v v="$v" -v v0="$v0" -v sp="$sp" 'BEGIN {printf " %d%s | %+.1f%% |", v, sp, 100 * (v / v0 - 1)}')
+      row+=$(cell "$1" "${arr[$e]}" "${arr[$first]}")
     done
     echo "$row"
   done
@@ -84,20 +103,6 @@ table best
 echo
 echo "median of $ROUNDS rounds (spread: max - min, % of the median):"
 table median
-# Each round against the same round's first size (the two ran minutes apart: a drifting machine
-# moves both), the median and the range of those per-round changes.
 echo
 echo "paired by round, change against $first (median, min .. max over $ROUNDS rounds):"
-echo "| experts | fwd+bwd (wall) | full step (wall) | fwd+bwd (cpu) | full step (cpu) |"
-echo "|---|---|---|---|---|"
-for e in $EXPERTS; do
-  row="| $e |"
-  for m in fb full cfb cfull; do
-    declare -n arr=$m
-    changes=$(paste -d' ' <(tr ' ' '\n' <<<"${arr[$e]}" | grep .) <(tr ' ' '\n' <<<"${arr[$first]}" | grep .) |
-              awk '{printf "%.2f ", 100 * ($1 / $2 - 1)}')
-    row+=$(tr ' ' '\n' <<<"$changes" | grep . | sort -g | awk -v m="$(median "$changes")" \
-           'NR == 1 {lo=$1} {hi=$1} END {printf " %+.1f%% (%+.1f .. %+.1f) |", m, lo, hi}')
-  done
-  echo "$row"
-done
+table paired
