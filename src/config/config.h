@@ -139,13 +139,19 @@ struct ModelConfig {
   void validate() const;
   int64_t num_params() const;
   // Parameters one token touches: routed experts counted K times out of E; embedding excluded.
+  // By part: attention projections, the routed experts' router, the experts (routed, shared and
+  // the shared experts' router), dense FFN layers, the LM head.
+  struct ActiveParams {
+    int64_t attention = 0, router = 0, experts = 0, dense_ffn = 0, lm_head = 0;
+    int64_t total() const { return attention + router + experts + dense_ffn + lm_head; }
+  };
+  ActiveParams active_matmul_params_by_part() const;
   int64_t num_active_matmul_params() const;
   // Training FLOPs per token, causal attention: 6*active + 12*H*hd*sum over layers of
   // attention_pairs / S (= 12*L*H*hd*(S+1)/2 without sliding windows).
   double train_flops_per_token(int64_t seq_len) const;
-  // The same split by where the step spends it (the bench's phases): attention (q/k/v/o
-  // projections and the causal products), the routed experts' router, the experts (routed, shared
-  // and the shared experts' router), dense FFN layers, the LM head. Sums to train_flops_per_token.
+  // The same split as active_matmul_params_by_part (the bench's phases), the causal products in
+  // attention. Sums to train_flops_per_token.
   struct TrainFlops {
     double attention = 0, router = 0, experts = 0, dense_ffn = 0, lm_head = 0;
     double total() const { return attention + router + experts + dense_ffn + lm_head; }

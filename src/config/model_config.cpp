@@ -228,17 +228,24 @@ int64_t ModelConfig::num_params() const {
   return n;
 }
 
-int64_t ModelConfig::num_active_matmul_params() const {
+ModelConfig::ActiveParams ModelConfig::active_matmul_params_by_part() const {
   const int64_t D = d_model, q = n_heads * hd(), kv = n_kv_heads * hd();
-  int64_t n = vocab_size * D;  // LM head (runs even when tied)
+  ActiveParams n;
+  n.lm_head = vocab_size * D;  // runs even when tied
   const int64_t shared_gate = shared_router ? shared_experts * D : 0;
   for (int64_t l = 0; l < n_layers; ++l) {
-    n += D * q * 2 + D * kv * 2;
-    if (!is_moe_layer(l)) n += 3 * D * dense_width();
-    else n += num_experts * D + 3 * top_k * expert_hidden * D + 3 * D * shared_width() + shared_gate;
+    n.attention += D * q * 2 + D * kv * 2;
+    if (!is_moe_layer(l)) {
+      n.dense_ffn += 3 * D * dense_width();
+    } else {
+      n.router += num_experts * D;
+      n.experts += 3 * top_k * expert_hidden * D + 3 * D * shared_width() + shared_gate;
+    }
   }
   return n;
 }
+
+int64_t ModelConfig::num_active_matmul_params() const { return active_matmul_params_by_part().total(); }
 
 double ModelConfig::train_flops_per_token(int64_t seq_len) const {
   double pairs = 0;
@@ -248,20 +255,11 @@ double ModelConfig::train_flops_per_token(int64_t seq_len) const {
 }
 
 ModelConfig::TrainFlops ModelConfig::train_flops_by_part(int64_t seq_len) const {
-  const double D = static_cast<double>(d_model), q = static_cast<double>(n_heads * hd()),
-               kv = static_cast<double>(n_kv_heads * hd());
-  TrainFlops f;
-  f.lm_head = 6.0 * static_cast<double>(vocab_size) * D;
-  const double shared_gate = shared_router ? static_cast<double>(shared_experts) * D : 0;
-  for (int64_t l = 0; l < n_layers; ++l) {
-    f.attention += 6.0 * (2 * D * q + 2 * D * kv) + 12.0 * q * attention_pairs(l, seq_len) / static_cast<double>(seq_len);
-    if (!is_moe_layer(l)) {
-      f.dense_ffn += 6.0 * 3 * D * static_cast<double>(dense_width());
-      continue;
-    }
-    f.router += 6.0 * static_cast<double>(num_experts) * D;
-    f.experts += 6.0 * (3 * static_cast<double>(top_k * expert_hidden) * D + 3 * D * static_cast<double>(shared_width()) + shared_gate);
-  }
+  const ActiveParams n = active_matmul_params_by_part();
+  auto flops = [](int64_t params) { return 6.0 * static_cast<double>(params); };
+  TrainFlops f{flops(n.attention), flops(n.router), flops(n.experts), flops(n.dense_ffn), flops(n.lm_head)};
+  for (int64_t l = 0; l < n_layers; ++l)
+    f.attention += 12.0 * static_cast<double>(n_heads * hd()) * attention_pairs(l, seq_len) / static_cast<double>(seq_len);
   return f;
 }
 
