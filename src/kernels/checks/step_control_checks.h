@@ -1,5 +1,5 @@
 // Argument contracts of step_control and the update ops it gates (op_list.inc: step_control,
-// clip_by_control, adamw_by_control, router_bias_update_by_control), checked once for every
+// adamw_by_control, router_bias_update_by_control), checked once for every
 // backend. The gated ops' other arguments are their ungated ops' (elementwise and routing checks).
 #pragma once
 

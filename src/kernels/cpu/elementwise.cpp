@@ -466,9 +466,11 @@ void adamw_loop(T* p, const T* g, T* pm, T* pv, bf16* copy, int64_t n, double lr
   if (n > nblk * 16) op.run(p, g, pm, pv, copy, nblk * 16, static_cast<int>(n - nblk * 16));
 }
 
-void adamw_scaled(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& copy,
-                  double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                  double grad_scale) {
+}  // namespace
+
+void adamw_clipped_with_copy(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                             const Tensor& copy, double lr, double beta1, double beta2, double eps,
+                             double weight_decay, int64_t step, double grad_scale) {
   check_host({&param, &grad, &m, &v, &copy}, "adamw");
   check_adamw(param, grad, m, v, step);
   dispatch_real(param.dtype, "adamw", [&](auto tag) {
@@ -478,17 +480,10 @@ void adamw_scaled(const Tensor& param, const Tensor& grad, const Tensor& m, cons
          lr, beta1, beta2, eps, weight_decay, step, grad_scale);
   });
 }
-}  // namespace
 
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr,
            double beta1, double beta2, double eps, double weight_decay, int64_t step) {
-  adamw_scaled(param, grad, m, v, Tensor(), lr, beta1, beta2, eps, weight_decay, step, 1.0);
-}
-
-void adamw_clipped_with_copy(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                             const Tensor& copy, double lr, double beta1, double beta2, double eps,
-                             double weight_decay, int64_t step, double grad_scale) {
-  adamw_scaled(param, grad, m, v, copy, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+  adamw_clipped_with_copy(param, grad, m, v, Tensor(), lr, beta1, beta2, eps, weight_decay, step, 1.0);
 }
 
 }  // namespace moe::cpu

@@ -12,8 +12,6 @@ void step_control(const Tensor& values, const Tensor& sumsq, double lm_z_coef, d
   ref::step_control(values, sumsq, lm_z_coef, lbl_coef, router_z_coef, max_norm, lr_table, control);
 }
 
-void clip_by_control(const Tensor& x, const Tensor& control) { gated::clip(x, control, scale); }
-
 void adamw_by_control(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& control,
                       double beta1, double beta2, double eps, double weight_decay, const Tensor& param_copy) {
   gated::adamw(param, grad, m, v, control, beta1, beta2, eps, weight_decay, param_copy, adamw_clipped_with_copy);

@@ -210,13 +210,6 @@ template <class A, class B> __global__ void convert_kernel(const A* src, B* dst,
   MOE_GRID_LOOP(i, n) store(dst + i, static_cast<arith_t<B>>(load(src + i)));
 }
 
-// x *= control[clip_coef] when clipped and finite: bitwise scale(x, coef).
-template <class S> __global__ void clip_by_control_kernel(S* x, const double* c, int64_t n) {
-  if (c[kCtlClipped] == 0 || c[kCtlNonfinite] != 0) return;
-  const float a = static_cast<float>(c[kCtlClipCoef]);
-  MOE_GRID_LOOP(i, n) store(x + i, __fmul_rn(load(x + i), a));
-}
-
 // ---------------------------------------------------------------- AdamW
 struct AdamScalars {
   float decay, w1, b2, w2, step_size, bc2_sqrt, eps;
@@ -242,7 +235,7 @@ __host__ __device__ inline AdamScalars adam_scalars(double lr, double beta1, dou
 
 // One element's update, on values: the arithmetic of torch.optim.AdamW's single-tensor path.
 __device__ __forceinline__ void adam_values(float& p, float g, float& m, float& v, const AdamScalars& s) {
-  g = __fmul_rn(g, s.gscale);  // the clip (1 when not clipped: exact), as clip_by_control rounds it
+  g = __fmul_rn(g, s.gscale);  // the clip (1 when not clipped: exact), rounded as scale() rounds it
   const float pi = __fmul_rn(p, s.decay);
   const float mn = s.small ? __fadd_rn(m, __fmul_rn(s.w1, __fsub_rn(g, m)))
                            : __fsub_rn(g, __fmul_rn(__fsub_rn(g, m), __fsub_rn(1.0f, s.w1)));
@@ -562,18 +555,6 @@ void adamw_by_control(Context& ctx, const Tensor& param, const Tensor& grad, con
       ptr<float>(param), ptr<const float>(grad), ptr<float>(m), ptr<float>(v), n, ptr<const double>(control), beta1, beta2,
       eps, weight_decay, param_copy.empty() ? nullptr : ptr<bf16s>(param_copy));
   check_launch("adamw_by_control");
-}
-
-void clip_by_control(Context& ctx, const Tensor& x, const Tensor& control) {
-  check_device({&x, &control}, "clip_by_control");
-  check_control(control, "clip_by_control control");
-  const int64_t n = x.numel();
-  if (n == 0) return;
-  dispatch_storage(x.dtype, "clip_by_control", [&](auto* tag) {
-    using S = std::remove_pointer_t<decltype(tag)>;
-    clip_by_control_kernel<<<blocks_for(n, kThreads), kThreads, 0, ctx.stream>>>(ptr<S>(x), ptr<const double>(control), n);
-  });
-  check_launch("clip_by_control");
 }
 
 }  // namespace moe::cuda

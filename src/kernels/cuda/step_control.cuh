@@ -1,7 +1,6 @@
 // CUDA step control: the step_control op of kernels/ref/step_control.cpp (contracts:
 // kernels/op_list.inc, kernels/checks/step_control_checks.h). The update ops it gates run their
-// ungated kernels with the control scalars read on the device (adamw_by_control, clip_by_control:
-// elementwise.cu; router_bias_update_by_control: moe_routing.cu). Compiled inside moe_routing.cu
+// ungated kernels with the control scalars read on the device (adamw_by_control: elementwise.cu; router_bias_update_by_control: moe_routing.cu). Compiled inside moe_routing.cu
 // (one nvcc unit for the routing-side families), its only includer.
 #pragma once
 

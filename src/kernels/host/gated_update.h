@@ -1,5 +1,5 @@
 // The update ops that step_control gates (kernels/op_list.inc), written once over a backend's
-// own scale / adamw / router_bias_update: each reads the control scalars in the backend's memory
+// own adamw / router_bias_update: each reads the control scalars in the backend's memory
 // and runs the ungated op with them, so the result is bitwise the ungated op's.
 #pragma once
 
@@ -12,11 +12,6 @@ namespace moe::gated {
 inline const double* control_scalars(const Tensor& control, const char* op) {
   check_control(control, op);
   return control.as<double>();
-}
-
-template <class Scale> void clip(const Tensor& x, const Tensor& control, Scale scale) {
-  const double* c = control_scalars(control, "clip_by_control control");
-  if (c[kCtlClipped] != 0 && c[kCtlNonfinite] == 0) scale(x, c[kCtlClipCoef]);
 }
 
 // adamw_op(param, grad, m, v, copy, lr, beta1, beta2, eps, weight_decay, step, grad_scale).

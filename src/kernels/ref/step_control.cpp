@@ -15,8 +15,6 @@ void step_control(const Tensor& values, const Tensor& sumsq, double lm_z_coef, d
                        router_z_coef, max_norm, lr_table.as<double>(), lr_table.numel(), control.as<double>());
 }
 
-void clip_by_control(const Tensor& x, const Tensor& control) { gated::clip(x, control, scale); }
-
 // By its definition: scale a copy of the gradient, adamw, convert.
 void adamw_by_control(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& control,
                       double beta1, double beta2, double eps, double weight_decay, const Tensor& param_copy) {
