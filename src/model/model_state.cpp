@@ -126,7 +126,7 @@ void ModelState::init_params(uint64_t seed) {
 }
 
 void ModelState::refresh_operand_weights(bool bf16_done) {
-  if (!bf16_done && operands_.flat.data != params_.flat.data) ops_.convert(params_.flat, operands_.flat);
+  if (!bf16_done && bf16_operands()) ops_.convert(params_.flat, operands_.flat);
   PhaseScope phase(Phase::kQuantize);  // within the optimizer's phase when it refreshes them
   for (size_t l = 0; l < mx_.size(); ++l) {
     const MxExpertWeights& q = mx_[l];
