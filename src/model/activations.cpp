@@ -119,9 +119,9 @@ void plan_routed_experts(ArenaPlan& A, const ModelConfig& c, const Dims& d, FfnA
     f.ea_q = A(DType::kE4M3, {d.Rx, F});
     f.ea_qs = A(DType::kE8M0, {d.Rx, F / mx::kBlock});
   } else {
-    f.xs_act = A(d.adt, {R, D});
-    f.xr_act = f.xs_act;
-    if (d.ep > 1) f.xr_act = A(d.adt, {d.Rx, D});
+    // With EP the permuted rows are only sent (from scratch.xs_RD): the received ones are kept.
+    f.xr_act = A(d.adt, {d.ep > 1 ? d.Rx : R, D});
+    if (d.ep == 1) f.xs_act = f.xr_act;
     f.ea_act = A(d.adt, {d.Rx, F});
   }
   f.eg = A(d.adt, {d.Rx, F});
@@ -170,39 +170,74 @@ int64_t lm_head_chunk_rows(int64_t vocab_size, int64_t tokens) {
 }
 
 namespace {
-// The SwiGLU gradient scratch, sized by the largest SwiGLU activation: routed (Rx,F), dense
-// (T,Fd), shared (T,Fs). Returns that size.
+// A tensor over the bytes of `storage` from byte `offset`: two scratch roles whose lifetimes never
+// meet share the storage (measure mode: no data, only the check that the role fits).
+Tensor alias(const Tensor& storage, uint64_t offset, DType dtype, std::initializer_list<int64_t> dims) {
+  Tensor t(nullptr, dtype, dims, storage.device);
+  MOE_CHECK(offset + t.nbytes() <= storage.nbytes(), "activation plan: a scratch role of ", t.nbytes(),
+            " bytes at ", offset, " does not fit its storage of ", storage.nbytes());
+  if (!storage.empty()) t.data = static_cast<char*>(storage.data) + offset;
+  return t;
+}
+
+// The SwiGLU scratch, sized by the largest SwiGLU activation W: routed (Rx,F), dense (T,Fd),
+// shared (T,Fs). Returns W. The forward's roles (bf16 mode: the GEMMs' fp32 gate and up outputs;
+// the gated shared and MXFP8 experts' fp32 product in dact_W) are dead before any backward of the
+// stage starts (recompute re-runs a layer's forward before its backward), so they share storage
+// with the backward's: dact_W (fp32), dgate_W and dup_W (GEMM operands only: the operand dtype,
+// both in one fp32-sized buffer in bf16 mode; fp32 where the gated shared experts scale them
+// first or the operands are fp32). With EP, dxs_up_XD and returned_RD are dact_W's storage too:
+// the up part of the experts' input gradient is written after the SwiGLU backward has read dact,
+// and rows come back after the experts' SwiGLU (forward) or after dxs_up is summed (backward).
 int64_t plan_swiglu_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, Scratch& s) {
   const int64_t T = d.T, D = c.d_model, Rx = d.Rx;
   const bool any_moe = c.num_moe_layers() > 0;
   const bool any_dense = c.num_dense_layers() > 0;
-  const bool ep = d.ep > 1;
+  const bool bf16 = d.adt != d.cdt;
+  const bool ep = any_moe && d.ep > 1;
   int64_t swiglu = 0;
   if (any_moe) swiglu = std::max({swiglu, Rx * c.expert_hidden, T * c.shared_width()});
   if (any_dense) swiglu = std::max(swiglu, T * c.dense_width());
   swiglu = std::max<int64_t>(swiglu, 1);
-  s.dgate_W = A(d.cdt, {swiglu});
-  s.dup_W = A(d.cdt, {swiglu});
-  s.dact_W = A(d.cdt, {swiglu});
-  if (d.adt != d.cdt) {
-    s.gate_f32_W = A(d.cdt, {swiglu});
-    s.up_f32_W = A(d.cdt, {swiglu});
+  const Tensor x = A(d.cdt, {std::max(swiglu, ep ? std::max(Rx, d.R) * D : 0)});
+  s.dact_W = alias(x, 0, d.cdt, {swiglu});
+  if (ep) {
+    s.dxs_up_XD = alias(x, 0, d.cdt, {Rx, D});
+    s.returned_RD = alias(x, 0, d.cdt, {d.R, D});
   }
-  if (any_moe && (d.adt != d.cdt || ep)) s.ys_f32_XD = A(d.cdt, {Rx, D});
+  // The gated shared experts' and the MXFP8 experts' forward hold dact_W beside gate and up.
+  const bool three = !bf16 || (any_moe && (c.shared_router || d.mx.experts));
+  if (three) {
+    s.dgate_W = A(d.cdt, {swiglu});
+    s.dup_W = A(d.cdt, {swiglu});
+    if (bf16) {
+      s.gate_f32_W = s.dgate_W;
+      s.up_f32_W = s.dup_W;
+    }
+  } else {
+    const Tensor y = A(d.cdt, {swiglu});
+    const uint64_t half = static_cast<uint64_t>(swiglu) * dtype_size(d.adt);
+    s.dgate_W = alias(y, 0, d.adt, {swiglu});
+    s.dup_W = alias(y, half, d.adt, {swiglu});
+    s.gate_f32_W = s.dact_W;
+    s.up_f32_W = y;
+  }
   return swiglu;
 }
 
 // The MoE layers' scratch: expert rows' gradients, router gradients, load balancing, the
-// exchange's slabs, MXFP8 codes.
+// exchange's slabs, MXFP8 codes. The experts' fp32 outputs (forward only) share dxs_XD (backward
+// only).
 void plan_moe_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, Scratch& s) {
   const int64_t T = d.T, D = c.d_model, E = c.num_experts, K = c.top_k, R = d.R, Rx = d.Rx;
   const bool ep = d.ep > 1;
-  s.dys_RD = A(d.cdt, {R, D});
+  s.dys_RD = A(d.adt, {R, D});  // only the experts' GEMMs read it: moe_combine_bwd rounds it
+  // The permuted rows before they leave (EP's send buffer; MXFP8's rows before quantization):
+  // the forward has sent (quantized) them before moe_combine_bwd writes dys_RD.
+  if (ep || d.mx.experts) s.xs_RD = alias(s.dys_RD, 0, d.adt, {R, D});
   s.dxs_XD = A(d.cdt, {Rx, D});
-  if (ep) {
-    s.dyr_XD = A(d.adt, {Rx, D});
-    s.dxs_up_XD = A(d.cdt, {Rx, D});
-  }
+  if (d.adt != d.cdt || ep) s.ys_f32_XD = s.dxs_XD;
+  if (ep) s.dyr_XD = A(d.adt, {Rx, D});
   s.dweights_TK = A(d.cdt, {T, K});
   s.dscores_TE = A(d.cdt, {T, E});
   s.dlogits_TE = A(d.cdt, {T, E});
@@ -220,7 +255,6 @@ void plan_moe_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, Scratch
   if (d.slab_rows > 0) s.ep_slabs = A(d.cdt, {2 * d.ep * d.slab_rows * D});
   if (d.mx.experts) {
     const int64_t F = c.expert_hidden, b = mx::kBlock;
-    s.mx_xs_RD = A(d.adt, {R, D});
     if (ep && d.mx.dispatch) {
       s.mx_xs_q = A(DType::kE4M3, {R, D});
       s.mx_xs_qs = A(DType::kE8M0, {R, D / b});
@@ -237,20 +271,26 @@ void plan_moe_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, Scratch
 
 void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t head_chunk, Scratch& s) {
   const int64_t T = d.T, D = c.d_model, H = c.n_heads, G = c.n_kv_heads, hd = c.hd();
-  const int64_t R = d.R, Rx = d.Rx;
   const bool any_moe = c.num_moe_layers() > 0;
   s.dresid_TD = A(d.cdt, {T, D});
   s.dy_TD = A(d.cdt, {T, D});
-  s.droute_TD = A(d.cdt, {T, D});
-  s.dshared_TD = A(d.cdt, {T, D});
   s.dnormed_TD = A(d.cdt, {T, D});
-  s.shared_out_TD = A(d.cdt, {T, D});
+  // v1's merge of shared and routed outputs (no gate): its forward sum (forward only) and the two
+  // shares of the output gradient (backward only).
+  const ModelChoices choice = model_choices(c);
+  if (any_moe && c.shared_hidden > 0 && !c.shared_router && choice.shared_merge == SharedMerge::kV1) {
+    s.droute_TD = A(d.cdt, {T, D});
+    s.dshared_TD = A(d.cdt, {T, D});
+    s.shared_out_TD = s.dshared_TD;
+  }
   s.dq_BSHd = A(d.cdt, {d.B, d.S, H, hd});
   s.dk_BSGd = A(d.cdt, {d.B, d.S, G, hd});
   s.dv_BSGd = A(d.cdt, {d.B, d.S, G, hd});
   s.do_BSHd = A(d.cdt, {d.B, d.S, H, hd});
-  s.dq_lin_THd = A(d.cdt, {T, H * hd});
-  s.dk_lin_TGd = A(d.cdt, {T, G * hd});
+  if (choice.qk_norm != QkNorm::kNone) {  // dq_lin is written after attention_bwd has read do
+    s.dq_lin_THd = alias(s.do_BSHd, 0, d.cdt, {T, H * hd});
+    s.dk_lin_TGd = A(d.cdt, {T, G * hd});
+  }
   if (c.attention_bias || c.router_logit_bias || c.shared_router_bias) s.ones_T1 = A(d.cdt, {T, 1});
   const int64_t swiglu = plan_swiglu_scratch(A, c, d, s);
   if (any_moe) plan_moe_scratch(A, c, d, s);
@@ -261,8 +301,7 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
     s.mx_attn_g_qs = A(DType::kE8M0, {T * W / mx::kBlock});
   }
   // Operand-dtype copy of any upstream gradient that feeds a GEMM.
-  int64_t dy = std::max({T * D, T * H * hd, head_chunk * c.vocab_size, swiglu});
-  if (any_moe) dy = std::max(dy, std::max(R, Rx) * D);
+  const int64_t dy = std::max({T * D, T * H * hd, head_chunk * c.vocab_size, swiglu});
   s.dy_operand_N = A(d.adt, {dy});
   s.logits_CV = A(d.cdt, {head_chunk, c.vocab_size});
   s.row_ce_C = A(d.cdt, {head_chunk});

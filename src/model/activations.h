@@ -109,8 +109,8 @@ struct FfnActs {
   Tensor offsets;          // (E+1) i32
   Tensor sorted_slot;      // (R) i32
   Tensor slot_pos;         // (R) i32
-  Tensor xs_act;           // (R,D) permuted inputs, GEMM operand (with EP: the send buffer)
-  Tensor xr_act;           // (Rx,D) with EP: rows received for the local experts; else = xs_act
+  Tensor xs_act;           // (R,D) permuted inputs, GEMM operand; without EP only (= xr_act)
+  Tensor xr_act;           // (Rx,D) rows received for the local experts (EP), else the permuted rows
   Tensor recv_offsets;     // (El+1) i32 with EP: grouped GEMM offsets over xr_act (a view of the
                            // exchange plan, model state); else = offsets
   Tensor eg, eu;           // (Rx,F) saved in the operand dtype
@@ -154,15 +154,21 @@ struct FinalNormActs {
 //   droute_TD        MoE v1 merge: routed share of dy        moe_combine_bwd, same sublayer
 //   dshared_TD       MoE v1 merge: shared share of dy        shared-expert backward, same sublayer
 //   dnormed_TD       a sublayer's GEMM data gradients        its input norm's backward
-//   shared_out_TD    MoE forward, v1 shared-expert output    the next axpy (forward only)
+//   shared_out_TD    MoE forward, v1 shared-expert output    the next axpy (forward only; dshared's storage)
 //   dq/dk/dv/do_*    attention backward                      the q/k/v projection gradients
-//   dq_lin/dk_lin_*  QK-norm backward                        the q/k projection gradients
+//   dq_lin/dk_lin_*  QK-norm backward (dq_lin: do's storage)  the q/k projection gradients
 //   gate/up_f32_W    bf16 forward: SwiGLU GEMM outputs       swiglu_fwd (forward only)
 //   dgate/dup/dact_W SwiGLU backward                         the same MLP's GEMMs
-//   ys_f32_XD        MoE forward (bf16 or EP): expert outputs the return / convert (forward only)
-//   dys_RD           moe_combine_bwd (forward, bf16 + EP:    the expert-output GEMM gradients
-//                    the rows returned to this rank)         (EP: the input gradients returned)
-//   dxs_XD, dxs_up_XD the routed experts' input gradients    moe_gather_bwd / the return
+//   ys_f32_XD        MoE forward (bf16 or EP): expert outputs the return / convert (forward only;
+//                    dxs_XD's storage)
+//   dys_RD           moe_combine_bwd, in the operand dtype   the expert-output GEMM gradients
+//                                                            (EP: sent to the experts' ranks)
+//   returned_RD      EP: rows returned to this rank: expert  the combine (forward), moe_gather_bwd
+//                    outputs (bf16 mode), input gradients    (backward); dact_W's storage
+//   xs_RD            MoE forward, EP or MXFP8: permuted rows  their send or quantization (forward
+//                                                            only; dys_RD's storage)
+//   dxs_XD, dxs_up_XD the routed experts' input gradients    moe_gather_bwd / the return (dxs_up:
+//                    (EP: dxs_up after the SwiGLU backward)  dact_W's storage)
 //   dyr_XD           EP: output gradients received            the expert GEMM gradients
 //   dweights_TK, dscores_TE, dlogits_TE   router backward    the router GEMM gradients
 //   dshared_w/scores/logits_TS  gated shared experts' backward  the shared router's GEMMs
@@ -176,14 +182,23 @@ struct FinalNormActs {
 //   lbl_counts_E     expert_counts (instance, global)        the same layer's load_balance_loss
 //   ep_slabs         EP, padded transport: the send and the  the same exchange (one move)
 //                    receive slabs, (2, ep, slab_rows, D)
+// Forward-only roles share storage with backward-only ones (plan_scratch says which): a stage
+// never runs a forward inside a sublayer's backward (recompute re-runs a layer's forward before
+// its backward starts), and every role above ends within its sublayer except dresid_TD.
+// The SwiGLU buffers in bf16 mode: dgate_W and dup_W hold operand-dtype values (they only feed
+// GEMMs) in one fp32-sized buffer, gate_f32_W is dact_W's storage and up_f32_W theirs; with the
+// gated shared experts or MXFP8 experts (whose forward holds dact_W too) each is its own fp32
+// buffer and the forward's gate and up use dgate's and dup's.
 struct Scratch {
-  Tensor dresid_TD, dy_TD, droute_TD, dshared_TD, dnormed_TD, shared_out_TD;
+  Tensor dresid_TD, dy_TD, dnormed_TD;
+  Tensor droute_TD, dshared_TD, shared_out_TD;  // v1 merge of the (ungated) shared experts only
   Tensor dq_BSHd, dk_BSGd, dv_BSGd, do_BSHd;
-  Tensor dq_lin_THd, dk_lin_TGd;
+  Tensor dq_lin_THd, dk_lin_TGd;   // QK-norm only
   Tensor gate_f32_W, up_f32_W;     // bf16 mode only
-  Tensor dgate_W, dup_W, dact_W;
+  Tensor dgate_W, dup_W, dact_W;   // dgate, dup: the operand dtype in bf16 mode (see above)
   Tensor ys_f32_XD;                // bf16 mode or EP
-  Tensor dys_RD, dxs_XD;
+  Tensor dys_RD, dxs_XD;           // dys: the operand dtype (rounded by moe_combine_bwd)
+  Tensor returned_RD;              // EP: rows returned to this rank (compute dtype; dact_W's storage)
   Tensor dyr_XD, dxs_up_XD;        // EP only (dyr in the operand dtype)
   Tensor dweights_TK, dscores_TE, dlogits_TE;
   Tensor dshared_w_TS, dshared_scores_TS, dshared_logits_TS;  // model.shared_router
@@ -194,11 +209,11 @@ struct Scratch {
   Tensor mean_prob_E;
   Tensor lbl_counts_E;             // i32: a sequence's or the group's counts (load-balancing granularity)
   Tensor ep_slabs;                 // compute dtype, 2*ep*slab_rows*D elements; padded transport only
-  // MXFP8 experts (model/mx_experts.cpp): the gathered rows before quantization, the quantized send
-  // buffer (EP with dispatch) or the bf16 receive buffer (EP without), the quantized output
-  // gradient and SwiGLU gradient of the data gradients, and one bf16 buffer the weight gradients
-  // dequantize their saved operand into.
-  Tensor mx_xs_RD;                 // operand dtype
+  Tensor xs_RD;                    // operand dtype, EP or MXFP8 experts: the permuted rows before
+                                   // they are sent or quantized (dys_RD's storage)
+  // MXFP8 experts (model/mx_experts.cpp): the quantized send buffer (EP with dispatch) or the
+  // bf16 receive buffer (EP without), the quantized output gradient and SwiGLU gradient of the
+  // data gradients, and one bf16 buffer the weight gradients dequantize their saved operand into.
   Tensor mx_xs_q, mx_xs_qs;        // (R,D), (R,D/32)
   Tensor mx_xr_XD;                 // operand dtype
   Tensor mx_dy_q, mx_dy_qs;        // (Rx,D), (Rx,D/32) in the gradient element

@@ -65,7 +65,7 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
 
   // Routed experts over the permuted rows (MXFP8: gathered into scratch, saved quantized).
   const bool mx = ctx.dims.mx.experts;
-  const Tensor xs = mx ? s.mx_xs_RD : a.xs_act;
+  const Tensor xs = mx || ex.exchange ? s.xs_RD : a.xs_act;
   ops.moe_gather(h_act, a.sorted_slot, xs);
   // Expert parallelism: rows travel to the ranks of their experts, arriving grouped by local
   // expert (then source rank); the plan's recv_offsets are the grouped GEMM's offsets over them.
@@ -77,7 +77,7 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
   if (ex.exchange) {
     if (ex.new_plan) ex.exchange->plan(ex.slot, ex.moe_layer, a.counts);
     a.recv_offsets = ex.exchange->received_offsets(ex.slot, ex.moe_layer);
-    if (!mx) ex.exchange->send_to_experts(ex.slot, ex.moe_layer, a.xs_act, a.xr_act, s.ep_slabs);
+    if (!mx) ex.exchange->send_to_experts(ex.slot, ex.moe_layer, xs, a.xr_act, s.ep_slabs);
     rows = ctx.dims.Rx;
   }
   phase.reset();
@@ -85,7 +85,7 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
   Tensor ys = mx ? mx_experts_forward(ctx, *p.mx, ex, xs, routing.quant_stats, a) : Tensor();
   if (!mx) ys = bf16_experts_forward(ctx, p, ex.exchange != nullptr, rows, a);
   if (ex.exchange) {  // back to the tokens' rank, into their local expert-major rows
-    Tensor returned = bf16 ? s.dys_RD : a.ys;  // dys is free during the forward
+    Tensor returned = bf16 ? s.returned_RD : a.ys;
     ex.exchange->return_to_sources(ex.slot, ex.moe_layer, ys, returned, s.ep_slabs);
     ys = returned;
   }
@@ -224,8 +224,8 @@ Tensor routed_experts_backward(const SublayerContext& ctx, const LayerParams& p,
   Tensor dxs_local = dxs;
   if (ex.exchange) {
     ops.axpy(1.0, dxs_up, dxs);
-    ex.exchange->return_to_sources(ex.slot, ex.moe_layer, dxs, s.dys_RD, s.ep_slabs);  // dys was sent: free
-    dxs_local = s.dys_RD;
+    ex.exchange->return_to_sources(ex.slot, ex.moe_layer, dxs, s.returned_RD, s.ep_slabs);
+    dxs_local = s.returned_RD;
   }
   return dxs_local;
 }

@@ -369,6 +369,20 @@ TEST_P(MoeRouting, GatherCombineAndTheirBackwardsMatchFiniteDifferences) {
   OwnedTensor dw32r(DType::kF32, {T, K}), dys32r(DType::kF32, {R, D});
   ref::moe_combine_bwd(r32, ys16, pos, w32, dys32r, dw32r);
   EXPECT_LT(rel_error(dw32r, dw), 1e-6);
+  // dys rounded to bf16 as it is stored (bf16 mode: the experts' GEMM operand) is bitwise the f32
+  // dys converted, on the backend and on the reference, with ys in f32 or bf16; dweights unchanged.
+  for (const Tensor* y : {&ys32.t, &ys16.t}) {
+    OwnedTensor dys16(DType::kBF16, {R, D}), dys16_ref(DType::kBF16, {R, D}), dys16_conv(DType::kBF16, {R, D});
+    OwnedTensor dw16(DType::kF32, {T, K});
+    for (auto* t : {&dys32, &dw32, &dys16, &dw16}) test::poison(*t);
+    test::fast().moe_combine_bwd(r32, *y, pos, w32, dys32, dw32);
+    test::fast().moe_combine_bwd(r32, *y, pos, w32, dys16, dw16);
+    ref::convert(dys32, dys16_conv);
+    EXPECT_TRUE(test::bitwise_equal(dys16, dys16_conv));
+    EXPECT_TRUE(test::bitwise_equal(dw16, dw32));
+    ref::moe_combine_bwd(r32, *y, pos, w32, dys16_ref, dw32r);
+    EXPECT_TRUE(test::bitwise_equal(dys16_ref, dys16_conv));
+  }
 }
 
 TEST_P(MoeRouting, LoadBalanceLossIsOneAtBalanceAndItsGradientMatchesFiniteDifferences) {

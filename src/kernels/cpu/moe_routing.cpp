@@ -11,6 +11,7 @@
 
 #include "kernels/checks/routing_checks.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/elem_common.h"
 #include "kernels/host/dtype_dispatch.h"
 #include "kernels/host/routing_ops.h"
 #include "kernels/math/routing_rows.h"
@@ -264,15 +265,15 @@ void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_po
                      const Tensor& weights, const Tensor& dys, const Tensor& dweights) {
   const PermuteDims dims = check_moe_combine_bwd(dout, ys, slot_pos, weights, dys, dweights);
   const int64_t T = dims.T, D = dims.D, K = dims.K;
-  // ys may be stored in bf16 (bf16 mode's saved expert outputs); gradients stay in F.
-  auto run = [&](auto zero, auto ys_zero) {
+  // ys may be stored in bf16 (bf16 mode's saved expert outputs); gradients stay in F, except dys,
+  // which may be bf16 (rounded as it is stored: the experts' GEMM operand).
+  auto run = [&](auto zero, auto ys_zero, auto* dy) {
     using F = decltype(zero);
     using Y = decltype(ys_zero);
     const F* g = dout.as<F>();
     const Y* y = ys.as<Y>();
     const F* w = weights.as<F>();
     const int32_t* pos = slot_pos.as<int32_t>();
-    F* dy = dys.as<F>();
     F* dw = dweights.as<F>();
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t)
@@ -282,17 +283,21 @@ void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_po
         F dot = 0;
 #pragma omp simd reduction(+ : dot)
         for (int64_t d = 0; d < D; ++d) {
-          dy[p * D + d] = wt * g[t * D + d];
+          elem::store(dy + p * D + d, wt * g[t * D + d]);
           dot += g[t * D + d] * static_cast<F>(to_float(y[p * D + d]));
         }
         dw[t * K + j] = dot;
       }
   };
-  if (ys.dtype == DType::kBF16) {
+  if (dys.dtype == DType::kBF16) {
+    check_dtype(dout, DType::kF32, "moe_combine_bwd dout (dys in bf16)");
+    if (ys.dtype == DType::kBF16) run(float{}, bf16{}, dys.as<bf16>());
+    else run(float{}, float{}, dys.as<bf16>());
+  } else if (ys.dtype == DType::kBF16) {
     check_dtype(dout, DType::kF32, "moe_combine_bwd dout");
-    run(float{}, bf16{});
+    run(float{}, bf16{}, dys.as<float>());
   } else {
-    dispatch_real(dout.dtype, __func__, [&](auto zero) { run(zero, zero); });
+    dispatch_real(dout.dtype, __func__, [&](auto zero) { run(zero, zero, dys.as<decltype(zero)>()); });
   }
 }
 

@@ -187,13 +187,16 @@ void moe_combine_bwd(Context& ctx, const Tensor& dout, const Tensor& ys, const T
   check_device({&dout, &ys, &slot_pos, &weights, &dys, &dweights}, "moe_combine_bwd");
   const PermuteDims d = check_moe_combine_bwd(dout, ys, slot_pos, weights, dys, dweights);
   const int64_t T = d.T, D = d.D, K = d.K;
-  for (const Tensor* t : {&dout, &weights, &dys, &dweights}) require_f32(*t, "moe_combine_bwd");
+  for (const Tensor* t : {&dout, &weights, &dweights}) require_f32(*t, "moe_combine_bwd");
   if (T * K == 0) return;
   dispatch_storage(ys.dtype, "moe_combine_bwd ys", [&](auto* tag) {
     using Y = std::remove_pointer_t<decltype(tag)>;
-    moe_combine_bwd_kernel<<<warp_blocks(T * K), kThreads, 0, ctx.stream>>>(
-        ptr<const float>(dout), ptr<const Y>(ys), ptr<const int32_t>(slot_pos), ptr<const float>(weights), ptr<float>(dys),
-        ptr<float>(dweights), T, D, K);
+    dispatch_storage(dys.dtype, "moe_combine_bwd dys", [&](auto* otag) {  // f32, or bf16 (rounded)
+      using O = std::remove_pointer_t<decltype(otag)>;
+      moe_combine_bwd_kernel<<<warp_blocks(T * K), kThreads, 0, ctx.stream>>>(
+          ptr<const float>(dout), ptr<const Y>(ys), ptr<const int32_t>(slot_pos), ptr<const float>(weights), ptr<O>(dys),
+          ptr<float>(dweights), T, D, K);
+    });
   });
   check_launch("moe_combine_bwd");
 }

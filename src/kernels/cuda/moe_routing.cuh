@@ -327,8 +327,8 @@ __global__ void moe_combine_kernel(const float* ys, const int32_t* pos, const fl
 }
 
 // One warp per (token, slot).
-template <class Y>
-__global__ void moe_combine_bwd_kernel(const float* dout, const Y* ys, const int32_t* pos, const float* w, float* dys,
+template <class Y, class O>
+__global__ void moe_combine_bwd_kernel(const float* dout, const Y* ys, const int32_t* pos, const float* w, O* dys,
                                        float* dw, int64_t T, int64_t D, int64_t K) {
   const int lane = threadIdx.x & 31;
   MOE_WARP_LOOP(tj, T * K) {
@@ -337,7 +337,7 @@ __global__ void moe_combine_bwd_kernel(const float* dout, const Y* ys, const int
     float dot = 0;
     for (int64_t d = lane; d < D; d += 32) {
       const float g = dout[t * D + d];
-      dys[p * D + d] = __fmul_rn(wt, g);
+      store(dys + p * D + d, __fmul_rn(wt, g));
       dot = __fmaf_rn(g, load(ys + p * D + d), dot);
     }
     dot = warp_sum(dot);

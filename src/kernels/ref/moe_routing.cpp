@@ -10,6 +10,7 @@
 #include "kernels/host/routing_ops.h"
 #include "kernels/math/routing_rows.h"
 #include "kernels/ref/ref_ops.h"
+#include "kernels/ref/rounded_output.h"
 
 namespace moe::ref {
 namespace rows = routing_rows;
@@ -170,15 +171,17 @@ void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_po
                      const Tensor& weights, const Tensor& dys, const Tensor& dweights) {
   const PermuteDims dims = check_moe_combine_bwd(dout, ys, slot_pos, weights, dys, dweights);
   const int64_t T = dims.T, D = dims.D, K = dims.K;
-  // ys may be stored in bf16 (bf16 mode's saved expert outputs); gradients stay in F.
+  // ys may be stored in bf16 (bf16 mode's saved expert outputs); gradients stay in F, except dys,
+  // which may be bf16 (rounded): it only feeds the experts' GEMMs.
   auto run = [&](auto zero, auto ys_zero) {
     using F = decltype(zero);
     using Y = decltype(ys_zero);
+    const RoundedOutput ody(dys, dtype_of<F>(), "moe_combine_bwd dys");
     const F* g = dout.as<F>();
     const Y* y = ys.as<Y>();
     const F* w = weights.as<F>();
     const int32_t* pos = slot_pos.as<int32_t>();
-    F* dy = dys.as<F>();
+    F* dy = ody.work().as<F>();
     F* dw = dweights.as<F>();
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < K; ++j) {
@@ -190,6 +193,7 @@ void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_po
         }
         dw[t * K + j] = dot;
       }
+    ody.finish();
   };
   if (ys.dtype == DType::kBF16) {
     check_dtype(dout, DType::kF32, "moe_combine_bwd dout");
