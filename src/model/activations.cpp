@@ -8,12 +8,23 @@
 namespace moe {
 
 Tensor ArenaPlan::operator()(DType dtype, std::initializer_list<int64_t> dims) {
+  const uint64_t at = bytes;
   bytes += Arena::footprint(dtype, dims);
   uint64_t n = dtype_size(dtype);
   for (int64_t d : dims) n *= static_cast<uint64_t>(d);
   tensor_bytes += n;
   if (arena) return arena->alloc(dtype, dims);
+  if (!region.empty()) {
+    MOE_CHECK(bytes <= region.nbytes(), "activation plan: a region of ", region.nbytes(), " bytes cannot hold ", bytes);
+    return Tensor(static_cast<char*>(region.data) + at, dtype, dims, region.device);
+  }
   return Tensor(nullptr, dtype, dims);
+}
+
+ArenaPlan ArenaPlan::within(const Tensor& storage) {
+  ArenaPlan p;
+  p.region = storage;
+  return p;
 }
 
 MxMode mx_mode(const Config& config) {
@@ -129,16 +140,13 @@ void plan_routed_experts(ArenaPlan& A, const ModelConfig& c, const Dims& d, FfnA
   f.ys = A(d.adt, {R, D});
 }
 
-// One layer's saved activations, carved in the order the arena lays them out.
-void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, const Dims& d, int64_t layer,
-                LayerActs& a) {
+// One layer's FFN activations (dense SwiGLU, or the MoE layer's router, shared and routed experts).
+void plan_ffn(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, const Dims& d, int64_t layer,
+              FfnActs& f) {
   const int64_t T = d.T, D = c.d_model;
   const bool peri = choice.output_norm();
   const bool in_norm = choice.input_norm();  // reordered: sublayers read the residual stream itself
   const bool bf16 = d.adt != d.cdt;
-  plan_attention(A, c, choice, d, a);
-
-  FfnActs& f = a.ffn;
   if (in_norm) f.rstd_in = A(d.cdt, {T});
   const bool moe = c.is_moe_layer(layer);
   // The router reads the compute-dtype normed input; dense layers need it only as an operand.
@@ -158,6 +166,13 @@ void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, 
     f.out = A(d.cdt, {T, D});
     f.rstd_out = A(d.cdt, {T});
   }
+}
+
+// One layer's saved activations, carved in the order the arena lays them out.
+void plan_layer(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, const Dims& d, int64_t layer,
+                LayerActs& a) {
+  plan_attention(A, c, choice, d, a);
+  plan_ffn(A, c, choice, d, layer, a.ffn);
 }
 
 void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t head_chunk, Scratch& s);
@@ -181,7 +196,7 @@ Tensor alias(const Tensor& storage, uint64_t offset, DType dtype, std::initializ
 }
 
 // The SwiGLU scratch, sized by the largest SwiGLU activation W: routed (Rx,F), dense (T,Fd),
-// shared (T,Fs). Returns W. The forward's roles (bf16 mode: the GEMMs' fp32 gate and up outputs;
+// shared (T,Fs). The forward's roles (bf16 mode: the GEMMs' fp32 gate and up outputs;
 // the gated shared and MXFP8 experts' fp32 product in dact_W) are dead before any backward of the
 // stage starts (recompute re-runs a layer's forward before its backward), so they share storage
 // with the backward's: dact_W (fp32), dgate_W and dup_W (GEMM operands only: the operand dtype,
@@ -189,7 +204,7 @@ Tensor alias(const Tensor& storage, uint64_t offset, DType dtype, std::initializ
 // first or the operands are fp32). With EP, dxs_up_XD and returned_RD are dact_W's storage too:
 // the up part of the experts' input gradient is written after the SwiGLU backward has read dact,
 // and rows come back after the experts' SwiGLU (forward) or after dxs_up is summed (backward).
-int64_t plan_swiglu_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, Scratch& s) {
+void plan_swiglu_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, Scratch& s) {
   const int64_t T = d.T, D = c.d_model, Rx = d.Rx;
   const bool any_moe = c.num_moe_layers() > 0;
   const bool any_dense = c.num_dense_layers() > 0;
@@ -222,7 +237,7 @@ int64_t plan_swiglu_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, S
     s.gate_f32_W = s.dact_W;
     s.up_f32_W = y;
   }
-  return swiglu;
+
 }
 
 // The MoE layers' scratch: expert rows' gradients, router gradients, load balancing, the
@@ -292,7 +307,7 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
     s.dk_lin_TGd = A(d.cdt, {T, G * hd});
   }
   if (c.attention_bias || c.router_logit_bias || c.shared_router_bias) s.ones_T1 = A(d.cdt, {T, 1});
-  const int64_t swiglu = plan_swiglu_scratch(A, c, d, s);
+  plan_swiglu_scratch(A, c, d, s);
   if (any_moe) plan_moe_scratch(A, c, d, s);
   if (d.mx.attention) {
     const int64_t W = std::max(D, H * hd);
@@ -301,7 +316,7 @@ void plan_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, int64_t hea
     s.mx_attn_g_qs = A(DType::kE8M0, {T * W / mx::kBlock});
   }
   // Operand-dtype copy of any upstream gradient that feeds a GEMM.
-  const int64_t dy = std::max({T * D, T * H * hd, head_chunk * c.vocab_size, swiglu});
+  const int64_t dy = std::max({T * D, T * H * hd, head_chunk * c.vocab_size});
   s.dy_operand_N = A(d.adt, {dy});
   s.logits_CV = A(d.cdt, {head_chunk, c.vocab_size});
   s.row_ce_C = A(d.cdt, {head_chunk});
@@ -327,7 +342,8 @@ ActivationPlan::ActivationPlan(const ModelConfig& c, const Dims& d, const StageP
   // Plan twice with memory: measure, then carve the same tensors, in the same order, out of
   // one arena. Measure mode stops after the first pass.
   for (int pass = 0; pass < (memory ? 2 : 1); ++pass) {
-    ArenaPlan alloc{pass == 0 ? nullptr : &arena_};
+    ArenaPlan alloc;
+    alloc.arena = pass == 0 ? nullptr : &arena_;
     resid_.assign(n_chunks, {});
     for (size_t k = 0; k < n_chunks; ++k) {
       const auto n_local = static_cast<size_t>(chunks_[k].end - chunks_[k].begin);
@@ -337,12 +353,24 @@ ActivationPlan::ActivationPlan(const ModelConfig& c, const Dims& d, const StageP
     }
     const size_t resid_bytes = alloc.bytes;
     if (stage.recompute) {
-      // The single shared LayerActs must fit the stage's largest layer kind.
+      // One layer's set, shared by every layer (each is recomputed just before its backward).
       acts_.assign(1, std::vector<std::vector<LayerActs>>(1, std::vector<LayerActs>(1)));
-      plan_layer(alloc, c, choice, d, stage_moe ? a_moe : a_dense, acts_[0][0][0]);
-      // Dense layers reuse the MoE-shaped activations; their (T, dense_width) buffers come extra.
-      recompute_dense_ = LayerActs();
-      if (stage_moe && stage_dense) plan_layer(alloc, c, choice, d, a_dense, recompute_dense_);
+      LayerActs& one = acts_[0][0][0];
+      recompute_dense_ = stage_moe && stage_dense;
+      recompute_dense_ffn_ = FfnActs();
+      if (!recompute_dense_) {
+        plan_layer(alloc, c, choice, d, stage_moe ? a_moe : a_dense, one);
+      } else {  // the MoE and the dense FFN sets over the same bytes, as large as the larger
+        plan_attention(alloc, c, choice, d, one);
+        ArenaPlan moe_size, dense_size;
+        FfnActs unused;
+        plan_ffn(moe_size, c, choice, d, a_moe, unused);
+        plan_ffn(dense_size, c, choice, d, a_dense, unused);
+        const Tensor ffn = alloc(DType::kF32, {static_cast<int64_t>(std::max(moe_size.bytes, dense_size.bytes) / 4)});
+        ArenaPlan moe_ffn = ArenaPlan::within(ffn), dense_ffn = ArenaPlan::within(ffn);
+        plan_ffn(moe_ffn, c, choice, d, a_moe, one.ffn);
+        plan_ffn(dense_ffn, c, choice, d, a_dense, recompute_dense_ffn_);
+      }
     } else {
       acts_.assign(n_chunks, {});
       for (size_t k = 0; k < n_chunks; ++k) {

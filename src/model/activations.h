@@ -8,11 +8,11 @@
 //   rank's experts may compute (R without expert parallelism), B,S,H,G,d = batch, sequence,
 //   query heads, KV heads, head dim (Hd = H*d, Gd = G*d), C = LM-head chunk rows, V vocabulary,
 //   W = the widest SwiGLU activation (max of X*F, T*shared_experts*shared_hidden,
-//   T*dense_width), N = the
-//   largest upstream gradient that feeds a GEMM.
+//   T*dense_width), N = the largest upstream gradient that is converted for a GEMM.
 // "act" tensors are GEMM operands in the operand dtype (bf16 in bf16 mode); everything else is
 // in the compute dtype (f32, or f64 on the reference path). With block recompute all layers
-// share one LayerActs and only the residual stream is kept per layer.
+// share one LayerActs (a stage with dense and MoE layers: their FFN sets over the same bytes)
+// and only the residual stream is kept per layer.
 #pragma once
 
 #include <utility>
@@ -25,13 +25,18 @@
 
 namespace moe {
 
-// Hands out tensors from an arena, or only counts bytes (measure pass) when arena is null.
+// Hands out tensors from an arena, or from a region already carved out of one (within), or only
+// counts bytes (measure pass) when it has neither.
 struct ArenaPlan {
   Arena* arena = nullptr;
+  Tensor region;              // within(): tensors laid out from region.data, at most its bytes
   // 64-bit whatever size_t is (the planner runs as 32-bit WebAssembly too).
   uint64_t bytes = 0;         // arena bytes, 64-byte padded per tensor
   uint64_t tensor_bytes = 0;  // the tensors' own bytes
   Tensor operator()(DType dtype, std::initializer_list<int64_t> dims);
+  // A plan over `storage` (a tensor of this arena): sets whose lifetimes never meet are laid out
+  // over the same bytes, each through its own within(). Measure mode: storage has no data.
+  static ArenaPlan within(const Tensor& storage);
 };
 
 // MXFP8 in the routed experts and the attention projections (train.precision = "mxfp8", config
@@ -271,8 +276,9 @@ class ActivationPlan {
     const size_t c = chunk_at(l);
     return acts_[c][static_cast<size_t>(slot)][static_cast<size_t>(l - chunks_[c].begin)];
   }
-  // A dense layer's FFN activations (with recompute in a stage of both kinds: their own buffers).
-  FfnActs& dense_ffn(int64_t slot, int64_t l) { return recompute_dense_.x_mid.data ? recompute_dense_.ffn : layer(slot, l).ffn; }
+  // A dense layer's FFN activations (with recompute in a stage of both kinds: their own tensors,
+  // over the bytes of the MoE layers' FFN set: one layer's set exists at a time).
+  FfnActs& dense_ffn(int64_t slot, int64_t l) { return recompute_dense_ ? recompute_dense_ffn_ : layer(slot, l).ffn; }
   Scratch& scratch() { return scratch_; }
   const FinalNormActs& final_norm() const { return final_norm_; }
   // The embedding norm's saved input of a slot (first stage with model.embedding_norm only).
@@ -291,7 +297,8 @@ class ActivationPlan {
   uint64_t bytes_ = 0, saved_bytes_ = 0, layer_bytes_ = 0;
   std::vector<std::vector<std::vector<Tensor>>> resid_;    // [chunk][slot][chunk layer, and after the last]
   std::vector<std::vector<std::vector<LayerActs>>> acts_;  // [chunk][slot][chunk layer]; recompute: one
-  LayerActs recompute_dense_;  // recompute in a stage with dense and MoE layers: dense FFN buffers
+  bool recompute_dense_ = false;  // recompute in a stage with dense and MoE layers
+  FfnActs recompute_dense_ffn_;   // then the dense layers' FFN set
   std::vector<EmbedActs> embed_;  // [slot of chunk 0], model.embedding_norm on the first stage
   Scratch scratch_;
   FinalNormActs final_norm_;
