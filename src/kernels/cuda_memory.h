@@ -26,12 +26,14 @@ inline uint64_t env_mib(const char* name, uint64_t fallback) {
 inline uint64_t cuda_scratch_bytes() { return env_mib("MOE_CUDA_SCRATCH_MB", uint64_t{64} << 20); }
 constexpr uint64_t kCublasLtWorkspaceBytes = uint64_t{32} << 20;  // cuBLASLt's recommendation for Hopper and Blackwell
 
-// cuDNN SDPA's one buffer: bf16 copies of q, k, v, o (forward; nq = B*S*H*hd, nk = B*S*G*hd) or
-// of q, o, dO, dQ, k, v, dK, dV (backward), each from a 256-byte boundary, then the graph's workspace.
-inline uint64_t cudnn_sdpa_buffer_bytes(bool backward, int64_t nq, int64_t nk, int64_t workspace) {
+// cuDNN SDPA's one buffer: bf16 copies of the fp32 tensors among q, k, v, o (forward; nq =
+// B*S*H*hd, nk = B*S*G*hd) or q, o, dO, dQ, k, v, dK, dV (backward), each from a 256-byte
+// boundary, then the graph's workspace. stored_bf16: q, k, v and o are bf16 already (bf16
+// mode's saved activations), so only dO, dQ, dK, dV are copied.
+inline uint64_t cudnn_sdpa_buffer_bytes(bool backward, bool stored_bf16, int64_t nq, int64_t nk, int64_t workspace) {
   // 64-bit whatever size_t is: the memory estimate also runs as 32-bit WebAssembly (the planner).
   const auto padded = [](int64_t n) { return static_cast<uint64_t>((n * 2 + 255) / 256 * 256); };
-  const uint64_t copies = backward ? 4 : 2;
+  const uint64_t copies = (stored_bf16 ? 0 : 2) + (backward ? 2 : 0);
   return copies * (padded(nq) + padded(nk)) + static_cast<uint64_t>(workspace);
 }
 

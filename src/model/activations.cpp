@@ -85,15 +85,15 @@ void plan_attention(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choi
     at.k_pre = A(d.cdt, {T, G * hd});
     at.v_pre = A(d.cdt, {T, G * hd});
   }
-  at.q = A(d.cdt, {d.B, d.S, H, hd});
-  at.k = A(d.cdt, {d.B, d.S, G, hd});
-  at.v = A(d.cdt, {d.B, d.S, G, hd});
-  at.o = A(d.cdt, {d.B, d.S, H, hd});
+  // The attention products' operands and output, in the operand dtype (bf16 mode: as autocast's
+  // scaled_dot_product_attention saves them; o is wo's operand too).
+  at.q = A(d.adt, {d.B, d.S, H, hd});
+  at.k = A(d.adt, {d.B, d.S, G, hd});
+  at.v = A(d.adt, {d.B, d.S, G, hd});
+  at.o = A(d.adt, {d.B, d.S, H, hd});
   if (mx_attn) {
     at.o_q = A(DType::kE4M3, {T, H * hd});
     at.o_qs = A(DType::kE8M0, {T, H * hd / mx::kBlock});
-  } else if (bf16) {
-    at.o_act = A(d.adt, {T, H * hd});
   }
   at.lse = A(d.cdt, {d.B, H, d.S});
   if (peri) {

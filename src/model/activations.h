@@ -86,9 +86,8 @@ struct AttnActs {
   Tensor q_lin, k_lin;     // (T,H*hd), (T,G*hd) projections before QK-norm (only with QK-norm)
   Tensor q_pre, k_pre, v_pre;  // (T,H*hd), (T,G*hd), (T,G*hd) projections before the clamp (clip_qkv only)
   Tensor rstd_q, rstd_k;   // (T) or (T*H), (T*G)
-  Tensor q, k, v;          // (B,S,H,hd), (B,S,G,hd) after QK-norm and RoPE
-  Tensor o;                // (B,S,H,hd) attention output
-  Tensor o_act;            // (T,H*hd) GEMM operand copy of o (bf16 mode only, not with MXFP8 attention)
+  Tensor q, k, v;          // (B,S,H,hd), (B,S,G,hd) after QK-norm and RoPE, in the operand dtype
+  Tensor o;                // (B,S,H,hd) attention output, in the operand dtype (wo's operand)
   Tensor o_q, o_qs;        // (T,H*hd), (T,H*hd/32) MXFP8 attention: o quantized
   Tensor lse;              // (B,H,S)
   Tensor out;              // (T,D) o * wo^T (peri, reordered: input of attn_out_norm)

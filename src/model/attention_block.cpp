@@ -54,7 +54,14 @@ void attention_forward(const SublayerContext& ctx, const LayerParams& p, const T
     ctx.add_row_bias(b, y);  // model.attention_bias (b empty without)
     if (c.clip_qkv > 0) ops.clamp_fwd(pre, c.clip_qkv, out);
   };
-  Tensor q2 = a.q.view({T, H * hd}), k2 = a.k.view({T, G * hd});
+  // bf16 mode saves q, k, v and o in bf16 (the attention products take them so): the projections,
+  // QK-norm and RoPE work in fp32 in the backward's dq/dk/dv scratch (free in the forward), then
+  // one rounding each.
+  const bool stored = ctx.bf16_operands();
+  const Tensor& s_q = stored ? ctx.scratch.dq_BSHd : a.q;
+  const Tensor& s_k = stored ? ctx.scratch.dk_BSGd : a.k;
+  const Tensor& s_v = stored ? ctx.scratch.dv_BSGd : a.v;
+  Tensor q2 = s_q.view({T, H * hd}), k2 = s_k.view({T, G * hd});
   if (ctx.choice.qk_norm == QkNorm::kNone) {
     qkv(Wc.wq, mx ? &mx->wq : nullptr, W.bq, a.q_pre, q2);
     qkv(Wc.wk, mx ? &mx->wk : nullptr, W.bk, a.k_pre, k2);
@@ -69,19 +76,26 @@ void attention_forward(const SublayerContext& ctx, const LayerParams& p, const T
       ops.rmsnorm_fwd(a.k_lin.view({T * G, hd}), W.k_norm, c.norm_eps, k2.view({T * G, hd}), a.rstd_k);
     }
   }
-  qkv(Wc.wv, mx ? &mx->wv : nullptr, W.bv, a.v_pre, a.v.view({T, G * hd}));
+  qkv(Wc.wv, mx ? &mx->wv : nullptr, W.bv, a.v_pre, s_v.view({T, G * hd}));
   if (ctx.rope) {
-    ops.rope_fwd(a.q, c.rope_theta, c.rotary_dim());
-    ops.rope_fwd(a.k, c.rope_theta, c.rotary_dim());
+    ops.rope_fwd(s_q, c.rope_theta, c.rotary_dim());
+    ops.rope_fwd(s_k, c.rope_theta, c.rotary_dim());
   }
-  // bf16 mode runs attention's matrix products on bf16 operands too (fp32 softmax and sums).
+  if (stored) {
+    ops.convert(s_q, a.q);
+    ops.convert(s_k, a.k);
+    ops.convert(s_v, a.v);
+  }
+  // bf16 mode runs attention's matrix products on bf16 operands too (fp32 softmax and sums) and
+  // writes o in bf16: wo's operand.
   ops.attention_fwd(a.q, a.k, a.v, a.o, a.lse, ctx.doc_start, ctx.bf16_operands());
   Tensor y = ctx.choice.output_norm() ? a.out : x_out;
-  if (mx) {  // o quantized from the compute dtype, saved so for wo's weight gradient
-    quantize(ops, a.o.view({T, H * hd}), ctx.dims.mx.rule, a.o_q, a.o_qs);
+  const Tensor o2 = a.o.view({T, H * hd});
+  if (mx) {  // o quantized, saved so for wo's weight gradient
+    quantize(ops, o2, ctx.dims.mx.rule, a.o_q, a.o_qs);
     ops.mx_linear(a.o_q, a.o_qs, mx->wo.q, mx->wo.qs, y, false);
   } else {
-    ops.linear_fwd(ctx.operand(a.o.view({T, H * hd}), a.o_act), Wc.wo, y, false);
+    ops.linear_fwd(o2, Wc.wo, y, false);
   }
   ctx.add_row_bias(W.bo, y);
   ctx.finish_sublayer(y, W.attn_out_norm, a.rstd_out, x_in, x_out);
@@ -107,7 +121,7 @@ void attention_backward(const SublayerContext& ctx, const LayerParams& p, const 
   };
   Tensor dy_act = ctx.operand_grad(dy);
   data_grad(dy_act, Wc.wo, mx ? &mx->wo : nullptr, s.do_BSHd.view({T, H * hd}), false);
-  const Tensor o_act = mx ? dequantized(ctx, a.o_q, a.o_qs) : ctx.bf16_operands() ? a.o_act : a.o.view({T, H * hd});
+  const Tensor o_act = mx ? dequantized(ctx, a.o_q, a.o_qs) : a.o.view({T, H * hd});
   ops.linear_bwd_weight(dy_act, o_act, dW.wo);
   ctx.row_bias_grad(dy, dW.bo);
   ops.attention_bwd(s.do_BSHd, a.q, a.k, a.v, a.o, a.lse, s.dq_BSHd, s.dk_BSGd, s.dv_BSGd, ctx.doc_start,

@@ -92,6 +92,37 @@ TEST_P(AttentionShapes, MatchesF64Reference) {
 // then computes exactly its fp32 products (checked bitwise).
 constexpr double kTolOBf16 = 7.8e-3, kTolGradBf16 = 1.6e-2;
 
+// bf16 mode saves q, k, v and o in bf16 (op_list.inc). On the same values, each backend's forward
+// from bf16 q, k, v into a bf16 o gives lse bitwise and o bitwise its fp32 path's o rounded; the
+// backward from them gives dq, dk, dv bitwise what the fp32 path gives from that o widened.
+template <class Ns> void expect_stored_bf16_is_the_rounded_fp32_path(const Shape& s, uint64_t seed) {
+  Problem p(s, DType::kF32);
+  p.fill(s, seed);
+  for (OwnedTensor* t : {&p.q, &p.k, &p.v}) *t = clone(clone(*t, DType::kBF16), DType::kF32);  // bf16 values
+  p.poison_outputs();
+  OwnedTensor q16 = clone(p.q, DType::kBF16), k16 = clone(p.k, DType::kBF16), v16 = clone(p.v, DType::kBF16);
+  OwnedTensor o16(DType::kBF16, {s.B, s.S, s.H, s.hd}), lse16(DType::kF32, {s.B, s.H, s.S});
+  for (const OwnedTensor* t : {&o16, &lse16}) test::poison(*t);
+  Ns::attention_fwd(p.q, p.k, p.v, p.o, p.lse, Tensor(), true);
+  Ns::attention_fwd(q16, k16, v16, o16, lse16, Tensor(), true);
+  EXPECT_TRUE(test::bitwise_equal(lse16, p.lse));
+  EXPECT_TRUE(test::bitwise_equal(o16, clone(p.o, DType::kBF16)));
+  Problem g = p.converted(s, DType::kF32);
+  const OwnedTensor o_wide = clone(o16, DType::kF32);
+  Ns::attention_bwd(p.dout, p.q, p.k, p.v, o_wide, p.lse, p.dq, p.dk, p.dv, Tensor(), true);
+  Ns::attention_bwd(p.dout, q16, k16, v16, o16, lse16, g.dq, g.dk, g.dv, Tensor(), true);
+  for (auto [a, b] : {std::pair{&g.dq, &p.dq}, {&g.dk, &p.dk}, {&g.dv, &p.dv}})
+    EXPECT_TRUE(test::bitwise_equal(*a, *b)) << (a == &g.dq ? "dq" : a == &g.dk ? "dk" : "dv") << " " << rel_error(*a, *b);
+}
+
+TEST_P(AttentionShapes, StoredBf16OperandsGiveTheRoundedFp32PathBitwise) {
+  const Shape s = param();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " " + name(s));
+  expect_stored_bf16_is_the_rounded_fp32_path<Fast>(s, seed);
+  expect_stored_bf16_is_the_rounded_fp32_path<Ref>(s, seed);
+}
+
 Problem rounded_to_bf16(const Problem& p, const Shape& s) {
   Problem r = p.converted(s, DType::kF64);
   for (OwnedTensor* t : {&r.q, &r.k, &r.v, &r.dout})

@@ -82,9 +82,9 @@ TEST(MemoryEstimate, PlanHoldsTheHandCountedTensorsOfADenseLayer) {
 
 // train.backend = "cuda": the cpu attention's packing is not counted; the backend's kernel scratch
 // and cuBLASLt workspace are, and with bf16 products and no document masking cuDNN attention's
-// buffer at the backward's size: 8 bf16 copies (q, o, dO, dQ of B*S*H*hd, k, v, dK, dV of
-// B*S*G*hd, each from a 256-byte boundary) and the deterministic backward's dP workspace bound,
-// B*H*ceil64(S)^2*2 bytes.
+// buffer at the backward's size: 4 bf16 copies (dO, dQ of B*S*H*hd, dK, dV of B*S*G*hd, each
+// from a 256-byte boundary: q, k, v and o are saved in bf16) and the deterministic backward's
+// dP workspace bound, B*H*ceil64(S)^2*2 bytes.
 TEST(MemoryEstimate, CudaCountsTheBackendsBuffersAndCudnnAttention) {
   ::unsetenv("MOE_CUDA_SCRATCH_MB");
   Config c = parse_config("", {"train.precision=bf16", "train.micro_batch_size=2", "train.batch_size=4", "train.seq_len=100"});
@@ -96,7 +96,7 @@ TEST(MemoryEstimate, CudaCountsTheBackendsBuffersAndCudnnAttention) {
   const int64_t B = 2, S = 100, H = c.model.n_heads, G = c.model.n_kv_heads, hd = c.model.hd();
   const auto copy = [](int64_t n) { return static_cast<double>((2 * n + 255) / 256 * 256); };
   const double fixed = (64 + 32) * 1048576.0;
-  const double cudnn = 4 * copy(B * S * H * hd) + 4 * copy(B * S * G * hd) + static_cast<double>(B * H * 128 * 128 * 2);
+  const double cudnn = 2 * copy(B * S * H * hd) + 2 * copy(B * S * G * hd) + static_cast<double>(B * H * 128 * 128 * 2);
   EXPECT_EQ(bf16.kernel_scratch, 0);
   EXPECT_EQ(bf16.backend_buffers, fixed + cudnn);
   EXPECT_EQ(bf16.total(), cpu.total() - cpu.kernel_scratch + fixed + cudnn);

@@ -36,6 +36,18 @@ void check_attention_outputs(int64_t B, int64_t S, int64_t H, int64_t hd, const 
   check_shape(lse, {B, H, S}, backward ? "attention_bwd lse" : "attention_fwd lse");
 }
 
+DType check_attention_dtypes(const Tensor& q, const Tensor& o, const Tensor& lse, bool bf16_products,
+                             std::initializer_list<const Tensor*> grads, const char* op) {
+  const bool stored = q.dtype == DType::kBF16;
+  MOE_CHECK(!stored || bf16_products, op, ": bf16 q, k and v need bf16_products");
+  const DType c = stored ? DType::kF32 : q.dtype;
+  MOE_CHECK(o.dtype == c || (c == DType::kF32 && o.dtype == DType::kBF16), op, ": o is ", dtype_name(o.dtype),
+            " with q in ", dtype_name(q.dtype));
+  check_dtype(lse, c, "attention lse");
+  for (const Tensor* g : grads) check_dtype(*g, c, "attention dout / dq / dk / dv");
+  return c;
+}
+
 void check_attention_gradients(int64_t B, int64_t S, int64_t H, int64_t G, int64_t hd, const Tensor& dout,
                                const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   check_shape(dout, {B, S, H, hd}, "attention_bwd dout");

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "core/tensor.h"
 
@@ -25,5 +26,10 @@ void check_attention_outputs(int64_t B, int64_t S, int64_t H, int64_t hd, const 
 // The backward's dout and dq (B,S,H,hd), dk and dv (B,S,G,hd).
 void check_attention_gradients(int64_t B, int64_t S, int64_t H, int64_t G, int64_t hd, const Tensor& dout,
                                const Tensor& dq, const Tensor& dk, const Tensor& dv);
+// The dtype rule of op_list.inc: q, k, v in the compute dtype C (f32, f64) or bf16 (bf16 mode's
+// saved operands: then C = f32 and bf16_products); lse, dout, dq, dk, dv in C; o in C or, with
+// C = f32, bf16. `grads` null in the forward. Returns C.
+DType check_attention_dtypes(const Tensor& q, const Tensor& o, const Tensor& lse, bool bf16_products,
+                             std::initializer_list<const Tensor*> grads, const char* op);
 
 }  // namespace moe

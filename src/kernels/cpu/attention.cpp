@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "core/buffer.h"
 #include "kernels/checks/attention_checks.h"
@@ -64,7 +65,7 @@ struct Dims {
 Dims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
   MOE_CHECK(q.dtype != DType::kF64, "cpu backend does not support f64 (", op,
             "; use the ref backend for the f64 path)");
-  MOE_CHECK(q.dtype == DType::kF32, op, ": cpu backend supports f32 only, got ",
+  MOE_CHECK(q.dtype == DType::kF32 || q.dtype == DType::kBF16, op, ": cpu backend supports f32 and bf16, got ",
             dtype_name(q.dtype));
   const AttentionShape a = check_attention_inputs(q, k, v, op);
   MOE_CHECK(a.hd >= 1 && a.hd <= 4096, op, ": head dim ", a.hd, " out of range");
@@ -94,8 +95,21 @@ size_t scratch_floats(int hd) { return tile_floats(hd) + size_t(kTile / 2) * kTi
 // ------------------------------------------------------------------ forward
 // kDoc: intra-document masking (d.doc set); a template parameter so the plain causal path
 // compiles exactly as without it.
-template <class P, bool kDoc>
-void forward_tile(const Dims& d, typename P::Operand q, typename P::Operand k, typename P::Operand v, float* o,
+// o rows of a tile from the transposed panel, each scaled by mul: fp32, or (bf16 mode's saved o)
+// rounded to bf16 as they are stored.
+void store_o_rows(const float* panel, int n, int hd, const float* mul, float* dst, int64_t stride) {
+  unpack_transposed(panel, n, hd, mul, dst, stride);
+}
+void store_o_rows(const float* panel, int n, int hd, const float* mul, bf16* dst, int64_t stride) {
+  thread_local std::vector<float> rows;  // grow-only: no allocation after the first step
+  if (rows.size() < static_cast<size_t>(kTile) * static_cast<size_t>(hd)) rows.resize(static_cast<size_t>(kTile) * static_cast<size_t>(hd));
+  unpack_transposed(panel, n, hd, mul, rows.data(), hd);
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < hd; ++c) elem::store(dst + i * stride + c, rows[static_cast<size_t>(i) * hd + c]);
+}
+
+template <class P, bool kDoc, class O>
+void forward_tile(const Dims& d, typename P::Operand q, typename P::Operand k, typename P::Operand v, O* o,
                   float* lse, int64_t b, int64_t h, int64_t qt, float* ws) {
   const int hd = d.hd;
   const int64_t g = h / d.rep(), q0 = qt * kTile;
@@ -170,7 +184,7 @@ void forward_tile(const Dims& d, typename P::Operand q, typename P::Operand k, t
     lse_row[i] = kLn2 * (mv[i] + std::log2(lanes[i]));
     lanes[i] = 1.0f / lanes[i];
   }
-  unpack_transposed(o_panel, nq, hd, lanes, o + ((b * d.S + q0) * d.H + h) * hd, d.qstride());
+  store_o_rows(o_panel, nq, hd, lanes, o + ((b * d.S + q0) * d.H + h) * hd, d.qstride());
 }
 
 // ------------------------------------------------------------------ backward
@@ -293,6 +307,14 @@ void backward_q_tile(const Dims& d, typename P::Operand dout, typename P::Operan
   unpack_transposed(dq_panel, nq, hd, mul, dq + qoff, d.qstride());
 }
 
+// One row of D = dO . O, summed in index order; not inlined, so that the fp32 and the bf16 o
+// (widened) take the same instructions.
+__attribute__((noinline)) float row_dot(const float* a, const float* c, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * c[i];
+  return s;
+}
+
 // Grow-only buffer on the calling thread for D (B*H*S floats).
 float* caller_buffer(size_t floats) {
   thread_local Buffer buf;
@@ -301,8 +323,9 @@ float* caller_buffer(size_t floats) {
 }
 
 #if defined(MOE_ATTENTION_BF16)
-// Grow-only buffers on the calling thread for the tensors packed once per op (q, k, v, dO).
-Bf16Tensor pack_for_bf16(int slot, const float* x, int64_t B, int64_t S, int64_t row) {
+// Grow-only buffers on the calling thread for the tensors packed once per op (q, k, v, dO), fp32
+// (rounded) or bf16 (copied).
+Bf16Tensor pack_for_bf16(int slot, const Tensor& x, int64_t B, int64_t S, int64_t row) {
   thread_local Buffer bufs[4];
   const size_t n = static_cast<size_t>(B * S * row), np = static_cast<size_t>(B * ((S + 1) / 2) * row);
   const size_t bytes = n * sizeof(uint16_t) + 64 + np * sizeof(uint32_t);
@@ -310,7 +333,8 @@ Bf16Tensor pack_for_bf16(int slot, const float* x, int64_t B, int64_t S, int64_t
   if (buf.bytes() < bytes) buf = Buffer(bytes);
   auto* rows = static_cast<uint16_t*>(buf.data());
   auto* pairs = reinterpret_cast<uint32_t*>(static_cast<char*>(buf.data()) + (n * sizeof(uint16_t) + 63) / 64 * 64);
-  pack_bf16_tensor(x, B, S, row, rows, pairs);
+  if (x.dtype == DType::kBF16) pack_bf16_tensor(x.as<bf16>(), B, S, row, rows, pairs);
+  else pack_bf16_tensor(x.as<float>(), B, S, row, rows, pairs);
   return {rows, pairs, S, row};
 }
 #endif
@@ -319,9 +343,9 @@ Bf16Tensor pack_for_bf16(int slot, const float* x, int64_t B, int64_t S, int64_t
 // kernels; without them RoundedProducts keeps the rule); otherwise fp32 products.
 bool use_bf16(bool asked, int hd) { return asked && hd % 2 == 0; }
 
-template <class P>
-void run_forward(const Dims& d, typename P::Operand q, typename P::Operand k, typename P::Operand v,
-                 float* o, float* lse) {
+template <class P, class O>
+void run_forward(const Dims& d, typename P::Operand q, typename P::Operand k, typename P::Operand v, O* o,
+                 float* lse) {
   const int64_t nt = d.tiles(), bh = d.B * d.H;
 #pragma omp parallel
   {
@@ -330,8 +354,8 @@ void run_forward(const Dims& d, typename P::Operand q, typename P::Operand k, ty
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < nt * bh; ++item) {
       const int64_t qt = nt - 1 - item / bh, r = item % bh;
-      if (d.doc) forward_tile<P, true>(d, q, k, v, o, lse, r / d.H, r % d.H, qt, ws);
-      else forward_tile<P, false>(d, q, k, v, o, lse, r / d.H, r % d.H, qt, ws);
+      if (d.doc) forward_tile<P, true, O>(d, q, k, v, o, lse, r / d.H, r % d.H, qt, ws);
+      else forward_tile<P, false, O>(d, q, k, v, o, lse, r / d.H, r % d.H, qt, ws);
     }
   }
 }
@@ -371,25 +395,28 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   Dims d = check_attention(q, k, v, "attention_fwd");
   d.doc = checked_doc_start(doc_start, d.B, d.S, "attention_fwd doc_start");
   check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/false);
-  check_dtype(o, DType::kF32, "attention_fwd o");
-  check_dtype(lse, DType::kF32, "attention_fwd lse");
-  const float *qp = q.as<float>(), *kp = k.as<float>(), *vp = v.as<float>();
-  float *op = o.as<float>(), *lp = lse.as<float>();
+  check_attention_dtypes(q, o, lse, bf16_products, {}, "attention_fwd");
+  // o: fp32, or bf16 (rounded) where bf16 mode saves it so.
+  auto run = [&](auto* op) {
+    float* lp = lse.as<float>();
 #if defined(MOE_ATTENTION_BF16)
-  if (use_bf16(bf16_products, d.hd)) {
-    const Bf16Tensor tq = pack_for_bf16(0, qp, d.B, d.S, d.qstride()),
-                     tk = pack_for_bf16(1, kp, d.B, d.S, d.kstride()),
-                     tv = pack_for_bf16(2, vp, d.B, d.S, d.kstride());
-    run_forward<Bf16Products>(d, {&tq, 0}, {&tk, 0}, {&tv, 0}, op, lp);
-    return;
-  }
+    if (use_bf16(bf16_products, d.hd)) {
+      const Bf16Tensor tq = pack_for_bf16(0, q, d.B, d.S, d.qstride()), tk = pack_for_bf16(1, k, d.B, d.S, d.kstride()),
+                       tv = pack_for_bf16(2, v, d.B, d.S, d.kstride());
+      run_forward<Bf16Products>(d, {&tq, 0}, {&tk, 0}, {&tv, 0}, op, lp);
+      return;
+    }
 #else
-  if (use_bf16(bf16_products, d.hd)) {
-    run_forward<RoundedProducts>(d, rounded_copy(0, q), rounded_copy(1, k), rounded_copy(2, v), op, lp);
-    return;
-  }
+    if (use_bf16(bf16_products, d.hd)) {
+      run_forward<RoundedProducts>(d, f32_operand(0, q, true), f32_operand(1, k, true), f32_operand(2, v, true), op, lp);
+      return;
+    }
 #endif
-  run_forward<F32Products>(d, qp, kp, vp, op, lp);
+    // fp32 products (an odd head dim): bf16 q, k, v widened.
+    run_forward<F32Products>(d, f32_operand(0, q, false), f32_operand(1, k, false), f32_operand(2, v, false), op, lp);
+  };
+  if (o.dtype == DType::kBF16) run(o.as<bf16>());
+  else run(o.as<float>());
 }
 
 void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -399,42 +426,48 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   d.doc = checked_doc_start(doc_start, d.B, d.S, "attention_bwd doc_start");
   check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/true);
   check_attention_gradients(d.B, d.S, d.H, d.G, d.hd, dout, dq, dk, dv);
-  for (const Tensor* t : {&dout, &o, &lse, &dq, &dk, &dv})
-    check_dtype(*t, DType::kF32, "attention_bwd argument");
-  const float *dop = dout.as<float>(), *qp = q.as<float>(), *kp = k.as<float>(),
-              *vp = v.as<float>(), *op = o.as<float>(), *lp = lse.as<float>();
+  check_attention_dtypes(q, o, lse, bf16_products, {&dout, &dq, &dk, &dv}, "attention_bwd");
+  const float *dop = dout.as<float>(), *lp = lse.as<float>();
   float *dqp = dq.as<float>(), *dkp = dk.as<float>(), *dvp = dv.as<float>();
   const int64_t hd = d.hd;
   float* D = caller_buffer(static_cast<size_t>(d.B * d.H * d.S));
 
-  // Pass 0: D[b,h,s] = dO . O, each row summed in index order.
-#pragma omp parallel for schedule(static)
-  for (int64_t bs = 0; bs < d.B * d.S; ++bs)
-    for (int64_t h = 0; h < d.H; ++h) {
-      const float* a = dop + (bs * d.H + h) * hd;
-      const float* c = op + (bs * d.H + h) * hd;
-      float s = 0.0f;
-      for (int64_t i = 0; i < hd; ++i) s += a[i] * c[i];
-      D[((bs / d.S) * d.H + h) * d.S + bs % d.S] = s;
-    }
+  // Pass 0: D[b,h,s] = dO . O, each row summed in index order (o fp32, or bf16 as saved: its row
+  // widened first, so both take the same compiled dot product).
+  const bool o16 = o.dtype == DType::kBF16;
+#pragma omp parallel
+  {
+    thread_local std::vector<float> wide;  // grow-only: no allocation after the first step
+    if (wide.size() < static_cast<size_t>(hd)) wide.resize(static_cast<size_t>(hd));
+#pragma omp for schedule(static)
+    for (int64_t bs = 0; bs < d.B * d.S; ++bs)
+      for (int64_t h = 0; h < d.H; ++h) {
+        const int64_t off = (bs * d.H + h) * hd;
+        const float* c = o16 ? wide.data() : o.as<float>() + off;
+        if (o16)
+          for (int64_t i = 0; i < hd; ++i) wide[static_cast<size_t>(i)] = elem::load(o.as<bf16>()[off + i]);
+        D[((bs / d.S) * d.H + h) * d.S + bs % d.S] = row_dot(dop + off, c, hd);
+      }
+  }
 
 #if defined(MOE_ATTENTION_BF16)
   if (use_bf16(bf16_products, d.hd)) {
-    const Bf16Tensor tdo = pack_for_bf16(0, dop, d.B, d.S, d.qstride()),
-                     tq = pack_for_bf16(1, qp, d.B, d.S, d.qstride()),
-                     tk = pack_for_bf16(2, kp, d.B, d.S, d.kstride()),
-                     tv = pack_for_bf16(3, vp, d.B, d.S, d.kstride());
+    const Bf16Tensor tdo = pack_for_bf16(0, dout, d.B, d.S, d.qstride()),
+                     tq = pack_for_bf16(1, q, d.B, d.S, d.qstride()),
+                     tk = pack_for_bf16(2, k, d.B, d.S, d.kstride()),
+                     tv = pack_for_bf16(3, v, d.B, d.S, d.kstride());
     run_backward<Bf16Products>(d, {&tdo, 0}, {&tq, 0}, {&tk, 0}, {&tv, 0}, lp, D, dqp, dkp, dvp);
     return;
   }
 #else
   if (use_bf16(bf16_products, d.hd)) {
-    run_backward<RoundedProducts>(d, rounded_copy(0, dout), rounded_copy(1, q), rounded_copy(2, k),
-                                  rounded_copy(3, v), lp, D, dqp, dkp, dvp);
+    run_backward<RoundedProducts>(d, f32_operand(0, dout, true), f32_operand(1, q, true), f32_operand(2, k, true),
+                                  f32_operand(3, v, true), lp, D, dqp, dkp, dvp);
     return;
   }
 #endif
-  run_backward<F32Products>(d, dop, qp, kp, vp, lp, D, dqp, dkp, dvp);
+  run_backward<F32Products>(d, dop, f32_operand(1, q, false), f32_operand(2, k, false), f32_operand(3, v, false), lp, D,
+                            dqp, dkp, dvp);
 }
 
 }  // namespace moe::cpu

@@ -209,24 +209,32 @@ struct Bf16Operand {
   }
 };
 
-// Packs x (B, S, row) fp32 into rows (B*S*row bf16) and pairs (B*ceil(S/2)*row words).
-inline void pack_bf16_tensor(const float* x, int64_t B, int64_t S, int64_t row, uint16_t* rows,
-                             uint32_t* pairs) {
+// 16 values as fp32 lanes: fp32 as they are, bf16 (bf16 mode's saved q, k, v) widened exactly.
+inline vf vload_any(const float* p) { return vload(p); }
+inline vf vload_any(const bf16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// Packs x (B, S, row), fp32 (rounded) or bf16 (copied), into rows (B*S*row bf16) and pairs
+// (B*ceil(S/2)*row words).
+template <class X>
+inline void pack_bf16_tensor(const X* x, int64_t B, int64_t S, int64_t row, uint16_t* rows, uint32_t* pairs) {
   const int64_t n = B * S * row, sp = (S + 1) / 2;
 #pragma omp parallel
   {
 #pragma omp for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) rows[i] = elem::bf16_bits(x[i]);
+    for (int64_t i = 0; i < n; ++i) rows[i] = elem::bf16_bits(elem::load(x[i]));
 #pragma omp for schedule(static)
     for (int64_t bp = 0; bp < B * sp; ++bp) {
       const int64_t b = bp / sp, s = 2 * (bp % sp);
-      const float* a = x + (b * S + s) * row;
-      const float* c = s + 1 < S ? a + row : nullptr;
+      const X* a = x + (b * S + s) * row;
+      const X* c = s + 1 < S ? a + row : nullptr;
       uint32_t* o = pairs + bp * row;
       int64_t j = 0;
       for (; j + kLanes <= row; j += kLanes)
-        _mm512_storeu_si512(o + j, pair_lanes(vload(a + j), c ? vload(c + j) : _mm512_setzero_ps()));
-      for (; j < row; ++j) o[j] = pair_scalar(a[j], c ? c[j] : 0.0f);
+        _mm512_storeu_si512(o + j, pair_lanes(vload_any(a + j), c ? vload_any(c + j) : _mm512_setzero_ps()));
+      for (; j < row; ++j) o[j] = pair_scalar(elem::load(a[j]), c ? elem::load(c[j]) : 0.0f);
     }
   }
 }

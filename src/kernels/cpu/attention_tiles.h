@@ -189,12 +189,36 @@ struct Bf16Products {
 };
 #endif
 
+inline float bf16_rounded(float x) { return std::bit_cast<float>(static_cast<uint32_t>(elem::bf16_bits(x)) << 16); }
+
+// q, k, v or dO (slot 0..3) as fp32 rows: x itself when it is fp32 and not to be rounded, else a
+// copy in a grow-only buffer on the calling thread (bf16: widened exactly; fp32 with round:
+// rounded to bf16, as the bf16 products take it). As many bytes as the bf16 path's packed
+// copies: the memory estimate's formula covers both.
+const float* f32_operand(int slot, const Tensor& x, bool round) {
+  if (x.dtype == DType::kF32 && !round) return x.as<float>();
+  thread_local Buffer bufs[4];
+  const auto n = static_cast<int64_t>(x.numel());
+  Buffer& buf = bufs[slot];
+  if (buf.bytes() < static_cast<size_t>(n) * sizeof(float)) buf = Buffer(static_cast<size_t>(n) * sizeof(float));
+  auto* dst = static_cast<float*>(buf.data());
+  if (x.dtype == DType::kBF16) {
+    const bf16* src = x.as<bf16>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = elem::load(src[i]);
+  } else {
+    const float* src = x.as<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_rounded(src[i]);
+  }
+  return dst;
+}
+
 #if !defined(MOE_ATTENTION_BF16)
 // bf16 products on a CPU without AVX512-BF16: every tile-product operand rounded to bf16 as the
-// bf16 path rounds it (q, k, v, dO once per op, by rounded_copy; p and ds per tile here) and
+// bf16 path rounds it (q, k, v, dO once per op, by f32_operand; p and ds per tile here) and
 // multiplied in fp32, where a product of two bf16 values is exact; sums in fp32. The same
 // arithmetic as vdpbf16ps but for summation order and subnormals (kept, not flushed).
-inline float bf16_rounded(float x) { return std::bit_cast<float>(static_cast<uint32_t>(elem::bf16_bits(x)) << 16); }
 struct RoundedProducts {
   using Operand = const float*;  // rows of the op's rounded copy
   static void panel(const float* src, int64_t stride, int n, int hd, float /*mul: in scores*/, float* dst,
@@ -215,20 +239,6 @@ struct RoundedProducts {
     accum_f32(a, astride, rows, p, hd, c, alpha, tri);
   }
 };
-
-// Grow-only buffers on the calling thread for the rounded copies of q, k, v, dO (as many bytes
-// as the bf16 path's packed copies: the memory estimate's formula covers both).
-const float* rounded_copy(int slot, const Tensor& x) {
-  thread_local Buffer bufs[4];
-  const auto n = static_cast<size_t>(x.numel());
-  Buffer& buf = bufs[slot];
-  if (buf.bytes() < n * sizeof(float)) buf = Buffer(n * sizeof(float));
-  const float* src = x.as<float>();
-  auto* dst = static_cast<float*>(buf.data());
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < static_cast<int64_t>(n); ++i) dst[i] = bf16_rounded(src[i]);
-  return dst;
-}
 #endif
 
 }  // namespace

@@ -7,7 +7,8 @@
 //             queries in order), so no output is written by two warps: no atomics, and a fixed
 //             summation order.
 // With bf16_products, q, k, v and dout are rounded to bf16 as they are loaded (as the reference
-// does); products of bf16 values are exact in fp32, so only the summation order differs. In builds
+// does); products of bf16 values are exact in fp32, so only the summation order differs. q, k, v
+// (Q) may be stored in bf16 (bf16 mode's saved operands), and o (O) too. In builds
 // with cuDNN, bf16 products without document masking go to cuDNN's SDPA first (sdpa_cudnn.cpp).
 #include <cmath>
 
@@ -45,14 +46,16 @@ __device__ __forceinline__ int64_t first_key(const int32_t* doc, const Dims& d, 
 }
 
 // Dot product of a warp-shared row (smem, hd floats) with a row in global memory.
-__device__ __forceinline__ float dot_row(const float* shared_row, const float* row, int64_t hd, bool bf16) {
+template <class R>
+__device__ __forceinline__ float dot_row(const float* shared_row, const R* row, int64_t hd, bool bf16) {
   float s = 0;
-  for (int64_t c = 0; c < hd; ++c) s = __fmaf_rn(shared_row[c], operand(row[c], bf16), s);
+  for (int64_t c = 0; c < hd; ++c) s = __fmaf_rn(shared_row[c], operand(load(row + c), bf16), s);
   return s;
 }
 
-__global__ void attention_fwd_kernel(Dims d, const float* q, const float* k, const float* v, float* o, float* lse,
-                                     const int32_t* doc, bool bf16, DeviceError* err) {
+template <class Q, class O>
+__global__ void attention_fwd_kernel(Dims d, const Q* q, const Q* k, const Q* v, O* o, float* lse, const int32_t* doc,
+                                     bool bf16, DeviceError* err) {
   __shared__ float qs[kWarpsPerBlock][kMaxHd];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + warp;  // (b, i, h)
@@ -60,11 +63,11 @@ __global__ void attention_fwd_kernel(Dims d, const float* q, const float* k, con
   const int64_t h = row % d.H, i = (row / d.H) % d.S, b = row / (d.H * d.S);
   const int64_t g = h / (d.H / d.G), qstride = d.H * d.hd, kstride = d.G * d.hd;
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(static_cast<float>(d.hd)));
-  const float* qi = q + (b * d.S + i) * qstride + h * d.hd;
-  for (int64_t c = lane; c < d.hd; c += 32) qs[warp][c] = operand(qi[c], bf16);
+  const Q* qi = q + (b * d.S + i) * qstride + h * d.hd;
+  for (int64_t c = lane; c < d.hd; c += 32) qs[warp][c] = operand(load(qi + c), bf16);
   __syncwarp();
-  const float* kb = k + b * d.S * kstride + g * d.hd;
-  const float* vb = v + b * d.S * kstride + g * d.hd;
+  const Q* kb = k + b * d.S * kstride + g * d.hd;
+  const Q* vb = v + b * d.S * kstride + g * d.hd;
   const int64_t j0 = first_key(doc, d, b, i, err, err_code(OpId::attention_fwd));
   float m = -INFINITY, l = 0, acc[kPerLane] = {};
   for (int64_t c0 = j0; c0 <= i; c0 += 32) {
@@ -78,36 +81,38 @@ __global__ void attention_fwd_kernel(Dims d, const float* q, const float* k, con
     const int64_t n = i - c0 + 1 < 32 ? i - c0 + 1 : 32;
     for (int64_t t = 0; t < n; ++t) {
       const float pt = __shfl_sync(0xffffffffu, p, static_cast<int>(t));
-      const float* vr = vb + (c0 + t) * kstride;
+      const Q* vr = vb + (c0 + t) * kstride;
       for (int u = 0; u < kPerLane; ++u) {
         const int64_t c = lane + 32 * u;
-        if (c < d.hd) acc[u] = __fmaf_rn(pt, operand(vr[c], bf16), acc[u]);
+        if (c < d.hd) acc[u] = __fmaf_rn(pt, operand(load(vr + c), bf16), acc[u]);
       }
     }
     m = m_new;
   }
-  float* oi = o + (b * d.S + i) * qstride + h * d.hd;
+  O* oi = o + (b * d.S + i) * qstride + h * d.hd;
   for (int u = 0; u < kPerLane; ++u) {
     const int64_t c = lane + 32 * u;
-    if (c < d.hd) oi[c] = __fdiv_rn(acc[u], l);
+    if (c < d.hd) store(oi + c, __fdiv_rn(acc[u], l));
   }
   if (lane == 0) lse[(b * d.H + h) * d.S + i] = __fadd_rn(m, logf(l));
 }
 
 // delta[b,h,i] = sum_c dout * o.
-__global__ void attention_delta_kernel(Dims d, const float* dout, const float* o, float* delta, bool bf16) {
+template <class O>
+__global__ void attention_delta_kernel(Dims d, const float* dout, const O* o, float* delta, bool bf16) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + warp;
   if (row >= d.B * d.S * d.H) return;
   const int64_t h = row % d.H, i = (row / d.H) % d.S, b = row / (d.H * d.S);
   const int64_t off = (b * d.S + i) * d.H * d.hd + h * d.hd;
   float s = 0;
-  for (int64_t c = lane; c < d.hd; c += 32) s = __fmaf_rn(operand(dout[off + c], bf16), o[off + c], s);
+  for (int64_t c = lane; c < d.hd; c += 32) s = __fmaf_rn(operand(dout[off + c], bf16), load(o + off + c), s);
   s = warp_sum(s);
   if (lane == 0) delta[(b * d.H + h) * d.S + i] = s;
 }
 
-__global__ void attention_dq_kernel(Dims d, const float* dout, const float* q, const float* k, const float* v, const float* lse,
+template <class Q>
+__global__ void attention_dq_kernel(Dims d, const float* dout, const Q* q, const Q* k, const Q* v, const float* lse,
                                     const float* delta, float* dq, const int32_t* doc, bool bf16, DeviceError* err) {
   __shared__ float qs[kWarpsPerBlock][kMaxHd], gs[kWarpsPerBlock][kMaxHd];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -118,12 +123,12 @@ __global__ void attention_dq_kernel(Dims d, const float* dout, const float* q, c
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(static_cast<float>(d.hd)));
   const int64_t qoff = (b * d.S + i) * qstride + h * d.hd;
   for (int64_t c = lane; c < d.hd; c += 32) {
-    qs[warp][c] = operand(q[qoff + c], bf16);
+    qs[warp][c] = operand(load(q + qoff + c), bf16);
     gs[warp][c] = operand(dout[qoff + c], bf16);
   }
   __syncwarp();
-  const float* kb = k + b * d.S * kstride + g * d.hd;
-  const float* vb = v + b * d.S * kstride + g * d.hd;
+  const Q* kb = k + b * d.S * kstride + g * d.hd;
+  const Q* vb = v + b * d.S * kstride + g * d.hd;
   const float L = lse[(b * d.H + h) * d.S + i], D = delta[(b * d.H + h) * d.S + i];
   const int64_t j0 = first_key(doc, d, b, i, err, err_code(OpId::attention_bwd));
   float acc[kPerLane] = {};
@@ -139,10 +144,10 @@ __global__ void attention_dq_kernel(Dims d, const float* dout, const float* q, c
     const int64_t n = i - c0 + 1 < 32 ? i - c0 + 1 : 32;
     for (int64_t t = 0; t < n; ++t) {
       const float dst = __fmul_rn(scale, __shfl_sync(0xffffffffu, ds, static_cast<int>(t)));
-      const float* kr = kb + (c0 + t) * kstride;
+      const Q* kr = kb + (c0 + t) * kstride;
       for (int u = 0; u < kPerLane; ++u) {
         const int64_t c = lane + 32 * u;
-        if (c < d.hd) acc[u] = __fmaf_rn(dst, operand(kr[c], bf16), acc[u]);
+        if (c < d.hd) acc[u] = __fmaf_rn(dst, operand(load(kr + c), bf16), acc[u]);
       }
     }
   }
@@ -154,9 +159,9 @@ __global__ void attention_dq_kernel(Dims d, const float* dout, const float* q, c
 
 // One warp per key row (b, j, g): dk and dv summed over the group's query heads (in order) and
 // the queries that see key j (in order).
-__global__ void attention_dkdv_kernel(Dims d, const float* dout, const float* q, const float* k, const float* v,
-                                      const float* lse, const float* delta, float* dk, float* dv, const int32_t* doc,
-                                      bool bf16) {
+template <class Q>
+__global__ void attention_dkdv_kernel(Dims d, const float* dout, const Q* q, const Q* k, const Q* v, const float* lse,
+                                      const float* delta, float* dk, float* dv, const int32_t* doc, bool bf16) {
   __shared__ float ks[kWarpsPerBlock][kMaxHd], vs[kWarpsPerBlock][kMaxHd];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + warp;  // (b, j, g)
@@ -166,8 +171,8 @@ __global__ void attention_dkdv_kernel(Dims d, const float* dout, const float* q,
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(static_cast<float>(d.hd)));
   const int64_t koff = (b * d.S + j) * kstride + g * d.hd;
   for (int64_t c = lane; c < d.hd; c += 32) {
-    ks[warp][c] = operand(k[koff + c], bf16);
-    vs[warp][c] = operand(v[koff + c], bf16);
+    ks[warp][c] = operand(load(k + koff + c), bf16);
+    vs[warp][c] = operand(load(v + koff + c), bf16);
   }
   __syncwarp();
   float dk_acc[kPerLane] = {}, dv_acc[kPerLane] = {};
@@ -193,7 +198,7 @@ __global__ void attention_dkdv_kernel(Dims d, const float* dout, const float* q,
         for (int u = 0; u < kPerLane; ++u) {
           const int64_t c = lane + 32 * u;
           if (c >= d.hd) continue;
-          dk_acc[u] = __fmaf_rn(dst, operand(q[qoff + c], bf16), dk_acc[u]);
+          dk_acc[u] = __fmaf_rn(dst, operand(load(q + qoff + c), bf16), dk_acc[u]);
           dv_acc[u] = __fmaf_rn(pt, operand(dout[qoff + c], bf16), dv_acc[u]);
         }
       }
@@ -210,7 +215,7 @@ __global__ void attention_dkdv_kernel(Dims d, const float* dout, const float* q,
 
 Dims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
   const AttentionShape a = check_attention_inputs(q, k, v, op);
-  require_f32(q, op);
+  if (q.dtype != DType::kBF16) require_f32(q, op);
   const Dims d{a.B, a.S, a.H, a.G, a.hd};
   MOE_CHECK(d.hd >= 1 && d.hd <= kMaxHd, op, ": head dim ", d.hd, " outside the CUDA kernel's 1..", kMaxHd);
   return d;
@@ -232,8 +237,7 @@ void attention_fwd(Context& ctx, const Tensor& q, const Tensor& k, const Tensor&
   const Dims d = check_attention(q, k, v, "attention_fwd");
   check_doc_start(doc_start, d, "attention_fwd doc_start");
   check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/false);
-  check_dtype(o, q.dtype, "attention_fwd o");
-  check_dtype(lse, q.dtype, "attention_fwd lse");
+  check_attention_dtypes(q, o, lse, bf16_products, {}, "attention_fwd");
   const int64_t rows = d.B * d.S * d.H;
   if (rows == 0) return;
   // An odd head dim has no bf16 pairs: fp32 products, as the cpu kernels compute (bitwise tested).
@@ -245,9 +249,15 @@ void attention_fwd(Context& ctx, const Tensor& q, const Tensor& k, const Tensor&
   }
 #endif
   ++ctx.paths.attention_ours;
-  attention_fwd_kernel<<<warp_rows(rows), 32 * kWarpsPerBlock, 0, ctx.stream>>>(
-      d, ptr<const float>(q), ptr<const float>(k), ptr<const float>(v), ptr<float>(o), ptr<float>(lse),
-      ptr<const int32_t>(doc_start), bf16_products, ctx.error);
+  dispatch_storage(q.dtype, "attention_fwd q", [&](auto* qtag) {
+    using Q = std::remove_pointer_t<decltype(qtag)>;
+    dispatch_storage(o.dtype, "attention_fwd o", [&](auto* otag) {
+      using O = std::remove_pointer_t<decltype(otag)>;
+      attention_fwd_kernel<<<warp_rows(rows), 32 * kWarpsPerBlock, 0, ctx.stream>>>(
+          d, ptr<const Q>(q), ptr<const Q>(k), ptr<const Q>(v), ptr<O>(o), ptr<float>(lse), ptr<const int32_t>(doc_start),
+          bf16_products, ctx.error);
+    });
+  });
   check_launch("attention_fwd");
 }
 
@@ -259,7 +269,7 @@ void attention_bwd(Context& ctx, const Tensor& dout, const Tensor& q, const Tens
   check_doc_start(doc_start, d, "attention_bwd doc_start");
   check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/true);
   check_attention_gradients(d.B, d.S, d.H, d.G, d.hd, dout, dq, dk, dv);
-  for (const Tensor* t : {&dout, &o, &lse, &dq, &dk, &dv}) check_dtype(*t, q.dtype, "attention_bwd");
+  check_attention_dtypes(q, o, lse, bf16_products, {&dout, &dq, &dk, &dv}, "attention_bwd");
   const int64_t rows = d.B * d.S * d.H;
   if (rows == 0) return;
   bf16_products = bf16_products && d.hd % 2 == 0;
@@ -272,14 +282,20 @@ void attention_bwd(Context& ctx, const Tensor& dout, const Tensor& q, const Tens
 #endif
   ++ctx.paths.attention_ours;
   float* delta = ctx.scratch_as<float>(static_cast<size_t>(rows), "attention_bwd");
-  attention_delta_kernel<<<warp_rows(rows), 32 * kWarpsPerBlock, 0, ctx.stream>>>(d, ptr<const float>(dout), ptr<const float>(o),
-                                                                                  delta, bf16_products);
-  attention_dq_kernel<<<warp_rows(rows), 32 * kWarpsPerBlock, 0, ctx.stream>>>(
-      d, ptr<const float>(dout), ptr<const float>(q), ptr<const float>(k), ptr<const float>(v), ptr<const float>(lse), delta,
-      ptr<float>(dq), ptr<const int32_t>(doc_start), bf16_products, ctx.error);
-  attention_dkdv_kernel<<<warp_rows(d.B * d.S * d.G), 32 * kWarpsPerBlock, 0, ctx.stream>>>(
-      d, ptr<const float>(dout), ptr<const float>(q), ptr<const float>(k), ptr<const float>(v), ptr<const float>(lse), delta,
-      ptr<float>(dk), ptr<float>(dv), ptr<const int32_t>(doc_start), bf16_products);
+  dispatch_storage(o.dtype, "attention_bwd o", [&](auto* otag) {
+    using O = std::remove_pointer_t<decltype(otag)>;
+    attention_delta_kernel<<<warp_rows(rows), 32 * kWarpsPerBlock, 0, ctx.stream>>>(d, ptr<const float>(dout), ptr<const O>(o),
+                                                                                    delta, bf16_products);
+  });
+  dispatch_storage(q.dtype, "attention_bwd q", [&](auto* qtag) {
+    using Q = std::remove_pointer_t<decltype(qtag)>;
+    attention_dq_kernel<<<warp_rows(rows), 32 * kWarpsPerBlock, 0, ctx.stream>>>(
+        d, ptr<const float>(dout), ptr<const Q>(q), ptr<const Q>(k), ptr<const Q>(v), ptr<const float>(lse), delta,
+        ptr<float>(dq), ptr<const int32_t>(doc_start), bf16_products, ctx.error);
+    attention_dkdv_kernel<<<warp_rows(d.B * d.S * d.G), 32 * kWarpsPerBlock, 0, ctx.stream>>>(
+        d, ptr<const float>(dout), ptr<const Q>(q), ptr<const Q>(k), ptr<const Q>(v), ptr<const float>(lse), delta,
+        ptr<float>(dk), ptr<float>(dv), ptr<const int32_t>(doc_start), bf16_products);
+  });
   check_launch("attention_bwd");
 }
 

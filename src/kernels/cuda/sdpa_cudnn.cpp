@@ -154,22 +154,24 @@ bool CudnnSdpa::forward(Context& ctx, const Tensor& q, const Tensor& k, const Te
   const int64_t B = q.dim(0), S = q.dim(1), H = q.dim(2), G = k.dim(2), hd = q.dim(3);
   Graph& g = graph(false, B, S, H, G, hd);
   if (!g.ok) return false;
+  const bool stored = q.dtype == DType::kBF16;  // bf16 mode's saved q, k, v and o: no copies
+  if (stored != (o.dtype == DType::kBF16)) return false;
   const int64_t nq = B * S * H * hd, nk = B * S * G * hd;
-  char* p = static_cast<char*>(buffer(cudnn_sdpa_buffer_bytes(false, nq, nk, g.workspace)));
-  auto bf = [&](int64_t n, std::initializer_list<int64_t> dims) {
-    Tensor t(p, DType::kBF16, dims, Device::kCuda);
+  char* p = static_cast<char*>(buffer(cudnn_sdpa_buffer_bytes(false, stored, nq, nk, g.workspace)));
+  // x itself in bf16, or a bf16 copy carved from the buffer (filled from x for an input).
+  auto bf = [&](const Tensor& x, int64_t n, bool input) {
+    if (x.dtype == DType::kBF16) return x;
+    Tensor t(p, DType::kBF16, {n}, Device::kCuda);
     p += (n * 2 + 255) / 256 * 256;
+    if (input) convert(ctx, x, t);
     return t;
   };
-  const Tensor qb = bf(nq, {nq}), kb = bf(nk, {nk}), vb = bf(nk, {nk}), ob = bf(nq, {nq});
-  convert(ctx, q, qb);
-  convert(ctx, k, kb);
-  convert(ctx, v, vb);
+  const Tensor qb = bf(q, nq, true), kb = bf(k, nk, true), vb = bf(v, nk, true), ob = bf(o, nq, false);
   for (const auto& [uid, ptr] : {std::pair<int64_t, void*>{kQ, qb.data}, {kK, kb.data}, {kV, vb.data}, {kO, ob.data},
                                  {kStats, lse.data}})
     g.pack[uid] = ptr;
   MOE_CHECK(g.graph->execute(handle_, g.pack, p).is_good(), "cuDNN SDPA forward failed to execute");
-  convert(ctx, ob, o);
+  if (ob.data != o.data) convert(ctx, ob, o);
   return true;
 }
 
@@ -178,19 +180,20 @@ bool CudnnSdpa::backward(Context& ctx, const Tensor& dout, const Tensor& q, cons
   const int64_t B = q.dim(0), S = q.dim(1), H = q.dim(2), G = k.dim(2), hd = q.dim(3);
   Graph& g = graph(true, B, S, H, G, hd);
   if (!g.ok) return false;
+  const bool stored = q.dtype == DType::kBF16;  // bf16 mode's saved q, k, v and o: no copies
+  if (stored != (o.dtype == DType::kBF16)) return false;
   const int64_t nq = B * S * H * hd, nk = B * S * G * hd;
-  char* p = static_cast<char*>(buffer(cudnn_sdpa_buffer_bytes(true, nq, nk, g.workspace)));
-  auto bf = [&](int64_t n) {
+  char* p = static_cast<char*>(buffer(cudnn_sdpa_buffer_bytes(true, stored, nq, nk, g.workspace)));
+  // x itself in bf16, or a bf16 copy carved from the buffer (filled from x for an input).
+  auto bf = [&](const Tensor& x, int64_t n, bool input) {
+    if (x.dtype == DType::kBF16) return x;
     Tensor t(p, DType::kBF16, {n}, Device::kCuda);
     p += (n * 2 + 255) / 256 * 256;
+    if (input) convert(ctx, x, t);
     return t;
   };
-  const Tensor qb = bf(nq), ob = bf(nq), db = bf(nq), dqb = bf(nq), kb = bf(nk), vb = bf(nk), dkb = bf(nk), dvb = bf(nk);
-  convert(ctx, q, qb);
-  convert(ctx, k, kb);
-  convert(ctx, v, vb);
-  convert(ctx, o, ob);
-  convert(ctx, dout, db);
+  const Tensor qb = bf(q, nq, true), ob = bf(o, nq, true), db = bf(dout, nq, true), dqb = bf(dq, nq, false);
+  const Tensor kb = bf(k, nk, true), vb = bf(v, nk, true), dkb = bf(dk, nk, false), dvb = bf(dv, nk, false);
   for (const auto& [uid, ptr] : {std::pair<int64_t, void*>{kQ, qb.data}, {kK, kb.data}, {kV, vb.data}, {kO, ob.data},
                                  {kDO, db.data}, {kStats, lse.data}, {kDQ, dqb.data}, {kDK, dkb.data}, {kDV, dvb.data}})
     g.pack[uid] = ptr;

@@ -11,6 +11,7 @@
 #include "core/buffer.h"
 #include "kernels/checks/attention_checks.h"
 #include "kernels/ref/ref_ops.h"
+#include "kernels/ref/rounded_output.h"
 
 namespace moe::ref {
 namespace {
@@ -22,8 +23,8 @@ struct Dims {
 // Checks q, k and v (their contract, then the dtypes this backend takes); returns the dimensions.
 Dims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
   const AttentionShape a = check_attention_inputs(q, k, v, op);
-  MOE_CHECK(q.dtype == DType::kF32 || q.dtype == DType::kF64, op,
-            ": ref backend supports f32 and f64, got ", dtype_name(q.dtype));
+  MOE_CHECK(q.dtype == DType::kF32 || q.dtype == DType::kF64 || q.dtype == DType::kBF16, op,
+            ": ref backend supports f32, f64 and bf16, got ", dtype_name(q.dtype));
   return {a.B, a.S, a.H, a.G, a.hd};
 }
 
@@ -116,15 +117,19 @@ void bwd(const Dims& d, const T* dout, const T* q, const T* k, const T* v, T* dq
     }
 }
 
-// bf16_products: the operand rounded to bf16 and back (f32 tensors only), else a view of it.
+// bf16_products: the operand rounded to bf16 and back in f32 (a bf16 tensor: widened, exactly),
+// else a view of it.
 struct Operand {
   OwnedTensor rounded;
   Tensor t;
   Operand(const Tensor& x, bool bf16_products, const char* op) : t(x) {
     if (!bf16_products) return;
-    MOE_CHECK(x.dtype == DType::kF32, op, ": bf16_products needs f32 tensors, got ", dtype_name(x.dtype));
+    MOE_CHECK(x.dtype == DType::kF32 || x.dtype == DType::kBF16, op, ": bf16_products needs f32 or bf16 tensors, got ",
+              dtype_name(x.dtype));
     rounded = OwnedTensor(DType::kF32, {x.dim(0), x.dim(1), x.dim(2), x.dim(3)});
-    for (int64_t i = 0; i < x.numel(); ++i) rounded.as<float>()[i] = static_cast<float>(bf16(x.as<float>()[i]));
+    convert(x, rounded);
+    if (x.dtype == DType::kF32)
+      for (int64_t i = 0; i < x.numel(); ++i) rounded.as<float>()[i] = static_cast<float>(bf16(rounded.as<float>()[i]));
     t = rounded.t;
   }
 };
@@ -139,12 +144,13 @@ void attention_fwd(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, c
   const Tensor &q = qo.t, &k = ko.t, &v = vo.t;
   const int32_t* ds = checked_doc_start(doc_start, d.B, d.S, "attention_fwd doc_start");
   check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/false);
-  check_dtype(o, q.dtype, "attention_fwd o");
-  check_dtype(lse, q.dtype, "attention_fwd lse");
-  if (q.dtype == DType::kF64)
-    fwd(d, q.as<double>(), k.as<double>(), v.as<double>(), o.as<double>(), lse.as<double>(), ds);
+  const DType c = check_attention_dtypes(q_in, o, lse, bf16_products, {}, "attention_fwd");
+  const RoundedOutput oo(o, c, "attention_fwd o");  // o may be bf16 (rounded)
+  if (c == DType::kF64)
+    fwd(d, q.as<double>(), k.as<double>(), v.as<double>(), oo.work().as<double>(), lse.as<double>(), ds);
   else
-    fwd(d, q.as<float>(), k.as<float>(), v.as<float>(), o.as<float>(), lse.as<float>(), ds);
+    fwd(d, q.as<float>(), k.as<float>(), v.as<float>(), oo.work().as<float>(), lse.as<float>(), ds);
+  oo.finish();
 }
 
 void attention_bwd(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -158,8 +164,9 @@ void attention_bwd(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in
   const int32_t* ds = checked_doc_start(doc_start, d.B, d.S, "attention_bwd doc_start");
   check_attention_outputs(d.B, d.S, d.H, d.hd, o, lse, /*backward=*/true);
   check_attention_gradients(d.B, d.S, d.H, d.G, d.hd, dout, dq, dk, dv);
-  for (const Tensor* t : {&dout, &o, &lse, &dq, &dk, &dv}) check_dtype(*t, q.dtype, "attention_bwd");
-  if (q.dtype == DType::kF64)
+  // o is not read: the reference recomputes every probability.
+  const DType c = check_attention_dtypes(q_in, o, lse, bf16_products, {&dout_in, &dq, &dk, &dv}, "attention_bwd");
+  if (c == DType::kF64)
     bwd(d, dout.as<double>(), q.as<double>(), k.as<double>(), v.as<double>(), dq.as<double>(),
         dk.as<double>(), dv.as<double>(), ds);
   else
