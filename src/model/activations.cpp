@@ -149,9 +149,11 @@ void plan_ffn(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choice, co
   const bool bf16 = d.adt != d.cdt;
   if (in_norm) f.rstd_in = A(d.cdt, {T});
   const bool moe = c.is_moe_layer(layer);
-  // The router reads the compute-dtype normed input; dense layers need it only as an operand.
-  // Reordered norms: both read x_mid (the forward points h and, in fp32, h_act at it).
-  if (in_norm && (moe || !bf16)) f.h = A(d.cdt, {T, D});
+  // fp32: the normed input is h, and h_act = h. bf16 mode keeps only the operand copy h_act: the
+  // router reads it widened (as Olmo-core's bf16 model feeds its fp32 router), except with the
+  // gated shared experts, whose router and the routed one read h. Reordered norms: both read
+  // x_mid (the forward points h and, in fp32, h_act at it).
+  if (in_norm && (!bf16 || (moe && c.shared_router))) f.h = A(d.cdt, {T, D});
   f.h_act = bf16 ? A(d.adt, {T, D}) : f.h;
   const int64_t Fw = moe ? c.shared_width() : c.dense_width();
   // SwiGLU inputs and expert outputs are saved in the operand dtype (bf16 mode: bf16); the

@@ -96,7 +96,8 @@ struct AttnActs {
 
 struct FfnActs {
   Tensor rstd_in;          // (T) (pre, peri)
-  Tensor h;                // (T,D) normed input in compute dtype (router input; reordered: x_mid)
+  Tensor h;                // (T,D) normed input in compute dtype (fp32 mode; router input of the
+                           // gated shared experts' layers in bf16 mode; reordered: x_mid)
   Tensor h_act;            // (T,D) GEMM operand copy (bf16 mode), else = h
   // dense SwiGLU, or the shared expert of an MoE layer
   Tensor g, u;             // (T,F) saved in the operand dtype

@@ -13,6 +13,16 @@ namespace {
 // The expert weights' rule (normalized by p, times the factor: kernels/op_types.h).
 ExpertWeightRule weight_rule(const ModelConfig& c) { return {c.expert_weight_norm_p(), c.expert_weight_factor()}; }
 
+// The router's input in the compute dtype: h, or (bf16 mode keeps only the operand copy) h_act
+// widened into scratch.dy_TD, which is free in the forward and, in the backward, once the output
+// gradient has reached the shared experts and the combine.
+Tensor router_input(const SublayerContext& ctx, const FfnActs& a) {
+  if (!a.h.empty()) return a.h;
+  const Tensor h = ctx.scratch.dy_TD;
+  ctx.ops.convert(a.h_act, h);
+  return h;
+}
+
 // The experts' GEMMs over the received rows a.xr_act (rows of them), in the operand dtype. bf16
 // mode: the GEMMs write fp32 scratch, one SwiGLU pass saves bf16 g, u and the product (as in
 // swiglu_mlp_forward). Returns the outputs, in the compute dtype with EP (the combine reads it).
@@ -47,7 +57,7 @@ void moe_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Moe
 
   // Router in the compute dtype with the fp32 master weights.
   std::optional<PhaseScope> phase(std::in_place, Phase::kRouter);
-  router_logits_fwd(ctx, a.h, W.router, W.router_bias, a.logits);
+  router_logits_fwd(ctx, router_input(ctx, a), W.router, W.router_bias, a.logits);
   ops.router_scores_fwd(a.logits, score_kind(ctx.choice.score_func), c.sigmoid_eps, a.scores);
   if (ctx.choice.routing == Routing::kLearned) {
     // topk_softmax chooses on the logits (+ bias), the others on the scores (+ bias).
@@ -248,7 +258,7 @@ void router_backward(const SublayerContext& ctx, const LayerParams& p, const Moe
   ops.router_z_loss(a.logits, out.aux_weight, out.router_z_coef * out.aux_weight, out.router_z, s.dlogits_TE);
   ctx.row_bias_grad(s.dlogits_TE, dW.router_bias);
   ops.linear_bwd_data(s.dlogits_TE, W.router, s.dnormed_TD, true);
-  ops.linear_bwd_weight(s.dlogits_TE, a.h, dW.router);
+  ops.linear_bwd_weight(s.dlogits_TE, router_input(ctx, a), dW.router);
 }
 }  // namespace
 
