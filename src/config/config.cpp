@@ -142,6 +142,9 @@ void add_train_data_keys(const Adder& add) {
       "head dim at most 256, at most 1024 experts)");
   add("train", "threads", T(threads), 0, 4096, {}, "CPU threads (0 = all)");
   add("train", "recompute", T(recompute), 0, 0, {}, "recompute each block in backward");
+  add("train", "deterministic_attention", T(deterministic_attention), 0, 0, {},
+      "cuda: cuDNN's deterministic attention backward (bitwise repeatable steps; on Hopper a B*H*S*S*2-byte "
+      "workspace); false: its default backward (atomics, no such workspace), as FlashAttention runs");
   add("train", "overlap_host", T(overlap_host), 0, 0, {},
       "enqueue step n+1 before reading step n's record (the device never waits for the host between steps; the run "
       "is the same bit for bit)");

@@ -222,6 +222,7 @@ struct TrainConfig {
   std::string backend = "cpu";     // cpu | ref
   int64_t threads = 0;             // 0 = all cores
   bool recompute = false;          // recompute each block in backward
+  bool deterministic_attention = true;  // cuda: cuDNN's deterministic attention backward
   // The host enqueues step n+1 before it reads step n's record (Trainer::submit): the device
   // never waits for the host between steps. Drained before evaluations, checkpoints and the end.
   bool overlap_host = true;

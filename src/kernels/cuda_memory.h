@@ -37,12 +37,14 @@ inline uint64_t cudnn_sdpa_buffer_bytes(bool backward, bool stored_bf16, int64_t
   return copies * (padded(nq) + padded(nk)) + static_cast<uint64_t>(workspace);
 }
 
-// The deterministic backward's workspace on Hopper: a dP buffer of b * h * ceil64(s_q) *
-// ceil64(s_kv) * 2 bytes (shared/reference/gpu-backend.md); the estimate's bound for cuDNN's own
-// figure, which is known only once the graph is built on the device.
-inline int64_t cudnn_sdpa_backward_workspace_bound(int64_t B, int64_t H, int64_t S) {
+// The backward's workspace, the estimate's bound for cuDNN's own figure (known only once the graph
+// is built on the device). Deterministic, on Hopper: a dP buffer of b * h * ceil64(s_q) *
+// ceil64(s_kv) * 2 bytes (shared/reference/gpu-backend.md). Otherwise: an fp32 dQ accumulator and
+// two fp32 row statistics, b * h * ceil64(s) * (hd + 2) * 4 bytes (FlashAttention-2's layout; to
+// be checked against cuDNN's figure on a GPU).
+inline int64_t cudnn_sdpa_backward_workspace_bound(int64_t B, int64_t H, int64_t S, int64_t hd, bool deterministic) {
   const int64_t s64 = (S + 63) / 64 * 64;
-  return B * H * s64 * s64 * 2;
+  return deterministic ? B * H * s64 * s64 * 2 : B * H * s64 * (hd + 2) * 4;
 }
 
 }  // namespace moe

@@ -85,6 +85,10 @@ class Backend : public Allocator {
   // ---- capabilities: false for (op, dtype) cases this backend lacks (the op then throws
   // "not supported"). dtype is the op's float dtype, or kBF16 for bf16 GEMM operands.
   virtual bool supports(OpId op, DType dtype) const;
+  // train.deterministic_attention: whether attention_bwd must be bitwise repeatable. Only the cuda
+  // backend has a choice (cuDNN's deterministic backward needs a dP workspace); the host kernels
+  // always are.
+  virtual void set_deterministic_attention(bool on) { (void)on; }
 
 #define MOE_OP(name, params, args) virtual void name params = 0;
 #include "kernels/op_list.inc"

@@ -131,7 +131,7 @@ MemoryEstimate estimate_stage_memory(const Config& config, int64_t stage) {
       const int64_t B = config.train.micro_batch_size, S = config.train.seq_len;
       m.backend_buffers += static_cast<double>(cudnn_sdpa_buffer_bytes(
           true, /*stored_bf16=*/true, B * S * c.n_heads * c.hd(), B * S * c.n_kv_heads * c.hd(),
-          cudnn_sdpa_backward_workspace_bound(B, c.n_heads, S)));
+          cudnn_sdpa_backward_workspace_bound(B, c.n_heads, S, c.hd(), config.train.deterministic_attention)));
     }
   }
   return m;

@@ -202,6 +202,7 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   // Schedule length covers the run so the LR never hits a degenerate point.
   config.train.steps = std::max(config.train.steps, opt.warmup + opt.steps);
   std::unique_ptr<Backend> ops = make_backend(config.train.backend);
+  ops->set_deterministic_attention(config.train.deterministic_attention);
   // Under mpirun every rank benches its share of the step; rank 0 prints (main.cpp).
   std::unique_ptr<Communicator> world = launch_world();
   check_ranks_agree(config_in, *world, /*with_data_files=*/false);  // bench reads no data

@@ -173,6 +173,7 @@ TrainSummary train_steps(const Config& config, std::ostream& log, bool resume, P
   const TrainConfig& tc = config.train;
   const bool rank0 = !groups || groups->world->rank() == 0;
   std::unique_ptr<Backend> ops = make_backend(tc.backend);
+  ops->set_deterministic_attention(tc.deterministic_attention);
   // data.train_path: one file or several comma-separated, concatenated in order.
   TokenDataset train(split_paths(config.data.train_path), config.data.token_dtype, config.model.vocab_size,
                      tc.seq_len, "data.train_path", config.model.pad_id);

@@ -244,6 +244,9 @@ class CudaBackend final : public Backend {
   }
 
   bool supports(OpId op, DType dtype) const override { return cuda_supports(op, dtype); }
+  void set_deterministic_attention(bool on) override {
+    if (sdpa_) sdpa_->set_deterministic(on);
+  }
   cudaStream_t stream() const { return ctx_.stream; }
   const CudaPaths& paths() const { return ctx_.paths; }
 

@@ -1,9 +1,11 @@
 // cuDNN's fused attention (the frontend's SDPA graphs) for attention with bf16 products: causal,
-// grouped-query, scale 1/sqrt(hd), softmax statistics (our lse) from the forward, deterministic
-// backward. Our (B,S,H,hd) layout is cuDNN's (b,h,s,d) with strides {S*H*hd, hd, H*hd, 1}. cuDNN's
-// inputs and outputs are bf16, so q, k, v, o and dout are rounded into bf16 copies and o, dq, dk,
-// dv come back rounded to bf16 (op_list.inc allows that with bf16_products). One graph per shape,
-// built once; a shape cuDNN refuses is remembered and runs on our kernel (attention.cu).
+// grouped-query, scale 1/sqrt(hd), softmax statistics (our lse) from the forward, a deterministic
+// backward unless train.deterministic_attention = false (then cuDNN's default: atomics for dQ, no
+// dP workspace). Our (B,S,H,hd) layout is cuDNN's (b,h,s,d) with strides {S*H*hd, hd, H*hd, 1}.
+// cuDNN's inputs and outputs are bf16: bf16 mode's saved q, k, v and o go in as they are, fp32
+// ones (and dout) are rounded into bf16 copies, and dq, dk, dv (and an fp32 o) come back rounded
+// to bf16 (op_list.inc allows that with bf16_products). One graph per shape and algorithm, built
+// once; a shape cuDNN refuses is remembered and runs on our kernel (attention.cu).
 #include "kernels/cuda/sdpa_cudnn.h"
 
 // cuDNN and NVRTC are loaded at run time (the frontend's dynamic loading): moecore does not need
@@ -97,7 +99,7 @@ void* CudnnSdpa::buffer(size_t bytes) {
 }
 
 CudnnSdpa::Graph& CudnnSdpa::graph(bool backward, int64_t B, int64_t S, int64_t H, int64_t G, int64_t hd) {
-  const Key key{backward, B, S, H, G, hd};
+  const Key key{backward, backward && deterministic_, B, S, H, G, hd};
   auto it = graphs_.find(key);
   if (it != graphs_.end()) return *it->second;
   auto g = std::make_unique<Graph>();
@@ -131,7 +133,7 @@ CudnnSdpa::Graph& CudnnSdpa::graph(bool backward, int64_t B, int64_t S, int64_t 
                      .set_name("sdpa_backward")
                      .set_causal_mask(true)
                      .set_attn_scale(scale)
-                     .set_deterministic_algorithm(true);
+                     .set_deterministic_algorithm(deterministic_);
     auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, dout, stats, attrs);
     dq->set_output(true).set_uid(kDQ).set_dim({B, H, S, hd}).set_stride(strides_bshd(S, H, hd));
     dk->set_output(true).set_uid(kDK).set_dim({B, G, S, hd}).set_stride(strides_bshd(S, G, hd));

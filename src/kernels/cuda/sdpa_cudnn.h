@@ -25,6 +25,8 @@ class CudnnSdpa {
   CudnnSdpa(const CudnnSdpa&) = delete;
   CudnnSdpa& operator=(const CudnnSdpa&) = delete;
 
+  // train.deterministic_attention (default true): the backward's algorithm; graphs are kept per choice.
+  void set_deterministic(bool on) { deterministic_ = on; }
   bool forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse);
   bool backward(Context& ctx, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                 const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv);
@@ -32,7 +34,7 @@ class CudnnSdpa {
  private:
   CudnnSdpa(Allocator& device, cudnnContext* handle);  // takes the handle (load made it)
   struct Graph;
-  using Key = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t>;  // backward, B, S, H, G, hd
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t>;  // backward, deterministic, B, S, H, G, hd
   Graph& graph(bool backward, int64_t B, int64_t S, int64_t H, int64_t G, int64_t hd);
   // bf16 copies of the operands, then cuDNN's workspace: one device region, grown when a larger
   // shape first runs (the first step), so later steps allocate nothing.
@@ -43,6 +45,7 @@ class CudnnSdpa {
   std::map<Key, std::unique_ptr<Graph>> graphs_;
   void* buffer_ = nullptr;
   size_t buffer_bytes_ = 0;
+  bool deterministic_ = true;
 };
 
 }  // namespace moe::cuda
