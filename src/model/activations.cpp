@@ -72,9 +72,9 @@ void plan_attention(ArenaPlan& A, const ModelConfig& c, const ModelChoices& choi
   } else if (in_norm || bf16) {
     at.h_act = A(d.adt, {T, D});
   }
-  if (choice.qk_norm != QkNorm::kNone) {
-    at.q_lin = A(d.cdt, {T, H * hd});
-    at.k_lin = A(d.cdt, {T, G * hd});
+  if (choice.qk_norm != QkNorm::kNone) {  // the norms' inputs, for their backward (autocast: bf16)
+    at.q_lin = A(d.adt, {T, H * hd});
+    at.k_lin = A(d.adt, {T, G * hd});
     const bool per_head = choice.qk_norm == QkNorm::kPerHead;
     const int64_t qr = per_head ? T * H : T, kr = per_head ? T * G : T;
     at.rstd_q = A(d.cdt, {qr});

@@ -83,7 +83,7 @@ struct AttnActs {
   Tensor h_act;            // (T,D) normed input, GEMM operand (MXFP8 attention: scratch.mx_attn_x_N;
                            // reordered norms in fp32: the input itself, set by the forward)
   Tensor h_q, h_qs;        // (T,D), (T,D/32) MXFP8 attention: h_act quantized (e4m3, e8m0)
-  Tensor q_lin, k_lin;     // (T,H*hd), (T,G*hd) projections before QK-norm (only with QK-norm)
+  Tensor q_lin, k_lin;     // (T,H*hd), (T,G*hd) projections before QK-norm (only with QK-norm), operand dtype
   Tensor q_pre, k_pre, v_pre;  // (T,H*hd), (T,G*hd), (T,G*hd) projections before the clamp (clip_qkv only)
   Tensor rstd_q, rstd_k;   // (T) or (T*H), (T*G)
   Tensor q, k, v;          // (B,S,H,hd), (B,S,G,hd) after QK-norm and RoPE, in the operand dtype

@@ -66,14 +66,21 @@ void attention_forward(const SublayerContext& ctx, const LayerParams& p, const T
     qkv(Wc.wq, mx ? &mx->wq : nullptr, W.bq, a.q_pre, q2);
     qkv(Wc.wk, mx ? &mx->wk : nullptr, W.bk, a.k_pre, k2);
   } else {
-    qkv(Wc.wq, mx ? &mx->wq : nullptr, W.bq, a.q_pre, a.q_lin);
-    qkv(Wc.wk, mx ? &mx->wk : nullptr, W.bk, a.k_pre, a.k_lin);
+    // The norms' inputs are saved for their backward (in bf16 in bf16 mode, computed in fp32 in
+    // the QK-norm gradients' scratch, free in the forward).
+    const Tensor q_lin = stored ? ctx.scratch.dq_lin_THd : a.q_lin, k_lin = stored ? ctx.scratch.dk_lin_TGd : a.k_lin;
+    qkv(Wc.wq, mx ? &mx->wq : nullptr, W.bq, a.q_pre, q_lin);
+    qkv(Wc.wk, mx ? &mx->wk : nullptr, W.bk, a.k_pre, k_lin);
     if (ctx.choice.qk_norm == QkNorm::kFull) {
-      ops.rmsnorm_fwd(a.q_lin, W.q_norm, c.norm_eps, q2, a.rstd_q);
-      ops.rmsnorm_fwd(a.k_lin, W.k_norm, c.norm_eps, k2, a.rstd_k);
+      ops.rmsnorm_fwd(q_lin, W.q_norm, c.norm_eps, q2, a.rstd_q);
+      ops.rmsnorm_fwd(k_lin, W.k_norm, c.norm_eps, k2, a.rstd_k);
     } else {  // per head: rows of hd values, one weight of size hd shared by all heads
-      ops.rmsnorm_fwd(a.q_lin.view({T * H, hd}), W.q_norm, c.norm_eps, q2.view({T * H, hd}), a.rstd_q);
-      ops.rmsnorm_fwd(a.k_lin.view({T * G, hd}), W.k_norm, c.norm_eps, k2.view({T * G, hd}), a.rstd_k);
+      ops.rmsnorm_fwd(q_lin.view({T * H, hd}), W.q_norm, c.norm_eps, q2.view({T * H, hd}), a.rstd_q);
+      ops.rmsnorm_fwd(k_lin.view({T * G, hd}), W.k_norm, c.norm_eps, k2.view({T * G, hd}), a.rstd_k);
+    }
+    if (stored) {
+      ops.convert(q_lin, a.q_lin);
+      ops.convert(k_lin, a.k_lin);
     }
   }
   qkv(Wc.wv, mx ? &mx->wv : nullptr, W.bv, a.v_pre, s_v.view({T, G * hd}));

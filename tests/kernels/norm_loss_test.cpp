@@ -141,6 +141,37 @@ TEST_P(RmsNorm, BackwardMatchesRef) {
   }
 }
 
+// bf16 mode saves the QK-norm's input in bf16: the backward from it is bitwise the backward from
+// its values widened to f32 (dx in f32 or rounded to bf16, dw accumulated), on the backend and on
+// the reference.
+TEST_P(RmsNorm, BackwardFromABf16InputIsTheWidenedInputsBitwise) {
+  SCOPED_TRACE("seed " + std::to_string(test::test_seed()));
+  uint64_t salt = 300;
+  for (Shape2 s : {Shape2{1, 1}, Shape2{37, 33}, Shape2{64, 512}}) {
+    SCOPED_TRACE("shape " + std::to_string(s.n) + "x" + std::to_string(s.c));
+    const OwnedTensor x16 = clone(random_tensor(DType::kF32, {s.n, s.c}, ++salt, -2, 2), DType::kBF16);
+    const OwnedTensor xw = clone(x16, DType::kF32);
+    const OwnedTensor w = random_tensor(DType::kF32, {s.c}, ++salt, 0.5, 1.5);
+    const OwnedTensor dy = random_tensor(DType::kF32, {s.n, s.c}, ++salt);
+    const OwnedTensor r = random_tensor(DType::kF32, {s.n}, ++salt, 0.5, 2);
+    const OwnedTensor dw0 = random_tensor(DType::kF32, {s.c}, ++salt);
+    for (const DType out : {DType::kF32, DType::kBF16}) {
+      OwnedTensor dx_a(out, {s.n, s.c}), dx_b(out, {s.n, s.c}), dw_a = clone(dw0), dw_b = clone(dw0);
+      poison(dx_a);
+      poison(dx_b);
+      test::fast().rmsnorm_bwd(dy, xw, w, r, dx_a, dw_a, false);
+      test::fast().rmsnorm_bwd(dy, x16, w, r, dx_b, dw_b, false);
+      EXPECT_TRUE(test::bitwise_equal(dx_a, dx_b));
+      EXPECT_TRUE(test::bitwise_equal(dw_a, dw_b));
+      OwnedTensor dx_r(out, {s.n, s.c}), dw_r = clone(dw0), dx_rw(out, {s.n, s.c}), dw_rw = clone(dw0);
+      ref::rmsnorm_bwd(dy, xw, w, r, dx_rw, dw_rw, false);
+      ref::rmsnorm_bwd(dy, x16, w, r, dx_r, dw_r, false);
+      EXPECT_TRUE(test::bitwise_equal(dx_r, dx_rw));
+      EXPECT_TRUE(test::bitwise_equal(dw_r, dw_rw));
+    }
+  }
+}
+
 TEST(RmsNormRef, GradientsMatchFiniteDifferences) {
   SCOPED_TRACE("seed " + std::to_string(test::test_seed()));
   const int64_t n = 3, c = 7;

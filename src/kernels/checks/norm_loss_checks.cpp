@@ -4,31 +4,33 @@
 
 namespace moe {
 namespace {
-void check_norm_shapes(const Tensor& x, const Tensor& w, const Tensor& rstd, const char* op) {
+// c: the compute dtype (x's, or f32 for a bf16 x).
+void check_norm_shapes(const Tensor& x, DType c, const Tensor& w, const Tensor& rstd, const char* op) {
   MOE_CHECK(x.ndim >= 1, op, ": x must have at least one dimension");
   check_shape(w, {x.cols()}, op);
   check_shape(rstd, {x.rows()}, op);
-  check_dtype(w, x.dtype, op);
-  check_dtype(rstd, x.dtype, op);
+  check_dtype(w, c, op);
+  check_dtype(rstd, c, op);
 }
 }  // namespace
 
 void check_rmsnorm_fwd(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd) {
-  check_norm_shapes(x, w, rstd, "rmsnorm_fwd w/rstd");
+  check_norm_shapes(x, x.dtype, w, rstd, "rmsnorm_fwd w/rstd");
   check_same_shape(x, y, "rmsnorm_fwd x/y");
   check_output_dtype(y, x.dtype, "rmsnorm_fwd y");
 }
 
 void check_rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                        const Tensor& dw, bool accumulate) {
-  check_norm_shapes(x, w, rstd, "rmsnorm_bwd w/rstd");
+  const DType c = x.dtype == DType::kBF16 ? DType::kF32 : x.dtype;  // a bf16 x: saved QK-norm input
+  check_norm_shapes(x, c, w, rstd, "rmsnorm_bwd w/rstd");
   check_same_shape(x, dy, "rmsnorm_bwd x/dy");
   check_same_shape(x, dx, "rmsnorm_bwd x/dx");
   check_same_shape(w, dw, "rmsnorm_bwd w/dw");
-  check_dtype(dy, x.dtype, "rmsnorm_bwd dy");
-  check_dtype(dw, x.dtype, "rmsnorm_bwd dw");
-  if (accumulate) check_dtype(dx, x.dtype, "rmsnorm_bwd dx (accumulated)");
-  else check_output_dtype(dx, x.dtype, "rmsnorm_bwd dx");
+  check_dtype(dy, c, "rmsnorm_bwd dy");
+  check_dtype(dw, c, "rmsnorm_bwd dw");
+  if (accumulate) check_dtype(dx, c, "rmsnorm_bwd dx (accumulated)");
+  else check_output_dtype(dx, c, "rmsnorm_bwd dx");
 }
 
 CrossEntropyDims check_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& dlogits,

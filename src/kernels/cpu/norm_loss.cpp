@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/checks/norm_loss_checks.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -58,11 +59,26 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
                  const Tensor& dx, const Tensor& dw, bool accumulate) {
   check_host({&dy, &x, &w, &rstd, &dx, &dw}, "rmsnorm_bwd");
   check_rmsnorm_bwd(dy, x, w, rstd, dx, dw, accumulate);
-  dispatch_real(x.dtype, "rmsnorm_bwd", [&](auto tag) {
+  // A bf16 x (bf16 mode's saved QK-norm input) is widened a row at a time into a thread's buffer:
+  // the same arithmetic as an f32 x of those values.
+  const bool x16 = x.dtype == DType::kBF16;
+  dispatch_real(x16 ? DType::kF32 : x.dtype, "rmsnorm_bwd", [&](auto tag) {
     using T = decltype(tag);
     const int64_t n = x.rows(), c = x.cols(), nchunks = ceil_div(n, kRowChunk);
     const T* pdy = dy.as<T>();
-    const T* px = x.as<T>();
+    const T* px = x16 ? nullptr : x.as<T>();
+    auto x_row = [&](int64_t r) -> const T* {
+      if constexpr (std::is_same_v<T, float>) {
+        if (x16) {
+          thread_local std::vector<float> row;  // grow-only: no allocation after the first step
+          if (row.size() < static_cast<size_t>(c)) row.resize(static_cast<size_t>(c));
+          const bf16* src = x.as<bf16>() + r * c;
+          for (int64_t j = 0; j < c; ++j) row[static_cast<size_t>(j)] = load(src[j]);
+          return row.data();
+        }
+      }
+      return px + r * c;
+    };
     const T* pw = w.as<T>();
     const T* pr = rstd.as<T>();
     T* pdw = dw.as<T>();
@@ -74,7 +90,7 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
       T* pc = part + ch * c;
       std::fill(pc, pc + c, T(0));
       for (int64_t r = ch * kRowChunk; r < std::min(n, (ch + 1) * kRowChunk); ++r) {
-        const T* xr = px + r * c;
+        const T* xr = x_row(r);
         const T* gr = pdy + r * c;
         auto* dr = pdx + r * c;
         const T rs = pr[r];

@@ -30,19 +30,20 @@ __global__ void rmsnorm_fwd_kernel(const float* x, const float* w, float eps, Y*
   }
 }
 
-template <class D>
-__global__ void rmsnorm_bwd_dx_kernel(const float* dy, const float* x, const float* w, const float* rstd, D* dx,
+// X: x's storage (f32, or bf16: bf16 mode's saved QK-norm input).
+template <class X, class D>
+__global__ void rmsnorm_bwd_dx_kernel(const float* dy, const X* x, const float* w, const float* rstd, D* dx,
                                       int64_t n, int64_t c, bool accumulate) {
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-    const float* xr = x + r * c;
+    const X* xr = x + r * c;
     const float* gr = dy + r * c;
     const float rs = rstd[r];
     float dot = 0;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dot = __fmaf_rn(__fmul_rn(gr[j], w[j]), xr[j], dot);
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dot = __fmaf_rn(__fmul_rn(gr[j], w[j]), load(xr + j), dot);
     dot = block_sum(dot);
     const float k = __fdiv_rn(__fmul_rn(__fmul_rn(__fmul_rn(rs, rs), rs), dot), static_cast<float>(c));
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-      const float g = __fsub_rn(__fmul_rn(__fmul_rn(rs, w[j]), gr[j]), __fmul_rn(k, xr[j]));
+      const float g = __fsub_rn(__fmul_rn(__fmul_rn(rs, w[j]), gr[j]), __fmul_rn(k, load(xr + j)));
       D* o = dx + r * c + j;
       store(o, accumulate ? __fadd_rn(load(o), g) : g);
     }
@@ -50,14 +51,15 @@ __global__ void rmsnorm_bwd_dx_kernel(const float* dy, const float* x, const flo
 }
 
 // partial[p, j] = sum over rows of chunk p of dy[r,j] * x[r,j] * rstd[r], rows in order.
-__global__ void rmsnorm_dw_parts_kernel(const float* dy, const float* x, const float* rstd, int64_t n, int64_t c,
+template <class X>
+__global__ void rmsnorm_dw_parts_kernel(const float* dy, const X* x, const float* rstd, int64_t n, int64_t c,
                                         int chunks, float* partial) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int p = blockIdx.y;
   if (j >= c) return;
   const int64_t per = (n + chunks - 1) / chunks, r0 = p * per, r1 = r0 + per < n ? r0 + per : n;
   float acc = 0;
-  for (int64_t r = r0; r < r1; ++r) acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(dy[r * c + j], x[r * c + j]), rstd[r]));
+  for (int64_t r = r0; r < r1; ++r) acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(dy[r * c + j], load(x + r * c + j)), rstd[r]));
   partial[p * c + j] = acc;
 }
 
@@ -127,19 +129,22 @@ void rmsnorm_bwd(Context& ctx, const Tensor& dy, const Tensor& x, const Tensor& 
                  const Tensor& dw, bool accumulate) {
   check_device({&dy, &x, &w, &rstd, &dx, &dw}, "rmsnorm_bwd");
   check_rmsnorm_bwd(dy, x, w, rstd, dx, dw, accumulate);
-  require_f32(x, "rmsnorm_bwd");
+  require_f32(dy, "rmsnorm_bwd");  // x: f32, or bf16 (the saved QK-norm input)
   const int64_t n = x.rows(), c = x.cols();
   if (n == 0) return;
-  dispatch_storage(dx.dtype, "rmsnorm_bwd dx", [&](auto* tag) {
-    using D = std::remove_pointer_t<decltype(tag)>;
-    rmsnorm_bwd_dx_kernel<<<row_blocks(n), kThreads, 0, ctx.stream>>>(ptr<const float>(dy), ptr<const float>(x),
-                                                                      ptr<const float>(w), ptr<const float>(rstd), ptr<D>(dx),
-                                                                      n, c, accumulate);
-  });
   const int chunks = static_cast<int>(n < kRowChunks ? n : kRowChunks);
   float* partial = ctx.scratch_as<float>(static_cast<size_t>(chunks * c), "rmsnorm_bwd");
-  rmsnorm_dw_parts_kernel<<<dim3(blocks_for(c, kThreads), chunks), kThreads, 0, ctx.stream>>>(
-      ptr<const float>(dy), ptr<const float>(x), ptr<const float>(rstd), n, c, chunks, partial);
+  dispatch_storage(x.dtype, "rmsnorm_bwd x", [&](auto* xtag) {
+    using X = std::remove_pointer_t<decltype(xtag)>;
+    dispatch_storage(dx.dtype, "rmsnorm_bwd dx", [&](auto* tag) {
+      using D = std::remove_pointer_t<decltype(tag)>;
+      rmsnorm_bwd_dx_kernel<<<row_blocks(n), kThreads, 0, ctx.stream>>>(ptr<const float>(dy), ptr<const X>(x),
+                                                                        ptr<const float>(w), ptr<const float>(rstd),
+                                                                        ptr<D>(dx), n, c, accumulate);
+    });
+    rmsnorm_dw_parts_kernel<<<dim3(blocks_for(c, kThreads), chunks), kThreads, 0, ctx.stream>>>(
+        ptr<const float>(dy), ptr<const X>(x), ptr<const float>(rstd), n, c, chunks, partial);
+  });
   rmsnorm_dw_finish_kernel<<<blocks_for(c, kThreads), kThreads, 0, ctx.stream>>>(partial, chunks, c, ptr<float>(dw));
   check_launch("rmsnorm_bwd");
 }

@@ -40,12 +40,19 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
                  const Tensor& dx, const Tensor& dw, bool accumulate) {
   check_host({&dy, &x, &w, &rstd, &dx, &dw}, "rmsnorm_bwd");
   check_rmsnorm_bwd(dy, x, w, rstd, dx, dw, accumulate);
-  const RoundedOutput out(dx, x.dtype, "rmsnorm_bwd dx");
-  dispatch_real(x.dtype, "rmsnorm_bwd", [&](auto tag) {
+  // A bf16 x (bf16 mode's saved QK-norm input) is widened to f32 first.
+  OwnedTensor wide;
+  if (x.dtype == DType::kBF16) {
+    wide = OwnedTensor(DType::kF32, {x.numel()});
+    convert(x.view({x.numel()}), wide);
+  }
+  const Tensor& xc = wide.t.empty() ? x : wide.t;
+  const RoundedOutput out(dx, xc.dtype, "rmsnorm_bwd dx");
+  dispatch_real(xc.dtype, "rmsnorm_bwd", [&](auto tag) {
     using T = decltype(tag);
     const int64_t n = x.rows(), c = x.cols();
     const T* pdy = dy.as<T>();
-    const T* px = x.as<T>();
+    const T* px = xc.as<T>();
     const T* pw = w.as<T>();
     const T* pr = rstd.as<T>();
     T* pdx = out.work().as<T>();
