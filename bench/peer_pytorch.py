@@ -21,6 +21,10 @@ threads): the wall rate a quiet machine would show, and barely moved by other pr
 the cores. OMP_WAIT_POLICY=passive on both sides so waiting threads sleep instead of spinning
 (spinning would count as CPU time).
 
+Peak memory: moecore's peak RSS from its bench; each PyTorch variant's in a process of its own
+(this script with --rss-of VARIANT: build it, warm-up, one step, then the process's peak RSS), so
+one variant's memory does not hide another's.
+
 Run with a Python that has torch and transformers:  python3 bench/peer_pytorch.py
 """
 import argparse
@@ -33,6 +37,8 @@ import tomllib
 
 # precision -> (GFLOP/s, "source: how"), the highest moecore bench reported (set by run_moecore).
 PEAKS = {}
+# run name -> peak RSS in MiB (moecore: its bench's; PyTorch: a process per variant).
+RSS = {}
 
 
 def flops_per_token(m, seq_len):
@@ -61,6 +67,8 @@ def run_moecore(binary, config, precision, warmup, steps):
     cpu = min(float(x) for x in re.search(r"^cpu times \(s\):(.*)$", out, re.M).group(1).split())
     peak = re.search(r"MFU: [0-9.]+% of ([0-9.]+) GFLOP/s \((.*)\)$", out, re.M)
     gflops, source = float(peak.group(1)), peak.group(2)
+    RSS[f"moecore-{precision}"] = max(RSS.get(f"moecore-{precision}", 0.0),
+                                      float(re.search(r"^peak RSS: ([0-9.]+) MiB", out, re.M).group(1)))
     if gflops > PEAKS.get(precision, (0.0, ""))[0]:  # the least disturbed measurement of the rounds
         PEAKS[precision] = (gflops, source)
     return (tokens / wall, 2 * tokens / cpu), " ".join(cmd)
@@ -130,6 +138,7 @@ def main():
     ap.add_argument("--variants", default="eager-fp32,eager-bf16,compile-fp32,compile-bf16")
     ap.add_argument("--experts", default="grouped_mm",
                     help="transformers experts_implementation (eager, grouped_mm, batched_mm)")
+    ap.add_argument("--rss-of", default="", help="internal: print one PyTorch variant's peak RSS and exit")
     args = ap.parse_args()
 
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch loads its OpenMP runtime
@@ -139,6 +148,17 @@ def main():
     torch.set_num_threads(2)
     with open(args.config, "rb") as f:
         cfg = tomllib.load(f)
+    if args.rss_of:
+        mode, prec = args.rss_of.split("-")
+        v = TorchVariant(args.rss_of, cfg, mode == "compile", prec == "bf16", args.experts, cfg["train"]["seed"])
+        for _ in range(args.warmup + 1):
+            v.step()
+        # VmHWM, not getrusage's ru_maxrss: that one keeps the forking parent's high-water mark
+        # across exec (Linux), so every variant would report this script's own peak.
+        with open("/proc/self/status") as f:
+            hwm = int(re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.M).group(1))
+        print(f"peak_rss_mib {hwm / 1024.0:.1f}")
+        return 0
     S = cfg["train"]["seq_len"]
     fpt = flops_per_token(cfg["model"], S)
     ref = moecore_flops_per_token(args.moecore, args.config)
@@ -183,6 +203,13 @@ def main():
             print(f"  round {r + 1} moecore {prec}: {tps[0]:.0f} tokens/s wall, {tps[1]:.0f} by CPU time",
                   flush=True)
 
+    for v in variants:  # each variant's memory in a process of its own
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--rss-of", v.name, "--config", args.config,
+                              "--moecore", args.moecore, "--warmup", str(args.warmup), "--experts", args.experts],
+                             capture_output=True, text=True)
+        m = re.search(r"^peak_rss_mib ([0-9.]+)", out.stdout, re.M)
+        RSS[v.name] = float(m.group(1)) if m else float("nan")
+
     def mfu(tps, prec):
         return 100.0 * tps * fpt / 1e9 / PEAKS[prec][0]
 
@@ -190,17 +217,18 @@ def main():
         print(f"{prec} peak: {gflops:.1f} GFLOP/s ({source})")
 
     print("\nBest step per run; per round: wall / CPU-time tokens/s. Columns: best over the rounds.")
-    print("| side | variant | rounds (wall / cpu tok/s) | tokens/s (wall) | MFU (wall) | tokens/s (cpu) | MFU (cpu) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| side | variant | rounds (wall / cpu tok/s) | tokens/s (wall) | MFU (wall) | tokens/s (cpu) | MFU (cpu) "
+          "| peak RSS (MiB) |")
+    print("|---|---|---|---|---|---|---|---|")
     best = {k: (max(x[0] for x in v), max(x[1] for x in v)) for k, v in results.items()}
     for k, v in results.items():
         prec = k.split("-")[1]
         side = "moecore" if k.startswith("moecore") else "PyTorch"
         w, c = best[k]
         print(f"| {side} | {k} | {', '.join(f'{x[0]:.0f} / {x[1]:.0f}' for x in v)} | {w:.0f} | "
-              f"{mfu(w, prec):.1f}% of {PEAKS[prec][0]:.0f} | {c:.0f} | {mfu(c, prec):.1f}% |")
+              f"{mfu(w, prec):.1f}% of {PEAKS[prec][0]:.0f} | {c:.0f} | {mfu(c, prec):.1f}% | {RSS.get(k, float('nan')):.0f} |")
     for name, err in failed.items():
-        print(f"| PyTorch | {name} | failed: {err} | | | | |")
+        print(f"| PyTorch | {name} | failed: {err} | | | | | |")
     for col, label in ((0, "wall"), (1, "cpu")):
         torch_fp32 = {k: x[col] for k, x in best.items() if not k.startswith("moecore") and k.endswith("fp32")}
         torch_all = {k: x[col] for k, x in best.items() if not k.startswith("moecore")}
