@@ -62,13 +62,15 @@ struct Dims {
   int64_t tiles() const { return (S + kTile - 1) / kTile; }
 };
 
+constexpr int64_t kMaxHd = 4096;  // the largest head dim the kernels take
+
 Dims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
   MOE_CHECK(q.dtype != DType::kF64, "cpu backend does not support f64 (", op,
             "; use the ref backend for the f64 path)");
   MOE_CHECK(q.dtype == DType::kF32 || q.dtype == DType::kBF16, op, ": cpu backend supports f32 and bf16, got ",
             dtype_name(q.dtype));
   const AttentionShape a = check_attention_inputs(q, k, v, op);
-  MOE_CHECK(a.hd >= 1 && a.hd <= 4096, op, ": head dim ", a.hd, " out of range");
+  MOE_CHECK(a.hd >= 1 && a.hd <= kMaxHd, op, ": head dim ", a.hd, " out of range");
   return Dims{a.B, a.S, a.H, a.G, static_cast<int>(a.hd)};
 }
 // With document starts: the first key tile any query of tile [q0, q0+nq) reads (key tiles wholly
@@ -96,14 +98,12 @@ size_t scratch_floats(int hd) { return tile_floats(hd) + size_t(kTile / 2) * kTi
 // kDoc: intra-document masking (d.doc set); a template parameter so the plain causal path
 // compiles exactly as without it.
 // o rows of a tile from the transposed panel, each scaled by mul: fp32, or (bf16 mode's saved o)
-// rounded to bf16 as they are stored.
-void store_o_rows(const float* panel, int n, int hd, const float* mul, float* dst, int64_t stride) {
+// rounded to bf16 as they are stored, through `rows` (kTile x hd floats of the tile's scratch).
+void store_o_rows(const float* panel, int n, int hd, const float* mul, float* dst, int64_t stride, float*) {
   unpack_transposed(panel, n, hd, mul, dst, stride);
 }
-void store_o_rows(const float* panel, int n, int hd, const float* mul, bf16* dst, int64_t stride) {
-  thread_local std::vector<float> rows;  // grow-only: no allocation after the first step
-  if (rows.size() < static_cast<size_t>(kTile) * static_cast<size_t>(hd)) rows.resize(static_cast<size_t>(kTile) * static_cast<size_t>(hd));
-  unpack_transposed(panel, n, hd, mul, rows.data(), hd);
+void store_o_rows(const float* panel, int n, int hd, const float* mul, bf16* dst, int64_t stride, float* rows) {
+  unpack_transposed(panel, n, hd, mul, rows, hd);
   for (int i = 0; i < n; ++i)
     for (int c = 0; c < hd; ++c) elem::store(dst + i * stride + c, rows[static_cast<size_t>(i) * hd + c]);
 }
@@ -116,6 +116,7 @@ void forward_tile(const Dims& d, typename P::Operand q, typename P::Operand k, t
   const int nq = static_cast<int>(std::min<int64_t>(kTile, d.S - q0));
   float* qt_panel = ws;                     // hd x kTile: q^T * log2(e)/sqrt(hd)
   float* o_panel = ws + hd * kTile;         // hd x kTile: unnormalized o^T
+  float* o_rows = ws + 2 * hd * kTile;      // kTile x hd: a bf16 o's rows before rounding
   float* s_tile = ws + 4 * hd * kTile;      // keys x queries: scores, then probabilities
   float* lanes = s_tile + 2 * kTile * kTile;  // kTile floats of per-query scalars
   float* extra = ws + tile_floats(hd);        // the product policy's packing area
@@ -184,7 +185,7 @@ void forward_tile(const Dims& d, typename P::Operand q, typename P::Operand k, t
     lse_row[i] = kLn2 * (mv[i] + std::log2(lanes[i]));
     lanes[i] = 1.0f / lanes[i];
   }
-  store_o_rows(o_panel, nq, hd, lanes, o + ((b * d.S + q0) * d.H + h) * hd, d.qstride());
+  store_o_rows(o_panel, nq, hd, lanes, o + ((b * d.S + q0) * d.H + h) * hd, d.qstride(), o_rows);
 }
 
 // ------------------------------------------------------------------ backward
@@ -437,15 +438,14 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   const bool o16 = o.dtype == DType::kBF16;
 #pragma omp parallel
   {
-    thread_local std::vector<float> wide;  // grow-only: no allocation after the first step
-    if (wide.size() < static_cast<size_t>(hd)) wide.resize(static_cast<size_t>(hd));
+    float wide[kMaxHd];  // one widened row (check_attention bounds hd)
 #pragma omp for schedule(static)
     for (int64_t bs = 0; bs < d.B * d.S; ++bs)
       for (int64_t h = 0; h < d.H; ++h) {
         const int64_t off = (bs * d.H + h) * hd;
-        const float* c = o16 ? wide.data() : o.as<float>() + off;
+        const float* c = o16 ? wide : o.as<float>() + off;
         if (o16)
-          for (int64_t i = 0; i < hd; ++i) wide[static_cast<size_t>(i)] = elem::load(o.as<bf16>()[off + i]);
+          for (int64_t i = 0; i < hd; ++i) wide[i] = elem::load(o.as<bf16>()[off + i]);
         D[((bs / d.S) * d.H + h) * d.S + bs % d.S] = row_dot(dop + off, c, hd);
       }
   }

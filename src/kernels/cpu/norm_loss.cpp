@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
-#include <vector>
 
 #include "kernels/checks/norm_loss_checks.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -59,63 +58,60 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
                  const Tensor& dx, const Tensor& dw, bool accumulate) {
   check_host({&dy, &x, &w, &rstd, &dx, &dw}, "rmsnorm_bwd");
   check_rmsnorm_bwd(dy, x, w, rstd, dx, dw, accumulate);
-  // A bf16 x (bf16 mode's saved QK-norm input) is widened a row at a time into a thread's buffer:
-  // the same arithmetic as an f32 x of those values.
+  // A bf16 x (bf16 mode's saved QK-norm input) is read widened: without contraction (this file's
+  // flags) the same arithmetic as an f32 x of those values.
   const bool x16 = x.dtype == DType::kBF16;
   dispatch_real(x16 ? DType::kF32 : x.dtype, "rmsnorm_bwd", [&](auto tag) {
     using T = decltype(tag);
     const int64_t n = x.rows(), c = x.cols(), nchunks = ceil_div(n, kRowChunk);
     const T* pdy = dy.as<T>();
-    const T* px = x16 ? nullptr : x.as<T>();
-    auto x_row = [&](int64_t r) -> const T* {
-      if constexpr (std::is_same_v<T, float>) {
-        if (x16) {
-          thread_local std::vector<float> row;  // grow-only: no allocation after the first step
-          if (row.size() < static_cast<size_t>(c)) row.resize(static_cast<size_t>(c));
-          const bf16* src = x.as<bf16>() + r * c;
-          for (int64_t j = 0; j < c; ++j) row[static_cast<size_t>(j)] = load(src[j]);
-          return row.data();
-        }
-      }
-      return px + r * c;
-    };
     const T* pw = w.as<T>();
     const T* pr = rstd.as<T>();
     T* pdw = dw.as<T>();
     T* part = scratch<T>(static_cast<size_t>(nchunks * c));
     const bool par = n * c >= kParallelMin;
-    // Rows of dx: written (D = T or bf16, rounded) or added to (kAdd).
-    auto rows = [&](auto* pdx, auto add_tag, int64_t ch) {
+    // Rows of dx: written (D = T or bf16, rounded) or added to (kAdd), from x of T or bf16.
+    auto rows = [&](const auto* px, auto* pdx, auto add_tag, int64_t ch) {
       constexpr bool kAdd = decltype(add_tag)::value;
       T* pc = part + ch * c;
       std::fill(pc, pc + c, T(0));
       for (int64_t r = ch * kRowChunk; r < std::min(n, (ch + 1) * kRowChunk); ++r) {
-        const T* xr = x_row(r);
+        const auto* xr = px + r * c;
         const T* gr = pdy + r * c;
         auto* dr = pdx + r * c;
         const T rs = pr[r];
-        const T dot = lane_sum<T>(c, [&](int64_t j) { return gr[j] * pw[j] * xr[j]; });
+        const T dot = lane_sum<T>(c, [&](int64_t j) { return gr[j] * pw[j] * static_cast<T>(load(xr[j])); });
         const T k = rs * rs * rs * dot / static_cast<T>(c);
 #pragma omp simd
         for (int64_t j = 0; j < c; ++j) {
-          const T g = rs * pw[j] * gr[j] - k * xr[j];
+          const T xj = static_cast<T>(load(xr[j]));
+          const T g = rs * pw[j] * gr[j] - k * xj;
           if constexpr (kAdd) dr[j] += g;
           else store(dr + j, g);
-          pc[j] += gr[j] * xr[j] * rs;
+          pc[j] += gr[j] * xj * rs;
         }
+      }
+    };
+    auto rows_of = [&](const auto* px, int64_t ch) {
+      if (accumulate) rows(px, dx.as<T>(), std::true_type{}, ch);
+      else if constexpr (std::is_same_v<T, float>) {
+        if (dx.dtype == DType::kBF16) rows(px, dx.as<bf16>(), std::false_type{}, ch);
+        else rows(px, dx.as<T>(), std::false_type{}, ch);
+      } else {
+        rows(px, dx.as<T>(), std::false_type{}, ch);
       }
     };
 #pragma omp parallel if (par)
     {
 #pragma omp for schedule(static)
       for (int64_t ch = 0; ch < nchunks; ++ch) {
-        if (accumulate) rows(dx.as<T>(), std::true_type{}, ch);
-        else if constexpr (std::is_same_v<T, float>) {
-          if (dx.dtype == DType::kBF16) rows(dx.as<bf16>(), std::false_type{}, ch);
-          else rows(dx.as<T>(), std::false_type{}, ch);
-        } else {
-          rows(dx.as<T>(), std::false_type{}, ch);
+        if constexpr (std::is_same_v<T, float>) {
+          if (x16) {
+            rows_of(x.as<bf16>(), ch);
+            continue;
+          }
         }
+        rows_of(x.as<T>(), ch);
       }
       // Column blocks of dw; the partials of each column are added in chunk order, in double.
       constexpr int64_t kCols = 64;
