@@ -239,7 +239,6 @@ void plan_swiglu_scratch(ArenaPlan& A, const ModelConfig& c, const Dims& d, Scra
     s.gate_f32_W = s.dact_W;
     s.up_f32_W = y;
   }
-
 }
 
 // The MoE layers' scratch: expert rows' gradients, router gradients, load balancing, the

@@ -30,7 +30,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <vector>
 
 #include "core/buffer.h"
 #include "kernels/checks/attention_checks.h"

@@ -36,6 +36,17 @@ namespace {
 
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
+// x itself when it is bf16, else a bf16 copy carved at p (p moves past it, from a 256-byte
+// boundary: cudnn_sdpa_buffer_bytes' layout), filled from x when it is an input.
+Tensor bf16_operand(Context& ctx, const Tensor& x, bool input, char*& p) {
+  if (x.dtype == DType::kBF16) return x;
+  const int64_t n = x.numel();
+  Tensor t(p, DType::kBF16, {n}, Device::kCuda);
+  p += (n * 2 + 255) / 256 * 256;
+  if (input) convert(ctx, x, t);
+  return t;
+}
+
 std::vector<int64_t> strides_bshd(int64_t S, int64_t H, int64_t hd) { return {S * H * hd, hd, H * hd, 1}; }
 
 }  // namespace
@@ -160,15 +171,8 @@ bool CudnnSdpa::forward(Context& ctx, const Tensor& q, const Tensor& k, const Te
   if (stored != (o.dtype == DType::kBF16)) return false;
   const int64_t nq = B * S * H * hd, nk = B * S * G * hd;
   char* p = static_cast<char*>(buffer(cudnn_sdpa_buffer_bytes(false, stored, nq, nk, g.workspace)));
-  // x itself in bf16, or a bf16 copy carved from the buffer (filled from x for an input).
-  auto bf = [&](const Tensor& x, int64_t n, bool input) {
-    if (x.dtype == DType::kBF16) return x;
-    Tensor t(p, DType::kBF16, {n}, Device::kCuda);
-    p += (n * 2 + 255) / 256 * 256;
-    if (input) convert(ctx, x, t);
-    return t;
-  };
-  const Tensor qb = bf(q, nq, true), kb = bf(k, nk, true), vb = bf(v, nk, true), ob = bf(o, nq, false);
+  const Tensor qb = bf16_operand(ctx, q, true, p), kb = bf16_operand(ctx, k, true, p), vb = bf16_operand(ctx, v, true, p),
+               ob = bf16_operand(ctx, o, false, p);
   for (const auto& [uid, ptr] : {std::pair<int64_t, void*>{kQ, qb.data}, {kK, kb.data}, {kV, vb.data}, {kO, ob.data},
                                  {kStats, lse.data}})
     g.pack[uid] = ptr;
@@ -186,16 +190,10 @@ bool CudnnSdpa::backward(Context& ctx, const Tensor& dout, const Tensor& q, cons
   if (stored != (o.dtype == DType::kBF16)) return false;
   const int64_t nq = B * S * H * hd, nk = B * S * G * hd;
   char* p = static_cast<char*>(buffer(cudnn_sdpa_buffer_bytes(true, stored, nq, nk, g.workspace)));
-  // x itself in bf16, or a bf16 copy carved from the buffer (filled from x for an input).
-  auto bf = [&](const Tensor& x, int64_t n, bool input) {
-    if (x.dtype == DType::kBF16) return x;
-    Tensor t(p, DType::kBF16, {n}, Device::kCuda);
-    p += (n * 2 + 255) / 256 * 256;
-    if (input) convert(ctx, x, t);
-    return t;
-  };
-  const Tensor qb = bf(q, nq, true), ob = bf(o, nq, true), db = bf(dout, nq, true), dqb = bf(dq, nq, false);
-  const Tensor kb = bf(k, nk, true), vb = bf(v, nk, true), dkb = bf(dk, nk, false), dvb = bf(dv, nk, false);
+  const Tensor qb = bf16_operand(ctx, q, true, p), ob = bf16_operand(ctx, o, true, p),
+               db = bf16_operand(ctx, dout, true, p), dqb = bf16_operand(ctx, dq, false, p);
+  const Tensor kb = bf16_operand(ctx, k, true, p), vb = bf16_operand(ctx, v, true, p),
+               dkb = bf16_operand(ctx, dk, false, p), dvb = bf16_operand(ctx, dv, false, p);
   for (const auto& [uid, ptr] : {std::pair<int64_t, void*>{kQ, qb.data}, {kK, kb.data}, {kV, vb.data}, {kO, ob.data},
                                  {kDO, db.data}, {kStats, lse.data}, {kDQ, dqb.data}, {kDK, dkb.data}, {kDV, dvb.data}})
     g.pack[uid] = ptr;
