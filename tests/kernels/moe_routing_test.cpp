@@ -41,33 +41,38 @@ TEST_P(MoeRouting, ScoresForwardMatchesRefAndBackwardMatchesFiniteDifferences) {
   const uint64_t seed = recorded_seed();
   SCOPED_TRACE(seed);
   // softmax, sigmoid, and sigmoid with Olmo-core 3's stability epsilon (scores + eps).
-  for (auto [kind, eps] : {std::pair{ScoreKind::kSoftmax, 0.0}, std::pair{ScoreKind::kSigmoid, 0.0}, std::pair{ScoreKind::kSigmoid, 1e-7}}) {
-    SCOPED_TRACE(testing::Message() << "kind " << static_cast<int>(kind) << " eps " << eps);
-    const int64_t T = 37, E = 12;
-    OwnedTensor z(DType::kF64, {T, E}), s(DType::kF64, {T, E}), r(DType::kF64, {T, E});
-    test::fill_uniform(z, seed, 1, -3, 3);
-    test::fill_uniform(r, seed, 2);
-    // backend f32 vs ref f64: softmax of E=12 values in fp32, error ~ a few ulp (1e-6 relative).
-    OwnedTensor z32 = test::clone(z, DType::kF32), s32(DType::kF32, {T, E});
-    test::poison(s32);
-    test::fast().router_scores_fwd(z32, kind, eps, s32);
-    ref::router_scores_fwd(z, kind, eps, s);
-    EXPECT_LT(rel_error(s32, s), 1e-6);
-    OwnedTensor dz(DType::kF64, {T, E});
-    ref::fill(dz, 0.0);
-    ref::router_scores_bwd(r, s, kind, eps, dz);
-    auto loss = [&] {
+  // E = 12 (the cpu backend's vectorized rows take only their remainder loops), 37 (two 16-lane
+  // blocks and a remainder) and 128 (blocks only).
+  for (const int64_t E : {12, 37, 128}) {
+    for (auto [kind, eps] : {std::pair{ScoreKind::kSoftmax, 0.0}, std::pair{ScoreKind::kSigmoid, 0.0}, std::pair{ScoreKind::kSigmoid, 1e-7}}) {
+      SCOPED_TRACE(testing::Message() << "E " << E << " kind " << static_cast<int>(kind) << " eps " << eps);
+      const int64_t T = 37;
+      OwnedTensor z(DType::kF64, {T, E}), s(DType::kF64, {T, E}), r(DType::kF64, {T, E});
+      test::fill_uniform(z, seed, 1, -3, 3);
+      test::fill_uniform(r, seed, 2);
+      // backend f32 vs ref f64: softmax of E values in fp32 (the cpu backend's exp within ~2 ulp,
+      // sums in 16 lanes), error ~ a few ulp of the largest score (1e-6 relative).
+      OwnedTensor z32 = test::clone(z, DType::kF32), s32(DType::kF32, {T, E});
+      test::poison(s32);
+      test::fast().router_scores_fwd(z32, kind, eps, s32);
       ref::router_scores_fwd(z, kind, eps, s);
-      return test::dot(s, r);
-    };
-    EXPECT_LT(fd_check(z, dz, loss), kFdTol);
-    // backend backward (f32) vs ref backward.
-    ref::router_scores_fwd(z, kind, eps, s);
-    OwnedTensor r32 = test::clone(r, DType::kF32), dz32(DType::kF32, {T, E});
-    test::fast().fill(dz32, 0.0);
-    test::fast().router_scores_fwd(z32, kind, eps, s32);
-    test::fast().router_scores_bwd(r32, s32, kind, eps, dz32);
-    EXPECT_LT(rel_error(dz32, dz), 1e-5);
+      EXPECT_LT(rel_error(s32, s), 1e-6);
+      OwnedTensor dz(DType::kF64, {T, E});
+      ref::fill(dz, 0.0);
+      ref::router_scores_bwd(r, s, kind, eps, dz);
+      auto loss = [&] {
+        ref::router_scores_fwd(z, kind, eps, s);
+        return test::dot(s, r);
+      };
+      EXPECT_LT(fd_check(z, dz, loss), kFdTol);
+      // backend backward (f32) vs ref backward.
+      ref::router_scores_fwd(z, kind, eps, s);
+      OwnedTensor r32 = test::clone(r, DType::kF32), dz32(DType::kF32, {T, E});
+      test::fast().fill(dz32, 0.0);
+      test::fast().router_scores_fwd(z32, kind, eps, s32);
+      test::fast().router_scores_bwd(r32, s32, kind, eps, dz32);
+      EXPECT_LT(rel_error(dz32, dz), 1e-5);
+    }
   }
   // The epsilon shifts every sigmoid score by exactly eps (in f64), and only sigmoid takes one.
   const int64_t T = 5, E = 4;
@@ -450,19 +455,23 @@ TEST_P(MoeRouting, RouterZLossGradientMatchesFiniteDifferences) {
     };
     EXPECT_LT(fd_check(z, dz, loss), kFdTol);
   }
-  // backend vs ref over more than one 256-token reduction chunk.
-  const int64_t T = 300, E = 8;
-  OwnedTensor z(DType::kF64, {T, E}), dz(DType::kF64, {T, E}), out(DType::kF64, {1});
-  test::fill_uniform(z, seed, 16, -4, 4);
-  ref::fill(dz, 0.0);
-  ref::fill(out, 0.0);
-  ref::router_z_loss(z, 1.0, 0.3, out, dz);
-  OwnedTensor z32 = test::clone(z, DType::kF32), dz32(DType::kF32, {T, E}), out32(DType::kF64, {1});
-  test::fast().fill(dz32, 0.0);
-  test::fast().fill(out32, 0.0);
-  test::fast().router_z_loss(z32, 1.0, 0.3, out32, dz32);
-  EXPECT_LT(rel_error(out32, out), 1e-6);
-  EXPECT_LT(rel_error(dz32, dz), 1e-5);
+  // backend vs ref over more than one 256-token reduction chunk, at E = 8 and 128 (the cpu
+  // backend's remainder loop and its 16-lane blocks).
+  for (const int64_t E : {8, 128}) {
+    SCOPED_TRACE(testing::Message() << "E " << E);
+    const int64_t T = 300;
+    OwnedTensor z(DType::kF64, {T, E}), dz(DType::kF64, {T, E}), out(DType::kF64, {1});
+    test::fill_uniform(z, seed, 16, -4, 4);
+    ref::fill(dz, 0.0);
+    ref::fill(out, 0.0);
+    ref::router_z_loss(z, 1.0, 0.3, out, dz);
+    OwnedTensor z32 = test::clone(z, DType::kF32), dz32(DType::kF32, {T, E}), out32(DType::kF64, {1});
+    test::fast().fill(dz32, 0.0);
+    test::fast().fill(out32, 0.0);
+    test::fast().router_z_loss(z32, 1.0, 0.3, out32, dz32);
+    EXPECT_LT(rel_error(out32, out), 1e-6);
+    EXPECT_LT(rel_error(dz32, dz), 1e-5);
+  }
 }
 
 TEST_P(MoeRouting, BiasUpdateFollowsTheSignOfTheLoadGap) {

@@ -92,6 +92,30 @@ inline float fast_exp(float x) {
 }
 inline double fast_exp(double x) { return std::exp(x); }
 
+// e[j] = exp(x[j] - mx) written to d (which may be x itself), returning sum(e) in kLanes
+// partial sums combined by a fixed tree. Each block of kLanes loads before it stores, so the
+// exact in-place alias d == x vectorizes without an overlap check.
+template <class T> T exp_store_sum(const T* x, T* d, int64_t n, T mx) {
+  T acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    T e[kLanes];
+    for (int l = 0; l < kLanes; ++l) e[l] = fast_exp(x[j + l] - mx);
+    for (int l = 0; l < kLanes; ++l) {
+      d[j + l] = e[l];
+      acc[l] += e[l];
+    }
+  }
+  for (int l = 0; j + l < n; ++l) {
+    const T e = fast_exp(x[j + l] - mx);
+    d[j + l] = e;
+    acc[l] += e;
+  }
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
 // Per-thread scratch owned by the calling thread, grown on demand and reused across calls, so
 // steady-state training does not allocate. Only the thread that calls an op touches it.
 template <class T> T* scratch(size_t n, int slot = 0) {

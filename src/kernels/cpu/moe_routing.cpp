@@ -1,6 +1,7 @@
 // Fast MoE routing kernels: OpenMP over tokens (every output row is owned by one iteration), and
 // reductions over tokens in fixed-size chunks combined in chunk order, so that results do not
-// depend on the thread count. Same semantics as kernels/ref/moe_routing.cpp.
+// depend on the thread count. Same semantics as kernels/ref/moe_routing.cpp; the same bits except
+// in the score rows (softmax / sigmoid, the z-loss), vectorized here (see "score rows").
 #include <omp.h>
 
 #include <algorithm>
@@ -93,17 +94,80 @@ struct ParallelRows {
   }
 };
 
+// ------------------------------------------------------------------ score rows
+// A token's scores, z-loss and their backward over its E logits, vectorized: exp is
+// elem::fast_exp (arithmetic only, ~2 ulp) and every sum over experts runs in elem::kLanes
+// partial sums combined by a fixed tree, so a row's bits depend on E only (never on the thread
+// count or on which of a loop's vector or scalar versions runs: this file builds without
+// contraction). The reference (routing_rows.h, std::exp, sums in order) agrees to a few ulp;
+// at 128 experts its scalar exp and serial sums were most of the router's element-wise time.
+
+// s = exp(z - max z) / sum.
+template <class T> void softmax_row(const T* z, int64_t E, T* s) {
+  const T sum = elem::exp_store_sum(z, s, E, elem::lane_max(z, E));
+  const T inv = T(1) / sum;
+#pragma omp simd
+  for (int64_t e = 0; e < E; ++e) s[e] *= inv;
+}
+
+// s = sigmoid(z) + eps.
+template <class T> void sigmoid_row(const T* z, int64_t E, T eps, T* s) {
+#pragma omp simd
+  for (int64_t e = 0; e < E; ++e) s[e] = T(1) / (T(1) + elem::fast_exp(-z[e])) + eps;
+}
+
+// dz += the softmax's backward: s (ds - sum(ds s)).
+template <class T> void softmax_bwd_row(const T* ds, const T* s, int64_t E, T* dz) {
+  const T dot = elem::lane_sum<T>(E, [&](int64_t e) { return ds[e] * s[e]; });
+#pragma omp simd
+  for (int64_t e = 0; e < E; ++e) dz[e] += s[e] * (ds[e] - dot);
+}
+
+// The row's log-sum-exp.
+template <class T> T log_sum_exp_row(const T* z, int64_t E) {
+  const T mx = elem::lane_max(z, E);
+  return mx + std::log(elem::lane_sum<T>(E, [&](int64_t e) { return elem::fast_exp(z[e] - mx); }));
+}
+
+// dz += g exp(z - lse), g = grad_scale * 2 lse / tokens.
+template <class T> void z_loss_grad_row(const T* z, T lse, T g, int64_t E, T* dz) {
+#pragma omp simd
+  for (int64_t e = 0; e < E; ++e) dz[e] += g * elem::fast_exp(z[e] - lse);
+}
+
 }  // namespace
 
 void router_scores_fwd(const Tensor& logits, ScoreKind kind, double eps, const Tensor& scores) {
-  routing_ops::scores_fwd(logits, kind, eps, scores, ParallelRows{}, [](auto* sr, int64_t E, auto sum) {
-    const auto inv = decltype(sum)(1) / sum;
-    for (int64_t e = 0; e < E; ++e) sr[e] *= inv;
+  const RoutingDims d = check_router_scores(logits, kind, eps, scores, "router_scores_fwd");
+  dispatch_real(logits.dtype, "router_scores_fwd", [&](auto zero) {
+    using T = decltype(zero);
+    const T* z = logits.as<T>();
+    T* s = scores.as<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < d.T; ++t) {
+      if (kind == ScoreKind::kSigmoid)
+        sigmoid_row(z + t * d.E, d.E, static_cast<T>(eps), s + t * d.E);
+      else
+        softmax_row(z + t * d.E, d.E, s + t * d.E);
+    }
   });
 }
 
 void router_scores_bwd(const Tensor& dscores, const Tensor& scores, ScoreKind kind, double eps, const Tensor& dlogits) {
-  routing_ops::scores_bwd(dscores, scores, kind, eps, dlogits, ParallelRows{});
+  const RoutingDims d = check_router_scores_bwd(dscores, scores, kind, eps, dlogits);
+  dispatch_real(scores.dtype, "router_scores_bwd", [&](auto zero) {
+    using T = decltype(zero);
+    const T* ds = dscores.as<T>();
+    const T* s = scores.as<T>();
+    T* dz = dlogits.as<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < d.T; ++t) {
+      if (kind == ScoreKind::kSigmoid)
+        rows::scores_bwd(ds + t * d.E, s + t * d.E, kind, eps, d.E, dz + t * d.E);  // no reduction: vectorizes
+      else
+        softmax_bwd_row(ds + t * d.E, s + t * d.E, d.E, dz + t * d.E);
+    }
+  });
 }
 
 void router_topk(const Tensor& scores, const Tensor& bias, int64_t n_group, int64_t topk_group, const Tensor& expert_idx) {
@@ -351,9 +415,9 @@ void router_z_loss(const Tensor& logits, double value_scale, double grad_scale, 
     for (int64_t ch = 0; ch < num_chunks; ++ch) {
       double acc = 0;
       for (int64_t t = ch * kChunk; t < std::min(T, (ch + 1) * kChunk); ++t) {
-        const F lse = rows::log_sum_exp(z + t * E, E);
+        const F lse = log_sum_exp_row(z + t * E, E);
         acc += static_cast<double>(lse) * static_cast<double>(lse);
-        if (dz) rows::z_loss_grad(z + t * E, lse, grad_scale, T, E, dz + t * E);
+        if (dz) z_loss_grad_row(z + t * E, lse, static_cast<F>(grad_scale) * F(2) * lse / static_cast<F>(T), E, dz + t * E);
       }
       partial[ch] = acc;
     }

@@ -2,7 +2,8 @@
 // ref runs the rows in order (SerialRows), cpu splits them over OpenMP threads (cpu's
 // ParallelRows). The checks are the contract's (kernels/checks/routing_checks.h) and a row's
 // arithmetic is kernels/math/routing_rows.h, so the two give the same bits whatever the thread
-// count. Internal linkage, as routing_rows.h: each backend compiles them with its own flags.
+// count (the cpu backend's score rows are its own, vectorized: see routing_rows.h). Internal
+// linkage, as routing_rows.h: each backend compiles them with its own flags.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,9 @@
 // One token's routing arithmetic (kernels/op_list.inc, MoE routing), the one text the ref and cpu
 // kernels run per row: the reference loops over tokens in order, the cpu one in parallel, and
-// both get the same bits because a row's operations and their order are written once here.
+// both get the same bits because a row's operations and their order are written once here. The
+// exceptions are the rows with an exp over all E experts (softmax / sigmoid scores, their softmax
+// backward, the z-loss): the cpu backend runs vectorized versions of those (cpu/moe_routing.cpp,
+// fast_exp and lane sums), which agree with these to a few ulp.
 // Internal linkage: each backend compiles these with its own floating-point flags (cpu/
 // moe_routing.cpp builds without contraction, CMakeLists.txt), as when each file had its copy.
 #pragma once
