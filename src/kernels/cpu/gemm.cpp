@@ -78,6 +78,14 @@ constexpr int64_t kGroupChunk = 256;
 // expert's weights, than even loads (docs/PERFORMANCE.md, expert scaling). The family holds
 // lengths 1..kPadRows-1 and the multiples of kPadRows up to kGroupChunk: 31 primitives.
 constexpr int64_t kPadRows = 16;
+// Weight gradients: a tile's product is computed into the thread's dense staging buffer and then
+// added to dw, rather than by the primitive's own accumulate (its sum post-op), when the tile
+// fits kStagedSumBytes (no more than the forward's staged tiles, kRowTile x kMaxStagedColTile
+// floats). Where dw is cold (every expert's dw, a step's first touch) the post-op's reads of
+// the old C stall the micro-kernel: 58% -> 74% of the fp32 peak at olmoe_compat's expert
+// shape (docs/PERFORMANCE.md). The same sum, C_old + product, in the same one rounding.
+constexpr int64_t kStagedSumBytes = kRowTile * kMaxStagedColTile * 4;
+bool staged_sum(int64_t band, int64_t k) { return band * k * 4 <= kStagedSumBytes; }
 
 struct RowChunks {
   int64_t nfull, mid, tail;  // nfull chunks of kGroupChunk rows, then mid rows, then tail rows
@@ -143,6 +151,9 @@ struct Item {
   // Padded rows (grouped forward / data gradient): the primitive computes c_pad_rows >= c_rows
   // rows into the staging buffer; only the first c_rows are copied out.
   int64_t c_pad_rows = 0;
+  // Summed C (weight gradients): each call computes its product, c_sum_rows x c_sum_cols, into the
+  // dense staging buffer, which is then added to C (leading dimension c_sum_cols): see kStagedSum.
+  int64_t c_sum_rows = 0, c_sum_cols = 0;
   double cost = 0;  // for ordering: proportional to the flops
   int64_t seq = 0;  // position in the plan: breaks cost ties
 };
@@ -176,6 +187,12 @@ void copy_block(const char* src, int64_t src_ld, char* dst, int64_t dst_ld, int6
                 src + static_cast<size_t>(r * src_ld) * es, static_cast<size_t>(cols) * es);
 }
 
+// c[i] += prod[i], i < n: the sum a primitive's accumulate would do, in the same single rounding.
+void add_block(const float* prod, float* c, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) c[i] += prod[i];
+}
+
 void run_item(const Item& it, int thread) {
   Staging& st = staging()[static_cast<size_t>(thread)];
   float* c = it.c;
@@ -193,7 +210,13 @@ void run_item(const Item& it, int thread) {
       copy_block(a, it.a_ld, static_cast<char*>(st.a.data()), it.a_cols, rows, it.a_cols, it.es);
       ap = st.a.data();
     }
-    gemm::execute(p, ap, b, c, thread);
+    if (it.c_sum_rows) {
+      float* prod = static_cast<float*>(st.c.data());
+      gemm::execute(p, ap, b, prod, thread);
+      add_block(prod, c, it.c_sum_rows * it.c_sum_cols);
+    } else {
+      gemm::execute(p, ap, b, c, thread);
+    }
     a += rows * it.a_row;
     b += rows * it.b_row;
   };
@@ -221,6 +244,7 @@ void run_items(std::vector<Item>& list) {
     const int64_t a_rows = std::max({it.nfull > 0 ? it.chunk : 0, it.mid_rows, it.tail_rows});
     a_bytes = std::max(a_bytes, static_cast<size_t>(a_rows * it.a_cols) * it.es);
     c_bytes = std::max(c_bytes, static_cast<size_t>(std::max(it.c_rows, it.c_pad_rows) * it.c_cols) * sizeof(float));
+    c_bytes = std::max(c_bytes, static_cast<size_t>(it.c_sum_rows * it.c_sum_cols) * sizeof(float));
   }
   const int threads = omp_get_max_threads();
   gemm::prepare_threads(threads, scratch);
@@ -265,8 +289,8 @@ Desc bwd_data_desc(DType t, int64_t m, int64_t n, int64_t k, bool acc) {
 }
 // A band of `band` rows of dw(n,k) += dy^T x over `rows` rows, with dy's column block packed
 // densely: A stored (rows, band), transposed.
-Desc weight_desc(DType t, int64_t band, int64_t k, int64_t rows) {
-  return {t, Trans::kT, Trans::kN, band, k, rows, band, k, k, true};
+Desc weight_desc(DType t, int64_t band, int64_t k, int64_t rows, bool staged) {
+  return {t, Trans::kT, Trans::kN, band, k, rows, band, k, k, !staged};
 }
 
 // Forward or data gradient of a whole dense GEMM `d` (ta = kN) on a, b, c. Column tiles of the
@@ -354,6 +378,10 @@ Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k,
   it.es = es;
   it.a_cols = band;
   it.a_ld = n;
+  if (staged_sum(band, k)) {
+    it.c_sum_rows = band;
+    it.c_sum_cols = k;
+  }
   return it;
 }
 
@@ -367,11 +395,11 @@ void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const
     const int64_t b = std::min(band, n - i0);
     Item it =
         weight_tile(static_cast<const char*>(dy), static_cast<const char*>(x), dw, n, k, i0, b, es);
-    it.full = gemm::primitive(weight_desc(t, b, k, chunk));
+    it.full = gemm::primitive(weight_desc(t, b, k, chunk, staged_sum(b, k)));
     it.nfull = m / chunk;
     it.chunk = chunk;
     if (tail) {
-      it.tail = gemm::primitive(weight_desc(t, b, k, tail));
+      it.tail = gemm::primitive(weight_desc(t, b, k, tail, staged_sum(b, k)));
       it.tail_rows = tail;
     }
     it.cost = static_cast<double>(m) * static_cast<double>(b) * static_cast<double>(k);
@@ -389,7 +417,7 @@ void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const vo
   for (int64_t i0 = 0; i0 < n; i0 += band) {
     const Primitive* const*& f = fams[i0 + band >= n];
     if (!f)
-      f = gemm::family(weight_desc(t, std::min(band, n - i0), k, 0), /*vary_k=*/true, kGroupRows,
+      f = gemm::family(weight_desc(t, std::min(band, n - i0), k, 0, staged_sum(std::min(band, n - i0), k)), /*vary_k=*/true, kGroupRows,
                        kGroupChunk);
   }
   // Expert-major: consecutive items share the expert's rows of dy and x (kept in order by the
@@ -441,7 +469,8 @@ std::string gemm_impl_info(GemmOp op, DType dtype, int64_t m, int64_t n, int64_t
   // The first (largest) tile of the plan the op would run.
   Desc d;
   if (op == GemmOp::kBackwardWeight) {
-    d = weight_desc(dtype, band_rows(n, kMinWeightBand, kWeightBand), k, std::min(m, kWeightChunk));
+    const int64_t band = band_rows(n, kMinWeightBand, kWeightBand);
+    d = weight_desc(dtype, band, k, std::min(m, kWeightChunk), staged_sum(band, k));
   } else {
     const bool fwd = op == GemmOp::kForward;
     d = fwd ? fwd_desc(dtype, m, n, k, false) : bwd_data_desc(dtype, m, n, k, false);
