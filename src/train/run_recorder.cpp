@@ -76,7 +76,7 @@ RunRecorder::RunRecorder(const Config& config, std::ostream& log, bool rank0, bo
   }
   // metrics.report: the page of plots, rank 0 (report/live_report.h).
   live_report_.emplace(tc.out_dir, rank0 && config.metrics.report);
-  t_start_ = t_window_ = now_s();
+  t_start_ = now_s();
 }
 
 std::ostream& RunRecorder::note() {
@@ -88,6 +88,7 @@ std::ostream& RunRecorder::note() {
 nlohmann::json RunRecorder::record(const StepResult& r, int64_t step, bool last, double t, int64_t skipped_total) {
   const TrainConfig& tc = config_.train;
   tokens_window_ += r.tokens;
+  step_s_window_ += r.step_s;
   summary_.steps = step;
   if (!r.skipped) summary_.final_train_loss = r.ce;
   const bool vectors = config_.metrics.vectors_every > 0 && step % config_.metrics.vectors_every == 0;
@@ -108,14 +109,17 @@ nlohmann::json RunRecorder::record(const StepResult& r, int64_t step, bool last,
     }
   }
   if (step % tc.log_every == 0 || last) {
-    const double tps = static_cast<double>(tokens_window_) / (t - t_window_);
+    // The window's own step times (as the metrics' tokens_per_s), not the wall time between records:
+    // with train.overlap_host a record is handled a step late and the last two back to back, so
+    // the last line read millions of tokens/s.
+    const double tps = step_s_window_ > 0 ? static_cast<double>(tokens_window_) / step_s_window_ : 0;
     note() << "step " << step << "/" << tc.steps << std::fixed << std::setprecision(4) << " | loss " << r.total
            << " | ce " << r.ce << " | grad " << r.grad_norm << std::scientific << std::setprecision(2) << " | lr "
            << r.lr << std::fixed << std::setprecision(0) << " | " << tps << " tok/s" << std::setprecision(3)
            << " | MFU " << peak_.mfu(tps * flops_per_token_ / 1e12) << std::setprecision(1) << " | " << elapsed(t)
            << " s\n" << std::defaultfloat << std::setprecision(6) << std::flush;
-    t_window_ = t;
     tokens_window_ = 0;
+    step_s_window_ = 0;
   }
   return j;
 }

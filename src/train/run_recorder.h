@@ -54,7 +54,8 @@ class RunRecorder {
   RunEvents& events_;
   MfuPeak peak_;
   double flops_per_token_;
-  double t_start_, t_window_;
+  double t_start_;
+  double step_s_window_ = 0;  // the steps' own times since the last console line
   int64_t tokens_window_ = 0;
   bool live_ = false, live_shown_ = false;  // the progress line (train.progress)
   std::ofstream metrics_;

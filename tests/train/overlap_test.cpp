@@ -134,7 +134,8 @@ TEST_F(Overlap, EachRecordTimesItsOwnStepAcrossEvaluationsAndCheckpoints) {
       const fs::path out = root_ / (backend + (overlap ? "_lagged" : "_eager"));
       const test::CliResult r = test::run_cli(
           "train" + test::tiny_model_sets() + " --set model.d_model=64 --set train.seq_len=64 --set train.steps=12" +
-              " --set train.eval_every=3 --set train.eval_batches=4 --set checkpoint.every=4 --set train.backend=" +
+              " --set train.eval_every=3 --set train.eval_batches=4 --set checkpoint.every=4 --set train.log_every=1" +
+              " --set train.backend=" +
               backend + " --set data.train_path=" + (root_ / "train.bin").string() +
               " --set data.valid_path=" + (root_ / "valid.bin").string() + " --set train.out_dir=" + out.string() +
               " --set train.overlap_host=" + (overlap ? "true" : "false"),
@@ -157,6 +158,17 @@ TEST_F(Overlap, EachRecordTimesItsOwnStepAcrossEvaluationsAndCheckpoints) {
       const double median = sorted[sorted.size() / 2];
       for (size_t i = 0; i < t.size(); ++i)
         EXPECT_GE(t[i], median / 5) << "step " << i + 1 << " (evaluations after 3, 6, 9, checkpoints after 4, 8)";
+      // The log's line per step says the record's pace: the last line once said millions of
+      // tokens/s (the wall time between the last two records, handled back to back).
+      for (const json& j : m) {
+        const std::string head = "step " + std::to_string(j.at("step").get<int>()) + "/12 |";
+        const size_t at = r.output.find(head);
+        ASSERT_NE(at, std::string::npos) << head << "\n" << r.output;
+        const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+        const size_t end = line.find(" tok/s"), begin = line.rfind("| ", end);
+        ASSERT_NE(end, std::string::npos) << line;
+        EXPECT_NEAR(std::stod(line.substr(begin + 2, end - begin - 2)), j.at("tokens_per_s").get<double>(), 0.5) << line;
+      }
     }
   }
 }
