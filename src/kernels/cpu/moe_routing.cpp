@@ -129,6 +129,18 @@ template <class T> T log_sum_exp_row(const T* z, int64_t E) {
   return mx + std::log(elem::lane_sum<T>(E, [&](int64_t e) { return elem::fast_exp(z[e] - mx); }));
 }
 
+// routing_ops' score rows (the reference's are RefScoreRows).
+struct VectorScoreRows {
+  template <class T> static void fwd(const T* z, int64_t E, ScoreKind kind, double eps, T* s) {
+    if (kind == ScoreKind::kSigmoid) return sigmoid_row(z, E, static_cast<T>(eps), s);
+    softmax_row(z, E, s);
+  }
+  template <class T> static void bwd(const T* ds, const T* s, ScoreKind kind, double eps, int64_t E, T* dz) {
+    if (kind == ScoreKind::kSigmoid) return rows::scores_bwd(ds, s, kind, eps, E, dz);  // no reduction: vectorizes
+    softmax_bwd_row(ds, s, E, dz);
+  }
+};
+
 // dz += g exp(z - lse), g = grad_scale * 2 lse / tokens.
 template <class T> void z_loss_grad_row(const T* z, T lse, T g, int64_t E, T* dz) {
 #pragma omp simd
@@ -138,36 +150,11 @@ template <class T> void z_loss_grad_row(const T* z, T lse, T g, int64_t E, T* dz
 }  // namespace
 
 void router_scores_fwd(const Tensor& logits, ScoreKind kind, double eps, const Tensor& scores) {
-  const RoutingDims d = check_router_scores(logits, kind, eps, scores, "router_scores_fwd");
-  dispatch_real(logits.dtype, "router_scores_fwd", [&](auto zero) {
-    using T = decltype(zero);
-    const T* z = logits.as<T>();
-    T* s = scores.as<T>();
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < d.T; ++t) {
-      if (kind == ScoreKind::kSigmoid)
-        sigmoid_row(z + t * d.E, d.E, static_cast<T>(eps), s + t * d.E);
-      else
-        softmax_row(z + t * d.E, d.E, s + t * d.E);
-    }
-  });
+  routing_ops::scores_fwd(logits, kind, eps, scores, ParallelRows{}, VectorScoreRows{});
 }
 
 void router_scores_bwd(const Tensor& dscores, const Tensor& scores, ScoreKind kind, double eps, const Tensor& dlogits) {
-  const RoutingDims d = check_router_scores_bwd(dscores, scores, kind, eps, dlogits);
-  dispatch_real(scores.dtype, "router_scores_bwd", [&](auto zero) {
-    using T = decltype(zero);
-    const T* ds = dscores.as<T>();
-    const T* s = scores.as<T>();
-    T* dz = dlogits.as<T>();
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < d.T; ++t) {
-      if (kind == ScoreKind::kSigmoid)
-        rows::scores_bwd(ds + t * d.E, s + t * d.E, kind, eps, d.E, dz + t * d.E);  // no reduction: vectorizes
-      else
-        softmax_bwd_row(ds + t * d.E, s + t * d.E, d.E, dz + t * d.E);
-    }
-  });
+  routing_ops::scores_bwd(dscores, scores, kind, eps, dlogits, ParallelRows{}, VectorScoreRows{});
 }
 
 void router_topk(const Tensor& scores, const Tensor& bias, int64_t n_group, int64_t topk_group, const Tensor& expert_idx) {

@@ -28,30 +28,42 @@ struct SerialRows {
   }
 };
 
-// router_scores_fwd; normalize(sr, E, sum) divides a softmax row by its sum (each backend's way).
-template <class Rows, class Normalize>
-void scores_fwd(const Tensor& logits, ScoreKind kind, double eps, const Tensor& scores, Rows rows, Normalize normalize) {
+// A token's scores and their backward, as the reference computes them (routing_rows.h, in
+// order); the cpu backend passes its own vectorized rows (cpu/moe_routing.cpp).
+struct RefScoreRows {
+  template <class T> static void fwd(const T* zr, int64_t E, ScoreKind kind, double eps, T* sr) {
+    if (kind == ScoreKind::kSigmoid) return routing_rows::sigmoid_scores(zr, E, eps, sr);
+    const T sum = routing_rows::softmax_numerators(zr, E, sr);
+    for (int64_t e = 0; e < E; ++e) sr[e] /= sum;
+  }
+  template <class T> static void bwd(const T* dr, const T* sr, ScoreKind kind, double eps, int64_t E, T* dzr) {
+    routing_rows::scores_bwd(dr, sr, kind, eps, E, dzr);
+  }
+};
+
+// router_scores_fwd, row by row through ScoreRows::fwd.
+template <class Rows, class ScoreRows>
+void scores_fwd(const Tensor& logits, ScoreKind kind, double eps, const Tensor& scores, Rows rows, ScoreRows) {
   const RoutingDims d = check_router_scores(logits, kind, eps, scores, "router_scores_fwd");
   dispatch_real(logits.dtype, "router_scores_fwd", [&](auto zero) {
     using T = decltype(zero);
     const T* z = logits.as<T>();
     T* s = scores.as<T>();
-    rows(d.T, [&](int64_t t) {
-      if (kind == ScoreKind::kSigmoid) return routing_rows::sigmoid_scores(z + t * d.E, d.E, eps, s + t * d.E);
-      normalize(s + t * d.E, d.E, routing_rows::softmax_numerators(z + t * d.E, d.E, s + t * d.E));
-    });
+    rows(d.T, [&](int64_t t) { ScoreRows::fwd(z + t * d.E, d.E, kind, eps, s + t * d.E); });
   });
 }
 
-template <class Rows>
-void scores_bwd(const Tensor& dscores, const Tensor& scores, ScoreKind kind, double eps, const Tensor& dlogits, Rows rows) {
+// router_scores_bwd, row by row through ScoreRows::bwd.
+template <class Rows, class ScoreRows>
+void scores_bwd(const Tensor& dscores, const Tensor& scores, ScoreKind kind, double eps, const Tensor& dlogits, Rows rows,
+                ScoreRows) {
   const RoutingDims d = check_router_scores_bwd(dscores, scores, kind, eps, dlogits);
   dispatch_real(scores.dtype, "router_scores_bwd", [&](auto zero) {
     using T = decltype(zero);
     const T* ds = dscores.as<T>();
     const T* s = scores.as<T>();
     T* dz = dlogits.as<T>();
-    rows(d.T, [&](int64_t t) { routing_rows::scores_bwd(ds + t * d.E, s + t * d.E, kind, eps, d.E, dz + t * d.E); });
+    rows(d.T, [&](int64_t t) { ScoreRows::bwd(ds + t * d.E, s + t * d.E, kind, eps, d.E, dz + t * d.E); });
   });
 }
 

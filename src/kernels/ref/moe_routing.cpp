@@ -27,13 +27,11 @@ void topk_row(const double* sel, int64_t E, int64_t K, int32_t* out) {
 }  // namespace
 
 void router_scores_fwd(const Tensor& logits, ScoreKind kind, double eps, const Tensor& scores) {
-  routing_ops::scores_fwd(logits, kind, eps, scores, routing_ops::SerialRows{}, [](auto* sr, int64_t E, auto sum) {
-    for (int64_t e = 0; e < E; ++e) sr[e] /= sum;
-  });
+  routing_ops::scores_fwd(logits, kind, eps, scores, routing_ops::SerialRows{}, routing_ops::RefScoreRows{});
 }
 
 void router_scores_bwd(const Tensor& dscores, const Tensor& scores, ScoreKind kind, double eps, const Tensor& dlogits) {
-  routing_ops::scores_bwd(dscores, scores, kind, eps, dlogits, routing_ops::SerialRows{});
+  routing_ops::scores_bwd(dscores, scores, kind, eps, dlogits, routing_ops::SerialRows{}, routing_ops::RefScoreRows{});
 }
 
 void router_topk(const Tensor& scores, const Tensor& bias, int64_t n_group, int64_t topk_group, const Tensor& expert_idx) {
