@@ -82,8 +82,9 @@ constexpr int64_t kPadRows = 16;
 // added to dw, rather than by the primitive's own accumulate (its sum post-op), when the tile
 // fits kStagedSumBytes (no more than the forward's staged tiles, kRowTile x kMaxStagedColTile
 // floats). Where dw is cold (every expert's dw, a step's first touch) the post-op's reads of
-// the old C stall the micro-kernel: 58% -> 74% of the fp32 peak at olmoe_compat's expert
-// shape (docs/PERFORMANCE.md). The same sum, C_old + product, in the same one rounding.
+// the old C stall the micro-kernel: 57 -> 67% of the fp32 peak, 53 -> 71% of bf16's, at
+// olmoe_compat's expert shape (docs/PERFORMANCE.md). The same sum, C_old + product, in the same
+// one rounding.
 constexpr int64_t kStagedSumBytes = kRowTile * kMaxStagedColTile * 4;
 bool staged_sum(int64_t band, int64_t k) { return band * k * 4 <= kStagedSumBytes; }
 
@@ -151,9 +152,9 @@ struct Item {
   // Padded rows (grouped forward / data gradient): the primitive computes c_pad_rows >= c_rows
   // rows into the staging buffer; only the first c_rows are copied out.
   int64_t c_pad_rows = 0;
-  // Summed C (weight gradients): each call computes its product, c_sum_rows x c_sum_cols, into the
-  // dense staging buffer, which is then added to C (leading dimension c_sum_cols): see kStagedSum.
-  int64_t c_sum_rows = 0, c_sum_cols = 0;
+  // Summed C (weight gradients): each call computes its product, c_sum contiguous floats of C,
+  // into the dense staging buffer, which is then added to C: see kStagedSumBytes.
+  int64_t c_sum = 0;
   double cost = 0;  // for ordering: proportional to the flops
   int64_t seq = 0;  // position in the plan: breaks cost ties
 };
@@ -210,10 +211,10 @@ void run_item(const Item& it, int thread) {
       copy_block(a, it.a_ld, static_cast<char*>(st.a.data()), it.a_cols, rows, it.a_cols, it.es);
       ap = st.a.data();
     }
-    if (it.c_sum_rows) {
+    if (it.c_sum) {
       float* prod = static_cast<float*>(st.c.data());
       gemm::execute(p, ap, b, prod, thread);
-      add_block(prod, c, it.c_sum_rows * it.c_sum_cols);
+      add_block(prod, c, it.c_sum);
     } else {
       gemm::execute(p, ap, b, c, thread);
     }
@@ -244,7 +245,7 @@ void run_items(std::vector<Item>& list) {
     const int64_t a_rows = std::max({it.nfull > 0 ? it.chunk : 0, it.mid_rows, it.tail_rows});
     a_bytes = std::max(a_bytes, static_cast<size_t>(a_rows * it.a_cols) * it.es);
     c_bytes = std::max(c_bytes, static_cast<size_t>(std::max(it.c_rows, it.c_pad_rows) * it.c_cols) * sizeof(float));
-    c_bytes = std::max(c_bytes, static_cast<size_t>(it.c_sum_rows * it.c_sum_cols) * sizeof(float));
+    c_bytes = std::max(c_bytes, static_cast<size_t>(it.c_sum) * sizeof(float));
   }
   const int threads = omp_get_max_threads();
   gemm::prepare_threads(threads, scratch);
@@ -288,9 +289,9 @@ Desc bwd_data_desc(DType t, int64_t m, int64_t n, int64_t k, bool acc) {
   return {t, Trans::kN, Trans::kN, m, k, n, n, k, k, acc};
 }
 // A band of `band` rows of dw(n,k) += dy^T x over `rows` rows, with dy's column block packed
-// densely: A stored (rows, band), transposed.
-Desc weight_desc(DType t, int64_t band, int64_t k, int64_t rows, bool staged) {
-  return {t, Trans::kT, Trans::kN, band, k, rows, band, k, k, !staged};
+// densely: A stored (rows, band), transposed. Accumulating unless the tile's sum is staged.
+Desc weight_desc(DType t, int64_t band, int64_t k, int64_t rows) {
+  return {t, Trans::kT, Trans::kN, band, k, rows, band, k, k, !staged_sum(band, k)};
 }
 
 // Forward or data gradient of a whole dense GEMM `d` (ta = kN) on a, b, c. Column tiles of the
@@ -378,10 +379,7 @@ Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k,
   it.es = es;
   it.a_cols = band;
   it.a_ld = n;
-  if (staged_sum(band, k)) {
-    it.c_sum_rows = band;
-    it.c_sum_cols = k;
-  }
+  if (staged_sum(band, k)) it.c_sum = band * k;  // dw rows [i0, i0+band), full width: contiguous
   return it;
 }
 
@@ -395,11 +393,11 @@ void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const
     const int64_t b = std::min(band, n - i0);
     Item it =
         weight_tile(static_cast<const char*>(dy), static_cast<const char*>(x), dw, n, k, i0, b, es);
-    it.full = gemm::primitive(weight_desc(t, b, k, chunk, staged_sum(b, k)));
+    it.full = gemm::primitive(weight_desc(t, b, k, chunk));
     it.nfull = m / chunk;
     it.chunk = chunk;
     if (tail) {
-      it.tail = gemm::primitive(weight_desc(t, b, k, tail, staged_sum(b, k)));
+      it.tail = gemm::primitive(weight_desc(t, b, k, tail));
       it.tail_rows = tail;
     }
     it.cost = static_cast<double>(m) * static_cast<double>(b) * static_cast<double>(k);
@@ -417,7 +415,7 @@ void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const vo
   for (int64_t i0 = 0; i0 < n; i0 += band) {
     const Primitive* const*& f = fams[i0 + band >= n];
     if (!f)
-      f = gemm::family(weight_desc(t, std::min(band, n - i0), k, 0, staged_sum(std::min(band, n - i0), k)), /*vary_k=*/true, kGroupRows,
+      f = gemm::family(weight_desc(t, std::min(band, n - i0), k, 0), /*vary_k=*/true, kGroupRows,
                        kGroupChunk);
   }
   // Expert-major: consecutive items share the expert's rows of dy and x (kept in order by the
@@ -469,8 +467,7 @@ std::string gemm_impl_info(GemmOp op, DType dtype, int64_t m, int64_t n, int64_t
   // The first (largest) tile of the plan the op would run.
   Desc d;
   if (op == GemmOp::kBackwardWeight) {
-    const int64_t band = band_rows(n, kMinWeightBand, kWeightBand);
-    d = weight_desc(dtype, band, k, std::min(m, kWeightChunk), staged_sum(band, k));
+    d = weight_desc(dtype, band_rows(n, kMinWeightBand, kWeightBand), k, std::min(m, kWeightChunk));
   } else {
     const bool fwd = op == GemmOp::kForward;
     d = fwd ? fwd_desc(dtype, m, n, k, false) : bwd_data_desc(dtype, m, n, k, false);

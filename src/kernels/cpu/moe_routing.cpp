@@ -141,8 +141,9 @@ struct VectorScoreRows {
   }
 };
 
-// dz += g exp(z - lse), g = grad_scale * 2 lse / tokens.
-template <class T> void z_loss_grad_row(const T* z, T lse, T g, int64_t E, T* dz) {
+// dz += grad_scale * d (lse^2 / tokens) / dz (routing_rows::z_loss_grad, vectorized).
+template <class T> void z_loss_grad_row(const T* z, T lse, double grad_scale, int64_t tokens, int64_t E, T* dz) {
+  const T g = static_cast<T>(grad_scale) * T(2) * lse / static_cast<T>(tokens);
 #pragma omp simd
   for (int64_t e = 0; e < E; ++e) dz[e] += g * elem::fast_exp(z[e] - lse);
 }
@@ -404,7 +405,7 @@ void router_z_loss(const Tensor& logits, double value_scale, double grad_scale, 
       for (int64_t t = ch * kChunk; t < std::min(T, (ch + 1) * kChunk); ++t) {
         const F lse = log_sum_exp_row(z + t * E, E);
         acc += static_cast<double>(lse) * static_cast<double>(lse);
-        if (dz) z_loss_grad_row(z + t * E, lse, static_cast<F>(grad_scale) * F(2) * lse / static_cast<F>(T), E, dz + t * E);
+        if (dz) z_loss_grad_row(z + t * E, lse, grad_scale, T, E, dz + t * E);
       }
       partial[ch] = acc;
     }
