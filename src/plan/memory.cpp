@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "kernels/cpu_memory.h"
 #include "kernels/cuda_memory.h"
 #include "model/activations.h"
 #include "model/params.h"
@@ -90,6 +91,9 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
     auto pack = [&](double row) { return 2 * T * row + 64 + 4 * Bm * Sp * row; };
     m.kernel_scratch = 2 * pack(Ha) + 2 * pack(Ga);
   }
+  // The cpu attention backward's store of score-gradient tiles and its row sums (kernels/cpu_memory.h).
+  if (held_layers > 0)
+    m.kernel_scratch += static_cast<double>(cpu_attention_backward_bytes(micro_batch, c.n_heads, c.n_kv_heads, seq_len));
   // The cpu MXFP8 GEMMs' grow-only bf16 operands (kernels/cpu/mxfp8.cpp), one pair per process:
   // the widest row operand, experts (Rx, max(D,F)) or attention (T, max(D,H*hd)), and the widest
   // weight, one layer's local experts (El, F, D) or a projection (max(H,G)*hd, D).

@@ -4,6 +4,8 @@
 // run the same planning code; and the plan's sizes against shapes worked out by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -109,6 +111,22 @@ TEST(MemoryEstimate, CudaCountsTheBackendsBuffersAndCudnnAttention) {
   EXPECT_EQ(estimate_memory(c).backend_buffers, (16 + 32) * 1048576.0);
   ::unsetenv("MOE_CUDA_SCRATCH_MB");
   EXPECT_NE(format_memory(bf16).find("cuda: scratch, cuBLASLt, cuDNN attention"), std::string::npos);
+}
+
+// The cpu attention backward's buffers: its store of score-gradient tiles (a round of as many
+// (batch, kv head) pairs as 16 MiB holds, each H/G heads x the causal tile pairs x 64 x 64
+// floats) and D = rowsum(dO * O), B*H*S floats; with the store off, D alone.
+TEST(MemoryEstimate, CpuCountsTheAttentionBackwardsStore) {
+  ::unsetenv("MOE_CPU_ATTENTION_STORE_MB");
+  Config c = parse_config("", {"train.micro_batch_size=2", "train.batch_size=4", "train.seq_len=100"});
+  const int64_t B = 2, S = 100, H = c.model.n_heads, G = c.model.n_kv_heads;
+  const double pair = static_cast<double>(H / G) * 3 /* tile pairs of 2 tiles */ * 64 * 64 * 4;
+  const double pairs = std::min(static_cast<double>(B * G), std::floor(16 * 1048576.0 / pair));
+  const double D = 4.0 * static_cast<double>(B * H * S);
+  EXPECT_EQ(estimate_memory(c).kernel_scratch, pairs * pair + D);
+  ::setenv("MOE_CPU_ATTENTION_STORE_MB", "0", 1);
+  EXPECT_EQ(estimate_memory(c).kernel_scratch, D);
+  ::unsetenv("MOE_CPU_ATTENTION_STORE_MB");
 }
 
 TEST(MemoryEstimate, FormatsBytesAndGiB) {

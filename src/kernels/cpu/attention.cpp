@@ -19,9 +19,13 @@
 //   pass 0: D = rowsum(dO * O)                            parallel over (batch, position)
 //   pass 1: dk, dv, parallel over (batch, kv head, key tile), looping over the group's query heads
 //           and then query tiles in a fixed order; scores recomputed from q, k and lse.
-//   pass 2: dq, parallel over (batch, head, query tile), looping over key tiles; recomputes the
-//           scores and dp (7 tile matmuls in all instead of 5: the price of no atomics).
-// So results are bitwise identical for any thread count.
+//           Each tile's ds is also kept, transposed, in a store (kernels/cpu_memory.h).
+//   pass 2: dq, parallel over (batch, head, query tile), looping over key tiles: dq^T += k^T ds
+//           from the store (5 tile products in all, as the FLOP count says). Where one (batch,
+//           kv head) pair's tiles exceed the store's bound, pass 2 recomputes the scores and dp
+//           instead (7 products: the price of no atomics); the passes run for as many pairs at a
+//           time as the store holds.
+// So results are bitwise identical for any thread count (and store size).
 // Intra-document masking (doc_start given): key tiles wholly before every query's document are
 // skipped, and inside a tile keys before a query's document start are masked to -inf like the
 // causal ones. Work items are scheduled dynamically,
@@ -33,6 +37,7 @@
 
 #include "core/buffer.h"
 #include "kernels/checks/attention_checks.h"
+#include "kernels/cpu_memory.h"
 #include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/attention_simd.h"
 #include "kernels/cpu/attention_tiles.h"
@@ -62,6 +67,11 @@ struct Dims {
 };
 
 constexpr int64_t kMaxHd = 4096;  // the largest head dim the kernels take
+static_assert(kCpuAttentionTile == kTile, "the memory estimate's tile is the kernels' tile");
+
+// The store's tiles of one query head: tile pair (qt, kt <= qt), keys x queries.
+int64_t tile_pairs(int64_t tiles) { return tiles * (tiles + 1) / 2; }
+size_t stored_tile(int64_t qt, int64_t kt) { return static_cast<size_t>(qt * (qt + 1) / 2 + kt) * kTile * kTile; }
 
 Dims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
   MOE_CHECK(q.dtype != DType::kF64, "cpu backend does not support f64 (", op,
@@ -188,11 +198,12 @@ void forward_tile(const Dims& d, typename P::Operand q, typename P::Operand k, t
 }
 
 // ------------------------------------------------------------------ backward
-// Pass 1: dk and dv of key tile kt of kv head g, summed over the group's query heads in order.
+// Pass 1: dk and dv of key tile kt of kv head g, summed over the group's query heads in order;
+// with ds_store (the pair's tiles), each tile's ds kept for pass 2.
 template <class P, bool kDoc>
 void backward_kv_tile(const Dims& d, typename P::Operand dout, typename P::Operand q, typename P::Operand k,
                       typename P::Operand v, const float* lse, const float* D, float* dk, float* dv,
-                      int64_t b, int64_t g, int64_t kt, float* ws) {
+                      int64_t b, int64_t g, int64_t kt, float* ds_store, float* ws) {
   const int hd = d.hd;
   const int64_t k0 = kt * kTile;
   const int nk = static_cast<int>(std::min<int64_t>(kTile, d.S - k0));
@@ -238,6 +249,10 @@ void backward_kv_tile(const Dims& d, typename P::Operand dout, typename P::Opera
           vstore(dps, vmul(p, vsub(vload(dps), Di)));
         }
       }
+      if (ds_store)  // keys x queries, query lanes past nq zero, as pass 2's accumulate reads it
+        pack_transposed(ds_tile, kTile, nq, nk, 1.0f,
+                        ds_store + static_cast<size_t>(h - g * d.rep()) * tile_pairs(d.tiles()) * kTile * kTile +
+                            stored_tile(q0 / kTile, kt));
       P::accum(dout + qoff, d.qstride(), nq, p_tile, hd, dv_panel, nullptr, tri, extra);  // dv^T += dO^T p
       P::accum(q + qoff, d.qstride(), nq, ds_tile, hd, dk_panel, nullptr, tri, extra);    // dk^T += q^T ds
     }
@@ -248,7 +263,33 @@ void backward_kv_tile(const Dims& d, typename P::Operand dout, typename P::Opera
   unpack_transposed(dv_panel, nk, hd, mul, dv + kvoff, d.kstride());
 }
 
-// Pass 2: dq of query tile qt of head h, summed over key tiles in order.
+// Pass 2 from the store: dq of query tile qt of head h, summed over key tiles in order, from the
+// head's tiles of ds (ds_head). Pass 1 wrote every tile read here: it skips a key tile only
+// when every query's first key is past it, and so does first_key_tile.
+template <class P, bool kDoc>
+void backward_q_tile_stored(const Dims& d, typename P::Operand k, float* ds_head, float* dq, int64_t b,
+                            int64_t h, int64_t qt, float* ws) {
+  const int hd = d.hd;
+  const int64_t g = h / d.rep(), q0 = qt * kTile;
+  const int nq = static_cast<int>(std::min<int64_t>(kTile, d.S - q0));
+  float* dq_panel = ws;                 // hd x kTile: dq^T / scale
+  float* extra = ws + tile_floats(hd);  // the product policy's packing area
+  std::fill(dq_panel, dq_panel + hd * kTile, 0.0f);
+  float ds_lanes[kTile];
+  const int64_t kfirst = kDoc ? first_key_tile(d, b, q0, nq, ds_lanes) : 0;
+  for (int64_t k0 = kfirst; k0 < q0 + nq; k0 += kTile) {
+    const int nk = static_cast<int>(std::min<int64_t>(kTile, d.S - k0));
+    const Tri tri = k0 == q0 ? kUpper : kFull;  // as in the forward
+    // RoundedProducts rounds the tile in place: this is its only reader.
+    float* ds = ds_head + stored_tile(qt, k0 / kTile);
+    P::accum(k + ((b * d.S + k0) * d.G + g) * hd, d.kstride(), nk, ds, hd, dq_panel, nullptr, tri, extra);
+  }
+  float mul[kTile];
+  std::fill(mul, mul + kTile, 1.0f / std::sqrt(static_cast<float>(hd)));
+  unpack_transposed(dq_panel, nq, hd, mul, dq + ((b * d.S + q0) * d.H + h) * hd, d.qstride());
+}
+
+// Pass 2 recomputing: dq of query tile qt of head h, summed over key tiles in order.
 template <class P, bool kDoc>
 void backward_q_tile(const Dims& d, typename P::Operand dout, typename P::Operand q, typename P::Operand k,
                      typename P::Operand v, const float* lse, const float* D, float* dq, int64_t b,
@@ -360,30 +401,53 @@ void run_forward(const Dims& d, typename P::Operand q, typename P::Operand k, ty
   }
 }
 
-// Passes 1 and 2 of the backward (D from pass 0).
+// Grow-only buffer on the calling thread for the store of ds tiles.
+float* store_buffer(size_t floats) {
+  thread_local Buffer buf;
+  if (buf.bytes() < floats * sizeof(float)) buf = Buffer(floats * sizeof(float));
+  return static_cast<float*>(buf.data());
+}
+
+// Passes 1 and 2 of the backward (D from pass 0), for as many (batch, kv head) pairs at a time as
+// the store holds (all of them in one round when it holds none: pass 2 then recomputes).
 template <class P>
 void run_backward(const Dims& d, typename P::Operand dout, typename P::Operand q, typename P::Operand k,
                   typename P::Operand v, const float* lse, const float* D, float* dq, float* dk,
                   float* dv) {
-  const int64_t nt = d.tiles();
+  const int64_t nt = d.tiles(), pairs = d.B * d.G, rep = d.rep();
+  const int64_t per_round = cpu_attention_store_pairs(d.B, d.H, d.G, d.S);
+  const size_t pair_floats = static_cast<size_t>(rep * tile_pairs(nt)) * kTile * kTile;
+  float* store = per_round > 0 ? store_buffer(static_cast<size_t>(per_round) * pair_floats) : nullptr;
+  for (int64_t p0 = 0; p0 < pairs; p0 += store ? per_round : pairs) {
+    const int64_t np = store ? std::min(per_round, pairs - p0) : pairs;
 #pragma omp parallel
-  {
-    float* ws = thread_scratch(scratch_floats(d.hd));
-    // Pass 1: dk, dv. Item (kt, b, g); the first key tiles see the most query tiles: first.
-    const int64_t bg = d.B * d.G;
+    {
+      float* ws = thread_scratch(scratch_floats(d.hd));
+      // Pass 1: dk, dv. Item (kt, pair); the first key tiles see the most query tiles: first.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < nt * bg; ++item) {
-      const int64_t kt = item / bg, r = item % bg;
-      if (d.doc) backward_kv_tile<P, true>(d, dout, q, k, v, lse, D, dk, dv, r / d.G, r % d.G, kt, ws);
-      else backward_kv_tile<P, false>(d, dout, q, k, v, lse, D, dk, dv, r / d.G, r % d.G, kt, ws);
-    }
-    // Pass 2: dq. Item (qt, b, h); the last query tiles see the most key tiles: first.
-    const int64_t bh = d.B * d.H;
+      for (int64_t item = 0; item < nt * np; ++item) {
+        const int64_t kt = item / np, u = item % np, b = (p0 + u) / d.G, g = (p0 + u) % d.G;
+        float* ds = store ? store + static_cast<size_t>(u) * pair_floats : nullptr;
+        if (d.doc) backward_kv_tile<P, true>(d, dout, q, k, v, lse, D, dk, dv, b, g, kt, ds, ws);
+        else backward_kv_tile<P, false>(d, dout, q, k, v, lse, D, dk, dv, b, g, kt, ds, ws);
+      }
+      // Pass 2: dq. Item (qt, pair, head of its group); the last query tiles see the most key
+      // tiles: first.
+      const int64_t nh = np * rep;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < nt * bh; ++item) {
-      const int64_t qt = nt - 1 - item / bh, r = item % bh;
-      if (d.doc) backward_q_tile<P, true>(d, dout, q, k, v, lse, D, dq, r / d.H, r % d.H, qt, ws);
-      else backward_q_tile<P, false>(d, dout, q, k, v, lse, D, dq, r / d.H, r % d.H, qt, ws);
+      for (int64_t item = 0; item < nt * nh; ++item) {
+        const int64_t qt = nt - 1 - item / nh, r = item % nh, u = r / rep;
+        const int64_t b = (p0 + u) / d.G, h = (p0 + u) % d.G * rep + r % rep;
+        if (store) {
+          float* ds = store + static_cast<size_t>(r) * (pair_floats / static_cast<size_t>(rep));
+          if (d.doc) backward_q_tile_stored<P, true>(d, k, ds, dq, b, h, qt, ws);
+          else backward_q_tile_stored<P, false>(d, k, ds, dq, b, h, qt, ws);
+        } else if (d.doc) {
+          backward_q_tile<P, true>(d, dout, q, k, v, lse, D, dq, b, h, qt, ws);
+        } else {
+          backward_q_tile<P, false>(d, dout, q, k, v, lse, D, dq, b, h, qt, ws);
+        }
+      }
     }
   }
 }
