@@ -113,17 +113,24 @@ TEST(MemoryEstimate, CudaCountsTheBackendsBuffersAndCudnnAttention) {
   EXPECT_NE(format_memory(bf16).find("cuda: scratch, cuBLASLt, cuDNN attention"), std::string::npos);
 }
 
-// The cpu attention backward's buffers: its store of score-gradient tiles (a round of as many
-// (batch, kv head) pairs as 16 MiB holds, each H/G heads x the causal tile pairs x 64 x 64
-// floats) and D = rowsum(dO * O), B*H*S floats; with the store off, D alone.
+// The cpu attention backward's buffers: its store of score-gradient tiles (rounds of (batch, kv
+// head) pairs, as few as 16 MiB allows, evenly filled; a pair is H/G heads x the causal tile pairs
+// // x 64 x 64 floats) and D = rowsum(dO * O), B*H*S floats; with the store off, D alone.
 TEST(MemoryEstimate, CpuCountsTheAttentionBackwardsStore) {
   ::unsetenv("MOE_CPU_ATTENTION_STORE_MB");
   Config c = parse_config("", {"train.micro_batch_size=2", "train.batch_size=4", "train.seq_len=100"});
   const int64_t B = 2, S = 100, H = c.model.n_heads, G = c.model.n_kv_heads;
   const double pair = static_cast<double>(H / G) * 3 /* tile pairs of 2 tiles */ * 64 * 64 * 4;
-  const double pairs = std::min(static_cast<double>(B * G), std::floor(16 * 1048576.0 / pair));
+  const double fit = std::min(static_cast<double>(B * G), std::floor(16 * 1048576.0 / pair));
+  const double pairs = std::ceil(static_cast<double>(B * G) / std::ceil(static_cast<double>(B * G) / fit));
   const double D = 4.0 * static_cast<double>(B * H * S);
   EXPECT_EQ(estimate_memory(c).kernel_scratch, pairs * pair + D);
+  // The default model: 8 heads, 4 kv heads: 8 pairs of 2 x 3 tiles (96 KiB). 0.52 MiB fits 5:
+  // 2 rounds of 4.
+  ASSERT_EQ(B * G, 8);
+  ASSERT_EQ(pair, 98304.0);
+  ::setenv("MOE_CPU_ATTENTION_STORE_MB", "0.52", 1);
+  EXPECT_EQ(estimate_memory(c).kernel_scratch, 4 * pair + D);
   ::setenv("MOE_CPU_ATTENTION_STORE_MB", "0", 1);
   EXPECT_EQ(estimate_memory(c).kernel_scratch, D);
   ::unsetenv("MOE_CPU_ATTENTION_STORE_MB");
