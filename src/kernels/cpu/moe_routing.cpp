@@ -5,10 +5,15 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/checks/routing_checks.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -60,14 +65,12 @@ template <class T> void topk_row_by_selection(const T* sel, int64_t E, int64_t K
 // displaces an earlier one. Without NaNs that is exactly the repeated selection's sequence; a
 // row holding a NaN is handed to it.
 constexpr int64_t kTopkInsertMax = 16;
-template <class T> void topk_row(const T* sel, int64_t E, int64_t K, int32_t* out) {
-  if (K > kTopkInsertMax) return topk_row_by_selection(sel, E, K, out);
+template <class T> struct TopkInsert {
   T best[kTopkInsertMax];
   int64_t n = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const T x = sel[e];
-    if (x != x) return topk_row_by_selection(sel, E, K, out);
-    if (n == K && !(x > best[K - 1])) continue;
+  // Expert e with score x, in index order.
+  void offer(T x, int64_t e, int64_t K, int32_t* out) {
+    if (n == K && !(x > best[K - 1])) return;
     int64_t j = n < K ? n++ : K - 1;  // the slot freed: the end, or the K-th (dropped)
     for (; j > 0 && x > best[j - 1]; --j) {
       best[j] = best[j - 1];
@@ -76,7 +79,60 @@ template <class T> void topk_row(const T* sel, int64_t E, int64_t K, int32_t* ou
     best[j] = x;
     out[j] = static_cast<int32_t>(e);
   }
+};
+template <class T> void topk_row_scalar(const T* sel, int64_t E, int64_t K, int32_t* out) {
+  if (K > kTopkInsertMax) return topk_row_by_selection(sel, E, K, out);
+  TopkInsert<T> top;
+  for (int64_t e = 0; e < E; ++e) {
+    const T x = sel[e];
+    if (x != x) return topk_row_by_selection(sel, E, K, out);
+    top.offer(x, e, K, out);
+  }
 }
+template <class T> void topk_row(const T* sel, int64_t E, int64_t K, int32_t* out) { topk_row_scalar(sel, E, K, out); }
+#if defined(__AVX512F__)
+// fp32 rows, 16 experts at a time: a block's experts not above the K-th so far are skipped
+// unseen (the K-th only rises, so the sequential loop would skip them too); the others are
+// inserted in index order, the K best held in registers (values and indices, lane j the j-th)
+// and an insertion made without branches: position = how many held values are >= the new one
+// (equal values keep the earlier expert first), the lanes after it shifted by one. The same
+// sequence of insertions as the scalar loop, so the same result, bit for bit.
+template <> void topk_row<float>(const float* sel, int64_t E, int64_t K, int32_t* out) {
+  if (K > kTopkInsertMax || E <= K) return topk_row_scalar(sel, E, K, out);
+  __mmask16 nan = 0;
+  for (int64_t e = 0; e < E; e += 16) {
+    const __mmask16 live = E - e >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (E - e)) - 1u);
+    const __m512 x = _mm512_maskz_loadu_ps(live, sel + e);
+    nan |= _mm512_mask_cmp_ps_mask(live, x, x, _CMP_UNORD_Q);
+  }
+  if (nan) return topk_row_by_selection(sel, E, K, out);
+  TopkInsert<float> top;
+  for (int64_t e = 0; e < K; ++e) top.offer(sel[e], e, K, out);
+  const __mmask16 held = static_cast<__mmask16>((1u << K) - 1u);
+  const __m512i back = _mm512_set_epi32(14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0);  // lane j <- j-1
+  __m512 bv = _mm512_maskz_loadu_ps(held, top.best);
+  __m512i iv = _mm512_maskz_loadu_epi32(held, out);
+  float kth = top.best[K - 1];
+  for (int64_t e = K; e < E; e += 16) {
+    const __mmask16 live = E - e >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (E - e)) - 1u);
+    const __m512 xv = _mm512_maskz_loadu_ps(live, sel + e);
+    uint32_t above = _mm512_mask_cmp_ps_mask(live, xv, _mm512_set1_ps(kth), _CMP_GT_OQ);
+    for (; above; above &= above - 1) {
+      const int64_t i = e + std::countr_zero(above);
+      const float x = sel[i];
+      if (!(x > kth)) continue;
+      const __m512 xs = _mm512_set1_ps(x);
+      const int pos = std::popcount(static_cast<uint32_t>(_mm512_mask_cmp_ps_mask(held, bv, xs, _CMP_GE_OQ)));
+      const __mmask16 after = static_cast<__mmask16>(held & ~((2u << pos) - 1u)), at = static_cast<__mmask16>(1u << pos);
+      bv = _mm512_mask_mov_ps(_mm512_mask_permutexvar_ps(bv, after, back, bv), at, xs);
+      iv = _mm512_mask_mov_epi32(_mm512_mask_permutexvar_epi32(iv, after, back, iv), at,
+                                 _mm512_set1_epi32(static_cast<int>(i)));
+      kth = _mm512_cvtss_f32(_mm512_mask_permutexvar_ps(bv, 1, _mm512_set1_epi32(static_cast<int>(K - 1)), bv));
+    }
+  }
+  _mm512_mask_storeu_epi32(out, held, iv);
+}
+#endif
 
 // routing_ops' loop of rows: split over the OpenMP threads, each with its own scratch.
 struct ParallelRows {
