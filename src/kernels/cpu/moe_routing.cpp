@@ -12,7 +12,17 @@
 #include <vector>
 
 #if defined(__AVX512F__)
+// GCC 12's false -W(maybe-)uninitialized inside avx512fintrin.h (see attention_simd.h): the
+// state must be set before the header is read.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
 #endif
 
 #include "kernels/checks/routing_checks.h"
@@ -91,46 +101,46 @@ template <class T> void topk_row_scalar(const T* sel, int64_t E, int64_t K, int3
 }
 template <class T> void topk_row(const T* sel, int64_t E, int64_t K, int32_t* out) { topk_row_scalar(sel, E, K, out); }
 #if defined(__AVX512F__)
-// fp32 rows, 16 experts at a time: a block's experts not above the K-th so far are skipped
-// unseen (the K-th only rises, so the sequential loop would skip them too); the others are
-// inserted in index order, the K best held in registers (values and indices, lane j the j-th)
-// and an insertion made without branches: position = how many held values are >= the new one
-// (equal values keep the earlier expert first), the lanes after it shifted by one. The same
-// sequence of insertions as the scalar loop, so the same result, bit for bit.
+// fp32 rows of up to 256 experts, 16 at a time. The K-th largest of the 16 lane maxima (lane l:
+// experts l, l+16, ...) is a lower bound of the row's K-th largest value (those K maxima are K
+// of the row's experts), so every expert of the top K is >= it: only those candidates, in index
+// order, go through the insertion loop, whose choice among them is the choice among the whole
+// row (the K best by value, then by lower index). The same result, bit for bit.
 template <> void topk_row<float>(const float* sel, int64_t E, int64_t K, int32_t* out) {
-  if (K > kTopkInsertMax || E <= K) return topk_row_scalar(sel, E, K, out);
+  constexpr int64_t kMaxE = 256;
+  if (K > kTopkInsertMax || E <= K || E > kMaxE) return topk_row_scalar(sel, E, K, out);
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __mmask16 nan = 0;
+  __m512 lane_max = ninf;
   for (int64_t e = 0; e < E; e += 16) {
     const __mmask16 live = E - e >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (E - e)) - 1u);
-    const __m512 x = _mm512_maskz_loadu_ps(live, sel + e);
+    const __m512 x = _mm512_mask_loadu_ps(ninf, live, sel + e);
     nan |= _mm512_mask_cmp_ps_mask(live, x, x, _CMP_UNORD_Q);
+    lane_max = _mm512_mask_max_ps(lane_max, live, lane_max, x);
   }
   if (nan) return topk_row_by_selection(sel, E, K, out);
-  TopkInsert<float> top;
-  for (int64_t e = 0; e < K; ++e) top.offer(sel[e], e, K, out);
-  const __mmask16 held = static_cast<__mmask16>((1u << K) - 1u);
-  const __m512i back = _mm512_set_epi32(14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0);  // lane j <- j-1
-  __m512 bv = _mm512_maskz_loadu_ps(held, top.best);
-  __m512i iv = _mm512_maskz_loadu_epi32(held, out);
-  float kth = top.best[K - 1];
-  for (int64_t e = K; e < E; e += 16) {
-    const __mmask16 live = E - e >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (E - e)) - 1u);
-    const __m512 xv = _mm512_maskz_loadu_ps(live, sel + e);
-    uint32_t above = _mm512_mask_cmp_ps_mask(live, xv, _mm512_set1_ps(kth), _CMP_GT_OQ);
-    for (; above; above &= above - 1) {
-      const int64_t i = e + std::countr_zero(above);
-      const float x = sel[i];
-      if (!(x > kth)) continue;
-      const __m512 xs = _mm512_set1_ps(x);
-      const int pos = std::popcount(static_cast<uint32_t>(_mm512_mask_cmp_ps_mask(held, bv, xs, _CMP_GE_OQ)));
-      const __mmask16 after = static_cast<__mmask16>(held & ~((2u << pos) - 1u)), at = static_cast<__mmask16>(1u << pos);
-      bv = _mm512_mask_mov_ps(_mm512_mask_permutexvar_ps(bv, after, back, bv), at, xs);
-      iv = _mm512_mask_mov_epi32(_mm512_mask_permutexvar_epi32(iv, after, back, iv), at,
-                                 _mm512_set1_epi32(static_cast<int>(i)));
-      kth = _mm512_cvtss_f32(_mm512_mask_permutexvar_ps(bv, 1, _mm512_set1_epi32(static_cast<int>(K - 1)), bv));
-    }
+  // Remove the largest K-1 times (one lane each), then the largest left is the K-th.
+  for (int64_t j = 0; j + 1 < K; ++j) {
+    const __mmask16 top = _mm512_cmp_ps_mask(lane_max, _mm512_set1_ps(_mm512_reduce_max_ps(lane_max)), _CMP_EQ_OQ);
+    lane_max = _mm512_mask_mov_ps(lane_max, static_cast<__mmask16>(top & -top), ninf);
   }
-  _mm512_mask_storeu_epi32(out, held, iv);
+  const __m512 bound = _mm512_set1_ps(_mm512_reduce_max_ps(lane_max));
+  alignas(64) float value[kMaxE];
+  alignas(64) int32_t index[kMaxE];
+  int64_t n = 0;
+  const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int64_t e = 0; e < E; e += 16) {
+    const __mmask16 live = E - e >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (E - e)) - 1u);
+    const __m512 x = _mm512_mask_loadu_ps(ninf, live, sel + e);
+    const __mmask16 cand = _mm512_mask_cmp_ps_mask(live, x, bound, _CMP_GE_OQ);
+    _mm512_mask_compressstoreu_ps(value + n, cand, x);
+    _mm512_mask_compressstoreu_epi32(index + n, cand, _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int>(e))));
+    n += std::popcount(static_cast<uint32_t>(cand));
+  }
+  TopkInsert<float> top;
+  int32_t pos[kTopkInsertMax];
+  for (int64_t c = 0; c < n; ++c) top.offer(value[c], c, K, pos);
+  for (int64_t j = 0; j < K; ++j) out[j] = index[pos[j]];
 }
 #endif
 
