@@ -323,6 +323,21 @@ void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offs
   }
 }
 
+namespace {
+// The permutation's rows are read (or written) in another order than they are stored: at E
+// experts a loop over tokens walks E streams of expert rows, more than the hardware prefetchers
+// follow (128 experts: the permute and combine phases +20-30% over 8). Each loop asks for the rows
+// of the iteration kAhead ahead.
+constexpr int64_t kAhead = 4;
+inline void prefetch_row(const void* p, size_t bytes, bool write = false) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t o = 0; o < bytes; o += 64) {
+    if (write) __builtin_prefetch(c + o, 1);
+    else __builtin_prefetch(c + o);
+  }
+}
+}  // namespace
+
 void moe_gather(const Tensor& x, const Tensor& sorted_slot, const Tensor& xs) {
   const PermuteDims dims = check_moe_gather(x, sorted_slot, xs);
   const int64_t D = dims.D, K = dims.K, R = dims.T * K;
@@ -330,6 +345,7 @@ void moe_gather(const Tensor& x, const Tensor& sorted_slot, const Tensor& xs) {
   const int32_t* sorted = sorted_slot.as<int32_t>();
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < R; ++p) {
+    if (p + 2 * kAhead < R) prefetch_row(static_cast<const char*>(x.data) + sorted[p + 2 * kAhead] / K * row, row);
     const int64_t t = sorted[p] / K;
     std::memcpy(static_cast<char*>(xs.data) + p * row, static_cast<const char*>(x.data) + t * row, row);
   }
@@ -346,6 +362,7 @@ void moe_gather_bwd(const Tensor& dxs, const Tensor& slot_pos, const Tensor& dx)
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < K; ++j) {
+        if (t + kAhead < T) prefetch_row(g + pos[(t + kAhead) * K + j] * D, sizeof(F) * static_cast<size_t>(D));
         const F* src = g + pos[t * K + j] * D;
         F* dst = out + t * D;
 #pragma omp simd
@@ -366,6 +383,8 @@ void moe_combine(const Tensor& ys, const Tensor& slot_pos, const Tensor& weights
     F* o = out.as<F>();
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
+      if (t + kAhead < T)
+        for (int64_t j = 0; j < K; ++j) prefetch_row(y + pos[(t + kAhead) * K + j] * D, sizeof(F) * static_cast<size_t>(D));
       F* dst = o + t * D;
       if (!accumulate)
         for (int64_t d = 0; d < D; ++d) dst[d] = 0;
@@ -396,6 +415,11 @@ void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_po
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < K; ++j) {
+        if (t + kAhead < T) {
+          const int64_t q = pos[(t + kAhead) * K + j];
+          prefetch_row(y + q * D, sizeof(Y) * static_cast<size_t>(D));
+          prefetch_row(dy + q * D, sizeof(*dy) * static_cast<size_t>(D), true);
+        }
         const int64_t p = pos[t * K + j];
         const F wt = w[t * K + j];
         F dot = 0;
