@@ -326,8 +326,9 @@ void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offs
 namespace {
 // The permutation's rows are read (or written) in another order than they are stored: at E
 // experts a loop over tokens walks E streams of expert rows, more than the hardware prefetchers
-// follow (128 experts: the permute and combine phases +20-30% over 8). Each loop asks for the rows
-// of the iteration kAhead ahead.
+// follow (128 experts: the permute and combine phases +20-30% over 8). The gather and the two
+// backward loops ask for the rows of the iteration kAhead ahead; the forward combine does not
+// (its prefetch measured 3-20% slower: kernels_bench --benchmark_filter=MoePermute).
 constexpr int64_t kAhead = 4;
 inline void prefetch_row(const void* p, size_t bytes, bool write = false) {
   const char* c = static_cast<const char*>(p);
@@ -383,8 +384,6 @@ void moe_combine(const Tensor& ys, const Tensor& slot_pos, const Tensor& weights
     F* o = out.as<F>();
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
-      if (t + kAhead < T)
-        for (int64_t j = 0; j < K; ++j) prefetch_row(y + pos[(t + kAhead) * K + j] * D, sizeof(F) * static_cast<size_t>(D));
       F* dst = o + t * D;
       if (!accumulate)
         for (int64_t d = 0; d < D; ++d) dst[d] = 0;
