@@ -8,20 +8,7 @@
 #include <cstdint>
 #include <limits>
 
-#if defined(__AVX512F__)
-// GCC 12 raises -W(maybe-)uninitialized inside avx512fintrin.h for intrinsics whose pass-through
-// operand is _mm512_undefined_ps() (max, unpack, shuffle, ...): a known false positive. The state
-// must be set before the header is read, since the warning is located in the header.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#else
-#include <immintrin.h>
-#endif
-#endif
+#include "kernels/cpu/avx512.h"
 
 namespace moe::cpu::attn {
 

@@ -11,21 +11,8 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX512F__)
-// GCC 12's false -W(maybe-)uninitialized inside avx512fintrin.h (see attention_simd.h): the
-// state must be set before the header is read.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#else
-#include <immintrin.h>
-#endif
-#endif
-
 #include "kernels/checks/routing_checks.h"
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/elem_common.h"
 #include "kernels/host/dtype_dispatch.h"
