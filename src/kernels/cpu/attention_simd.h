@@ -157,9 +157,6 @@ inline void transpose16(vf r[16]) {
   }
 }
 
-inline __mmask16 first_lanes(int n) {
-  return n >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << std::max(n, 0)) - 1u);
-}
 
 void pack_transposed(const float* src, int64_t stride, int n, int hd, float mul, float* dst) {
   const vf m = vset1(mul);

@@ -100,7 +100,7 @@ template <> void topk_row<float>(const float* sel, int64_t E, int64_t K, int32_t
   __mmask16 nan = 0;
   __m512 lane_max = ninf;
   for (int64_t e = 0; e < E; e += 16) {
-    const __mmask16 live = E - e >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (E - e)) - 1u);
+    const __mmask16 live = first_lanes(E - e);
     const __m512 x = _mm512_mask_loadu_ps(ninf, live, sel + e);
     nan |= _mm512_mask_cmp_ps_mask(live, x, x, _CMP_UNORD_Q);
     lane_max = _mm512_mask_max_ps(lane_max, live, lane_max, x);
@@ -117,7 +117,7 @@ template <> void topk_row<float>(const float* sel, int64_t E, int64_t K, int32_t
   int64_t n = 0;
   const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   for (int64_t e = 0; e < E; e += 16) {
-    const __mmask16 live = E - e >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (E - e)) - 1u);
+    const __mmask16 live = first_lanes(E - e);
     const __m512 x = _mm512_mask_loadu_ps(ninf, live, sel + e);
     const __mmask16 cand = _mm512_mask_cmp_ps_mask(live, x, bound, _CMP_GE_OQ);
     _mm512_mask_compressstoreu_ps(value + n, cand, x);
@@ -313,16 +313,13 @@ void moe_plan(const Tensor& expert_idx, const Tensor& counts, const Tensor& offs
 namespace {
 // The permutation's rows are read (or written) in another order than they are stored: at E
 // experts a loop over tokens walks E streams of expert rows, more than the hardware prefetchers
-// follow (128 experts: the permute and combine phases +20-30% over 8). The gather and the two
-// backward loops ask for the rows of the iteration kAhead ahead; the forward combine does not
-// (its prefetch measured 3-20% slower: kernels_bench --benchmark_filter=MoePermute).
+// follow (128 experts: the permute and combine phases 10-30% slower than at 8). The gather and
+// the two backward loops ask for the rows of the iteration kAhead ahead; the forward combine does
+// not (its prefetch measured 3-20% slower: kernels_bench --benchmark_filter=MoePermute).
 constexpr int64_t kAhead = 4;
-inline void prefetch_row(const void* p, size_t bytes, bool write = false) {
+template <int kWrite = 0> inline void prefetch_row(const void* p, size_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (size_t o = 0; o < bytes; o += 64) {
-    if (write) __builtin_prefetch(c + o, 1);
-    else __builtin_prefetch(c + o);
-  }
+  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, kWrite);
 }
 }  // namespace
 
@@ -404,7 +401,7 @@ void moe_combine_bwd(const Tensor& dout, const Tensor& ys, const Tensor& slot_po
         if (t + kAhead < T) {
           const int64_t q = pos[(t + kAhead) * K + j];
           prefetch_row(y + q * D, sizeof(Y) * static_cast<size_t>(D));
-          prefetch_row(dy + q * D, sizeof(*dy) * static_cast<size_t>(D), true);
+          prefetch_row<1>(dy + q * D, sizeof(*dy) * static_cast<size_t>(D));
         }
         const int64_t p = pos[t * K + j];
         const F wt = w[t * K + j];
