@@ -67,43 +67,42 @@ def pct(new, old):
 
 
 def steps(args):
-    old, new = args.old, args.new
-    rounds = {old: [], new: []}
+    bins = (args.old, args.new)
+    rounds = ([], [])  # by position, not path: one build against itself is a noise measurement
     for r in range(args.rounds):
-        order = (old, new) if r % 2 == 0 else (new, old)
-        for b in order:
-            cmd = [b, "bench", "--config", args.config]
+        for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+            cmd = [bins[i], "bench", "--config", args.config]
             for kv in args.set:
                 cmd += ["--set", kv]
-            rounds[b].append(parse_steps(run(cmd)))
-        o, n = rounds[old][-1], rounds[new][-1]
+            rounds[i].append(parse_steps(run(cmd)))
+        o, n = rounds[0][-1], rounds[1][-1]
         print(f"round {r + 1}: step {o[0]:.4f} -> {n[0]:.4f} s ({pct(n[0], o[0]):+.1f}%), "
               f"tokens/s {o[1]:.0f} -> {n[1]:.0f} ({pct(n[1], o[1]):+.1f}%)", flush=True)
-    changes = [pct(n[1], o[1]) for o, n in zip(rounds[old], rounds[new])]
+    changes = [pct(n[1], o[1]) for o, n in zip(rounds[0], rounds[1])]
     print(f"tokens/s, paired by round: median {statistics.median(changes):+.1f}% "
           f"(rounds {min(changes):+.1f} .. {max(changes):+.1f}%), {args.rounds} rounds")
-    phases = [p for p in rounds[old][0][2] if rounds[old][0][2][p] > 0.5]
+    phases = [p for p in rounds[0][0][2] if rounds[0][0][2][p] > 0.5]
     print(f"{'phase':14s} {'old ms':>9s} {'new ms':>9s} {'change':>8s}   (medians of the rounds)")
     for p in phases:
-        o = statistics.median(x[2].get(p, 0.0) for x in rounds[old])
-        n = statistics.median(x[2].get(p, 0.0) for x in rounds[new])
+        o = statistics.median(x[2].get(p, 0.0) for x in rounds[0])
+        n = statistics.median(x[2].get(p, 0.0) for x in rounds[1])
         print(f"{p:14s} {o:9.2f} {n:9.2f} {pct(n, o):+7.1f}%")
 
 
 def kernels(args):
-    old, new = args.old, args.new
-    res = {old: {}, new: {}}
+    bins = (args.old, args.new)
+    res = ({}, {})  # by position, as in steps()
     for r in range(args.rounds):
-        for b in ((old, new) if r % 2 == 0 else (new, old)):
-            for name, vals in parse_kernels(run([b, f"--benchmark_filter={args.kernels}", "--benchmark_repetitions=3"])).items():
-                res[b].setdefault(name, []).extend(vals)
-    names = [n for n in res[old] if n in res[new]]
+        for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+            for name, vals in parse_kernels(run([bins[i], f"--benchmark_filter={args.kernels}", "--benchmark_repetitions=3"])).items():
+                res[i].setdefault(name, []).extend(vals)
+    names = [n for n in res[0] if n in res[1]]
     if not names:
         sys.exit(f"ab_bench: no benchmark matched {args.kernels!r} in both binaries")
     for name in names:
-        unit = res[old][name][0][0]
-        o = [v for _, v in res[old][name]]
-        n = [v for _, v in res[new][name]]
+        unit = res[0][name][0][0]
+        o = [v for _, v in res[0][name]]
+        n = [v for _, v in res[1][name]]
         best = max if unit == "GFLOP/s" else min
         what = "" if unit == "GFLOP/s" else " (time: lower is better)"
         print(f"{name.replace('BM_', ''):64s} {unit}{what}: old best {best(o):9.2f} median {statistics.median(o):9.2f} | "
@@ -111,7 +110,7 @@ def kernels(args):
 
 
 FAKE_BENCH = """#!/bin/sh
-# A stand-in for moecore bench: the step time comes from the file named by $1's sibling.
+# A stand-in for moecore bench: its step time is in the file beside it, <its name>.time.
 t=$(cat "$(dirname "$0")/$(basename "$0").time")
 echo "step time: median $t s, mean $t s"
 echo "tokens/s (median): $(python3 -c "print(int(2048/$t))")"
@@ -149,6 +148,12 @@ def self_test():
         # 2048/0.5 = 4096 -> 2048/0.4 = 5120 tokens/s: +25.0%; attention 200 -> 160 ms: -20.0%.
         assert "median +25.0% (rounds +25.0 .. +25.0%), 3 rounds" in out, out
         assert re.search(r"attention\s+200.00\s+160.00\s+-20.0%", out), out
+        # One build against itself (the same path twice) must still pair the round's two runs:
+        # this one alternates 0.5 and 0.625 s, so the rounds are -20% and +25%.
+        flip = make("flip", FAKE_BENCH.replace('t=$(cat', 'n=$(($(cat "$0.n" 2>/dev/null || echo 0) + 1)); echo $n > "$0.n"\n'
+                                                 't=$([ $((n % 2)) = 1 ] && echo 0.5 || echo 0.625) #'), "", "time")
+        out = run([sys.executable, me, "--rounds", "2", "--config", "x.toml", flip, flip])
+        assert "(rounds -20.0 .. +25.0%), 2 rounds" in out, out
         ko = make("kold", FAKE_KERNELS, "400", "gflops")
         kn = make("knew", FAKE_KERNELS, "500", "gflops")
         out = run([sys.executable, me, "--kernels", "Gemm", "--rounds", "2", ko, kn])
