@@ -74,7 +74,7 @@ void BM_GemmLinear(benchmark::State& st) {
   auto run = [&] {
     if (op == kFwd) cpu::linear_fwd(x, w, y, false);
     if (op == kBwdData) cpu::linear_bwd_data(dy, w, dx, false);
-    if (op == kBwdWeight) cpu::linear_bwd_weight(dy, x, dw);
+    if (op == kBwdWeight) cpu::linear_bwd_weight(dy, x, dw, true);
   };
   run();  // creates the primitives
   for (auto _ : st) run();
@@ -132,7 +132,7 @@ void BM_GemmGrouped(benchmark::State& st) {
   auto run = [&] {
     if (op == kFwd) cpu::grouped_linear_fwd(x, w, off, y);
     if (op == kBwdData) cpu::grouped_linear_bwd_data(dy, w, off, dx);
-    if (op == kBwdWeight) cpu::grouped_linear_bwd_weight(dy, x, off, dw);
+    if (op == kBwdWeight) cpu::grouped_linear_bwd_weight(dy, x, off, dw, true);
   };
   run();
   for (auto _ : st) run();

@@ -129,7 +129,7 @@ void attention_backward(const SublayerContext& ctx, const LayerParams& p, const 
   Tensor dy_act = ctx.operand_grad(dy);
   data_grad(dy_act, Wc.wo, mx ? &mx->wo : nullptr, s.do_BSHd.view({T, H * hd}), false);
   const Tensor o_act = mx ? dequantized(ctx, a.o_q, a.o_qs) : a.o.view({T, H * hd});
-  ops.linear_bwd_weight(dy_act, o_act, dW.wo);
+  ops.linear_bwd_weight(dy_act, o_act, dW.wo, ctx.accumulate_grad(dW.wo));
   ctx.row_bias_grad(dy, dW.bo);
   ops.attention_bwd(s.do_BSHd, a.q, a.k, a.v, a.o, a.lse, s.dq_BSHd, s.dk_BSGd, s.dv_BSGd, ctx.doc_start,
                     ctx.bf16_operands());
@@ -148,11 +148,15 @@ void attention_backward(const SublayerContext& ctx, const LayerParams& p, const 
     const Tensor dq_op = fp32_grads ? s.dq_lin_THd : ctx.grad_operand_store(s.dq_lin_THd, T, H * hd, s.dq_lin_THd);
     const Tensor dk_op = fp32_grads ? s.dk_lin_TGd : ctx.grad_operand_store(s.dk_lin_TGd, T, G * hd, s.dk_lin_TGd);
     if (ctx.choice.qk_norm == QkNorm::kFull) {
+      ctx.prepare_grad(dW.q_norm);
       ops.rmsnorm_bwd(dq, a.q_lin, W.q_norm, a.rstd_q, dq_op, dW.q_norm, false);
+      ctx.prepare_grad(dW.k_norm);
       ops.rmsnorm_bwd(dk, a.k_lin, W.k_norm, a.rstd_k, dk_op, dW.k_norm, false);
     } else {  // per head
+      ctx.prepare_grad(dW.q_norm);
       ops.rmsnorm_bwd(dq.view({T * H, hd}), a.q_lin.view({T * H, hd}), W.q_norm, a.rstd_q,
                       dq_op.view({T * H, hd}), dW.q_norm, false);
+      ctx.prepare_grad(dW.k_norm);
       ops.rmsnorm_bwd(dk.view({T * G, hd}), a.k_lin.view({T * G, hd}), W.k_norm, a.rstd_k,
                       dk_op.view({T * G, hd}), dW.k_norm, false);
     }
@@ -171,13 +175,13 @@ void attention_backward(const SublayerContext& ctx, const LayerParams& p, const 
   const Tensor h_act = mx ? dequantized(ctx, a.h_q, a.h_qs) : a.h_act;
   Tensor g = ctx.operand_grad(dq);
   data_grad(g, Wc.wq, mx ? &mx->wq : nullptr, s.dnormed_TD, false);
-  ops.linear_bwd_weight(g, h_act, dW.wq);
+  ops.linear_bwd_weight(g, h_act, dW.wq, ctx.accumulate_grad(dW.wq));
   g = ctx.operand_grad(dk);
   data_grad(g, Wc.wk, mx ? &mx->wk : nullptr, s.dnormed_TD, true);
-  ops.linear_bwd_weight(g, h_act, dW.wk);
+  ops.linear_bwd_weight(g, h_act, dW.wk, ctx.accumulate_grad(dW.wk));
   g = ctx.operand_grad(dv);
   data_grad(g, Wc.wv, mx ? &mx->wv : nullptr, s.dnormed_TD, true);
-  ops.linear_bwd_weight(g, h_act, dW.wv);
+  ops.linear_bwd_weight(g, h_act, dW.wv, ctx.accumulate_grad(dW.wv));
   ctx.norm_input_backward(s.dnormed_TD, x_in, W.attn_norm, a.rstd_in, dW.attn_norm);
 }
 

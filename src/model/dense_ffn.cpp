@@ -26,15 +26,15 @@ void swiglu_mlp_backward(const SublayerContext& ctx, const MlpWeights& w, const 
   Tensor da = rows_view(s.dact_W, T, F), dg = rows_view(s.dgate_W, T, F), du = rows_view(s.dup_W, T, F);
   Tensor g = ctx.operand_grad(dy);
   ops.linear_bwd_data(g, w.down, da, false);
-  ops.linear_bwd_weight(g, a.a_act, dw.down);
+  ops.linear_bwd_weight(g, a.a_act, dw.down, ctx.accumulate_grad(dw.down));
   // dg and du go straight into GEMM operands (bf16 over their own fp32 scratch in bf16 mode).
   dg = ctx.grad_operand_store(s.dgate_W, T, F, dg);
   du = ctx.grad_operand_store(s.dup_W, T, F, du);
   ops.swiglu_bwd(da, a.g, a.u, dg, du);
   ops.linear_bwd_data(dg, w.gate, dh, false);
-  ops.linear_bwd_weight(dg, a.h_act, dw.gate);
+  ops.linear_bwd_weight(dg, a.h_act, dw.gate, ctx.accumulate_grad(dw.gate));
   ops.linear_bwd_data(du, w.up, dh, true);
-  ops.linear_bwd_weight(du, a.h_act, dw.up);
+  ops.linear_bwd_weight(du, a.h_act, dw.up, ctx.accumulate_grad(dw.up));
 }
 
 void dense_ffn_forward(const SublayerContext& ctx, const LayerParams& p, const Tensor& x_in, FfnActs& a,

@@ -15,7 +15,7 @@ void final_norm_forward(const HeadContext& ctx, const HeadWeights& w, const Tens
 
 void lm_head_loss_step(const HeadContext& ctx, const HeadWeights& w, const Tensor& x, const Tensor& labels,
                        double ce_scale, double lm_z_coef, const Tensor& ce, const Tensor& lm_z,
-                       const Tensor& d_final_norm, const Tensor& d_lm_head) {
+                       const Tensor& d_final_norm, const Tensor& d_lm_head, GradWrites& grad_writes) {
   Backend& ops = ctx.ops;
   Scratch& s = ctx.scratch;
   const int64_t T = ctx.dims.T, V = ctx.cfg.vocab_size;
@@ -35,9 +35,10 @@ void lm_head_loss_step(const HeadContext& ctx, const HeadWeights& w, const Tenso
     ops.sum_to(row_ce, ce_scale, ce);
     ops.sum_to(row_z, ce_scale, lm_z);
     ops.linear_bwd_data(g, w.lm_head, s.dy_TD.slice(r0, r1), false);
-    ops.linear_bwd_weight(g, x_rows, d_lm_head);
+    ops.linear_bwd_weight(g, x_rows, d_lm_head, grad_writes.accumulate(d_lm_head));
   }
   phase.reset();
+  grad_writes.prepare(d_final_norm);
   ops.rmsnorm_bwd(s.dy_TD, x, w.final_norm, ctx.final_norm.rstd, s.dresid_TD, d_final_norm, false);
 }
 

@@ -6,6 +6,7 @@
 
 #include "kernels/ops.h"
 #include "model/activations.h"
+#include "model/grad_writes.h"
 
 namespace moe {
 
@@ -25,10 +26,11 @@ struct HeadWeights {
 
 // Forward + backward: x (T,D) the stage output, labels (T) i32 (< 0: no loss). Adds
 // ce_scale * sum(CE) to ce and ce_scale * sum(z^2) to lm_z ((1) f64 each); writes d(x) into
-// scratch.dresid_TD; the weight gradients accumulate into d_final_norm and d_lm_head.
+// scratch.dresid_TD; the weight gradients go to d_final_norm and d_lm_head (overwritten or added
+// to, as grad_writes says).
 void lm_head_loss_step(const HeadContext& ctx, const HeadWeights& w, const Tensor& x, const Tensor& labels,
                        double ce_scale, double lm_z_coef, const Tensor& ce, const Tensor& lm_z,
-                       const Tensor& d_final_norm, const Tensor& d_lm_head);
+                       const Tensor& d_final_norm, const Tensor& d_lm_head, GradWrites& grad_writes);
 // Forward only: the summed cross-entropy over labeled positions added to out (1) f64.
 void lm_head_eval_loss(const HeadContext& ctx, const HeadWeights& w, const Tensor& x, const Tensor& labels,
                        const Tensor& out);

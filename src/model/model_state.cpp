@@ -65,6 +65,7 @@ ModelState::ModelState(const ModelConfig& config, const ModelShard& shard, int64
   grad_mem_ = Buffer(ops, static_cast<size_t>(N) * esize);
   params_ = bind_weights(layout_, cfg_, param_mem_.view(compute, {N}));
   grads_ = bind_weights(layout_, cfg_, grad_mem_.view(compute, {N}));
+  grad_writes_.emplace(layout_, grads_.flat, ops_);
   if (bf16_operands) {
     operand_mem_ = Buffer(ops, static_cast<size_t>(N) * dtype_size(DType::kBF16));
     operands_ = bind_weights(layout_, cfg_, operand_mem_.view(DType::kBF16, {N}));
@@ -156,7 +157,5 @@ void ModelState::refresh_operand_weights(bool bf16_done) {
     }
   }
 }
-
-void ModelState::zero_grads() { ops_.fill(grads_.flat, 0.0); }
 
 }  // namespace moe

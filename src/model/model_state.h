@@ -9,6 +9,7 @@
 #include "config/config.h"
 #include "core/buffer.h"
 #include "kernels/ops.h"
+#include "model/grad_writes.h"
 #include "model/params.h"
 
 namespace moe {
@@ -74,7 +75,9 @@ class ModelState {
   void refresh_operand_weights(bool bf16_done = false);
   // The bf16 operand copies, or null when the operands are the parameters (fp32 mode).
   const Weights* bf16_operands() const { return operands_.flat.data != params_.flat.data ? &operands_ : nullptr; }
-  void zero_grads();
+  // The gradients' first-write tracking (model/grad_writes.h): start_step() where a step used to
+  // zero-fill them.
+  GradWrites& grad_writes() { return *grad_writes_; }
 
  private:
   ModelConfig cfg_;
@@ -87,6 +90,7 @@ class ModelState {
   std::vector<MxExpertWeights> mx_;    // per model layer (filled for local MoE layers); empty: none
   std::vector<MxAttentionWeights> mx_attn_;  // per model layer (filled for local layers); empty: none
   std::vector<OwnedTensor> router_bias_;
+  std::optional<GradWrites> grad_writes_;
 };
 
 }  // namespace moe

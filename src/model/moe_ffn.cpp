@@ -197,16 +197,17 @@ void bf16_experts_backward(const SublayerContext& ctx, const LayerParams& p, boo
   const Tensor du = ctx.grad_operand_store(s.dup_W, rows, F, rows_view(s.dup_W, rows, F));
   const Tensor xr = a.xr_act.slice(0, rows);
   ops.grouped_linear_bwd_data(g, Wc.exp_down, a.recv_offsets, da);
-  ops.grouped_linear_bwd_weight(g, a.ea_act.slice(0, rows), a.recv_offsets, dW.exp_down);
+  ops.grouped_linear_bwd_weight(g, a.ea_act.slice(0, rows), a.recv_offsets, dW.exp_down,
+                                ctx.accumulate_grad(dW.exp_down));
   ops.swiglu_bwd(da, a.eg.slice(0, rows), a.eu.slice(0, rows), dg, du);
   ops.grouped_linear_bwd_data(dg, Wc.exp_gate, a.recv_offsets, dxs);
-  ops.grouped_linear_bwd_weight(dg, xr, a.recv_offsets, dW.exp_gate);
+  ops.grouped_linear_bwd_weight(dg, xr, a.recv_offsets, dW.exp_gate, ctx.accumulate_grad(dW.exp_gate));
   if (!ep) {  // gathered back before the up gradient overwrites it
     PhaseScope permute(Phase::kPermute);
     ops.moe_gather_bwd(dxs, a.slot_pos, s.dnormed_TD);
   }
   ops.grouped_linear_bwd_data(du, Wc.exp_up, a.recv_offsets, dxs_up);
-  ops.grouped_linear_bwd_weight(du, xr, a.recv_offsets, dW.exp_up);
+  ops.grouped_linear_bwd_weight(du, xr, a.recv_offsets, dW.exp_up, ctx.accumulate_grad(dW.exp_up));
 }
 
 // Mirror of the forward exchange: output gradients (operand dtype) go to the experts' ranks,
@@ -258,7 +259,7 @@ void router_backward(const SublayerContext& ctx, const LayerParams& p, const Moe
   ops.router_z_loss(a.logits, out.aux_weight, out.router_z_coef * out.aux_weight, out.router_z, s.dlogits_TE);
   ctx.row_bias_grad(s.dlogits_TE, dW.router_bias);
   ops.linear_bwd_data(s.dlogits_TE, W.router, s.dnormed_TD, true);
-  ops.linear_bwd_weight(s.dlogits_TE, router_input(ctx, a), dW.router);
+  ops.linear_bwd_weight(s.dlogits_TE, router_input(ctx, a), dW.router, ctx.accumulate_grad(dW.router));
 }
 }  // namespace
 

@@ -80,7 +80,7 @@ void mx_experts_backward(const SublayerContext& ctx, const MxExpertWeights& w, L
   ops.mx_grouped_linear(gq, gqs, w.down_t, w.down_ts, off, da);
   const Tensor ea = rows_view(s.mx_deq_W, rows, F);
   dequantize(ops, a.ea_q.slice(0, rows), scale_rows(a.ea_qs, rows), ea, row_end);
-  ops.grouped_linear_bwd_weight(g, ea, off, dW.exp_down);
+  ops.grouped_linear_bwd_weight(g, ea, off, dW.exp_down, ctx.accumulate_grad(dW.exp_down));
 
   // SwiGLU; its gradients go straight into GEMM operands (bf16 over their own fp32 scratch).
   const Tensor dg = ctx.grad_operand_store(s.dgate_W, rows, F, rows_view(s.dgate_W, rows, F));
@@ -93,14 +93,14 @@ void mx_experts_backward(const SublayerContext& ctx, const MxExpertWeights& w, L
   const Tensor hq = s.mx_dh_q.slice(0, rows), hqs = scale_rows(s.mx_dh_qs, rows);
   quantize(ops, dg, rule, hq, hqs, st, row_end);
   ops.mx_grouped_linear(hq, hqs, w.gate_t, w.gate_ts, off, dxs);
-  ops.grouped_linear_bwd_weight(dg, x, off, dW.exp_gate);
+  ops.grouped_linear_bwd_weight(dg, x, off, dW.exp_gate, ctx.accumulate_grad(dW.exp_gate));
   if (d.ep == 1) {
     PhaseScope permute(Phase::kPermute);
     ops.moe_gather_bwd(dxs, a.slot_pos, s.dnormed_TD);
   }
   quantize(ops, du, rule, hq, hqs, st, row_end);
   ops.mx_grouped_linear(hq, hqs, w.up_t, w.up_ts, off, dxs_up);
-  ops.grouped_linear_bwd_weight(du, x, off, dW.exp_up);
+  ops.grouped_linear_bwd_weight(du, x, off, dW.exp_up, ctx.accumulate_grad(dW.exp_up));
 }
 
 }  // namespace moe

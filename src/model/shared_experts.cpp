@@ -66,7 +66,7 @@ void shared_experts_backward(const SublayerContext& ctx, const LayerParams& p, c
   const Tensor dscaled = rows_view(s.dact_W, T, Fs);
   const Tensor g = ctx.operand_grad(dy);
   ops.linear_bwd_data(g, Wc.shared_down, dscaled, false);
-  ops.linear_bwd_weight(g, a.a_act, dW.shared_down);
+  ops.linear_bwd_weight(g, a.a_act, dW.shared_down, ctx.accumulate_grad(dW.shared_down));
   // SwiGLU backward of the unscaled product (linear in its output gradient), then the scaling:
   // du = w du0 and d(w) = <du0, u> = <d(a_s), silu(g) u>; dg = w dg0.
   const Tensor dg0 = rows_view(s.dgate_W, T, Fs), du0 = rows_view(s.dup_W, T, Fs);
@@ -81,9 +81,9 @@ void shared_experts_backward(const SublayerContext& ctx, const LayerParams& p, c
   const Tensor du_op = ctx.grad_operand_store(s.dup_W, T, Fs, du);
   if (bf16) ops.convert(du, du_op);
   ops.linear_bwd_data(dg_op, Wc.shared_gate, dh, false);
-  ops.linear_bwd_weight(dg_op, a.h_act, dW.shared_gate);
+  ops.linear_bwd_weight(dg_op, a.h_act, dW.shared_gate, ctx.accumulate_grad(dW.shared_gate));
   ops.linear_bwd_data(du_op, Wc.shared_up, dh, true);
-  ops.linear_bwd_weight(du_op, a.h_act, dW.shared_up);
+  ops.linear_bwd_weight(du_op, a.h_act, dW.shared_up, ctx.accumulate_grad(dW.shared_up));
 
   // The gate's backward: weights -> scores -> logits -> h, the router and its bias.
   const Tensor dscores = s.dshared_scores_TS.slice(0, T * Es).view({T, Es});
@@ -94,7 +94,7 @@ void shared_experts_backward(const SublayerContext& ctx, const LayerParams& p, c
   ops.router_scores_bwd(dscores, a.shared_scores, score_kind(ctx.choice.shared_router_score),
                         c.shared_router_sigmoid_eps, dlogits);
   ops.linear_bwd_data(dlogits, W.shared_router, dh, true);
-  ops.linear_bwd_weight(dlogits, a.h, dW.shared_router);
+  ops.linear_bwd_weight(dlogits, a.h, dW.shared_router, ctx.accumulate_grad(dW.shared_router));
   ctx.row_bias_grad(dlogits, dW.shared_router_bias);
 }
 

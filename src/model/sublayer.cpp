@@ -15,7 +15,18 @@ void SublayerContext::add_row_bias(const Tensor& b, const Tensor& y) const {
 }
 
 void SublayerContext::row_bias_grad(const Tensor& dy, const Tensor& db) const {
-  if (!db.empty()) ops.linear_bwd_weight(dy, filled_ones(ops, scratch, dy.dim(0)), db.view({db.numel(), 1}));
+  if (!db.empty())
+    ops.linear_bwd_weight(dy, filled_ones(ops, scratch, dy.dim(0)), db.view({db.numel(), 1}), accumulate_grad(db));
+}
+
+bool SublayerContext::accumulate_grad(const Tensor& grad) const {
+  MOE_CHECK(grad_writes, "a sublayer backward without the step's gradient writes (SublayerContext::grad_writes)");
+  return grad_writes->accumulate(grad);
+}
+
+void SublayerContext::prepare_grad(const Tensor& grad) const {
+  MOE_CHECK(grad_writes, "a sublayer backward without the step's gradient writes (SublayerContext::grad_writes)");
+  grad_writes->prepare(grad);
 }
 
 Tensor SublayerContext::operand(const Tensor& x, const Tensor& store) const {
@@ -64,6 +75,7 @@ void SublayerContext::finish_sublayer(const Tensor& y, const Tensor& out_norm, c
 Tensor SublayerContext::sublayer_output_grad(const Tensor& y, const Tensor& out_norm, const Tensor& rstd_out,
                                              const Tensor& dout_norm_w) const {
   if (!choice.output_norm()) return scratch.dresid_TD;
+  prepare_grad(dout_norm_w);
   ops.rmsnorm_bwd(scratch.dresid_TD, y, out_norm, rstd_out, scratch.dy_TD, dout_norm_w, false);
   return scratch.dy_TD;
 }
@@ -74,6 +86,7 @@ void SublayerContext::norm_input_backward(const Tensor& dh, const Tensor& x_in, 
     ops.axpy(1.0, dh, scratch.dresid_TD);
     return;
   }
+  prepare_grad(dw);
   ops.rmsnorm_bwd(dh, x_in, w, rstd, scratch.dresid_TD, dw, /*accumulate=*/true);  // residual + norm path
 }
 

@@ -10,6 +10,7 @@
 #include "config/config.h"
 #include "kernels/ops.h"
 #include "model/activations.h"
+#include "model/grad_writes.h"
 
 namespace moe {
 
@@ -21,6 +22,12 @@ struct SublayerContext {
   Scratch& scratch;
   Tensor doc_start;  // (B,S) i32 the first key each query sees (document starts, the layer's window), or empty
   bool rope = true;  // the layer applies RoPE to q and k (model.rope)
+  GradWrites* grad_writes = nullptr;  // the step's gradient writes (set for a training step's backward)
+
+  // A weight-gradient GEMM's accumulate flag for grad (model/grad_writes.h), and the zeroing
+  // before an op that only adds into grad.
+  bool accumulate_grad(const Tensor& grad) const;
+  void prepare_grad(const Tensor& grad) const;
 
   bool bf16_operands() const { return dims.adt != dims.cdt; }
   // A bias on every row, as exact rank-1 GEMMs with a column of ones (scratch.ones_T1, compute

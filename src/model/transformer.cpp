@@ -147,7 +147,7 @@ void Transformer::head_step(int64_t slot, const MicroBatch& mb, StepStats& stats
   MOE_CHECK(last_stage(), "head_step needs the last pipeline stage (final norm and LM head)");
   check_shape(mb.labels, {dims_.B, dims_.S}, "labels");
   lm_head_loss_step(head_context(), head_weights(), stage_output(pipeline_chunks() - 1, slot), mb.labels.view({dims_.T}), mb.scales.ce_scale,
-                    loss_.lm_z_coef, stats.ce(), stats.lm_z(), grads().final_norm, grads().lm_head);
+                    loss_.lm_z_coef, stats.ce(), stats.lm_z(), grads().final_norm, grads().lm_head, grad_writes());
 }
 
 void Transformer::stage_backward(int64_t chunk, int64_t slot, const MicroBatch& mb, StepStats& stats) {
@@ -156,6 +156,7 @@ void Transformer::stage_backward(int64_t chunk, int64_t slot, const MicroBatch& 
     const SublayerContext ctx = sublayer_context(mb, l);
     if (recompute_) layer_forward(ctx, slot, l, mb, /*recomputing=*/true);
     layer_backward(ctx, slot, l, mb, stats);
+    grad_writes().zero_unwritten(l);  // before the hook may start reducing the layer's gradients
     if (layer_grads_hook_) layer_grads_hook_(l);
   }
   if (chunk == 0 && first_stage()) embed_backward(slot, mb.ids.view({dims_.T}));
@@ -179,9 +180,11 @@ void Transformer::embed_backward(int64_t slot, const Tensor& ids) {
   if (cfg_.embedding_norm) {
     const EmbedActs& e = plan_.embed(slot);
     dx0 = plan_.scratch().dy_TD;
+    grad_writes().prepare(grads().embed_norm);
     ops_.rmsnorm_bwd(stage_grad(), e.x0, params().embed_norm, e.rstd, dx0, grads().embed_norm, false);
   }
   if (cfg_.embed_scale != 1.0) ops_.scale(dx0, cfg_.embed_scale);
+  grad_writes().prepare(grads().embed);
   ops_.embedding_bwd(ids, dx0, grads().embed, cfg_.pad_id);
 }
 
@@ -199,6 +202,7 @@ SublayerContext Transformer::sublayer_context(const MicroBatch& mb, int64_t l) {
             " window tables (build them with AttentionMasks)");
   SublayerContext ctx{ops_, cfg_, choice_, dims_, plan_.scratch(), w < 0 ? mb.doc_start : mb.window_start[static_cast<size_t>(w)]};
   ctx.rope = rope_layer_[static_cast<size_t>(l)] != 0;
+  ctx.grad_writes = &grad_writes();
   return ctx;
 }
 

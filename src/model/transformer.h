@@ -94,7 +94,9 @@ class Transformer {
   void init_params(uint64_t seed) { state_.init_params(seed); }
   void refresh_operand_weights(bool bf16_done = false) { state_.refresh_operand_weights(bf16_done); }
   const Weights* bf16_operands() const { return state_.bf16_operands(); }
-  void zero_grads() { state_.zero_grads(); }
+  // A step's gradients start here: the first write of each overwrites it (model/grad_writes.h).
+  void start_gradients() { state_.grad_writes().start_step(); }
+  GradWrites& grad_writes() { return state_.grad_writes(); }
   StepStats make_stats() const;
   void zero_stats(StepStats& stats) const;
 

@@ -137,7 +137,7 @@ void measure_gemm(Calibration& k, DType adt, double peak) {
     const double t = k.seconds(k.min_seconds, [&] {
       ops.linear_fwd(x, w, y, false);
       ops.linear_bwd_data(dy, w, dx, false);
-      ops.linear_bwd_weight(dy, x, dw);
+      ops.linear_bwd_weight(dy, x, dw, true);
     });
     const double flops = 2.0 * static_cast<double>(M * N * K);
     const double eff = std::min(1.0, 3 * flops / t / peak);
@@ -171,7 +171,7 @@ void measure_grouped(Calibration& k, const Config& config, DType adt, double pea
     const double t = k.seconds(k.min_seconds, [&] {
       ops.grouped_linear_fwd(x, w, offsets, y);
       ops.grouped_linear_bwd_data(dy, w, offsets, dx);
-      ops.grouped_linear_bwd_weight(dy, x, offsets, dw);
+      ops.grouped_linear_bwd_weight(dy, x, offsets, dw, true);
     });
     const double per = 2.0 * static_cast<double>(rows * F * D);
     const double rate = 3 * static_cast<double>(G) * per / t;

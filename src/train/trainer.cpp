@@ -261,7 +261,7 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
   if (counter_from_host)
     ops_.fill(stats_.control.slice(kCtlUpdates, kCtlUpdates + 1), static_cast<double>(optim_->steps_taken()));
   if (!in_flight_) ops_.fill(stats_.control.slice(kCtlNonfinite, kCtlNonfinite + 1), 0.0);
-  model_->zero_grads();
+  model_->start_gradients();
   model_->zero_stats(stats_);
   if (parallel_.exchange) parallel_.exchange->reset_counts();
   model_->reset_quant_stats();
@@ -284,6 +284,7 @@ void Trainer::enqueue_gradients(const Tensor& ids, const Tensor& labels, const T
   sync_->begin_step(model_->grads().flat, num_micro);
   // One stage: F0 B0 F1 B1 ...; pipeline stages: 1F1B with activations and gradients sent between them.
   r.pp_bubble_s = pipeline_->run(micro, stats_);
+  model_->grad_writes().zero_unwritten(GradWrites::kEvery);  // what no backward wrote: zeros, not the last step's
   sync_->reduce_stats(stats_);
   sync_->reduce_gradients(model_->grads().flat);
   if (hooks_) hooks_->after_gradients(ops_, model_->layout(), model_->grads().flat, stats_);

@@ -120,11 +120,12 @@ void check_linear(DType dt, const LinearCase& c, bool acc) {
     report("linear_bwd_data", err, tol);
     EXPECT_LE(err, tol) << "linear_bwd_data";
   }
-  {  // weight gradient, always +=
+  {  // weight gradient
     auto dw = random(DType::kF32, {c.n, c.k}, 6);
+    if (!acc) poison(dw);
     auto dwr = clone(dw, ro);
-    test::fast().linear_bwd_weight(dy, x, dw);
-    ref::linear_bwd_weight(dyr, xr, dwr);
+    test::fast().linear_bwd_weight(dy, x, dw, acc);
+    ref::linear_bwd_weight(dyr, xr, dwr, acc);
     const double err = rel_error(dw, dwr), tol = f32_tol(c.m, sides);
     report("linear_bwd_weight", err, tol);
     EXPECT_LE(err, tol) << "linear_bwd_weight";
@@ -135,6 +136,7 @@ const LinearCase kLinearCases[] = {
     {1, 33, 70},     {7, 100, 257},   {130, 33, 70},
     {130, 100, 257}, {300, 600, 200},  // several row and column tiles
     {64, 1100, 48},                    // small M, column tiles with a remainder
+    {3, 2048, 2100},                   // weight-gradient bands past kStagedSumBytes (cpu): unstaged sums
 };
 
 TEST_P(Gemm, LinearF32MatchesRef) {
@@ -252,17 +254,25 @@ void check_grouped(DType dt, const std::vector<int32_t>& rows, int64_t extra_row
     EXPECT_LE(err, tol) << "grouped_linear_bwd_data";
     expect_rows_poisoned(dx, used, "grouped_linear_bwd_data");
   }
-  {
+  for (const bool acc : {true, false}) {
+    SCOPED_TRACE(testing::Message() << "weight gradient, accumulate=" << acc);
     auto dw = random(DType::kF32, {e_count, n, k}, 14);
+    if (!acc) poison(dw);  // every value must be written, zero-row experts' with zeros
     for (int64_t e = 0; e < e_count; ++e)
-      if (rows[static_cast<size_t>(e)] == 0) poison(dw.t.slice(e, e + 1));  // must stay untouched
+      if (acc && rows[static_cast<size_t>(e)] == 0) poison(dw.t.slice(e, e + 1));  // must stay untouched
     auto dwr = clone(dw, ro);
-    test::fast().grouped_linear_bwd_weight(dy, x, off, dw);
-    ref::grouped_linear_bwd_weight(dyr, xr, off, dwr);
+    test::fast().grouped_linear_bwd_weight(dy, x, off, dw, acc);
+    ref::grouped_linear_bwd_weight(dyr, xr, off, dwr, acc);
     for (int64_t e = 0; e < e_count; ++e) {
       const Tensor a = dw.t.slice(e, e + 1), b = dwr.t.slice(e, e + 1);
-      if (rows[static_cast<size_t>(e)] == 0) {
+      if (rows[static_cast<size_t>(e)] == 0 && acc) {
         expect_rows_poisoned(a, 0, "grouped_linear_bwd_weight (zero-row expert)");
+        continue;
+      }
+      if (rows[static_cast<size_t>(e)] == 0) {
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < a.numel(); ++i) nonzero += test::get(a, i) != 0.0;
+        EXPECT_EQ(nonzero, 0) << "grouped_linear_bwd_weight without accumulate: zero-row expert " << e;
         continue;
       }
       const double err = rel_error(a, b), tol = f32_tol(rows[static_cast<size_t>(e)], sides);
@@ -350,7 +360,7 @@ TEST_P(Gemm, NewExpertLoadCreatesNoPrimitive) {
     auto off = offsets_tensor(make_offsets(rows));
     test::fast().grouped_linear_fwd(x, w, off, y);
     test::fast().grouped_linear_bwd_data(dy, w, off, dx);
-    test::fast().grouped_linear_bwd_weight(dy, x, off, dw);
+    test::fast().grouped_linear_bwd_weight(dy, x, off, dw, true);
   };
   step({100, 100, 100, 100});
   const size_t created = cpu::gemm::primitive_count();
@@ -406,8 +416,8 @@ TEST(GemmRef, LinearBackwardMatchesFiniteDifferences) {
   OwnedTensor dx(DType::kF64, {m, k}), dw(DType::kF64, {n, k});
   poison(dx);
   ref::linear_bwd_data(rr, w, dx, false);
-  for (int64_t i = 0; i < dw.t.numel(); ++i) test::set(dw, i, 0.0);
-  ref::linear_bwd_weight(rr, x, dw);
+  poison(dw);  // overwritten
+  ref::linear_bwd_weight(rr, x, dw, false);
   const double ex = rel_error_vec(dx, numeric_grad(x, loss)),
                ew = rel_error_vec(dw, numeric_grad(w, loss));
   report("linear_bwd_data vs finite differences", ex, 1e-8);
@@ -433,9 +443,9 @@ TEST(GemmRef, GroupedBackwardMatchesFiniteDifferences) {
   };
   OwnedTensor dx(DType::kF64, {r, k}), dw(DType::kF64, {3, n, k});
   for (int64_t i = 0; i < dx.t.numel(); ++i) test::set(dx, i, 0.0);
-  for (int64_t i = 0; i < dw.t.numel(); ++i) test::set(dw, i, 0.0);
+  poison(dw);  // overwritten (the zero-row expert's with zeros)
   ref::grouped_linear_bwd_data(rr, w, off, dx);
-  ref::grouped_linear_bwd_weight(rr, x, off, dw);
+  ref::grouped_linear_bwd_weight(rr, x, off, dw, false);
   const double ex = rel_error_vec(dx, numeric_grad(x, loss)),
                ew = rel_error_vec(dw, numeric_grad(w, loss));
   report("grouped_linear_bwd_data vs finite differences", ex, 1e-8);
@@ -456,7 +466,9 @@ std::vector<OwnedTensor> run_all(DType dt, const std::vector<int32_t>& rows, int
   out.emplace_back(DType::kF32, std::initializer_list<int64_t>{m, k});
   test::fast().linear_bwd_data(dy, w, out.back(), false);
   out.emplace_back(random(DType::kF32, {n, k}, 25));
-  test::fast().linear_bwd_weight(dy, x, out.back());
+  test::fast().linear_bwd_weight(dy, x, out.back(), true);
+  out.emplace_back(DType::kF32, std::initializer_list<int64_t>{n, k});
+  test::fast().linear_bwd_weight(dy, x, out.back(), false);
 
   const auto off_v = make_offsets(rows);
   auto off = offsets_tensor(off_v);
@@ -468,7 +480,9 @@ std::vector<OwnedTensor> run_all(DType dt, const std::vector<int32_t>& rows, int
   out.emplace_back(DType::kF32, std::initializer_list<int64_t>{r, k});
   test::fast().grouped_linear_bwd_data(gdy, gw, off, out.back());
   out.emplace_back(random(DType::kF32, {e_count, n, k}, 29));
-  test::fast().grouped_linear_bwd_weight(gdy, gx, off, out.back());
+  test::fast().grouped_linear_bwd_weight(gdy, gx, off, out.back(), true);
+  out.emplace_back(DType::kF32, std::initializer_list<int64_t>{e_count, n, k});
+  test::fast().grouped_linear_bwd_weight(gdy, gx, off, out.back(), false);
   return out;
 }
 
@@ -520,7 +534,7 @@ TEST_P(Gemm, OneDnnRunsSequentiallyInsideOurRegion) {
     test::fast().linear_fwd(x1, w, y1, false);
     test::fast().linear_fwd(x, w, y, false);
     test::fast().linear_bwd_data(dy, w, dx, false);
-    test::fast().linear_bwd_weight(dy, x, dw);
+    test::fast().linear_bwd_weight(dy, x, dw, true);
   };
   run();  // warm: primitives exist, the outer pool is started
   // Threads of OpenMP pools just shut down (a larger team of the test before, or the worker of
@@ -604,7 +618,7 @@ TEST_P(Gemm, DenseTilesAlwaysGetBrgemm) {
           dw(DType::kF32, {c.n, c.k});
       test::fast().linear_fwd(x, w, y, true);
       test::fast().linear_bwd_data(dy, w, dx, false);
-      test::fast().linear_bwd_weight(dy, x, dw);
+      test::fast().linear_bwd_weight(dy, x, dw, true);
     }
     const auto off_v = make_offsets(kUneven);
     auto off = offsets_tensor(off_v);
@@ -613,7 +627,7 @@ TEST_P(Gemm, DenseTilesAlwaysGetBrgemm) {
     OwnedTensor y(DType::kF32, {r, n}), dx(DType::kF32, {r, k}), dw(DType::kF32, {e, n, k});
     test::fast().grouped_linear_fwd(x, w, off, y);
     test::fast().grouped_linear_bwd_data(dy, w, off, dx);
-    test::fast().grouped_linear_bwd_weight(dy, x, off, dw);
+    test::fast().grouped_linear_bwd_weight(dy, x, off, dw, true);
   }
   const bool bf16_cpu = __builtin_cpu_supports("avx512bf16");
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");

@@ -155,6 +155,11 @@ struct Item {
   // Summed C (weight gradients): each call computes its product, c_sum contiguous floats of C,
   // into the dense staging buffer, which is then added to C: see kStagedSumBytes.
   int64_t c_sum = 0;
+  // Weight gradients without accumulate: the first call writes C (its c_sum floats, or the
+  // band's c_zero floats zero-filled before a primitive that adds) instead of adding to it, so a
+  // step's first write of a gradient never reads the cold old values.
+  bool overwrite = false;
+  int64_t c_zero = 0;
   double cost = 0;  // for ordering: proportional to the flops
   int64_t seq = 0;  // position in the plan: breaks cost ties
 };
@@ -188,6 +193,10 @@ void copy_block(const char* src, int64_t src_ld, char* dst, int64_t dst_ld, int6
                 src + static_cast<size_t>(r * src_ld) * es, static_cast<size_t>(cols) * es);
 }
 
+void zero_rows(float* c, int64_t rows, int64_t cols) {
+  std::memset(c, 0, static_cast<size_t>(rows * cols) * sizeof(float));
+}
+
 // c[i] += prod[i], i < n: the sum a primitive's accumulate would do, in the same single rounding.
 void add_block(const float* prod, float* c, int64_t n) {
 #pragma omp simd
@@ -205,13 +214,17 @@ void run_item(const Item& it, int thread) {
   }
   const char* a = it.a;
   const char* b = it.b;
+  bool first = true;
+  if (it.overwrite && it.c_zero) std::memset(c, 0, static_cast<size_t>(it.c_zero) * sizeof(float));
   auto call = [&](const Primitive* p, int64_t rows) {
     const void* ap = a;
     if (it.a_cols) {
       copy_block(a, it.a_ld, static_cast<char*>(st.a.data()), it.a_cols, rows, it.a_cols, it.es);
       ap = st.a.data();
     }
-    if (it.c_sum) {
+    if (it.c_sum && it.overwrite && first) {
+      gemm::execute(p, ap, b, c, thread);  // the staged primitive writes, at C's layout (band x k, dense)
+    } else if (it.c_sum) {
       float* prod = static_cast<float*>(st.c.data());
       gemm::execute(p, ap, b, prod, thread);
       add_block(prod, c, it.c_sum);
@@ -220,6 +233,7 @@ void run_item(const Item& it, int thread) {
     }
     a += rows * it.a_row;
     b += rows * it.b_row;
+    first = false;
   };
   for (int64_t j = 0; j < it.nfull; ++j) call(it.full, it.chunk);
   if (it.mid) call(it.mid, it.mid_rows);
@@ -365,11 +379,11 @@ void plan_grouped_rows(const Desc& d, const void* a, const void* b, int64_t b_ex
   }
 }
 
-// One weight-gradient tile: dw rows [i0, i0+band) (full width k, at dw) += dy^T x over the rows
-// starting at dy and x: nfull chunks of `chunk` rows (primitive full), then mid_rows (mid) and
-// tail_rows (tail) when those primitives are given.
+// One weight-gradient tile: dw rows [i0, i0+band) (full width k, at dw) (+)= dy^T x over the
+// rows starting at dy and x: nfull chunks of `chunk` rows (primitive full), then mid_rows (mid)
+// and tail_rows (tail) when those primitives are given.
 Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k, int64_t i0,
-                 int64_t band, size_t es) {
+                 int64_t band, size_t es, bool accumulate) {
   Item it;
   it.a = dy + static_cast<size_t>(i0) * es;
   it.b = x;
@@ -380,19 +394,21 @@ Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k,
   it.a_cols = band;
   it.a_ld = n;
   if (staged_sum(band, k)) it.c_sum = band * k;  // dw rows [i0, i0+band), full width: contiguous
+  it.overwrite = !accumulate;
+  if (!it.c_sum) it.c_zero = band * k;
   return it;
 }
 
-// dw(n,k) += dy(m,n)^T x(m,k): bands of dw rows, each reducing all m rows in chunks.
+// dw(n,k) (+)= dy(m,n)^T x(m,k): bands of dw rows, each reducing all m rows in chunks.
 void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const void* x,
-                 float* dw) {
+                 float* dw, bool accumulate) {
   const size_t es = dtype_size(t);
   const int64_t band = band_rows(n, kMinWeightBand, kWeightBand);
   const int64_t chunk = std::min(m, kWeightChunk), tail = m % chunk;
   for (int64_t i0 = 0; i0 < n; i0 += band) {
     const int64_t b = std::min(band, n - i0);
     Item it =
-        weight_tile(static_cast<const char*>(dy), static_cast<const char*>(x), dw, n, k, i0, b, es);
+        weight_tile(static_cast<const char*>(dy), static_cast<const char*>(x), dw, n, k, i0, b, es, accumulate);
     it.full = gemm::primitive(weight_desc(t, b, k, chunk));
     it.nfull = m / chunk;
     it.chunk = chunk;
@@ -408,7 +424,7 @@ void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const
 // Grouped: tiles (expert, band of dw[e] rows), each reducing its expert's rows in chunks
 // (split_rows), in order. Never split by rows.
 void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const void* x, float* dw,
-                         const int32_t* off, int64_t experts) {
+                         const int32_t* off, int64_t experts, bool accumulate) {
   const size_t es = dtype_size(t);
   const int64_t band = even_tile(n, kWeightBand);
   const Primitive* const* fams[2] = {nullptr, nullptr};  // full bands, last band
@@ -422,14 +438,17 @@ void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const vo
   // cost sort's tie-break on plan order).
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t rows = off[e + 1] - off[e];
-    if (rows == 0) continue;  // a zero-row expert leaves its dw untouched
+    if (rows == 0) {  // a zero-row expert adds nothing; without accumulate its dw is zeros
+      if (!accumulate) zero_rows(dw + e * n * k, n, k);
+      continue;
+    }
     const RowChunks ch = split_rows(rows);
     for (int64_t i0 = 0; i0 < n; i0 += band) {
       const int64_t b = std::min(band, n - i0);
       const Primitive* const* fam = fams[i0 + band >= n];
       Item it = weight_tile(static_cast<const char*>(dy) + static_cast<size_t>(off[e] * n) * es,
                             static_cast<const char*>(x) + static_cast<size_t>(off[e] * k) * es,
-                            dw + e * n * k, n, k, i0, b, es);
+                            dw + e * n * k, n, k, i0, b, es, accumulate);
       it.full = fam[kGroupChunk];
       it.nfull = ch.nfull;
       it.chunk = kGroupChunk;
@@ -452,10 +471,6 @@ void check_operands(const Tensor& a, const Tensor& b, const Tensor& out, const c
   MOE_CHECK(a.dtype == DType::kF32 || a.dtype == DType::kBF16, op,
             ": operands must be f32 or bf16, got ", dtype_name(a.dtype));
   check_gemm_dtypes(a, b, out, op);
-}
-
-void zero_rows(float* c, int64_t rows, int64_t cols) {
-  std::memset(c, 0, static_cast<size_t>(rows * cols) * sizeof(float));
 }
 
 }  // namespace
@@ -511,14 +526,18 @@ void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool a
   run_items(items());
 }
 
-void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
+void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, bool accumulate) {
   check_operands(dy, x, dw, "linear_bwd_weight");
   const GemmDims dims = linear_bwd_weight_dims(dy, x, dw);
   const int64_t m = dims.m, n = dims.n, k = dims.k;
-  if (m == 0 || n == 0 || k == 0) return;  // dw += 0
+  if (n == 0 || k == 0) return;
+  if (m == 0) {  // an empty sum
+    if (!accumulate) zero_rows(static_cast<float*>(dw.data), n, k);
+    return;
+  }
   std::lock_guard<std::mutex> lock(op_mutex());
   items().clear();
-  plan_weight(dy.dtype, m, n, k, dy.data, x.data, static_cast<float*>(dw.data));
+  plan_weight(dy.dtype, m, n, k, dy.data, x.data, static_cast<float*>(dw.data), accumulate);
   run_items(items());
 }
 
@@ -560,15 +579,20 @@ void grouped_linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& of
 }
 
 void grouped_linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                               const Tensor& dw) {
+                               const Tensor& dw, bool accumulate) {
   check_operands(dy, x, dw, "grouped_linear_bwd_weight");
   const GroupedDims dims = grouped_bwd_weight_dims(dy, x, dw);
   const int64_t experts = dims.experts, n = dims.n, k = dims.k, r = dims.rows;
   const int32_t* off = checked_offsets(offsets, experts, r, "grouped_linear_bwd_weight");
-  if (off[experts] == 0 || n == 0 || k == 0) return;
+  if (n == 0 || k == 0) return;
+  if (off[experts] == 0) {  // no rows: every dw an empty sum
+    if (!accumulate) zero_rows(static_cast<float*>(dw.data), experts * n, k);
+    return;
+  }
   std::lock_guard<std::mutex> lock(op_mutex());
   items().clear();
-  plan_grouped_weight(dy.dtype, n, k, dy.data, x.data, static_cast<float*>(dw.data), off, experts);
+  plan_grouped_weight(dy.dtype, n, k, dy.data, x.data, static_cast<float*>(dw.data), off, experts,
+                      accumulate);
   run_items(items());
 }
 

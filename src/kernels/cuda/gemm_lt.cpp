@@ -213,12 +213,12 @@ void linear_bwd_data(Context& ctx, const Tensor& dy, const Tensor& w, const Tens
                 d.n, static_cast<float*>(dx.data), d.k, accumulate);
 }
 
-// dw(N,K) += dy(M,N)^T x(M,K). Column-major: DW(K,N) += X(K,M) DY^T(M,N).
-void linear_bwd_weight(Context& ctx, const Tensor& dy, const Tensor& x, const Tensor& dw) {
+// dw(N,K) (+)= dy(M,N)^T x(M,K). Column-major: DW(K,N) (+)= X(K,M) DY^T(M,N).
+void linear_bwd_weight(Context& ctx, const Tensor& dy, const Tensor& x, const Tensor& dw, bool accumulate) {
   check_operands(dy, x, dw, "linear_bwd_weight");
   const GemmDims d = linear_bwd_weight_dims(dy, x, dw);
   ctx.gemm->run(ctx.stream, "linear_bwd_weight", dy.dtype == DType::kBF16, false, true, d.k, d.n, d.m, x.data, d.k, dy.data,
-                d.n, static_cast<float*>(dw.data), d.k, true);
+                d.n, static_cast<float*>(dw.data), d.k, accumulate);
 }
 
 }  // namespace moe::cuda

@@ -229,10 +229,15 @@ void grouped_linear_bwd_data(Context& ctx, const Tensor& dy, const Tensor& w, co
   check_launch("grouped_linear_bwd_data");
 }
 
-void grouped_linear_bwd_weight(Context& ctx, const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dw) {
+void grouped_linear_bwd_weight(Context& ctx, const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dw,
+                               bool accumulate) {
   check_operands(dy, x, offsets, dw, "grouped_linear_bwd_weight");
   const GroupedDims d = grouped_bwd_weight_dims(dy, x, dw);
   check_shape(offsets, {d.experts + 1}, "grouped_linear_bwd_weight offsets");
+  // Without accumulate: zeros, then the kernels add. The expert row counts are on the device, so
+  // the host cannot skip zero-row experts' zeroing; every expert's dw is zeroed first.
+  if (!accumulate && dw.numel() > 0)
+    MOE_CUDA_CHECK(cudaMemsetAsync(dw.data, 0, static_cast<size_t>(dw.numel()) * sizeof(float), ctx.stream));
   // No rows at all: dw += 0 (and CUTLASS would see only empty problems).
   if (d.experts == 0 || d.n == 0 || d.k == 0 || d.rows == 0) return;
   MOE_CHECK(d.experts <= 65535, "grouped_linear_bwd_weight: ", d.experts, " experts exceed the grid");

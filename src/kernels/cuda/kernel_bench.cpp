@@ -91,7 +91,7 @@ void cuda_kernel_bench(std::ostream& os) {
     };
     measure("fwd", [&] { ops->grouped_linear_fwd(gx, gw, offsets, gy); });
     measure("dgrad", [&] { ops->grouped_linear_bwd_data(gdy, gw, offsets, gdx); });
-    measure("wgrad", [&] { ops->grouped_linear_bwd_weight(gdy, gx, offsets, gdw); });
+    measure("wgrad", [&] { ops->grouped_linear_bwd_weight(gdy, gx, offsets, gdw, true); });
   }
 
   // Attention: B 2, S 4096, 16 heads of 128, causal, bf16 products (cuDNN's SDPA where it loads, else ours).

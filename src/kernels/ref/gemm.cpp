@@ -43,15 +43,15 @@ void bwd_data(const T* dy, const T* w, A* dx, int64_t m, int64_t n, int64_t k, b
     }
 }
 
-// dw(n,k) += dy(m,n)^T * x(m,k)
+// dw(n,k) (+)= dy(m,n)^T * x(m,k)
 template <class T, class A>
-void bwd_weight(const T* dy, const T* x, A* dw, int64_t m, int64_t n, int64_t k) {
+void bwd_weight(const T* dy, const T* x, A* dw, int64_t m, int64_t n, int64_t k, bool accumulate) {
   for (int64_t j = 0; j < n; ++j)
     for (int64_t l = 0; l < k; ++l) {
       A acc = 0;
       for (int64_t i = 0; i < m; ++i)
         acc += static_cast<A>(to_float(dy[i * n + j])) * static_cast<A>(to_float(x[i * k + l]));
-      dw[j * k + l] += acc;
+      dw[j * k + l] = accumulate ? dw[j * k + l] + acc : acc;
     }
 }
 
@@ -98,12 +98,12 @@ void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool a
   });
 }
 
-void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
+void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, bool accumulate) {
   check_operands(dy, x, dw, "linear_bwd_weight");
   const GemmDims dims = linear_bwd_weight_dims(dy, x, dw);
   const int64_t m = dims.m, n = dims.n, k = dims.k;
   dispatch(dy.dtype,
-           [&](auto t, auto a) { bwd_weight(ptr(dy, t), ptr(x, t), ptr(dw, a), m, n, k); });
+           [&](auto t, auto a) { bwd_weight(ptr(dy, t), ptr(x, t), ptr(dw, a), m, n, k, accumulate); });
 }
 
 void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y) {
@@ -134,7 +134,7 @@ void grouped_linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& of
 }
 
 void grouped_linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                               const Tensor& dw) {
+                               const Tensor& dw, bool accumulate) {
   check_operands(dy, x, dw, "grouped_linear_bwd_weight");
   const GroupedDims dims = grouped_bwd_weight_dims(dy, x, dw);
   const int64_t e_count = dims.experts, n = dims.n, k = dims.k, r = dims.rows;
@@ -142,8 +142,8 @@ void grouped_linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& 
   dispatch(dy.dtype, [&](auto t, auto a) {
     for (int64_t e = 0; e < e_count; ++e) {
       const int64_t r0 = off[static_cast<size_t>(e)], rows = off[static_cast<size_t>(e) + 1] - r0;
-      if (rows == 0) continue;  // a zero-row expert leaves its dw untouched
-      bwd_weight(ptr(dy, t) + r0 * n, ptr(x, t) + r0 * k, ptr(dw, a) + e * n * k, rows, n, k);
+      if (rows == 0 && accumulate) continue;  // a zero-row expert adds nothing (else: zeros)
+      bwd_weight(ptr(dy, t) + r0 * n, ptr(x, t) + r0 * k, ptr(dw, a) + e * n * k, rows, n, k, accumulate);
     }
   });
 }
