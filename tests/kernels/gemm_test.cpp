@@ -504,6 +504,38 @@ TEST_P(Gemm, BitwiseIdenticalWithOneTwoAndThreeThreads) {
   }
 }
 
+// Dense weight gradients cut dw into one band per thread (cpu gemm.cpp: weight_band), so the
+// bands' rows change with the thread count: every element's bits must not (here 1..8 threads give
+// bands of 16 to 256 rows, with tails, reduction chunks with tails, fp32 and bf16, overwrite and
+// accumulate).
+TEST_P(Gemm, WeightBandsOfAnySizeGiveTheSameBits) {
+  Threads threads(1);
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (const Shape& sh : {Shape{70, 48, 40}, Shape{600, 130, 257}, Shape{1100, 512, 512}, Shape{300, 1100, 64}}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(dt) << " m=" << sh.m << " n=" << sh.n << " k=" << sh.k);
+      auto x = random(dt, {sh.m, sh.k}, 31), dy = random(dt, {sh.m, sh.n}, 32);
+      std::vector<OwnedTensor> first;
+      for (int t : {1, 2, 3, 5, 8}) {
+        threads.set(t);
+        OwnedTensor written(DType::kF32, {sh.n, sh.k});
+        poison(written);
+        test::fast().linear_bwd_weight(dy, x, written, false);
+        auto added = random(DType::kF32, {sh.n, sh.k}, 33);
+        test::fast().linear_bwd_weight(dy, x, added, true);
+        if (first.empty()) {
+          first.push_back(std::move(written));
+          first.push_back(std::move(added));
+          continue;
+        }
+        EXPECT_TRUE(test::bitwise_equal(first[0], written)) << t << " threads, overwrite";
+        EXPECT_TRUE(test::bitwise_equal(first[1], added)) << t << " threads, accumulate";
+      }
+    }
+}
+
 int os_threads() {
   int count = 0;
   if (DIR* d = opendir("/proc/self/task")) {

@@ -1,10 +1,12 @@
 // CPU GEMM family: oneDNN matmul primitives run on fixed tiles under our own OpenMP scheduling.
 //
 // Determinism: every output is split into tiles whose boundaries depend only on the shapes (and,
-// for grouped GEMMs, on the offsets), never on the thread count. Each tile is computed on one
-// thread by single-threaded oneDNN primitives (gemm_dnnl.h): one call, or, for weight gradients,
-// a fixed sequence of calls over consecutive row chunks accumulated in row order. The reduction
-// is never split across tiles, so which thread runs a tile cannot change a bit of the result.
+// for grouped GEMMs, on the offsets), never on the thread count; the one exception, the bands of
+// dense weight gradients, follows the thread count where a band's size cannot change its bits
+// (weight_band). Each tile is computed on one thread by single-threaded oneDNN primitives
+// (gemm_dnnl.h): one call, or, for weight gradients, a fixed sequence of calls over consecutive
+// row chunks accumulated in row order. The reduction is never split across tiles, so which thread
+// runs a tile cannot change a bit of the result.
 //
 // Kernels: oneDNN 2.6 runs its brgemm kernels (brg:avx512_core, brg:avx512_core_bf16) only on
 // dense operands, and falls back to its JIT GEMM ("gemm:jit") on strided sub-matrices. Tiles are
@@ -56,7 +58,7 @@ constexpr int64_t kMaxStagedColTile = 2048;
 constexpr int64_t kMinTiles = 8;
 constexpr double kMinTileFlops = 4e6;
 // Weight gradient dw(n,k): bands of kMinWeightBand..kWeightBand rows of dw (full width),
-// reducing over the rows of dy and x in chunks of kWeightChunk rows.
+// reducing over the rows of dy and x in chunks of kWeightChunk rows (weight_band).
 constexpr int64_t kMinWeightBand = 16;
 constexpr int64_t kWeightBand = 256;
 constexpr int64_t kWeightChunk = 512;
@@ -107,6 +109,19 @@ int64_t even_tile(int64_t len, int64_t max_tile) {
 // About len / kMinTiles, rounded up to 16 and clamped to [lo, hi] (and to len).
 int64_t band_rows(int64_t len, int64_t lo, int64_t hi) {
   return std::min(len, std::clamp(round_up(ceil_div(len, kMinTiles), 16), lo, hi));
+}
+
+// Dense weight gradients dw(n,k): as many bands as threads, at least two. Each band re-packs the
+// chunk of x (oneDNN's B) it reduces over, so fewer, wider bands pack less: on 2 threads
+// (kernels_bench, Zen 5) 64-row bands (kMinTiles = 8, the rule before) against two: 2048x512x512
+// fp32 401-416 -> 473-505 GFLOP/s, bf16 812-877 -> 932-981; the router's 16384x128x256 bf16
+// 482-560 -> 785-869. Unlike the other tiles, the band follows the thread count: a dw element's
+// bits do not depend on the band that holds it (oneDNN reduces each element over the chunk's rows
+// in order, whatever the band's rows; Gemm.WeightBandsOfAnySizeGiveTheSameBits, and every run's
+// 1/2/3-thread bitwise tests).
+int64_t weight_band(int64_t n) {
+  const int64_t tiles = std::max(2, omp_get_max_threads());
+  return std::min(n, std::clamp(round_up(ceil_div(n, tiles), 16), kMinWeightBand, kWeightBand));
 }
 
 struct Tiles {
@@ -403,7 +418,7 @@ Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k,
 void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const void* x,
                  float* dw, bool accumulate) {
   const size_t es = dtype_size(t);
-  const int64_t band = band_rows(n, kMinWeightBand, kWeightBand);
+  const int64_t band = weight_band(n);
   const int64_t chunk = std::min(m, kWeightChunk), tail = m % chunk;
   for (int64_t i0 = 0; i0 < n; i0 += band) {
     const int64_t b = std::min(band, n - i0);
@@ -482,7 +497,7 @@ std::string gemm_impl_info(GemmOp op, DType dtype, int64_t m, int64_t n, int64_t
   // The first (largest) tile of the plan the op would run.
   Desc d;
   if (op == GemmOp::kBackwardWeight) {
-    d = weight_desc(dtype, band_rows(n, kMinWeightBand, kWeightBand), k, std::min(m, kWeightChunk));
+    d = weight_desc(dtype, weight_band(n), k, std::min(m, kWeightChunk));
   } else {
     const bool fwd = op == GemmOp::kForward;
     d = fwd ? fwd_desc(dtype, m, n, k, false) : bwd_data_desc(dtype, m, n, k, false);
