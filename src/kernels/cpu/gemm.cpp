@@ -73,8 +73,8 @@ constexpr int64_t kGroupRows = 64;
 constexpr int64_t kGroupChunk = 256;
 // Grouped weight-gradient bands: up to kGroupWeightBand rows of an expert's dw, cut evenly. Each
 // band re-packs the expert's rows of x, so an expert's whole dw in one band packs them once: on 2
-// threads (kernels_bench, Zen 5) 16 experts x 256 rows, 512 x 512, fp32 355-373 -> 398-424 GFLOP/s,
-// bf16 723-769 -> 772-831; 64 experts x 64 rows, 1024 x 512, fp32 295-331 -> 345-351, bf16
+// threads (kernels_bench, Zen 5) 16 experts x 256 rows, 512 x 512, fp32 355-373 -> 399-400 GFLOP/s,
+// bf16 723-769 -> 772-823; 64 experts x 64 rows, 1024 x 512, fp32 295-331 -> 345-351, bf16
 // 448-495 -> 535-563 (256-row bands before). Shapes only: the bands never follow the threads.
 constexpr int64_t kGroupWeightBand = 1024;
 // Forward and data gradient: an expert's rows past its kGroupChunk-row chunks go in ONE call,
@@ -89,10 +89,10 @@ constexpr int64_t kPadRows = 16;
 // Weight gradients: a tile's product is computed into the thread's dense staging buffer and then
 // added to dw, rather than by the primitive's own accumulate (its sum post-op), when the tile
 // fits kStagedSumBytes (no more than the forward's staged tiles, kRowTile x kMaxStagedColTile
-// floats). Where dw is cold (every expert's dw, a step's first touch) the post-op's reads of
-// the old C stall the micro-kernel: 57 -> 67% of the fp32 peak, 53 -> 71% of bf16's, at
-// olmoe_compat's expert shape (docs/PERFORMANCE.md). The same sum, C_old + product, in the same
-// one rounding.
+// floats). Where dw is cold (every expert's dw, except at a step's first write, which overwrites:
+// Item::overwrite) the post-op's reads of the old C stall the micro-kernel: 57 -> 67% of the fp32
+// peak, 53 -> 71% of bf16's, at olmoe_compat's expert shape (docs/PERFORMANCE.md). The same sum,
+// C_old + product, in the same one rounding.
 constexpr int64_t kStagedSumBytes = kRowTile * kMaxStagedColTile * 4;
 bool staged_sum(int64_t band, int64_t k) { return band * k * 4 <= kStagedSumBytes; }
 
@@ -447,7 +447,10 @@ void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const
 void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const void* x, float* dw,
                          const int32_t* off, int64_t experts, bool accumulate) {
   const size_t es = dtype_size(t);
-  const int64_t band = even_tile(n, kGroupWeightBand);
+  // Wider than kWeightBand only while the tile stays staged (a band of cold dw summed by the
+  // primitive stalls it: kStagedSumBytes).
+  const int64_t cap = std::max(kWeightBand, std::min(kGroupWeightBand, kStagedSumBytes / (4 * k)));
+  const int64_t band = even_tile(n, cap);
   const Primitive* const* fams[2] = {nullptr, nullptr};  // full bands, last band
   for (int64_t i0 = 0; i0 < n; i0 += band) {
     const Primitive* const*& f = fams[i0 + band >= n];
