@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -34,11 +35,14 @@ class GradWrites {
  private:
   size_t entry_of(const Tensor& grad) const;  // checked: grad must be a whole entry's view
 
-  const ParamLayout& layout_;
+  struct Entry {
+    int64_t offset, numel, layer;  // the layout entry's (ParamInfo), in increasing offset
+    std::string name;
+  };
+  std::vector<Entry> entries_;
   Tensor flat_;
   Backend& ops_;
-  std::vector<uint8_t> written_;  // per layout entry
-  std::vector<size_t> by_offset_;  // entry indices in increasing offset
+  std::vector<uint8_t> written_;  // per entry
 };
 
 }  // namespace moe
