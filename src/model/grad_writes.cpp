@@ -8,6 +8,11 @@ GradWrites::GradWrites(const ParamLayout& layout, const Tensor& grad_flat, Backe
     : flat_(grad_flat), ops_(ops), written_(layout.entries().size(), 0) {
   for (const ParamInfo& p : layout.entries()) entries_.push_back({p.offset, p.numel, p.layer, p.name});
   std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) { return a.offset < b.offset; });
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const auto at = static_cast<size_t>(entries_[i].layer + 1);
+    if (by_layer_.size() <= at) by_layer_.resize(at + 1);
+    by_layer_[at].push_back(i);
+  }
   ops_.fill(flat_, 0.0);
 }
 
@@ -39,11 +44,15 @@ void GradWrites::prepare(const Tensor& grad) {
 }
 
 void GradWrites::zero_unwritten(int64_t layer) {
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    const Entry& e = entries_[i];
-    if (written_[i] || (layer != kEvery && e.layer != layer)) continue;
-    ops_.fill(flat_.slice(e.offset, e.offset + e.numel), 0.0);
+  auto zero = [&](size_t i) {
+    if (written_[i]) return;
+    ops_.fill(flat_.slice(entries_[i].offset, entries_[i].offset + entries_[i].numel), 0.0);
     written_[i] = 1;
+  };
+  if (layer == kEvery) {
+    for (size_t i = 0; i < entries_.size(); ++i) zero(i);
+  } else if (static_cast<size_t>(layer + 1) < by_layer_.size()) {
+    for (size_t i : by_layer_[static_cast<size_t>(layer + 1)]) zero(i);
   }
 }
 

@@ -43,6 +43,7 @@ class GradWrites {
   Tensor flat_;
   Backend& ops_;
   std::vector<uint8_t> written_;  // per entry
+  std::vector<std::vector<size_t>> by_layer_;  // entries of block l at l + 1; outside the blocks at 0
 };
 
 }  // namespace moe

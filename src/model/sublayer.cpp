@@ -19,15 +19,12 @@ void SublayerContext::row_bias_grad(const Tensor& dy, const Tensor& db) const {
     ops.linear_bwd_weight(dy, filled_ones(ops, scratch, dy.dim(0)), db.view({db.numel(), 1}), accumulate_grad(db));
 }
 
-bool SublayerContext::accumulate_grad(const Tensor& grad) const {
+GradWrites& SublayerContext::writes() const {
   MOE_CHECK(grad_writes, "a sublayer backward without the step's gradient writes (SublayerContext::grad_writes)");
-  return grad_writes->accumulate(grad);
+  return *grad_writes;
 }
-
-void SublayerContext::prepare_grad(const Tensor& grad) const {
-  MOE_CHECK(grad_writes, "a sublayer backward without the step's gradient writes (SublayerContext::grad_writes)");
-  grad_writes->prepare(grad);
-}
+bool SublayerContext::accumulate_grad(const Tensor& grad) const { return writes().accumulate(grad); }
+void SublayerContext::prepare_grad(const Tensor& grad) const { writes().prepare(grad); }
 
 Tensor SublayerContext::operand(const Tensor& x, const Tensor& store) const {
   if (dims.adt == x.dtype) return x;

@@ -28,6 +28,7 @@ struct SublayerContext {
   // before an op that only adds into grad.
   bool accumulate_grad(const Tensor& grad) const;
   void prepare_grad(const Tensor& grad) const;
+  GradWrites& writes() const;  // grad_writes, checked
 
   bool bf16_operands() const { return dims.adt != dims.cdt; }
   // A bias on every row, as exact rank-1 GEMMs with a column of ones (scratch.ones_T1, compute

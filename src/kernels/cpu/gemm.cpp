@@ -173,14 +173,13 @@ struct Item {
   // Padded rows (grouped forward / data gradient): the primitive computes c_pad_rows >= c_rows
   // rows into the staging buffer; only the first c_rows are copied out.
   int64_t c_pad_rows = 0;
-  // Summed C (weight gradients): each call computes its product, c_sum contiguous floats of C,
-  // into the dense staging buffer, which is then added to C: see kStagedSumBytes.
-  int64_t c_sum = 0;
-  // Weight gradients without accumulate: the first call writes C (its c_sum floats, or the
-  // band's c_zero floats zero-filled before a primitive that adds) instead of adding to it, so a
+  // Weight gradients: C is the tile's c_tile contiguous floats (a band of dw rows, full width).
+  // Staged (see kStagedSumBytes): each call computes its product into the dense staging buffer,
+  // which is then added to C. Overwrite (no accumulate): the first call writes C instead of
+  // adding to it (straight from the staged primitive, or onto zeros for one that adds), so a
   // step's first write of a gradient never reads the cold old values.
-  bool overwrite = false;
-  int64_t c_zero = 0;
+  int64_t c_tile = 0;
+  bool staged = false, overwrite = false;
   double cost = 0;  // for ordering: proportional to the flops
   int64_t seq = 0;  // position in the plan: breaks cost ties
 };
@@ -236,19 +235,19 @@ void run_item(const Item& it, int thread) {
   const char* a = it.a;
   const char* b = it.b;
   bool first = true;
-  if (it.overwrite && it.c_zero) std::memset(c, 0, static_cast<size_t>(it.c_zero) * sizeof(float));
+  if (it.overwrite && !it.staged) zero_rows(c, 1, it.c_tile);
   auto call = [&](const Primitive* p, int64_t rows) {
     const void* ap = a;
     if (it.a_cols) {
       copy_block(a, it.a_ld, static_cast<char*>(st.a.data()), it.a_cols, rows, it.a_cols, it.es);
       ap = st.a.data();
     }
-    if (it.c_sum && it.overwrite && first) {
+    if (it.staged && it.overwrite && first) {
       gemm::execute(p, ap, b, c, thread);  // the staged primitive writes, at C's layout (band x k, dense)
-    } else if (it.c_sum) {
+    } else if (it.staged) {
       float* prod = static_cast<float*>(st.c.data());
       gemm::execute(p, ap, b, prod, thread);
-      add_block(prod, c, it.c_sum);
+      add_block(prod, c, it.c_tile);
     } else {
       gemm::execute(p, ap, b, c, thread);
     }
@@ -280,7 +279,7 @@ void run_items(std::vector<Item>& list) {
     const int64_t a_rows = std::max({it.nfull > 0 ? it.chunk : 0, it.mid_rows, it.tail_rows});
     a_bytes = std::max(a_bytes, static_cast<size_t>(a_rows * it.a_cols) * it.es);
     c_bytes = std::max(c_bytes, static_cast<size_t>(std::max(it.c_rows, it.c_pad_rows) * it.c_cols) * sizeof(float));
-    c_bytes = std::max(c_bytes, static_cast<size_t>(it.c_sum) * sizeof(float));
+    if (it.staged) c_bytes = std::max(c_bytes, static_cast<size_t>(it.c_tile) * sizeof(float));
   }
   const int threads = omp_get_max_threads();
   gemm::prepare_threads(threads, scratch);
@@ -414,9 +413,9 @@ Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k,
   it.es = es;
   it.a_cols = band;
   it.a_ld = n;
-  if (staged_sum(band, k)) it.c_sum = band * k;  // dw rows [i0, i0+band), full width: contiguous
+  it.c_tile = band * k;  // dw rows [i0, i0+band), full width: contiguous
+  it.staged = staged_sum(band, k);
   it.overwrite = !accumulate;
-  if (!it.c_sum) it.c_zero = band * k;
   return it;
 }
 
