@@ -1,491 +1,15 @@
-// CPU GEMM family: oneDNN matmul primitives run on fixed tiles under our own OpenMP scheduling.
-//
-// Determinism: every output is split into tiles whose boundaries depend only on the shapes (and,
-// for grouped GEMMs, on the offsets), never on the thread count; the one exception, the bands of
-// dense weight gradients, follows the thread count where a band's size cannot change its bits
-// (weight_band). Each tile is computed on one thread by single-threaded oneDNN primitives
-// (gemm_dnnl.h): one call, or, for weight gradients, a fixed sequence of calls over consecutive
-// row chunks accumulated in row order. The reduction is never split across tiles, so which thread
-// runs a tile cannot change a bit of the result.
-//
-// Kernels: oneDNN 2.6 runs its brgemm kernels (brg:avx512_core, brg:avx512_core_bf16) only on
-// dense operands, and falls back to its JIT GEMM ("gemm:jit") on strided sub-matrices. Tiles are
-// therefore shaped to be dense: bands of whole rows for the forward and data gradients; for a
-// forward cut into column tiles the C tile is computed in a per-thread buffer and copied out;
-// weight gradients take bands of dw rows, whose A block (a column block of dy) is packed
-// chunk by chunk into a per-thread buffer. The one exception is the data gradient of small-M
-// GEMMs cut into column tiles (B is then a column block of w): those run on gemm:jit, which
-// measured within a few % of brgemm there (the JIT GEMM lost 15-30 % only on forward column tiles).
-//
-// Scheduling: all tiles of one op, across experts for grouped GEMMs, form one flat list, ordered
-// by decreasing cost and handed out dynamically, so a skewed expert load balances like an even
-// one. oneDNN stays sequential inside our region: it checks omp_in_parallel(), and we also set
-// the region's own thread count to one (an ICV local to the region's implicit tasks).
-#include <omp.h>
+// CPU GEMM ops (cpu_ops.h): the tensors checked, then each op planned and run in tiles by
+// gemm_tiles.h, where the tile policy and its determinism rules are.
+#include <string>
 
-#include <algorithm>
-#include <cstring>
-#include <exception>
-#include <mutex>
-#include <vector>
-
-#include "core/buffer.h"
 #include "kernels/checks/gemm_checks.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/gemm_dnnl.h"
+#include "kernels/cpu/gemm_tiles.h"
 #include "kernels/host/host_args.h"
 
 namespace moe::cpu {
 namespace {
-
-using gemm::Desc;
-using gemm::Primitive;
-using gemm::Trans;
-
-// ------------------------------------------------------------------ tile policy
-// A function of the shapes (and offsets) only, never of the thread count. Numbers measured
-// single-threaded on this CPU (Zen 4, 2 cores): bands of 64..256 rows run within a few % of one
-// whole-matrix call (f32 ~100-110, bf16 ~190-215 GFLOP/s); 16-row bands lose ~20 %.
-//
-// Forward / data gradient: row bands of kMinRowTile..kRowTile rows aiming at kMinTiles tiles so
-// the threads can share the work; when rows alone cannot give that many (small M), columns are
-// cut too, into tiles at least kMinColTile wide and kMinTileFlops big (staged forward tiles at
-// most kMaxStagedColTile wide, to bound the per-thread buffer).
-constexpr int64_t kMinRowTile = 64;
-constexpr int64_t kRowTile = 256;
-constexpr int64_t kMinColTile = 128;
-constexpr int64_t kMaxStagedColTile = 2048;
-constexpr int64_t kMinTiles = 8;
-constexpr double kMinTileFlops = 4e6;
-// Weight gradient dw(n,k): bands of kMinWeightBand..kWeightBand rows of dw (full width),
-// reducing over the rows of dy and x in chunks of kWeightChunk rows (weight_band).
-constexpr int64_t kMinWeightBand = 16;
-constexpr int64_t kWeightBand = 256;
-constexpr int64_t kWeightChunk = 512;
-// Grouped weight gradients: each expert's rows are cut into reduction chunks of kGroupChunk
-// rows, then at most one of a multiple of kGroupRows rows and one of fewer than kGroupRows (tiles
-// are (expert, band of dw rows)); the forward and data gradient cut rows as kPadRows says. Each
-// family's primitives (every length it may use) are created together, one family per
-// configuration, so a new expert load creates none. Big
-// chunks matter for hot experts: each call re-packs the expert's weights (64-row chunks cost a
-// skewed load ~10 % more than 256-row ones).
-constexpr int64_t kGroupRows = 64;
-constexpr int64_t kGroupChunk = 256;
-// Grouped weight-gradient bands: up to kGroupWeightBand rows of an expert's dw, cut evenly. Each
-// band re-packs the expert's rows of x, so an expert's whole dw in one band packs them once: on 2
-// threads (kernels_bench, Zen 5) 16 experts x 256 rows, 512 x 512, fp32 355-373 -> 399-400 GFLOP/s,
-// bf16 723-769 -> 772-823; 64 experts x 64 rows, 1024 x 512, fp32 295-331 -> 345-351, bf16
-// 448-495 -> 535-563 (256-row bands before). Shapes only: the bands never follow the threads.
-constexpr int64_t kGroupWeightBand = 1024;
-// Forward and data gradient: an expert's rows past its kGroupChunk-row chunks go in ONE call,
-// its length rounded up to kPadRows and the extra rows (the next expert's, or unused buffer
-// rows: every output row depends on its own input row only) computed into a per-thread buffer
-// and dropped. Only where the padded rows would pass the end of A does the remainder take two
-// exact calls (a multiple of kPadRows, then fewer). Measured at 128 experts x ~512 rows, uneven
-// (learned routing): 256 + 192 + a 1..63-row tail was ~60% more calls, each re-packing the
-// expert's weights, than even loads (docs/PERFORMANCE.md, expert scaling). The family holds
-// lengths 1..kPadRows-1 and the multiples of kPadRows up to kGroupChunk: 31 primitives.
-constexpr int64_t kPadRows = 16;
-// Weight gradients: a tile's product is computed into the thread's dense staging buffer and then
-// added to dw, rather than by the primitive's own accumulate (its sum post-op), when the tile
-// fits kStagedSumBytes (no more than the forward's staged tiles, kRowTile x kMaxStagedColTile
-// floats). Where dw is cold (every expert's dw, except at a step's first write, which overwrites:
-// Item::overwrite) the post-op's reads of the old C stall the micro-kernel: 57 -> 67% of the fp32
-// peak, 53 -> 71% of bf16's, at olmoe_compat's expert shape (docs/PERFORMANCE.md). The same sum,
-// C_old + product, in the same one rounding.
-constexpr int64_t kStagedSumBytes = kRowTile * kMaxStagedColTile * 4;
-bool staged_sum(int64_t band, int64_t k) { return band * k * 4 <= kStagedSumBytes; }
-
-struct RowChunks {
-  int64_t nfull, mid, tail;  // nfull chunks of kGroupChunk rows, then mid rows, then tail rows
-};
-RowChunks split_rows(int64_t rows) {
-  return {rows / kGroupChunk, rows % kGroupChunk / kGroupRows * kGroupRows, rows % kGroupRows};
-}
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
-
-// Splits `len` into tiles of at most `max_tile`, evenly, the tile size rounded up to 16.
-int64_t even_tile(int64_t len, int64_t max_tile) {
-  const int64_t count = ceil_div(len, max_tile);
-  return std::min(len, round_up(ceil_div(len, count), 16));
-}
-
-// About len / kMinTiles, rounded up to 16 and clamped to [lo, hi] (and to len).
-int64_t band_rows(int64_t len, int64_t lo, int64_t hi) {
-  return std::min(len, std::clamp(round_up(ceil_div(len, kMinTiles), 16), lo, hi));
-}
-
-// Dense weight gradients dw(n,k): as many bands as threads, at least two. Each band re-packs the
-// chunk of x (oneDNN's B) it reduces over, so fewer, wider bands pack less: on 2 threads
-// (kernels_bench, Zen 5) 64-row bands (kMinTiles = 8, the rule before) against two: 2048x512x512
-// fp32 401-416 -> 473-505 GFLOP/s, bf16 812-877 -> 932-981; the router's 16384x128x256 bf16
-// 482-560 -> 785-869. Unlike the other tiles, the band follows the thread count: a dw element's
-// bits do not depend on the band that holds it (oneDNN reduces each element over the chunk's rows
-// in order, whatever the band's rows; Gemm.WeightBandsOfAnySizeGiveTheSameBits, and every run's
-// 1/2/3-thread bitwise tests).
-int64_t weight_band(int64_t n) {
-  const int64_t tiles = std::max(2, omp_get_max_threads());
-  return std::min(n, std::clamp(round_up(ceil_div(n, tiles), 16), kMinWeightBand, kWeightBand));
-}
-
-struct Tiles {
-  int64_t tm, tn;
-};
-
-// Forward and data gradient, C(m,n) with reduction k.
-Tiles band_tiles(int64_t m, int64_t n, int64_t k, int64_t max_tn) {
-  const int64_t tm = band_rows(m, kMinRowTile, kRowTile);
-  const int64_t mt = ceil_div(m, tm);
-  if (mt >= kMinTiles) return {tm, n};
-  const double flops =
-      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  int64_t nt = std::max<int64_t>(1, std::min({ceil_div(kMinTiles, mt), n / kMinColTile,
-                                              static_cast<int64_t>(flops / kMinTileFlops) / mt}));
-  if (nt > 1) nt = std::max(nt, ceil_div(n, max_tn));
-  return {tm, std::min(n, round_up(ceil_div(n, nt), 16))};
-}
-
-// ------------------------------------------------------------------ work items
-
-// One unit of scheduled work, run on one thread: C (+)= A*B through `nfull` calls of `full`
-// (each reducing `chunk` rows), then one call of `mid` (reducing mid_rows) and one of `tail`
-// (reducing tail_rows), each if present, A and B advancing by a_row and b_row bytes per reduced
-// row between calls (weight gradients; every other item is one call of `full`).
-struct Item {
-  const char* a = nullptr;
-  const char* b = nullptr;
-  float* c = nullptr;
-  const Primitive* full = nullptr;
-  const Primitive* mid = nullptr;
-  const Primitive* tail = nullptr;
-  int64_t nfull = 1, chunk = 0, mid_rows = 0, tail_rows = 0;
-  int64_t a_row = 0, b_row = 0;
-  size_t es = 4;  // operand element size
-  // Packed A (weight gradients): each call's A block, its reduction rows x a_cols elements at
-  // leading dimension a_ld, is first copied to a dense per-thread buffer.
-  int64_t a_cols = 0, a_ld = 0;
-  // Staged C (forward column tiles): C, c_rows x c_cols at leading dimension c_ld, is computed
-  // in a dense per-thread buffer, copied in first when accumulating (c_in), then copied out.
-  int64_t c_rows = 0, c_cols = 0, c_ld = 0;
-  bool c_in = false;
-  // Padded rows (grouped forward / data gradient): the primitive computes c_pad_rows >= c_rows
-  // rows into the staging buffer; only the first c_rows are copied out.
-  int64_t c_pad_rows = 0;
-  // Weight gradients: C is the tile's c_tile contiguous floats (a band of dw rows, full width).
-  // Staged (see kStagedSumBytes): each call computes its product into the dense staging buffer,
-  // which is then added to C. Overwrite (no accumulate): the first call writes C instead of
-  // adding to it (straight from the staged primitive, or onto zeros for one that adds), so a
-  // step's first write of a gradient never reads the cold old values.
-  int64_t c_tile = 0;
-  bool staged = false, overwrite = false;
-  double cost = 0;  // for ordering: proportional to the flops
-  int64_t seq = 0;  // position in the plan: breaks cost ties
-};
-
-std::vector<Item>& items() {
-  static std::vector<Item> v;  // reused: no allocation after the first step
-  return v;
-}
-
-// Per-thread buffers for packed A and staged C.
-struct Staging {
-  Buffer a, c;
-};
-std::vector<Staging>& staging() {
-  static std::vector<Staging> s;
-  return s;
-}
-
-// The ops are serialized: they share the per-thread buffers and the primitive cache.
-std::mutex& op_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-// Copies a rows x cols block (elements of es bytes) at leading dimension src_ld to dst at
-// leading dimension dst_ld.
-void copy_block(const char* src, int64_t src_ld, char* dst, int64_t dst_ld, int64_t rows,
-                int64_t cols, size_t es) {
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(dst + static_cast<size_t>(r * dst_ld) * es,
-                src + static_cast<size_t>(r * src_ld) * es, static_cast<size_t>(cols) * es);
-}
-
-void zero_rows(float* c, int64_t rows, int64_t cols) {
-  std::memset(c, 0, static_cast<size_t>(rows * cols) * sizeof(float));
-}
-
-// c[i] += prod[i], i < n: the sum a primitive's accumulate would do, in the same single rounding.
-void add_block(const float* prod, float* c, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) c[i] += prod[i];
-}
-
-void run_item(const Item& it, int thread) {
-  Staging& st = staging()[static_cast<size_t>(thread)];
-  float* c = it.c;
-  if (it.c_rows) {
-    c = static_cast<float*>(st.c.data());
-    if (it.c_in)
-      copy_block(reinterpret_cast<const char*>(it.c), it.c_ld, reinterpret_cast<char*>(c),
-                 it.c_cols, it.c_rows, it.c_cols, sizeof(float));
-  }
-  const char* a = it.a;
-  const char* b = it.b;
-  bool first = true;
-  if (it.overwrite && !it.staged) zero_rows(c, 1, it.c_tile);
-  auto call = [&](const Primitive* p, int64_t rows) {
-    const void* ap = a;
-    if (it.a_cols) {
-      copy_block(a, it.a_ld, static_cast<char*>(st.a.data()), it.a_cols, rows, it.a_cols, it.es);
-      ap = st.a.data();
-    }
-    if (it.staged && it.overwrite && first) {
-      gemm::execute(p, ap, b, c, thread);  // the staged primitive writes, at C's layout (band x k, dense)
-    } else if (it.staged) {
-      float* prod = static_cast<float*>(st.c.data());
-      gemm::execute(p, ap, b, prod, thread);
-      add_block(prod, c, it.c_tile);
-    } else {
-      gemm::execute(p, ap, b, c, thread);
-    }
-    a += rows * it.a_row;
-    b += rows * it.b_row;
-    first = false;
-  };
-  for (int64_t j = 0; j < it.nfull; ++j) call(it.full, it.chunk);
-  if (it.mid) call(it.mid, it.mid_rows);
-  if (it.tail) call(it.tail, it.tail_rows);
-  if (it.c_rows)
-    copy_block(reinterpret_cast<const char*>(c), it.c_cols, reinterpret_cast<char*>(it.c), it.c_ld,
-               it.c_rows, it.c_cols, sizeof(float));
-}
-
-void run_items(std::vector<Item>& list) {
-  if (list.empty()) return;
-  // Largest first, then dynamic hand-out: the last items to start are the cheapest. Ties keep
-  // plan order (std::stable_sort would, but it allocates a temporary buffer on every call).
-  for (size_t i = 0; i < list.size(); ++i) list[i].seq = static_cast<int64_t>(i);
-  std::sort(list.begin(), list.end(), [](const Item& x, const Item& y) {
-    return x.cost != y.cost ? x.cost > y.cost : x.seq < y.seq;
-  });
-  size_t scratch = 0, a_bytes = 0, c_bytes = 0;
-  for (const Item& it : list) {
-    if (it.full) scratch = std::max(scratch, gemm::scratch_bytes(it.full));
-    if (it.mid) scratch = std::max(scratch, gemm::scratch_bytes(it.mid));
-    if (it.tail) scratch = std::max(scratch, gemm::scratch_bytes(it.tail));
-    const int64_t a_rows = std::max({it.nfull > 0 ? it.chunk : 0, it.mid_rows, it.tail_rows});
-    a_bytes = std::max(a_bytes, static_cast<size_t>(a_rows * it.a_cols) * it.es);
-    c_bytes = std::max(c_bytes, static_cast<size_t>(std::max(it.c_rows, it.c_pad_rows) * it.c_cols) * sizeof(float));
-    if (it.staged) c_bytes = std::max(c_bytes, static_cast<size_t>(it.c_tile) * sizeof(float));
-  }
-  const int threads = omp_get_max_threads();
-  gemm::prepare_threads(threads, scratch);
-  auto& st = staging();
-  if (static_cast<int>(st.size()) < threads) st.resize(static_cast<size_t>(threads));
-  for (int t = 0; t < threads; ++t) {
-    Staging& s = st[static_cast<size_t>(t)];
-    if (s.a.bytes() < a_bytes) s.a = Buffer(a_bytes);
-    if (s.c.bytes() < c_bytes) s.c = Buffer(c_bytes);
-  }
-  const int64_t n = static_cast<int64_t>(list.size());
-  std::exception_ptr error;
-#pragma omp parallel if (n > 1)
-  {
-    // oneDNN must stay on this thread. In an active region it does (omp_in_parallel()); in an
-    // inactive one (a single item) it would size its own region by omp_get_max_threads(), so
-    // that is set to one here. The ICV belongs to this region's tasks, not to the caller.
-    omp_set_num_threads(1);
-    const int thread = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i) {
-      try {
-        run_item(list[static_cast<size_t>(i)], thread);
-      } catch (...) {
-#pragma omp critical(moe_gemm_error)
-        if (!error) error = std::current_exception();
-      }
-    }
-  }
-  if (error) std::rethrow_exception(error);
-}
-
-// ------------------------------------------------------------------ plans
-
-// y(m,n) (+)= x(m,k) * w(n,k)^T
-Desc fwd_desc(DType t, int64_t m, int64_t n, int64_t k, bool acc) {
-  return {t, Trans::kN, Trans::kT, m, n, k, k, k, n, acc};
-}
-// dx(m,k) (+)= dy(m,n) * w(n,k): C (m,k), reduction n
-Desc bwd_data_desc(DType t, int64_t m, int64_t n, int64_t k, bool acc) {
-  return {t, Trans::kN, Trans::kN, m, k, n, n, k, k, acc};
-}
-// A band of `band` rows of dw(n,k) += dy^T x over `rows` rows, with dy's column block packed
-// densely: A stored (rows, band), transposed. Accumulating unless the tile's sum is staged.
-Desc weight_desc(DType t, int64_t band, int64_t k, int64_t rows) {
-  return {t, Trans::kT, Trans::kN, band, k, rows, band, k, k, !staged_sum(band, k)};
-}
-
-// Forward or data gradient of a whole dense GEMM `d` (ta = kN) on a, b, c. Column tiles of the
-// forward (stage_columns) are staged through a dense C buffer.
-void plan_bands(const Desc& d, bool stage_columns, const void* a, const void* b, float* c) {
-  const size_t es = dtype_size(d.dtype);
-  const Tiles t = band_tiles(d.m, d.n, d.k, stage_columns ? kMaxStagedColTile : d.n);
-  const bool staged = stage_columns && t.tn < d.n;
-  for (int64_t i0 = 0; i0 < d.m; i0 += t.tm)
-    for (int64_t j0 = 0; j0 < d.n; j0 += t.tn) {
-      Desc td = d;
-      td.m = std::min(t.tm, d.m - i0);
-      td.n = std::min(t.tn, d.n - j0);
-      if (staged) td.ldc = td.n;
-      Item it;
-      it.a = static_cast<const char*>(a) + static_cast<size_t>(i0 * d.lda) * es;
-      it.b = static_cast<const char*>(b) +
-             static_cast<size_t>(d.tb == Trans::kN ? j0 : j0 * d.ldb) * es;
-      it.c = c + i0 * d.ldc + j0;
-      it.full = gemm::primitive(td);
-      it.es = es;
-      if (staged) {
-        it.c_rows = td.m;
-        it.c_cols = td.n;
-        it.c_ld = d.ldc;
-        it.c_in = d.accumulate;
-      }
-      it.cost = static_cast<double>(td.m) * static_cast<double>(td.n);
-      items().push_back(it);
-    }
-}
-
-// Grouped forward / data gradient: C rows [off[e], off[e+1]) = A rows * B_e, where B_e starts
-// b_expert bytes after B_{e-1}. `d` describes one expert (m ignored, ta = kN); A has a_rows
-// rows. Every item is a full-width chunk of rows, dense in A, B and C: kGroupChunk-row chunks,
-// then the remainder padded to kPadRows (see kPadRows).
-void plan_grouped_rows(const Desc& d, const void* a, const void* b, int64_t b_expert, float* c,
-                       const int32_t* off, int64_t experts, int64_t a_rows) {
-  const size_t es = dtype_size(d.dtype);
-  const Primitive* const* fam = gemm::family(d, /*vary_k=*/false, kPadRows, kGroupChunk);
-  for (int64_t e = 0; e < experts; ++e) {
-    const char* be = static_cast<const char*>(b) + static_cast<size_t>(e * b_expert);
-    int64_t i0 = off[e];
-    auto add = [&](int64_t rows, int64_t padded) {
-      Item it;
-      it.a = static_cast<const char*>(a) + static_cast<size_t>(i0 * d.lda) * es;
-      it.b = be;
-      it.c = c + i0 * d.ldc;
-      it.full = fam[padded];
-      it.es = es;
-      if (padded > rows) {  // staged: dense at leading dimension n (d.ldc == d.n here)
-        it.c_rows = rows;
-        it.c_cols = d.n;
-        it.c_ld = d.ldc;
-        it.c_pad_rows = padded;
-      }
-      it.cost = static_cast<double>(padded) * static_cast<double>(d.n);
-      items().push_back(it);
-      i0 += rows;
-    };
-    const int64_t rows = off[e + 1] - off[e], rest = rows % kGroupChunk;
-    for (int64_t j = 0; j < rows / kGroupChunk; ++j) add(kGroupChunk, kGroupChunk);
-    const int64_t padded = round_up(rest, kPadRows);
-    if (rest == 0) continue;
-    if (i0 + padded <= a_rows) {
-      add(rest, padded);
-    } else {
-      if (rest / kPadRows) add(rest / kPadRows * kPadRows, rest / kPadRows * kPadRows);
-      if (rest % kPadRows) add(rest % kPadRows, rest % kPadRows);
-    }
-  }
-}
-
-// One weight-gradient tile: dw rows [i0, i0+band) (full width k, at dw) (+)= dy^T x over the
-// rows starting at dy and x: nfull chunks of `chunk` rows (primitive full), then mid_rows (mid)
-// and tail_rows (tail) when those primitives are given.
-Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k, int64_t i0,
-                 int64_t band, size_t es, bool accumulate) {
-  Item it;
-  it.a = dy + static_cast<size_t>(i0) * es;
-  it.b = x;
-  it.c = dw + i0 * k;
-  it.a_row = static_cast<int64_t>(static_cast<size_t>(n) * es);
-  it.b_row = static_cast<int64_t>(static_cast<size_t>(k) * es);
-  it.es = es;
-  it.a_cols = band;
-  it.a_ld = n;
-  it.c_tile = band * k;  // dw rows [i0, i0+band), full width: contiguous
-  it.staged = staged_sum(band, k);
-  it.overwrite = !accumulate;
-  return it;
-}
-
-// dw(n,k) (+)= dy(m,n)^T x(m,k): bands of dw rows, each reducing all m rows in chunks.
-void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const void* x,
-                 float* dw, bool accumulate) {
-  const size_t es = dtype_size(t);
-  const int64_t band = weight_band(n);
-  const int64_t chunk = std::min(m, kWeightChunk), tail = m % chunk;
-  for (int64_t i0 = 0; i0 < n; i0 += band) {
-    const int64_t b = std::min(band, n - i0);
-    Item it =
-        weight_tile(static_cast<const char*>(dy), static_cast<const char*>(x), dw, n, k, i0, b, es, accumulate);
-    it.full = gemm::primitive(weight_desc(t, b, k, chunk));
-    it.nfull = m / chunk;
-    it.chunk = chunk;
-    if (tail) {
-      it.tail = gemm::primitive(weight_desc(t, b, k, tail));
-      it.tail_rows = tail;
-    }
-    it.cost = static_cast<double>(m) * static_cast<double>(b) * static_cast<double>(k);
-    items().push_back(it);
-  }
-}
-
-// Grouped: tiles (expert, band of dw[e] rows), each reducing its expert's rows in chunks
-// (split_rows), in order. Never split by rows.
-void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const void* x, float* dw,
-                         const int32_t* off, int64_t experts, bool accumulate) {
-  const size_t es = dtype_size(t);
-  // Wider than kWeightBand only while the tile stays staged (a band of cold dw summed by the
-  // primitive stalls it: kStagedSumBytes).
-  const int64_t cap = std::max(kWeightBand, std::min(kGroupWeightBand, kStagedSumBytes / (4 * k)));
-  const int64_t band = even_tile(n, cap);
-  const Primitive* const* fams[2] = {nullptr, nullptr};  // full bands, last band
-  for (int64_t i0 = 0; i0 < n; i0 += band) {
-    const Primitive* const*& f = fams[i0 + band >= n];
-    if (!f)
-      f = gemm::family(weight_desc(t, std::min(band, n - i0), k, 0), /*vary_k=*/true, kGroupRows,
-                       kGroupChunk);
-  }
-  // Expert-major: consecutive items share the expert's rows of dy and x (kept in order by the
-  // cost sort's tie-break on plan order).
-  for (int64_t e = 0; e < experts; ++e) {
-    const int64_t rows = off[e + 1] - off[e];
-    if (rows == 0) {  // a zero-row expert adds nothing; without accumulate its dw is zeros
-      if (!accumulate) zero_rows(dw + e * n * k, n, k);
-      continue;
-    }
-    const RowChunks ch = split_rows(rows);
-    for (int64_t i0 = 0; i0 < n; i0 += band) {
-      const int64_t b = std::min(band, n - i0);
-      const Primitive* const* fam = fams[i0 + band >= n];
-      Item it = weight_tile(static_cast<const char*>(dy) + static_cast<size_t>(off[e] * n) * es,
-                            static_cast<const char*>(x) + static_cast<size_t>(off[e] * k) * es,
-                            dw + e * n * k, n, k, i0, b, es, accumulate);
-      it.full = fam[kGroupChunk];
-      it.nfull = ch.nfull;
-      it.chunk = kGroupChunk;
-      it.mid = ch.mid ? fam[ch.mid] : nullptr;
-      it.mid_rows = ch.mid;
-      it.tail = ch.tail ? fam[ch.tail] : nullptr;
-      it.tail_rows = ch.tail;
-      it.cost = static_cast<double>(rows) * static_cast<double>(b) * static_cast<double>(k);
-      items().push_back(it);
-    }
-  }
-}
-
-// ------------------------------------------------------------------ checks
 
 void check_operands(const Tensor& a, const Tensor& b, const Tensor& out, const char* op) {
   check_host({&a, &b, &out}, op);
@@ -501,20 +25,7 @@ void check_operands(const Tensor& a, const Tensor& b, const Tensor& out, const c
 std::string gemm_impl_info(GemmOp op, DType dtype, int64_t m, int64_t n, int64_t k) {
   MOE_CHECK(m > 0 && n > 0 && k > 0, "gemm_impl_info: empty shape");
   MOE_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "gemm_impl_info: f32 or bf16 only");
-  std::lock_guard<std::mutex> lock(op_mutex());
-  // The first (largest) tile of the plan the op would run.
-  Desc d;
-  if (op == GemmOp::kBackwardWeight) {
-    d = weight_desc(dtype, weight_band(n), k, std::min(m, kWeightChunk));
-  } else {
-    const bool fwd = op == GemmOp::kForward;
-    d = fwd ? fwd_desc(dtype, m, n, k, false) : bwd_data_desc(dtype, m, n, k, false);
-    const Tiles t = band_tiles(d.m, d.n, d.k, fwd ? kMaxStagedColTile : d.n);
-    if (fwd && t.tn < d.n) d.ldc = t.tn;  // staged
-    d.m = t.tm;
-    d.n = t.tn;
-  }
-  return gemm::impl_info(gemm::primitive(d));
+  return tiles::first_tile_impl(op, dtype, m, n, k);
 }
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate) {
@@ -524,13 +35,10 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& y, bool accumula
   if (m == 0 || n == 0) return;
   float* out = static_cast<float*>(y.data);
   if (k == 0) {
-    if (!accumulate) zero_rows(out, m, n);
+    if (!accumulate) tiles::zero_rows(out, m, n);
     return;
   }
-  std::lock_guard<std::mutex> lock(op_mutex());
-  items().clear();
-  plan_bands(fwd_desc(x.dtype, m, n, k, accumulate), true, x.data, w.data, out);
-  run_items(items());
+  tiles::linear_fwd(x.dtype, m, n, k, x.data, w.data, out, accumulate);
 }
 
 void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) {
@@ -540,13 +48,10 @@ void linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool a
   if (m == 0 || k == 0) return;
   float* out = static_cast<float*>(dx.data);
   if (n == 0) {
-    if (!accumulate) zero_rows(out, m, k);
+    if (!accumulate) tiles::zero_rows(out, m, k);
     return;
   }
-  std::lock_guard<std::mutex> lock(op_mutex());
-  items().clear();
-  plan_bands(bwd_data_desc(dy.dtype, m, n, k, accumulate), false, dy.data, w.data, out);
-  run_items(items());
+  tiles::linear_bwd_data(dy.dtype, m, n, k, dy.data, w.data, out, accumulate);
 }
 
 void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, bool accumulate) {
@@ -555,13 +60,10 @@ void linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, bool
   const int64_t m = dims.m, n = dims.n, k = dims.k;
   if (n == 0 || k == 0) return;
   if (m == 0) {  // an empty sum
-    if (!accumulate) zero_rows(static_cast<float*>(dw.data), n, k);
+    if (!accumulate) tiles::zero_rows(static_cast<float*>(dw.data), n, k);
     return;
   }
-  std::lock_guard<std::mutex> lock(op_mutex());
-  items().clear();
-  plan_weight(dy.dtype, m, n, k, dy.data, x.data, static_cast<float*>(dw.data), accumulate);
-  run_items(items());
+  tiles::linear_bwd_weight(dy.dtype, m, n, k, dy.data, x.data, static_cast<float*>(dw.data), accumulate);
 }
 
 void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y) {
@@ -572,14 +74,10 @@ void grouped_linear_fwd(const Tensor& x, const Tensor& w, const Tensor& offsets,
   if (off[experts] == 0 || n == 0) return;
   float* out = static_cast<float*>(y.data);
   if (k == 0) {
-    zero_rows(out, off[experts], n);
+    tiles::zero_rows(out, off[experts], n);
     return;
   }
-  std::lock_guard<std::mutex> lock(op_mutex());
-  items().clear();
-  plan_grouped_rows(fwd_desc(x.dtype, 0, n, k, false), x.data, w.data,
-                    n * k * static_cast<int64_t>(dtype_size(w.dtype)), out, off, experts, r);
-  run_items(items());
+  tiles::grouped_fwd(x.dtype, n, k, x.data, w.data, off, experts, r, out);
 }
 
 void grouped_linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& offsets,
@@ -591,14 +89,10 @@ void grouped_linear_bwd_data(const Tensor& dy, const Tensor& w, const Tensor& of
   if (off[experts] == 0 || k == 0) return;
   float* out = static_cast<float*>(dx.data);
   if (n == 0) {
-    zero_rows(out, off[experts], k);
+    tiles::zero_rows(out, off[experts], k);
     return;
   }
-  std::lock_guard<std::mutex> lock(op_mutex());
-  items().clear();
-  plan_grouped_rows(bwd_data_desc(dy.dtype, 0, n, k, false), dy.data, w.data,
-                    n * k * static_cast<int64_t>(dtype_size(w.dtype)), out, off, experts, r);
-  run_items(items());
+  tiles::grouped_bwd_data(dy.dtype, n, k, dy.data, w.data, off, experts, r, out);
 }
 
 void grouped_linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& offsets,
@@ -609,14 +103,11 @@ void grouped_linear_bwd_weight(const Tensor& dy, const Tensor& x, const Tensor& 
   const int32_t* off = checked_offsets(offsets, experts, r, "grouped_linear_bwd_weight");
   if (n == 0 || k == 0) return;
   if (off[experts] == 0) {  // no rows: every dw an empty sum
-    if (!accumulate) zero_rows(static_cast<float*>(dw.data), experts * n, k);
+    if (!accumulate) tiles::zero_rows(static_cast<float*>(dw.data), experts * n, k);
     return;
   }
-  std::lock_guard<std::mutex> lock(op_mutex());
-  items().clear();
-  plan_grouped_weight(dy.dtype, n, k, dy.data, x.data, static_cast<float*>(dw.data), off, experts,
-                      accumulate);
-  run_items(items());
+  tiles::grouped_bwd_weight(dy.dtype, n, k, dy.data, x.data, off, experts, static_cast<float*>(dw.data),
+                            accumulate);
 }
 
 }  // namespace moe::cpu

@@ -1,0 +1,606 @@
+// CPU GEMM tiles: oneDNN matmul primitives run on fixed tiles under our own OpenMP scheduling
+// (gemm_tiles.h; the ops' entry points are in gemm.cpp).
+//
+// Determinism: every output is split into tiles whose boundaries depend only on the shapes (and,
+// for grouped GEMMs, on the offsets), never on the thread count; the one exception, the bands of
+// dense weight gradients, follows the thread count where a band's size cannot change its bits
+// (weight_band). Each tile is computed on one thread by single-threaded oneDNN primitives
+// (gemm_dnnl.h): one call, or, for weight gradients and long reductions, a fixed sequence of
+// calls over consecutive chunks of the reduction accumulated in order. The reduction is never
+// split across tiles, so which thread runs a tile cannot change a bit of the result.
+//
+// Kernels: oneDNN 2.6 runs its brgemm kernels (brg:avx512_core, brg:avx512_core_bf16) only on
+// dense operands, and falls back to its JIT GEMM ("gemm:jit") on strided sub-matrices. Most tiles
+// are therefore shaped to be dense: bands of whole rows for the forward and data gradients; for a
+// forward cut into column tiles the C tile is computed in a per-thread buffer and copied out;
+// weight gradients take bands of dw rows, whose A block (a column block of dy) is packed
+// chunk by chunk into a per-thread buffer. Strided on purpose, where the JIT GEMM measured
+// faster (Zen 5): the data gradient of small-M GEMMs cut into column tiles (B a column block of
+// w); an LM head's forward (kWideWeight: C tiles written in place) and data gradient
+// (kLongReduction: A a column block of dy per chunk).
+//
+// Scheduling: all tiles of one op, across experts for grouped GEMMs, form one flat list, ordered
+// by decreasing cost and handed out dynamically, so a skewed expert load balances like an even
+// one. oneDNN stays sequential inside our region: it checks omp_in_parallel(), and we also set
+// the region's own thread count to one (an ICV local to the region's implicit tasks).
+#include "kernels/cpu/gemm_tiles.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/buffer.h"
+
+namespace moe::cpu::tiles {
+namespace {
+
+using cpu::gemm::Desc;
+using cpu::gemm::Primitive;
+using cpu::gemm::Trans;
+
+// ------------------------------------------------------------------ tile policy
+// A function of the shapes (and offsets) only, never of the thread count. Numbers measured
+// single-threaded on this CPU (Zen 4, 2 cores): bands of 64..256 rows run within a few % of one
+// whole-matrix call (f32 ~100-110, bf16 ~190-215 GFLOP/s); 16-row bands lose ~20 %.
+//
+// Forward / data gradient: row bands of kMinRowTile..kRowTile rows aiming at kMinTiles tiles so
+// the threads can share the work; when rows alone cannot give that many (small M), columns are
+// cut too, into tiles at least kMinColTile wide and kMinTileFlops big (staged forward tiles at
+// most kMaxStagedColTile wide, to bound the per-thread buffer).
+constexpr int64_t kMinRowTile = 64;
+constexpr int64_t kRowTile = 256;
+constexpr int64_t kMinColTile = 128;
+constexpr int64_t kMaxStagedColTile = 2048;
+constexpr int64_t kMinTiles = 8;
+constexpr double kMinTileFlops = 4e6;
+// Long reductions (an LM head's data gradient reduces over the vocabulary): each tile reduces in
+// chunks of kReduceChunk, in order, its A a strided column block of dy (oneDNN runs its JIT GEMM
+// there), and aims at kMinTiles / 2 row bands, since every band reads the whole weight. One
+// brgemm call over the whole reduction ran at 55% of the fp32 peak on 2 threads at 1024 x 256 x
+// 50,304 (Zen 5): chunks 80% (fp32) and 73% (bf16, 256-row bands) (docs/PERFORMANCE.md, #30
+// sixth pass).
+constexpr int64_t kLongReduction = 4096;
+constexpr int64_t kReduceChunk = 2048;
+// Wide weights (an LM head's forward, n x k at least kWideWeight elements): tiles of up to
+// kWideRowTile rows by kWideColTile columns written in place (strided C: oneDNN's JIT GEMM), so
+// each block of the weight is packed once per kWideRowTile rows instead of once per row band:
+// 1024 x 50,304 x 256 on 2 threads (Zen 5), fp32 70 -> 88% of the peak, bf16 69 -> 89%.
+constexpr int64_t kWideWeight = int64_t{1} << 20;
+constexpr int64_t kWideRowTile = 1024;
+constexpr int64_t kWideColTile = 2048;
+// Weight gradient dw(n,k): bands of kMinWeightBand..kWeightBand rows of dw (full width),
+// reducing over the rows of dy and x in chunks of kWeightChunk rows (weight_band).
+constexpr int64_t kMinWeightBand = 16;
+constexpr int64_t kWeightBand = 256;
+constexpr int64_t kWeightChunk = 512;
+// Grouped weight gradients: each expert's rows are cut into reduction chunks of kGroupChunk
+// rows, then at most one of a multiple of kGroupRows rows and one of fewer than kGroupRows (tiles
+// are (expert, band of dw rows)); the forward and data gradient cut rows as kPadRows says. Each
+// family's primitives (every length it may use) are created together, one family per
+// configuration, so a new expert load creates none. Big
+// chunks matter for hot experts: each call re-packs the expert's weights (64-row chunks cost a
+// skewed load ~10 % more than 256-row ones).
+constexpr int64_t kGroupRows = 64;
+constexpr int64_t kGroupChunk = 256;
+// Grouped weight-gradient bands: up to kGroupWeightBand rows of an expert's dw, cut evenly. Each
+// band re-packs the expert's rows of x, so an expert's whole dw in one band packs them once: on 2
+// threads (kernels_bench, Zen 5) 16 experts x 256 rows, 512 x 512, fp32 355-373 -> 399-400 GFLOP/s,
+// bf16 723-769 -> 772-823; 64 experts x 64 rows, 1024 x 512, fp32 295-331 -> 345-351, bf16
+// 448-495 -> 535-563 (256-row bands before). Shapes only: the bands never follow the threads.
+constexpr int64_t kGroupWeightBand = 1024;
+// Forward and data gradient: an expert's rows past its kGroupChunk-row chunks go in ONE call,
+// its length rounded up to kPadRows and the extra rows (the next expert's, or unused buffer
+// rows: every output row depends on its own input row only) computed into a per-thread buffer
+// and dropped. Only where the padded rows would pass the end of A does the remainder take two
+// exact calls (a multiple of kPadRows, then fewer). Measured at 128 experts x ~512 rows, uneven
+// (learned routing): 256 + 192 + a 1..63-row tail was ~60% more calls, each re-packing the
+// expert's weights, than even loads (docs/PERFORMANCE.md, expert scaling). The family holds
+// lengths 1..kPadRows-1 and the multiples of kPadRows up to kGroupChunk: 31 primitives.
+constexpr int64_t kPadRows = 16;
+// Weight gradients: a tile's product is computed into the thread's dense staging buffer and then
+// added to dw, rather than by the primitive's own accumulate (its sum post-op), when the tile
+// fits kStagedSumBytes (no more than the forward's staged tiles, kRowTile x kMaxStagedColTile
+// floats). Where dw is cold (every expert's dw, except at a step's first write, which overwrites:
+// Item::overwrite) the post-op's reads of the old C stall the micro-kernel: 57 -> 67% of the fp32
+// peak, 53 -> 71% of bf16's, at olmoe_compat's expert shape (docs/PERFORMANCE.md). The same sum,
+// C_old + product, in the same one rounding.
+constexpr int64_t kStagedSumBytes = kRowTile * kMaxStagedColTile * 4;
+bool staged_sum(int64_t band, int64_t k) { return band * k * 4 <= kStagedSumBytes; }
+
+struct RowChunks {
+  int64_t nfull, mid, tail;  // nfull chunks of kGroupChunk rows, then mid rows, then tail rows
+};
+RowChunks split_rows(int64_t rows) {
+  return {rows / kGroupChunk, rows % kGroupChunk / kGroupRows * kGroupRows, rows % kGroupRows};
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// Splits `len` into tiles of at most `max_tile`, evenly, the tile size rounded up to 16.
+int64_t even_tile(int64_t len, int64_t max_tile) {
+  const int64_t count = ceil_div(len, max_tile);
+  return std::min(len, round_up(ceil_div(len, count), 16));
+}
+
+// About len / min_tiles, rounded up to 16 and clamped to [lo, hi] (and to len).
+int64_t band_rows(int64_t len, int64_t lo, int64_t hi, int64_t min_tiles) {
+  return std::min(len, std::clamp(round_up(ceil_div(len, min_tiles), 16), lo, hi));
+}
+
+// Dense weight gradients dw(n,k): as many bands as threads, at least two. Each band re-packs the
+// chunk of x (oneDNN's B) it reduces over, so fewer, wider bands pack less: on 2 threads
+// (kernels_bench, Zen 5) 64-row bands (kMinTiles = 8, the rule before) against two: 2048x512x512
+// fp32 401-416 -> 473-505 GFLOP/s, bf16 812-877 -> 932-981; the router's 16384x128x256 bf16
+// 482-560 -> 785-869. Unlike the other tiles, the band follows the thread count: a dw element's
+// bits do not depend on the band that holds it (oneDNN reduces each element over the chunk's rows
+// in order, whatever the band's rows; Gemm.WeightBandsOfAnySizeGiveTheSameBits, and every run's
+// 1/2/3-thread bitwise tests).
+int64_t weight_band(int64_t n) {
+  const int64_t tiles = std::max(2, omp_get_max_threads());
+  return std::min(n, std::clamp(round_up(ceil_div(n, tiles), 16), kMinWeightBand, kWeightBand));
+}
+
+struct Tiles {
+  int64_t tm, tn;
+};
+
+// Forward and data gradient, C(m,n) with reduction k.
+Tiles band_tiles(int64_t m, int64_t n, int64_t k, int64_t max_tn, int64_t min_tiles) {
+  const int64_t tm = band_rows(m, kMinRowTile, kRowTile, min_tiles);
+  const int64_t mt = ceil_div(m, tm);
+  if (mt >= min_tiles) return {tm, n};
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  int64_t nt = std::max<int64_t>(1, std::min({ceil_div(min_tiles, mt), n / kMinColTile,
+                                              static_cast<int64_t>(flops / kMinTileFlops) / mt}));
+  if (nt > 1) nt = std::max(nt, ceil_div(n, max_tn));
+  return {tm, std::min(n, round_up(ceil_div(n, nt), 16))};
+}
+
+// How a forward or data gradient `d` (ta = kN) is cut: tiles, whether column tiles are staged
+// through a dense C buffer (forward column tiles, so oneDNN runs brgemm on them), and the
+// reduction chunk (0: one call over the whole reduction).
+struct BandPlan {
+  Tiles tiles;
+  bool staged = false;
+  int64_t reduce_chunk = 0;
+};
+BandPlan band_plan(const Desc& d, bool forward) {
+  if (forward && d.n * d.k >= kWideWeight)
+    return {{even_tile(d.m, kWideRowTile), even_tile(d.n, kWideColTile)}, false, 0};
+  const bool long_reduction = !forward && d.k >= kLongReduction;
+  const Tiles t = band_tiles(d.m, d.n, d.k, forward ? kMaxStagedColTile : d.n,
+                             long_reduction ? kMinTiles / 2 : kMinTiles);
+  return {t, forward && t.tn < d.n, long_reduction ? kReduceChunk : 0};
+}
+
+// One tile of `d` at rows x cols reducing `red` of its k, written (accumulate = false) or added.
+Desc tile_desc(const Desc& d, const BandPlan& p, int64_t rows, int64_t cols, int64_t red, bool accumulate) {
+  Desc td = d;
+  td.m = rows;
+  td.n = cols;
+  td.k = red;
+  if (p.staged) td.ldc = cols;
+  td.accumulate = accumulate;
+  return td;
+}
+
+// ------------------------------------------------------------------ work items
+
+// One unit of scheduled work, run on one thread: C (+)= A*B through `nfull` calls of `full`
+// (each reducing `chunk` rows), then one call of `mid` (reducing mid_rows) and one of `tail`
+// (reducing tail_rows), each if present, A and B advancing by a_row and b_row bytes per reduced
+// row between calls (weight gradients; every other item is one call of `full`).
+struct Item {
+  const char* a = nullptr;
+  const char* b = nullptr;
+  float* c = nullptr;
+  const Primitive* full = nullptr;
+  const Primitive* first = nullptr;  // the first call's, when it differs from full's (overwrites)
+  const Primitive* mid = nullptr;
+  const Primitive* tail = nullptr;
+  int64_t nfull = 1, chunk = 0, mid_rows = 0, tail_rows = 0;
+  int64_t a_row = 0, b_row = 0;
+  size_t es = 4;  // operand element size
+  // Packed A (weight gradients): each call's A block, its reduction rows x a_cols elements at
+  // leading dimension a_ld, is first copied to a dense per-thread buffer.
+  int64_t a_cols = 0, a_ld = 0;
+  // Staged C (forward column tiles): C, c_rows x c_cols at leading dimension c_ld, is computed
+  // in a dense per-thread buffer, copied in first when accumulating (c_in), then copied out.
+  int64_t c_rows = 0, c_cols = 0, c_ld = 0;
+  bool c_in = false;
+  // Padded rows (grouped forward / data gradient): the primitive computes c_pad_rows >= c_rows
+  // rows into the staging buffer; only the first c_rows are copied out.
+  int64_t c_pad_rows = 0;
+  // Weight gradients: C is the tile's c_tile contiguous floats (a band of dw rows, full width).
+  // Staged (see kStagedSumBytes): each call computes its product into the dense staging buffer,
+  // which is then added to C. Overwrite (no accumulate): the first call writes C instead of
+  // adding to it (straight from the staged primitive, or onto zeros for one that adds), so a
+  // step's first write of a gradient never reads the cold old values.
+  int64_t c_tile = 0;
+  bool staged = false, overwrite = false;
+  double cost = 0;  // for ordering: proportional to the flops
+  int64_t seq = 0;  // position in the plan: breaks cost ties
+};
+
+std::vector<Item>& items() {
+  static std::vector<Item> v;  // reused: no allocation after the first step
+  return v;
+}
+
+// Per-thread buffers for packed A and staged C.
+struct Staging {
+  Buffer a, c;
+};
+std::vector<Staging>& staging() {
+  static std::vector<Staging> s;
+  return s;
+}
+
+// The ops are serialized: they share the per-thread buffers and the primitive cache.
+std::mutex& op_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+// Copies a rows x cols block (elements of es bytes) at leading dimension src_ld to dst at
+// leading dimension dst_ld.
+void copy_block(const char* src, int64_t src_ld, char* dst, int64_t dst_ld, int64_t rows,
+                int64_t cols, size_t es) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + static_cast<size_t>(r * dst_ld) * es,
+                src + static_cast<size_t>(r * src_ld) * es, static_cast<size_t>(cols) * es);
+}
+
+// c[i] += prod[i], i < n: the sum a primitive's accumulate would do, in the same single rounding.
+void add_block(const float* prod, float* c, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) c[i] += prod[i];
+}
+
+void run_item(const Item& it, int thread) {
+  Staging& st = staging()[static_cast<size_t>(thread)];
+  float* c = it.c;
+  if (it.c_rows) {
+    c = static_cast<float*>(st.c.data());
+    if (it.c_in)
+      copy_block(reinterpret_cast<const char*>(it.c), it.c_ld, reinterpret_cast<char*>(c),
+                 it.c_cols, it.c_rows, it.c_cols, sizeof(float));
+  }
+  const char* a = it.a;
+  const char* b = it.b;
+  bool first = true;
+  if (it.overwrite && !it.staged) zero_rows(c, 1, it.c_tile);
+  auto call = [&](const Primitive* p, int64_t rows) {
+    const void* ap = a;
+    if (it.a_cols) {
+      copy_block(a, it.a_ld, static_cast<char*>(st.a.data()), it.a_cols, rows, it.a_cols, it.es);
+      ap = st.a.data();
+    }
+    if (it.staged && it.overwrite && first) {
+      cpu::gemm::execute(p, ap, b, c, thread);  // the staged primitive writes, at C's layout (band x k, dense)
+    } else if (it.staged) {
+      float* prod = static_cast<float*>(st.c.data());
+      cpu::gemm::execute(p, ap, b, prod, thread);
+      add_block(prod, c, it.c_tile);
+    } else {
+      cpu::gemm::execute(p, ap, b, c, thread);
+    }
+    a += rows * it.a_row;
+    b += rows * it.b_row;
+    first = false;
+  };
+  for (int64_t j = 0; j < it.nfull; ++j) call(j == 0 && it.first ? it.first : it.full, it.chunk);
+  if (it.mid) call(it.mid, it.mid_rows);
+  if (it.tail) call(it.tail, it.tail_rows);
+  if (it.c_rows)
+    copy_block(reinterpret_cast<const char*>(c), it.c_cols, reinterpret_cast<char*>(it.c), it.c_ld,
+               it.c_rows, it.c_cols, sizeof(float));
+}
+
+void run_items(std::vector<Item>& list) {
+  if (list.empty()) return;
+  // Largest first, then dynamic hand-out: the last items to start are the cheapest. Ties keep
+  // plan order (std::stable_sort would, but it allocates a temporary buffer on every call).
+  for (size_t i = 0; i < list.size(); ++i) list[i].seq = static_cast<int64_t>(i);
+  std::sort(list.begin(), list.end(), [](const Item& x, const Item& y) {
+    return x.cost != y.cost ? x.cost > y.cost : x.seq < y.seq;
+  });
+  size_t scratch = 0, a_bytes = 0, c_bytes = 0;
+  for (const Item& it : list) {
+    if (it.full) scratch = std::max(scratch, cpu::gemm::scratch_bytes(it.full));
+    if (it.first) scratch = std::max(scratch, cpu::gemm::scratch_bytes(it.first));
+    if (it.mid) scratch = std::max(scratch, cpu::gemm::scratch_bytes(it.mid));
+    if (it.tail) scratch = std::max(scratch, cpu::gemm::scratch_bytes(it.tail));
+    const int64_t a_rows = std::max({it.nfull > 0 ? it.chunk : 0, it.mid_rows, it.tail_rows});
+    a_bytes = std::max(a_bytes, static_cast<size_t>(a_rows * it.a_cols) * it.es);
+    c_bytes = std::max(c_bytes, static_cast<size_t>(std::max(it.c_rows, it.c_pad_rows) * it.c_cols) * sizeof(float));
+    if (it.staged) c_bytes = std::max(c_bytes, static_cast<size_t>(it.c_tile) * sizeof(float));
+  }
+  const int threads = omp_get_max_threads();
+  cpu::gemm::prepare_threads(threads, scratch);
+  auto& st = staging();
+  if (static_cast<int>(st.size()) < threads) st.resize(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) {
+    Staging& s = st[static_cast<size_t>(t)];
+    if (s.a.bytes() < a_bytes) s.a = Buffer(a_bytes);
+    if (s.c.bytes() < c_bytes) s.c = Buffer(c_bytes);
+  }
+  const int64_t n = static_cast<int64_t>(list.size());
+  std::exception_ptr error;
+#pragma omp parallel if (n > 1)
+  {
+    // oneDNN must stay on this thread. In an active region it does (omp_in_parallel()); in an
+    // inactive one (a single item) it would size its own region by omp_get_max_threads(), so
+    // that is set to one here. The ICV belongs to this region's tasks, not to the caller.
+    omp_set_num_threads(1);
+    const int thread = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) {
+      try {
+        run_item(list[static_cast<size_t>(i)], thread);
+      } catch (...) {
+#pragma omp critical(moe_gemm_error)
+        if (!error) error = std::current_exception();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+// ------------------------------------------------------------------ plans
+
+// y(m,n) (+)= x(m,k) * w(n,k)^T
+Desc fwd_desc(DType t, int64_t m, int64_t n, int64_t k, bool acc) {
+  return {t, Trans::kN, Trans::kT, m, n, k, k, k, n, acc};
+}
+// dx(m,k) (+)= dy(m,n) * w(n,k): C (m,k), reduction n
+Desc bwd_data_desc(DType t, int64_t m, int64_t n, int64_t k, bool acc) {
+  return {t, Trans::kN, Trans::kN, m, k, n, n, k, k, acc};
+}
+// A band of `band` rows of dw(n,k) += dy^T x over `rows` rows, with dy's column block packed
+// densely: A stored (rows, band), transposed. Accumulating unless the tile's sum is staged.
+Desc weight_desc(DType t, int64_t band, int64_t k, int64_t rows) {
+  return {t, Trans::kT, Trans::kN, band, k, rows, band, k, k, !staged_sum(band, k)};
+}
+
+// Forward or data gradient of a whole dense GEMM `d` (ta = kN) on a, b, c (band_plan).
+void plan_bands(const Desc& d, bool forward, const void* a, const void* b, float* c) {
+  const size_t es = dtype_size(d.dtype);
+  const BandPlan p = band_plan(d, forward);
+  const int64_t chunk = p.reduce_chunk, tail = chunk ? d.k % chunk : 0;
+  for (int64_t i0 = 0; i0 < d.m; i0 += p.tiles.tm)
+    for (int64_t j0 = 0; j0 < d.n; j0 += p.tiles.tn) {
+      const int64_t rows = std::min(p.tiles.tm, d.m - i0), cols = std::min(p.tiles.tn, d.n - j0);
+      Item it;
+      it.a = static_cast<const char*>(a) + static_cast<size_t>(i0 * d.lda) * es;
+      it.b = static_cast<const char*>(b) +
+             static_cast<size_t>(d.tb == Trans::kN ? j0 : j0 * d.ldb) * es;
+      it.c = c + i0 * d.ldc + j0;
+      it.es = es;
+      if (chunk) {  // chunks of the reduction in order: A moves along its rows, B down (tb = kN)
+        it.first = cpu::gemm::primitive(tile_desc(d, p, rows, cols, chunk, d.accumulate));
+        it.full = cpu::gemm::primitive(tile_desc(d, p, rows, cols, chunk, true));
+        it.nfull = d.k / chunk;
+        it.chunk = chunk;
+        if (tail) it.tail = cpu::gemm::primitive(tile_desc(d, p, rows, cols, tail, true));
+        it.tail_rows = tail;
+        it.a_row = static_cast<int64_t>(es);
+        it.b_row = static_cast<int64_t>(static_cast<size_t>(d.ldb) * es);
+      } else {
+        it.full = cpu::gemm::primitive(tile_desc(d, p, rows, cols, d.k, d.accumulate));
+      }
+      if (p.staged) {
+        it.c_rows = rows;
+        it.c_cols = cols;
+        it.c_ld = d.ldc;
+        it.c_in = d.accumulate;
+      }
+      it.cost = static_cast<double>(rows) * static_cast<double>(cols);
+      items().push_back(it);
+    }
+}
+
+// Grouped forward / data gradient: C rows [off[e], off[e+1]) = A rows * B_e, where B_e starts
+// b_expert bytes after B_{e-1}. `d` describes one expert (m ignored, ta = kN); A has a_rows
+// rows. Every item is a full-width chunk of rows, dense in A, B and C: kGroupChunk-row chunks,
+// then the remainder padded to kPadRows (see kPadRows).
+void plan_grouped_rows(const Desc& d, const void* a, const void* b, int64_t b_expert, float* c,
+                       const int32_t* off, int64_t experts, int64_t a_rows) {
+  const size_t es = dtype_size(d.dtype);
+  const Primitive* const* fam = cpu::gemm::family(d, /*vary_k=*/false, kPadRows, kGroupChunk);
+  for (int64_t e = 0; e < experts; ++e) {
+    const char* be = static_cast<const char*>(b) + static_cast<size_t>(e * b_expert);
+    int64_t i0 = off[e];
+    auto add = [&](int64_t rows, int64_t padded) {
+      Item it;
+      it.a = static_cast<const char*>(a) + static_cast<size_t>(i0 * d.lda) * es;
+      it.b = be;
+      it.c = c + i0 * d.ldc;
+      it.full = fam[padded];
+      it.es = es;
+      if (padded > rows) {  // staged: dense at leading dimension n (d.ldc == d.n here)
+        it.c_rows = rows;
+        it.c_cols = d.n;
+        it.c_ld = d.ldc;
+        it.c_pad_rows = padded;
+      }
+      it.cost = static_cast<double>(padded) * static_cast<double>(d.n);
+      items().push_back(it);
+      i0 += rows;
+    };
+    const int64_t rows = off[e + 1] - off[e], rest = rows % kGroupChunk;
+    for (int64_t j = 0; j < rows / kGroupChunk; ++j) add(kGroupChunk, kGroupChunk);
+    const int64_t padded = round_up(rest, kPadRows);
+    if (rest == 0) continue;
+    if (i0 + padded <= a_rows) {
+      add(rest, padded);
+    } else {
+      if (rest / kPadRows) add(rest / kPadRows * kPadRows, rest / kPadRows * kPadRows);
+      if (rest % kPadRows) add(rest % kPadRows, rest % kPadRows);
+    }
+  }
+}
+
+// One weight-gradient tile: dw rows [i0, i0+band) (full width k, at dw) (+)= dy^T x over the
+// rows starting at dy and x: nfull chunks of `chunk` rows (primitive full), then mid_rows (mid)
+// and tail_rows (tail) when those primitives are given.
+Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k, int64_t i0,
+                 int64_t band, size_t es, bool accumulate) {
+  Item it;
+  it.a = dy + static_cast<size_t>(i0) * es;
+  it.b = x;
+  it.c = dw + i0 * k;
+  it.a_row = static_cast<int64_t>(static_cast<size_t>(n) * es);
+  it.b_row = static_cast<int64_t>(static_cast<size_t>(k) * es);
+  it.es = es;
+  it.a_cols = band;
+  it.a_ld = n;
+  it.c_tile = band * k;  // dw rows [i0, i0+band), full width: contiguous
+  it.staged = staged_sum(band, k);
+  it.overwrite = !accumulate;
+  return it;
+}
+
+// dw(n,k) (+)= dy(m,n)^T x(m,k): bands of dw rows, each reducing all m rows in chunks.
+void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const void* x,
+                 float* dw, bool accumulate) {
+  const size_t es = dtype_size(t);
+  const int64_t band = weight_band(n);
+  const int64_t chunk = std::min(m, kWeightChunk), tail = m % chunk;
+  for (int64_t i0 = 0; i0 < n; i0 += band) {
+    const int64_t b = std::min(band, n - i0);
+    Item it =
+        weight_tile(static_cast<const char*>(dy), static_cast<const char*>(x), dw, n, k, i0, b, es, accumulate);
+    it.full = cpu::gemm::primitive(weight_desc(t, b, k, chunk));
+    it.nfull = m / chunk;
+    it.chunk = chunk;
+    if (tail) {
+      it.tail = cpu::gemm::primitive(weight_desc(t, b, k, tail));
+      it.tail_rows = tail;
+    }
+    it.cost = static_cast<double>(m) * static_cast<double>(b) * static_cast<double>(k);
+    items().push_back(it);
+  }
+}
+
+// Grouped: tiles (expert, band of dw[e] rows), each reducing its expert's rows in chunks
+// (split_rows), in order. Never split by rows.
+void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const void* x, float* dw,
+                         const int32_t* off, int64_t experts, bool accumulate) {
+  const size_t es = dtype_size(t);
+  // Wider than kWeightBand only while the tile stays staged (a band of cold dw summed by the
+  // primitive stalls it: kStagedSumBytes).
+  const int64_t cap = std::max(kWeightBand, std::min(kGroupWeightBand, kStagedSumBytes / (4 * k)));
+  const int64_t band = even_tile(n, cap);
+  const Primitive* const* fams[2] = {nullptr, nullptr};  // full bands, last band
+  for (int64_t i0 = 0; i0 < n; i0 += band) {
+    const Primitive* const*& f = fams[i0 + band >= n];
+    if (!f)
+      f = cpu::gemm::family(weight_desc(t, std::min(band, n - i0), k, 0), /*vary_k=*/true, kGroupRows,
+                       kGroupChunk);
+  }
+  // Expert-major: consecutive items share the expert's rows of dy and x (kept in order by the
+  // cost sort's tie-break on plan order).
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t rows = off[e + 1] - off[e];
+    if (rows == 0) {  // a zero-row expert adds nothing; without accumulate its dw is zeros
+      if (!accumulate) zero_rows(dw + e * n * k, n, k);
+      continue;
+    }
+    const RowChunks ch = split_rows(rows);
+    for (int64_t i0 = 0; i0 < n; i0 += band) {
+      const int64_t b = std::min(band, n - i0);
+      const Primitive* const* fam = fams[i0 + band >= n];
+      Item it = weight_tile(static_cast<const char*>(dy) + static_cast<size_t>(off[e] * n) * es,
+                            static_cast<const char*>(x) + static_cast<size_t>(off[e] * k) * es,
+                            dw + e * n * k, n, k, i0, b, es, accumulate);
+      it.full = fam[kGroupChunk];
+      it.nfull = ch.nfull;
+      it.chunk = kGroupChunk;
+      it.mid = ch.mid ? fam[ch.mid] : nullptr;
+      it.mid_rows = ch.mid;
+      it.tail = ch.tail ? fam[ch.tail] : nullptr;
+      it.tail_rows = ch.tail;
+      it.cost = static_cast<double>(rows) * static_cast<double>(b) * static_cast<double>(k);
+      items().push_back(it);
+    }
+  }
+}
+
+}  // namespace
+
+void zero_rows(float* c, int64_t rows, int64_t cols) {
+  std::memset(c, 0, static_cast<size_t>(rows * cols) * sizeof(float));
+}
+
+void linear_fwd(DType t, int64_t m, int64_t n, int64_t k, const void* x, const void* w, float* y, bool accumulate) {
+  std::lock_guard<std::mutex> lock(op_mutex());
+  items().clear();
+  plan_bands(fwd_desc(t, m, n, k, accumulate), /*forward=*/true, x, w, y);
+  run_items(items());
+}
+
+void linear_bwd_data(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const void* w, float* dx,
+                     bool accumulate) {
+  std::lock_guard<std::mutex> lock(op_mutex());
+  items().clear();
+  plan_bands(bwd_data_desc(t, m, n, k, accumulate), /*forward=*/false, dy, w, dx);
+  run_items(items());
+}
+
+void linear_bwd_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const void* x, float* dw,
+                       bool accumulate) {
+  std::lock_guard<std::mutex> lock(op_mutex());
+  items().clear();
+  plan_weight(t, m, n, k, dy, x, dw, accumulate);
+  run_items(items());
+}
+
+void grouped_fwd(DType t, int64_t n, int64_t k, const void* x, const void* w, const int32_t* off, int64_t experts,
+                 int64_t rows, float* y) {
+  std::lock_guard<std::mutex> lock(op_mutex());
+  items().clear();
+  plan_grouped_rows(fwd_desc(t, 0, n, k, false), x, w, n * k * static_cast<int64_t>(dtype_size(t)), y, off,
+                    experts, rows);
+  run_items(items());
+}
+
+void grouped_bwd_data(DType t, int64_t n, int64_t k, const void* dy, const void* w, const int32_t* off,
+                      int64_t experts, int64_t rows, float* dx) {
+  std::lock_guard<std::mutex> lock(op_mutex());
+  items().clear();
+  plan_grouped_rows(bwd_data_desc(t, 0, n, k, false), dy, w, n * k * static_cast<int64_t>(dtype_size(t)), dx,
+                    off, experts, rows);
+  run_items(items());
+}
+
+void grouped_bwd_weight(DType t, int64_t n, int64_t k, const void* dy, const void* x, const int32_t* off,
+                        int64_t experts, float* dw, bool accumulate) {
+  std::lock_guard<std::mutex> lock(op_mutex());
+  items().clear();
+  plan_grouped_weight(t, n, k, dy, x, dw, off, experts, accumulate);
+  run_items(items());
+}
+
+std::string first_tile_impl(GemmOp op, DType dtype, int64_t m, int64_t n, int64_t k) {
+  std::lock_guard<std::mutex> lock(op_mutex());
+  Desc d;
+  if (op == GemmOp::kBackwardWeight) {
+    d = weight_desc(dtype, weight_band(n), k, std::min(m, kWeightChunk));
+  } else {
+    const bool fwd = op == GemmOp::kForward;
+    d = fwd ? fwd_desc(dtype, m, n, k, false) : bwd_data_desc(dtype, m, n, k, false);
+    const BandPlan p = band_plan(d, fwd);
+    d = tile_desc(d, p, p.tiles.tm, p.tiles.tn, p.reduce_chunk ? p.reduce_chunk : d.k, false);
+  }
+  return cpu::gemm::impl_info(cpu::gemm::primitive(d));
+}
+
+}  // namespace moe::cpu::tiles
