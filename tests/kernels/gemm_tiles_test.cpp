@@ -106,7 +106,7 @@ TEST_P(GemmTiles, LongReductionAndWideWeightIgnoreTheThreadCount) {
     }
 }
 
-// Dense weight gradients cut dw into one band per thread (cpu gemm.cpp: weight_band), so the
+// Dense weight gradients cut dw into one band per thread (cpu gemm_tiles.cpp: weight_band), so the
 // bands' rows change with the thread count: every element's bits must not (here 1..8 threads give
 // bands of 16 to 256 rows, with tails, reduction chunks with tails, fp32 and bf16, overwrite and
 // accumulate).
