@@ -60,16 +60,17 @@ constexpr int64_t kMinTiles = 8;
 constexpr double kMinTileFlops = 4e6;
 // Long reductions (an LM head's data gradient reduces over the vocabulary): each tile reduces in
 // chunks of kReduceChunk, in order, its A a strided column block of dy (oneDNN runs its JIT GEMM
-// there), and aims at kMinTiles / 2 row bands, since every band reads the whole weight. One
-// brgemm call over the whole reduction ran at 55% of the fp32 peak on 2 threads at 1024 x 256 x
-// 50,304 (Zen 5): chunks 80% (fp32) and 73% (bf16, 256-row bands) (docs/PERFORMANCE.md, #30
-// sixth pass).
+// there), and aims at kMinTiles / 2 row bands, since every band reads the whole weight. At
+// 1024 x 256 x 50,304 on 2 threads (Zen 5, kernels_bench), one brgemm call per band over the whole
+// reduction against these chunks: fp32 343-348 -> 501-516 GFLOP/s, bf16 770 -> 845
+// (docs/PERFORMANCE.md, #30 sixth pass).
 constexpr int64_t kLongReduction = 4096;
 constexpr int64_t kReduceChunk = 2048;
 // Wide weights (an LM head's forward, n x k at least kWideWeight elements): tiles of up to
 // kWideRowTile rows by kWideColTile columns written in place (strided C: oneDNN's JIT GEMM), so
 // each block of the weight is packed once per kWideRowTile rows instead of once per row band:
-// 1024 x 50,304 x 256 on 2 threads (Zen 5), fp32 70 -> 88% of the peak, bf16 69 -> 89%.
+// 1024 x 50,304 x 256 on 2 threads (Zen 5, kernels_bench), fp32 349-356 -> 511-514 GFLOP/s, bf16
+// 855-867 -> 986-1,003.
 constexpr int64_t kWideWeight = int64_t{1} << 20;
 constexpr int64_t kWideRowTile = 1024;
 constexpr int64_t kWideColTile = 2048;
