@@ -535,6 +535,15 @@ void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const vo
   }
 }
 
+// Plans one whole op into the item list and runs it, serialized with the other ops.
+template <class Plan>
+void run_op(const Plan& plan) {
+  std::lock_guard<std::mutex> lock(op_mutex());
+  items().clear();
+  plan();
+  run_items(items());
+}
+
 }  // namespace
 
 void zero_rows(float* c, int64_t rows, int64_t cols) {
@@ -542,52 +551,46 @@ void zero_rows(float* c, int64_t rows, int64_t cols) {
 }
 
 void linear_fwd(DType t, int64_t m, int64_t n, int64_t k, const void* x, const void* w, float* y, bool accumulate) {
-  std::lock_guard<std::mutex> lock(op_mutex());
-  items().clear();
-  plan_bands(fwd_desc(t, m, n, k, accumulate), /*forward=*/true, x, w, y);
-  run_items(items());
+  run_op([&] {
+    plan_bands(fwd_desc(t, m, n, k, accumulate), /*forward=*/true, x, w, y);
+  });
 }
 
 void linear_bwd_data(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const void* w, float* dx,
                      bool accumulate) {
-  std::lock_guard<std::mutex> lock(op_mutex());
-  items().clear();
-  plan_bands(bwd_data_desc(t, m, n, k, accumulate), /*forward=*/false, dy, w, dx);
-  run_items(items());
+  run_op([&] {
+    plan_bands(bwd_data_desc(t, m, n, k, accumulate), /*forward=*/false, dy, w, dx);
+  });
 }
 
 void linear_bwd_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const void* x, float* dw,
                        bool accumulate) {
-  std::lock_guard<std::mutex> lock(op_mutex());
-  items().clear();
-  plan_weight(t, m, n, k, dy, x, dw, accumulate);
-  run_items(items());
+  run_op([&] {
+    plan_weight(t, m, n, k, dy, x, dw, accumulate);
+  });
 }
 
 void grouped_fwd(DType t, int64_t n, int64_t k, const void* x, const void* w, const int32_t* off, int64_t experts,
                  int64_t rows, float* y) {
-  std::lock_guard<std::mutex> lock(op_mutex());
-  items().clear();
-  plan_grouped_rows(fwd_desc(t, 0, n, k, false), x, w, n * k * static_cast<int64_t>(dtype_size(t)), y, off,
-                    experts, rows);
-  run_items(items());
+  run_op([&] {
+    plan_grouped_rows(fwd_desc(t, 0, n, k, false), x, w, n * k * static_cast<int64_t>(dtype_size(t)), y, off,
+                      experts, rows);
+  });
 }
 
 void grouped_bwd_data(DType t, int64_t n, int64_t k, const void* dy, const void* w, const int32_t* off,
                       int64_t experts, int64_t rows, float* dx) {
-  std::lock_guard<std::mutex> lock(op_mutex());
-  items().clear();
-  plan_grouped_rows(bwd_data_desc(t, 0, n, k, false), dy, w, n * k * static_cast<int64_t>(dtype_size(t)), dx,
-                    off, experts, rows);
-  run_items(items());
+  run_op([&] {
+    plan_grouped_rows(bwd_data_desc(t, 0, n, k, false), dy, w, n * k * static_cast<int64_t>(dtype_size(t)), dx,
+                      off, experts, rows);
+  });
 }
 
 void grouped_bwd_weight(DType t, int64_t n, int64_t k, const void* dy, const void* x, const int32_t* off,
                         int64_t experts, float* dw, bool accumulate) {
-  std::lock_guard<std::mutex> lock(op_mutex());
-  items().clear();
-  plan_grouped_weight(t, n, k, dy, x, dw, off, experts, accumulate);
-  run_items(items());
+  run_op([&] {
+    plan_grouped_weight(t, n, k, dy, x, dw, off, experts, accumulate);
+  });
 }
 
 std::string first_tile_impl(GemmOp op, DType dtype, int64_t m, int64_t n, int64_t k) {

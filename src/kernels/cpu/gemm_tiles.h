@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/tensor.h"
 #include "kernels/cpu/gemm_dnnl.h"
