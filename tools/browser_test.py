@@ -216,6 +216,20 @@ def expected(key, plan, sweep):
     return node
 
 
+# A figure with 7 or more decimals or in exponent notation, as a whole token: floating-point noise.
+# Only whole tokens: a file name the page echoes (tmpe27e7du8.jsonl) is not a number.
+NOISE = re.compile(r"(?<![\w.])(?:\d*\.\d{7,}|\d+(?:\.\d+)?[eE][-+]?\d+)(?![\w.])")
+
+
+def noise_check_works():
+    """The noise pattern's own check, run with the planted-error self-check."""
+    caught = all(NOISE.search(t) for t in ("x 0.30000000000000004 y", "1e-07", "2.5E+12 tokens"))
+    passed = not any(NOISE.search(t) for t in ("tmpe27e7du8.jsonl:", "1,005,300 tokens/s", "v1e3", "12.25 GiB"))
+    print("noise pattern catches noise and passes names and rounded figures" if caught and passed
+          else "noise pattern check FAILED")
+    return caught and passed
+
+
 def shown_noise(b, label):
     """Numbers the page shows (text, SVG labels, hover titles) must be rounded: a figure with 7 or
     more decimals or in exponent notation is floating-point noise printed as a number."""
@@ -224,7 +238,7 @@ def shown_noise(b, label):
         ...[...document.querySelectorAll('[title]')].map(e => e.getAttribute('title'))])()""")
     bad = []
     for t in texts:
-        for m in re.finditer(r"\d*\.\d{7,}|\d[eE][-+]?\d+", t):
+        for m in NOISE.finditer(t):
             bad.append(f"{label}: the page shows {t[max(0, m.start() - 40):m.end() + 10]!r}")
     return bad[:5]
 
@@ -263,7 +277,7 @@ def main():
     try:
         open_page(b, url)
         if a.expect_planted_error:
-            return 0 if planted_errors_caught(b) else 1
+            return 0 if planted_errors_caught(b) and noise_check_works() else 1
         failures += compare(b, a.moecore, "default input")
         # A layout set through the page's controls, with recompute, ZeRO-1 and fp32.
         set_controls(b, {"dp": 4, "ep": 2, "pp": 2, "v": 2, "recompute": True, "zero1": True, "precision": "fp32", "cf": 1.0})
@@ -282,9 +296,11 @@ def main():
             print("bad layout: the page shows the command line's error:", shown[:80])
         set_controls(b, {"dp": 2, "ep": 2})
         # A metrics.jsonl through the file input (two steps, one line that is not a record).
-        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        # A fixed name: the page shows it, and a random one could look like a number.
+        metrics_dir = tempfile.mkdtemp()
+        metrics = os.path.join(metrics_dir, "metrics.jsonl")
+        with open(metrics, "w") as f:
             f.write('{"step": 1, "tokens_per_s": 1500.5}\n{"step": 2, "tokens_per_s": 1612.25}\nnot json\n')
-            metrics = f.name
         node = b.send("DOM.querySelector", {"nodeId": b.send("DOM.getDocument")["root"]["nodeId"], "selector": "#metrics"})["nodeId"]
         b.send("DOM.setFileInputFiles", {"files": [metrics], "nodeId": node})
         for _ in range(50):
@@ -298,6 +314,7 @@ def main():
         else:
             print("metrics.jsonl overlay:", note)
         os.unlink(metrics)
+        os.rmdir(metrics_dir)
         # The 1.2T model on 512 B300 (random routing: the capacity drops' normal approximation, whose
         # exp and erfc come from the browser build's libm), and a layout sweep of 512 ranks.
         set_controls(b, {"model": "olmo3_v7_1t", "cluster": "b300", "ranks": 512, "dp": 64, "ep": 8, "pp": 8, "v": 2, "micro": 1,
