@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/buffer.h"
@@ -165,13 +166,23 @@ void grouped_args(benchmark::internal::Benchmark* b) {
         for (int skew : {0, 1}) b->Args({op, dt, 64, 64, 1024, 512, skew, threads});
   // The expert-scaling bench's MoE layer at 128 experts (bench/expert_scaling.sh): 512 rows per
   // expert on average, expert_hidden = d_model = 256; balanced vs learned-routing-like loads.
+  // And its other end, 8 experts of 8,192 rows each (the same FLOPs).
   for (int dt : {0, 1})
-    for (int op : {kFwd, kBwdData, kBwdWeight})
+    for (int op : {kFwd, kBwdData, kBwdWeight}) {
       for (int skew : {0, 2}) b->Args({op, dt, 128, 512, 256, 256, skew, 2});
+      b->Args({op, dt, 8, 8192, 256, 256, 0, 2});
+    }
   // olmoe_compat.toml's MoE layer: 16 experts, top-2 of 2,048 tokens (256 rows each on average),
   // d_model = expert_hidden = 512 (the gate, up and down projections are each one such GEMM).
   for (int dt : {0, 1})
     for (int op : {kFwd, kBwdData, kBwdWeight}) b->Args({op, dt, 16, 256, 512, 512, 0, 2});
+  // fine_grained.toml's MoE layer: 64 experts, top-4 of a 1,024-token micro-batch (64 rows each on
+  // average), d_model 256, expert_hidden 128: the gate and up projections (n 128, k 256), the
+  // down projection (n 256, k 128).
+  for (int dt : {0, 1})
+    for (int op : {kFwd, kBwdData, kBwdWeight})
+      for (const auto& [n, k] : {std::pair<int64_t, int64_t>{128, 256}, {256, 128}})
+        b->Args({op, dt, 64, 64, n, k, 0, 2});
 }
 
 BENCHMARK(BM_GemmLinear)->Apply(linear_args)->UseRealTime()->Unit(benchmark::kMicrosecond);

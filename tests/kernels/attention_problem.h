@@ -53,9 +53,9 @@ struct Problem {
   }
 };
 
-template <class Ns> void run(Problem& p, const Tensor& doc = Tensor()) {
-  Ns::attention_fwd(p.q, p.k, p.v, p.o, p.lse, doc);
-  Ns::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dk, p.dv, doc);
+template <class Ns> void run(Problem& p, const Tensor& doc = Tensor(), bool bf16_products = false) {
+  Ns::attention_fwd(p.q, p.k, p.v, p.o, p.lse, doc, bf16_products);
+  Ns::attention_bwd(p.dout, p.q, p.k, p.v, p.o, p.lse, p.dq, p.dk, p.dv, doc, bf16_products);
 }
 struct Ref {
   static void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,

@@ -476,8 +476,10 @@ TEST_P(AttentionDocMask, OneDocumentIsBitwisePlainCausalAndThreadCountFree) {
 // and recomputes them where it holds none. Here 4 pairs of 2 heads x 10 tile pairs x 16 KiB
 // (320 KiB each): 0.4 MiB runs 4 rounds, 0.7 MiB 2, the default 1, 0 recomputes. Rounds change no
 // bit; the recomputing dq pass (scores as k . (c q) instead of q . (c k)) differs from the stored
-// one by rounding only: dk, dv bitwise, every path's dq within the f64 reference's bounds. Other
-// backends ignore the variable: every comparison then holds trivially.
+// one by rounding only: dk, dv bitwise, every path's dq within the f64 reference's bounds. With
+// bf16 products the tiles are kept as bf16 pair rows (half the bytes, in the same slots): the
+// same, against the reference on bf16-rounded operands at the bf16 bound. Other backends ignore
+// the variable: every comparison then holds trivially.
 MOE_BACKEND_SUITE(AttentionBackwardStore);
 
 TEST_P(AttentionBackwardStore, RoundsAreBitwiseAndRecomputingMatchesTheReference) {
@@ -486,29 +488,30 @@ TEST_P(AttentionBackwardStore, RoundsAreBitwiseAndRecomputingMatchesTheReference
   SCOPED_TRACE("seed " + std::to_string(seed));
   Problem p(s, DType::kF64);
   p.fill(s, seed);
-  for (const bool docs : {false, true}) {
-    SCOPED_TRACE(docs ? "documents" : "causal");
-    const OwnedTensor doc = doc_starts(s.B, s.S, kDocs);
-    const Tensor doc_t = docs ? static_cast<const Tensor&>(doc) : Tensor();
-    Problem ref64 = p.converted(s, DType::kF64);
-    run<Ref>(ref64, doc_t);
-    std::vector<Problem> runs;
-    for (const char* mb : {"", "0.4", "0.7", "0"}) {
-      if (*mb) ::setenv("MOE_CPU_ATTENTION_STORE_MB", mb, 1);
-      else ::unsetenv("MOE_CPU_ATTENTION_STORE_MB");
-      runs.push_back(p.converted(s, DType::kF32));
-      run<Fast>(runs.back(), doc_t);
-      EXPECT_LE(rel_error(runs.back().dq, ref64.dq), kTolGrad) << "store " << mb;
-    }
-    ::unsetenv("MOE_CPU_ATTENTION_STORE_MB");
-    for (size_t i = 1; i < runs.size(); ++i) {
-      EXPECT_TRUE(test::bitwise_equal(runs[i].dk, runs[0].dk)) << i;
-      EXPECT_TRUE(test::bitwise_equal(runs[i].dv, runs[0].dv)) << i;
-      if (i < 3) {
-        EXPECT_TRUE(test::bitwise_equal(runs[i].dq, runs[0].dq)) << i;
+  for (const bool bf16 : {false, true})
+    for (const bool docs : {false, true}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16 products, " : "fp32 products, ") + (docs ? "documents" : "causal"));
+      const OwnedTensor doc = doc_starts(s.B, s.S, kDocs);
+      const Tensor doc_t = docs ? static_cast<const Tensor&>(doc) : Tensor();
+      Problem ref64 = bf16 ? rounded_to_bf16(p, s) : p.converted(s, DType::kF64);
+      run<Ref>(ref64, doc_t);
+      std::vector<Problem> runs;
+      for (const char* mb : {"", "0.4", "0.7", "0"}) {
+        if (*mb) ::setenv("MOE_CPU_ATTENTION_STORE_MB", mb, 1);
+        else ::unsetenv("MOE_CPU_ATTENTION_STORE_MB");
+        runs.push_back(p.converted(s, DType::kF32));
+        run<Fast>(runs.back(), doc_t, bf16);
+        EXPECT_LE(rel_error(runs.back().dq, ref64.dq), bf16 ? kTolGradBf16 : kTolGrad) << "store " << mb;
+      }
+      ::unsetenv("MOE_CPU_ATTENTION_STORE_MB");
+      for (size_t i = 1; i < runs.size(); ++i) {
+        EXPECT_TRUE(test::bitwise_equal(runs[i].dk, runs[0].dk)) << i;
+        EXPECT_TRUE(test::bitwise_equal(runs[i].dv, runs[0].dv)) << i;
+        if (i < 3) {
+          EXPECT_TRUE(test::bitwise_equal(runs[i].dq, runs[0].dq)) << i;
+        }
       }
     }
-  }
 }
 
 }  // namespace

@@ -19,7 +19,8 @@
 //   pass 0: D = rowsum(dO * O)                            parallel over (batch, position)
 //   pass 1: dk, dv, parallel over (batch, kv head, key tile), looping over the group's query heads
 //           and then query tiles in a fixed order; scores recomputed from q, k and lse.
-//           Each tile's ds is also kept, transposed, in a store (kernels/cpu_memory.h).
+//           Each tile's ds is also kept in a store (kernels/cpu_memory.h), transposed, in the
+//           form pass 2 reads (fp32, or bf16 pair rows for bf16 products).
 //   pass 2: dq, parallel over (batch, head, query tile), looping over key tiles: dq^T += k^T ds
 //           from the store (5 tile products in all, as the FLOP count says). Where one (batch,
 //           kv head) pair's tiles exceed the store's bound, pass 2 recomputes the scores and dp
@@ -249,10 +250,11 @@ void backward_kv_tile(const Dims& d, typename P::Operand dout, typename P::Opera
           vstore(dps, vmul(p, vsub(vload(dps), Di)));
         }
       }
-      if (ds_store)  // keys x queries, query lanes past nq zero, as pass 2's accumulate reads it
-        pack_transposed(ds_tile, kTile, nq, nk, 1.0f,
-                        ds_store + static_cast<size_t>(h - g * d.rep()) * tile_pairs(d.tiles()) * kTile * kTile +
-                            stored_tile(q0 / kTile, kt));
+      if (ds_store)  // in the form pass 2's accumulation reads (the policy's keep_ds)
+        P::keep_ds(ds_tile, nq, nk,
+                   ds_store + static_cast<size_t>(h - g * d.rep()) * tile_pairs(d.tiles()) * kTile * kTile +
+                       stored_tile(q0 / kTile, kt),
+                   extra);
       P::accum(dout + qoff, d.qstride(), nq, p_tile, hd, dv_panel, nullptr, tri, extra);  // dv^T += dO^T p
       P::accum(q + qoff, d.qstride(), nq, ds_tile, hd, dk_panel, nullptr, tri, extra);    // dk^T += q^T ds
     }
@@ -280,9 +282,9 @@ void backward_q_tile_stored(const Dims& d, typename P::Operand k, float* ds_head
   for (int64_t k0 = kfirst; k0 < q0 + nq; k0 += kTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kTile, d.S - k0));
     const Tri tri = k0 == q0 ? kUpper : kFull;  // as in the forward
-    // RoundedProducts rounds the tile in place: this is its only reader.
+    // RoundedProducts rounds the kept tile in place: this is its only reader.
     float* ds = ds_head + stored_tile(qt, k0 / kTile);
-    P::accum(k + ((b * d.S + k0) * d.G + g) * hd, d.kstride(), nk, ds, hd, dq_panel, nullptr, tri, extra);
+    P::accum_kept(k + ((b * d.S + k0) * d.G + g) * hd, d.kstride(), nk, ds, hd, dq_panel, tri, extra);
   }
   float mul[kTile];
   std::fill(mul, mul + kTile, 1.0f / std::sqrt(static_cast<float>(hd)));
@@ -364,18 +366,27 @@ float* caller_buffer(size_t floats) {
 }
 
 #if defined(MOE_ATTENTION_BF16)
-// Grow-only buffers on the calling thread for the tensors packed once per op (q, k, v, dO), fp32
-// (rounded) or bf16 (copied).
-Bf16Tensor pack_for_bf16(int slot, const Tensor& x, int64_t B, int64_t S, int64_t row) {
+// Grow-only buffers on the calling thread for the tensors packed once per op (q, k, v, dO), in the
+// forms the op reads: rows (the scores' broadcast operand and the panels) and pair rows (the
+// accumulations' broadcast operand). A bf16 tensor's rows are the tensor itself, not a copy.
+struct Forms {
+  bool rows, pairs;
+};
+Bf16Tensor pack_for_bf16(int slot, const Tensor& x, int64_t B, int64_t S, int64_t row, Forms forms) {
   thread_local Buffer bufs[4];
+  const bool own_rows = forms.rows && x.dtype != DType::kBF16;
   const size_t n = static_cast<size_t>(B * S * row), np = static_cast<size_t>(B * ((S + 1) / 2) * row);
-  const size_t bytes = n * sizeof(uint16_t) + 64 + np * sizeof(uint32_t);
+  const size_t row_bytes = own_rows ? (n * sizeof(uint16_t) + 63) / 64 * 64 : 0;
+  const size_t bytes = row_bytes + (forms.pairs ? np * sizeof(uint32_t) : 0);
   Buffer& buf = bufs[slot];
   if (buf.bytes() < bytes) buf = Buffer(bytes);
-  auto* rows = static_cast<uint16_t*>(buf.data());
-  auto* pairs = reinterpret_cast<uint32_t*>(static_cast<char*>(buf.data()) + (n * sizeof(uint16_t) + 63) / 64 * 64);
-  if (x.dtype == DType::kBF16) pack_bf16_tensor(x.as<bf16>(), B, S, row, rows, pairs);
-  else pack_bf16_tensor(x.as<float>(), B, S, row, rows, pairs);
+  uint16_t* rows = own_rows ? static_cast<uint16_t*>(buf.data()) : nullptr;
+  uint32_t* pairs = forms.pairs ? reinterpret_cast<uint32_t*>(static_cast<char*>(buf.data()) + row_bytes) : nullptr;
+  if (x.dtype == DType::kBF16) {
+    pack_bf16_tensor(x.as<bf16>(), B, S, row, nullptr, pairs);
+    return {forms.rows ? reinterpret_cast<const uint16_t*>(x.as<bf16>()) : nullptr, pairs, S, row};
+  }
+  pack_bf16_tensor(x.as<float>(), B, S, row, rows, pairs);
   return {rows, pairs, S, row};
 }
 #endif
@@ -465,8 +476,10 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     float* lp = lse.as<float>();
 #if defined(MOE_ATTENTION_BF16)
     if (use_bf16(bf16_products, d.hd)) {
-      const Bf16Tensor tq = pack_for_bf16(0, q, d.B, d.S, d.qstride()), tk = pack_for_bf16(1, k, d.B, d.S, d.kstride()),
-                       tv = pack_for_bf16(2, v, d.B, d.S, d.kstride());
+      // The forward reads q and k as rows (q's panel, k in the scores), v as pair rows.
+      const Bf16Tensor tq = pack_for_bf16(0, q, d.B, d.S, d.qstride(), {true, false}),
+                       tk = pack_for_bf16(1, k, d.B, d.S, d.kstride(), {true, false}),
+                       tv = pack_for_bf16(2, v, d.B, d.S, d.kstride(), {false, true});
       run_forward<Bf16Products>(d, {&tq, 0}, {&tk, 0}, {&tv, 0}, op, lp);
       return;
     }
@@ -515,10 +528,12 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
 
 #if defined(MOE_ATTENTION_BF16)
   if (use_bf16(bf16_products, d.hd)) {
-    const Bf16Tensor tdo = pack_for_bf16(0, dout, d.B, d.S, d.qstride()),
-                     tq = pack_for_bf16(1, q, d.B, d.S, d.qstride()),
-                     tk = pack_for_bf16(2, k, d.B, d.S, d.kstride()),
-                     tv = pack_for_bf16(3, v, d.B, d.S, d.kstride());
+    // The backward reads dO, q and k in both forms (scores or panels, and accumulations), v as
+    // rows only (its panel, and the recomputed dp).
+    const Bf16Tensor tdo = pack_for_bf16(0, dout, d.B, d.S, d.qstride(), {true, true}),
+                     tq = pack_for_bf16(1, q, d.B, d.S, d.qstride(), {true, true}),
+                     tk = pack_for_bf16(2, k, d.B, d.S, d.kstride(), {true, true}),
+                     tv = pack_for_bf16(3, v, d.B, d.S, d.kstride(), {true, false});
     run_backward<Bf16Products>(d, {&tdo, 0}, {&tq, 0}, {&tk, 0}, {&tv, 0}, lp, D, dqp, dkp, dvp);
     return;
   }

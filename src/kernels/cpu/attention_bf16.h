@@ -62,6 +62,15 @@ inline void pack_pair_rows(const float* src, int64_t stride, int n, int w, uint3
   }
 }
 
+// Rows [0, n) of a strided fp32 block, w values each (w a multiple of 16), as bf16 in order:
+// dst row r = w / 2 words, word j = (A[r][2j], A[r][2j+1]).
+inline void round_rows_bf16(const float* src, int64_t stride, int n, int w, uint32_t* dst) {
+  for (int r = 0; r < n; ++r)
+    for (int m = 0; m < w; m += kLanes)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<uint16_t*>(dst + r * (w / 2)) + m),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_hi(vload(src + r * stride + m)), 16)));
+}
+
 // Scores, rows r < MR, lane vectors V0..V1: C[r*kTile + x] = mul * sum_j dot2(A[r][j], Bt[j][x]).
 template <int MR, int V0, int V1>
 inline void scores_block_bf16(const uint32_t* a, int64_t as, int hp, const uint32_t* bt, float mul,
@@ -191,8 +200,8 @@ inline void accum_bf16(const uint32_t* a2, int64_t w, int rows, const uint32_t* 
 // accumulations broadcast. Packed once per op instead of once per tile and use (every tile of
 // q, k, v and dO takes part in many tile products).
 struct Bf16Tensor {
-  const uint16_t* rows = nullptr;   // B * S * row
-  const uint32_t* pairs = nullptr;  // B * ceil(S/2) * row
+  const uint16_t* rows = nullptr;   // B * S * row (a bf16 input's own storage); null: not packed
+  const uint32_t* pairs = nullptr;  // B * ceil(S/2) * row; null: not packed
   int64_t S = 0, row = 0;           // positions per sequence; elements per position (heads x hd)
 };
 
@@ -217,24 +226,28 @@ inline vf vload_any(const bf16* p) {
 }
 
 // Packs x (B, S, row), fp32 (rounded) or bf16 (copied), into rows (B*S*row bf16) and pairs
-// (B*ceil(S/2)*row words).
+// (B*ceil(S/2)*row words); a null destination is a form not wanted.
 template <class X>
 inline void pack_bf16_tensor(const X* x, int64_t B, int64_t S, int64_t row, uint16_t* rows, uint32_t* pairs) {
   const int64_t n = B * S * row, sp = (S + 1) / 2;
 #pragma omp parallel
   {
+    if (rows) {
 #pragma omp for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) rows[i] = elem::bf16_bits(elem::load(x[i]));
+      for (int64_t i = 0; i < n; ++i) rows[i] = elem::bf16_bits(elem::load(x[i]));
+    }
+    if (pairs) {
 #pragma omp for schedule(static)
-    for (int64_t bp = 0; bp < B * sp; ++bp) {
-      const int64_t b = bp / sp, s = 2 * (bp % sp);
-      const X* a = x + (b * S + s) * row;
-      const X* c = s + 1 < S ? a + row : nullptr;
-      uint32_t* o = pairs + bp * row;
-      int64_t j = 0;
-      for (; j + kLanes <= row; j += kLanes)
-        _mm512_storeu_si512(o + j, pair_lanes(vload_any(a + j), c ? vload_any(c + j) : _mm512_setzero_ps()));
-      for (; j < row; ++j) o[j] = pair_scalar(elem::load(a[j]), c ? elem::load(c[j]) : 0.0f);
+      for (int64_t bp = 0; bp < B * sp; ++bp) {
+        const int64_t b = bp / sp, s = 2 * (bp % sp);
+        const X* a = x + (b * S + s) * row;
+        const X* c = s + 1 < S ? a + row : nullptr;
+        uint32_t* o = pairs + bp * row;
+        int64_t j = 0;
+        for (; j + kLanes <= row; j += kLanes)
+          _mm512_storeu_si512(o + j, pair_lanes(vload_any(a + j), c ? vload_any(c + j) : _mm512_setzero_ps()));
+        for (; j < row; ++j) o[j] = pair_scalar(elem::load(a[j]), c ? elem::load(c[j]) : 0.0f);
+      }
     }
   }
 }

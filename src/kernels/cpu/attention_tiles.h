@@ -165,6 +165,15 @@ struct F32Products {
                     const vf* alpha, Tri tri, float*) {
     accum_f32(a, astride, rows, p, hd, c, alpha, tri);
   }
+  // The backward's pass 1 keeps each tile's ds (queries x keys) for pass 2 in the form pass 2's
+  // accumulation (dq^T += k^T ds) reads: here keys x queries, query lanes past nq zero.
+  static void keep_ds(const float* ds, int nq, int nk, float* dst, float*) {
+    pack_transposed(ds, kTile, nq, nk, 1.0f, dst);
+  }
+  static void accum_kept(const float* a, int64_t astride, int rows, float* kept, int hd, float* c, Tri tri,
+                         float* extra) {
+    accum(a, astride, rows, kept, hd, c, nullptr, tri, extra);
+  }
 };
 
 #if defined(MOE_ATTENTION_BF16)
@@ -185,6 +194,18 @@ struct Bf16Products {
     uint32_t* p2 = words(extra);
     pack_pair_rows(p, kTile, rows, kTile, p2);
     accum_bf16(a.pair_words(), a.t->row, rows, p2, hd, c, alpha, tri);
+  }
+  // ds kept as pass 2's accumulation reads it: pair rows of keys (bf16 words, lanes = queries,
+  // query lanes past nq zero), so pass 2 packs nothing and the store holds half the bytes. A key
+  // lane past nk holds the masked ds = +-0 where the fp32 form held 0: the same sums.
+  static void keep_ds(const float* ds, int nq, int /*nk*/, float* dst, float* extra) {
+    uint32_t* rows = words(extra);  // nq rows of kTile / 2 words: each row's ds as bf16, in order
+    round_rows_bf16(ds, kTile, nq, kTile, rows);
+    pack_word_panel(rows, kTile / 2, nq, kTile / 2, words(dst));
+  }
+  static void accum_kept(Operand a, int64_t /*astride: a.t->row*/, int rows, float* kept, int hd, float* c,
+                         Tri tri, float*) {
+    accum_bf16(a.pair_words(), a.t->row, rows, words(kept), hd, c, nullptr, tri);
   }
 };
 #endif
@@ -237,6 +258,13 @@ struct RoundedProducts {
     float* pw = const_cast<float*>(p);
     for (int64_t i = 0; i < static_cast<int64_t>(rows) * kTile; ++i) pw[i] = bf16_rounded(pw[i]);
     accum_f32(a, astride, rows, p, hd, c, alpha, tri);
+  }
+  static void keep_ds(const float* ds, int nq, int nk, float* dst, float*) {
+    pack_transposed(ds, kTile, nq, nk, 1.0f, dst);
+  }
+  static void accum_kept(const float* a, int64_t astride, int rows, float* kept, int hd, float* c, Tri tri,
+                         float* extra) {
+    accum(a, astride, rows, kept, hd, c, nullptr, tri, extra);  // rounds the kept tile: its only reader
   }
 };
 #endif
