@@ -178,11 +178,11 @@ void grouped_args(benchmark::internal::Benchmark* b) {
     for (int op : {kFwd, kBwdData, kBwdWeight}) b->Args({op, dt, 16, 256, 512, 512, 0, 2});
   // fine_grained.toml's MoE layer: 64 experts, top-4 of a 1,024-token micro-batch (64 rows each on
   // average), d_model 256, expert_hidden 128: the gate and up projections (n 128, k 256), the
-  // down projection (n 256, k 128).
+  // down projection (n 256, k 128); balanced and uneven loads.
   for (int dt : {0, 1})
     for (int op : {kFwd, kBwdData, kBwdWeight})
       for (const auto& [n, k] : {std::pair<int64_t, int64_t>{128, 256}, {256, 128}})
-        b->Args({op, dt, 64, 64, n, k, 0, 2});
+        for (int skew : {0, 2}) b->Args({op, dt, 64, 64, n, k, skew, 2});
 }
 
 BENCHMARK(BM_GemmLinear)->Apply(linear_args)->UseRealTime()->Unit(benchmark::kMicrosecond);
