@@ -1,6 +1,7 @@
 // Causal GQA attention, cpu kernel with fp32 or bf16 tile products: forward and backward
 // throughput on a training-like shape (B=8, S=512, H=8, G=2) for hd 32, 64 and 128, on 1 and 2
-// threads. MFU-style fractions: against the fp32 peak for fp32 products, bf16 for bf16.
+// threads. bf16: 0 fp32 products, 1 bf16 products on fp32 tensors, 2 bf16 products on bf16 q, k,
+// v and o (as bf16 mode saves them; dO and the gradients stay fp32).
 // GFLOP/s counts the useful causal FLOPs only: forward 2 matmuls of 2*B*H*hd*S*(S+1)/2 each;
 // backward 2.5x forward (the FlashAttention-2 convention: 5 matmuls; the dq pass's recomputation
 // of the scores and dp is not counted).
@@ -8,6 +9,7 @@
 #include <omp.h>
 
 #include <cstdint>
+#include <tuple>
 
 #include "core/buffer.h"
 #include "core/rng.h"
@@ -26,15 +28,17 @@ void fill(const OwnedTensor& t, uint64_t salt) {
 
 struct Tensors {
   OwnedTensor q, k, v, dout, o, lse, dq, dk, dv;
-  explicit Tensors(int64_t hd)
-      : q(DType::kF32, {kB, kS, kH, hd}), k(DType::kF32, {kB, kS, kG, hd}),
-        v(DType::kF32, {kB, kS, kG, hd}), dout(DType::kF32, {kB, kS, kH, hd}),
-        o(DType::kF32, {kB, kS, kH, hd}), lse(DType::kF32, {kB, kH, kS}),
+  // stored: the dtype of q, k, v and o.
+  Tensors(int64_t hd, DType stored)
+      : q(stored, {kB, kS, kH, hd}), k(stored, {kB, kS, kG, hd}), v(stored, {kB, kS, kG, hd}),
+        dout(DType::kF32, {kB, kS, kH, hd}), o(stored, {kB, kS, kH, hd}), lse(DType::kF32, {kB, kH, kS}),
         dq(DType::kF32, {kB, kS, kH, hd}), dk(DType::kF32, {kB, kS, kG, hd}),
         dv(DType::kF32, {kB, kS, kG, hd}) {
-    fill(q, 1);
-    fill(k, 2);
-    fill(v, 3);
+    for (auto [t, heads, salt] : {std::tuple{&q, kH, 1}, {&k, kG, 2}, {&v, kG, 3}}) {
+      OwnedTensor f(DType::kF32, {kB, kS, heads, hd});
+      fill(f, static_cast<uint64_t>(salt));
+      cpu::convert(f, *t);
+    }
     fill(dout, 4);
   }
 };
@@ -45,7 +49,7 @@ void BM_AttentionFwd(benchmark::State& state) {
   const int64_t hd = state.range(0);
   omp_set_num_threads(static_cast<int>(state.range(1)));
   const bool bf16 = state.range(2) != 0;
-  Tensors t(hd);
+  Tensors t(hd, state.range(2) == 2 ? DType::kBF16 : DType::kF32);
   for (auto _ : state) {
     cpu::attention_fwd(t.q, t.k, t.v, t.o, t.lse, Tensor(), bf16);
     benchmark::DoNotOptimize(t.o.t.data);
@@ -58,7 +62,7 @@ void BM_AttentionBwd(benchmark::State& state) {
   const int64_t hd = state.range(0);
   omp_set_num_threads(static_cast<int>(state.range(1)));
   const bool bf16 = state.range(2) != 0;
-  Tensors t(hd);
+  Tensors t(hd, state.range(2) == 2 ? DType::kBF16 : DType::kF32);
   cpu::attention_fwd(t.q, t.k, t.v, t.o, t.lse, Tensor(), bf16);
   for (auto _ : state) {
     cpu::attention_bwd(t.dout, t.q, t.k, t.v, t.o, t.lse, t.dq, t.dk, t.dv, Tensor(), bf16);
@@ -70,12 +74,12 @@ void BM_AttentionBwd(benchmark::State& state) {
 
 BENCHMARK(BM_AttentionFwd)
     ->ArgNames({"hd", "threads", "bf16"})
-    ->ArgsProduct({{32, 64, 128}, {1, 2}, {0, 1}})
+    ->ArgsProduct({{32, 64, 128}, {1, 2}, {0, 1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionBwd)
     ->ArgNames({"hd", "threads", "bf16"})
-    ->ArgsProduct({{32, 64, 128}, {1, 2}, {0, 1}})
+    ->ArgsProduct({{32, 64, 128}, {1, 2}, {0, 1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
