@@ -83,13 +83,14 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
     m.step_stats += 2 * 8 * 8 * nm;  // the quantization statistics: the record's and the model's
   }
   if (mx.attention) m.mx_caches += static_cast<double>(held_layers * mx_attention_cache_bytes(c));
-  // bf16 mode: the attention kernel packs q, k, v and dO once per op (kernels/cpu/attention_bf16.h:
-  // a bf16 copy, 64 bytes of alignment, and pair rows of ceil(S/2) positions; grow-only per slot,
-  // so two slots of q's size and two of k's).
+  // bf16 mode: the attention kernel packs, once per op into grow-only slots, the forms it reads
+  // that the bf16 q, k and v are not already (kernels/cpu/attention.cpp, pack_for_bf16): dO's bf16
+  // rows (plus 64 bytes of alignment) and pair rows (ceil(S/2) positions), q's pair rows and k's (v's
+  // in the forward, the same size); the rows of q, k and v are the tensors themselves.
   if (bf16 && c.hd() % 2 == 0 && held_layers > 0) {
     const double Bm = static_cast<double>(micro_batch), Sp = static_cast<double>((seq_len + 1) / 2);
-    auto pack = [&](double row) { return 2 * T * row + 64 + 4 * Bm * Sp * row; };
-    m.kernel_scratch = 2 * pack(Ha) + 2 * pack(Ga);
+    auto pairs = [&](double row) { return 4 * Bm * Sp * row; };
+    m.kernel_scratch = 2 * T * Ha + 64 + 2 * pairs(Ha) + pairs(Ga);
   }
   // The cpu attention backward's store of score-gradient tiles and its row sums (kernels/cpu_memory.h).
   if (held_layers > 0)
