@@ -119,8 +119,11 @@ void scores_rows_bf16(const uint32_t* a, int64_t as, int hp, const uint32_t* bt,
 inline void scores_bf16(const uint32_t* a, int64_t as, int rows, const uint32_t* bt, int hp, float mul,
                         float* c, Tri tri) {
   int r = 0;
-  for (; r + kMR <= rows; r += kMR)
+  for (; r + kMR <= rows; r += kMR) {
+    for (int i = r + kMR; i < std::min(rows, r + 2 * kMR); ++i)  // the next block's rows (prefetch)
+      for (int j = 0; j < hp; j += kLanes) prefetch(a + i * as + j);
     scores_rows_bf16<kMR>(a + r * as, as, hp, bt, mul, c + r * kTile, tri, r / kLanes);
+  }
   const uint32_t* ar = a + r * as;
   float* cr = c + r * kTile;
   switch (rows - r) {
@@ -184,7 +187,12 @@ inline void accum_block_bf16(const uint32_t* a2, int w, int rows, const uint32_t
 inline void accum_bf16(const uint32_t* a2, int64_t w, int rows, const uint32_t* p2, int hd, float* c,
                        const vf* alpha, Tri tri) {
   int d = 0;
-  for (; d + kMR <= hd; d += kMR) accum_block_bf16<kMR>(a2 + d, w, rows, p2, c + d * kTile, alpha, tri);
+  const int pairs = (rows + 1) / 2;
+  for (; d + kMR <= hd; d += kMR) {
+    if (d % kLanes == 0 && d + kLanes < hd)  // the next 16 columns of every pair row (prefetch)
+      for (int p = 0; p < pairs; ++p) prefetch(a2 + p * w + d + kLanes);
+    accum_block_bf16<kMR>(a2 + d, w, rows, p2, c + d * kTile, alpha, tri);
+  }
   switch (hd - d) {
     case 3: accum_block_bf16<3>(a2 + d, w, rows, p2, c + d * kTile, alpha, tri); break;
     case 2: accum_block_bf16<2>(a2 + d, w, rows, p2, c + d * kTile, alpha, tri); break;

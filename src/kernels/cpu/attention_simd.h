@@ -23,6 +23,12 @@ static_assert(kTile % kLanes == 0, "tile must be a whole number of vectors");
 // Which 16-lane vectors of a tile row a diagonal tile needs (see attention.cpp, micro-kernels).
 enum Tri { kFull, kUpper, kLower };
 
+// Fetches the cache line holding p into L1 ahead of its use. The products' broadcast operands are
+// rows of a tensor heads x hd apart: the next block's rows (scores) or the next 16-column group of
+// every row (accumulations) are fetched while the current block runs. kernels_bench, 1 thread,
+// bf16 q, k, v (Zen 5): backward hd 64 188 -> 233 GFLOP/s, hd 128 218 -> 248; the forward -3 .. +5%.
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+
 // ------------------------------------------------------------------ 16-lane fp32 vectors
 #if defined(__AVX512F__)
 using vf = __m512;

@@ -74,8 +74,11 @@ void scores_rows(const float* a, int64_t astride, const float* bt, int hd, float
 void scores_f32(const float* a, int64_t astride, int rows, const float* bt, int hd, float* c,
                 Tri tri) {
   int r = 0;
-  for (; r + kMR <= rows; r += kMR)
+  for (; r + kMR <= rows; r += kMR) {
+    for (int i = r + kMR; i < std::min(rows, r + 2 * kMR); ++i)  // the next block's rows (prefetch)
+      for (int j = 0; j < hd; j += kLanes) prefetch(a + i * astride + j);
     scores_rows<kMR>(a + r * astride, astride, bt, hd, c + r * kTile, tri, r / kLanes);
+  }
   const float* ar = a + r * astride;
   float* cr = c + r * kTile;
   switch (rows - r) {  // blocks start at multiples of kMR, so a block never straddles a group
@@ -137,8 +140,11 @@ inline void accum_block(const float* a, int64_t astride, int rows, const float* 
 void accum_f32(const float* a, int64_t astride, int rows, const float* p, int hd, float* c,
                const vf* alpha, Tri tri) {
   int d = 0;
-  for (; d + kMR <= hd; d += kMR)
+  for (; d + kMR <= hd; d += kMR) {
+    if (d % kLanes == 0 && d + kLanes < hd)  // the next 16 columns of every row (prefetch)
+      for (int r = 0; r < rows; ++r) prefetch(a + r * astride + d + kLanes);
     accum_block<kMR>(a + d, astride, rows, p, c + d * kTile, alpha, tri);
+  }
   switch (hd - d) {
     case 3: accum_block<3>(a + d, astride, rows, p, c + d * kTile, alpha, tri); break;
     case 2: accum_block<2>(a + d, astride, rows, p, c + d * kTile, alpha, tri); break;
