@@ -265,8 +265,8 @@ struct RoundedProducts {
     for (int64_t i = 0; i < static_cast<int64_t>(rows) * kTile; ++i) pw[i] = bf16_rounded(pw[i]);
     accum_f32(a, astride, rows, p, hd, c, alpha, tri);
   }
-  static void keep_ds(const float* ds, int nq, int nk, float* dst, float*) {
-    pack_transposed(ds, kTile, nq, nk, 1.0f, dst);
+  static void keep_ds(const float* ds, int nq, int nk, float* dst, float* extra) {
+    F32Products::keep_ds(ds, nq, nk, dst, extra);  // kept fp32: rounded where accum reads it
   }
   static void accum_kept(const float* a, int64_t astride, int rows, float* kept, int hd, float* c, Tri tri,
                          float* extra) {
