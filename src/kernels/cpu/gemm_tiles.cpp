@@ -1,5 +1,6 @@
-// CPU GEMM tiles: oneDNN matmul primitives run on fixed tiles under our own OpenMP scheduling
-// (gemm_tiles.h; the ops' entry points are in gemm.cpp).
+// CPU GEMM tiles: oneDNN matmul primitives, and our own weight-gradient micro-kernels, run on
+// fixed tiles under our own OpenMP scheduling (gemm_tiles.h; the ops' entry points are in
+// gemm.cpp, the work items and the region that runs them in gemm_items.h).
 //
 // Determinism: every output is split into tiles whose boundaries depend only on the shapes (and,
 // for grouped GEMMs, on the offsets), never on the thread count; the one exception, the bands of
@@ -14,7 +15,9 @@
 // are therefore shaped to be dense: bands of whole rows for the forward and data gradients; for a
 // forward cut into column tiles the C tile is computed in a per-thread buffer and copied out;
 // weight gradients take bands of dw rows, whose A block (a column block of dy) is packed
-// chunk by chunk into a per-thread buffer. Strided on purpose, where the JIT GEMM measured
+// chunk by chunk into a per-thread buffer. Where this build has them (AVX-512 for fp32,
+// AVX512-BF16 for bf16), weight gradients run our own micro-kernels instead (gemm_wgrad.h: the
+// same bands and chunks, each chunk's product added to dw in one rounding as before). Strided on purpose, where the JIT GEMM measured
 // faster (Zen 5): the data gradient of small-M GEMMs cut into column tiles (B a column block of
 // w); an LM head's forward (kWideWeight: C tiles written in place) and data gradient
 // (kLongReduction: A a column block of dy per chunk).
@@ -29,18 +32,17 @@
 
 #include <algorithm>
 #include <cstring>
-#include <exception>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "core/buffer.h"
+#include "kernels/cpu/gemm_items.h"
+#include "kernels/cpu/gemm_wgrad.h"
 
 namespace moe::cpu::tiles {
 namespace {
 
 using cpu::gemm::Desc;
-using cpu::gemm::Primitive;
 using cpu::gemm::Trans;
 
 // ------------------------------------------------------------------ tile policy
@@ -192,169 +194,6 @@ Desc tile_desc(const Desc& d, const BandPlan& p, int64_t rows, int64_t cols, int
   return td;
 }
 
-// ------------------------------------------------------------------ work items
-
-// One unit of scheduled work, run on one thread: C (+)= A*B through `nfull` calls of `full`
-// (each reducing `chunk` rows), then one call of `mid` (reducing mid_rows) and one of `tail`
-// (reducing tail_rows), each if present, A and B advancing by a_row and b_row bytes per reduced
-// row between calls (weight gradients; every other item is one call of `full`).
-struct Item {
-  const char* a = nullptr;
-  const char* b = nullptr;
-  float* c = nullptr;
-  const Primitive* full = nullptr;
-  const Primitive* first = nullptr;  // the first call's, when it differs from full's (overwrites)
-  const Primitive* mid = nullptr;
-  const Primitive* tail = nullptr;
-  int64_t nfull = 1, chunk = 0, mid_rows = 0, tail_rows = 0;
-  int64_t a_row = 0, b_row = 0;
-  size_t es = 4;  // operand element size
-  // Packed A (weight gradients): each call's A block, its reduction rows x a_cols elements at
-  // leading dimension a_ld, is first copied to a dense per-thread buffer.
-  int64_t a_cols = 0, a_ld = 0;
-  // Staged C (forward column tiles): C, c_rows x c_cols at leading dimension c_ld, is computed
-  // in a dense per-thread buffer, copied in first when accumulating (c_in), then copied out.
-  int64_t c_rows = 0, c_cols = 0, c_ld = 0;
-  bool c_in = false;
-  // Padded rows (grouped forward / data gradient): the primitive computes c_pad_rows >= c_rows
-  // rows into the staging buffer; only the first c_rows are copied out.
-  int64_t c_pad_rows = 0;
-  // Weight gradients: C is the tile's c_tile contiguous floats (a band of dw rows, full width).
-  // Staged (see kStagedSumBytes): each call computes its product into the dense staging buffer,
-  // which is then added to C. Overwrite (no accumulate): the first call writes C instead of
-  // adding to it (straight from the staged primitive, or onto zeros for one that adds), so a
-  // step's first write of a gradient never reads the cold old values.
-  int64_t c_tile = 0;
-  bool staged = false, overwrite = false;
-  double cost = 0;  // for ordering: proportional to the flops
-  int64_t seq = 0;  // position in the plan: breaks cost ties
-};
-
-std::vector<Item>& items() {
-  static std::vector<Item> v;  // reused: no allocation after the first step
-  return v;
-}
-
-// Per-thread buffers for packed A and staged C.
-struct Staging {
-  Buffer a, c;
-};
-std::vector<Staging>& staging() {
-  static std::vector<Staging> s;
-  return s;
-}
-
-// The ops are serialized: they share the per-thread buffers and the primitive cache.
-std::mutex& op_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-// Copies a rows x cols block (elements of es bytes) at leading dimension src_ld to dst at
-// leading dimension dst_ld.
-void copy_block(const char* src, int64_t src_ld, char* dst, int64_t dst_ld, int64_t rows,
-                int64_t cols, size_t es) {
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(dst + static_cast<size_t>(r * dst_ld) * es,
-                src + static_cast<size_t>(r * src_ld) * es, static_cast<size_t>(cols) * es);
-}
-
-// c[i] += prod[i], i < n: the sum a primitive's accumulate would do, in the same single rounding.
-void add_block(const float* prod, float* c, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) c[i] += prod[i];
-}
-
-void run_item(const Item& it, int thread) {
-  Staging& st = staging()[static_cast<size_t>(thread)];
-  float* c = it.c;
-  if (it.c_rows) {
-    c = static_cast<float*>(st.c.data());
-    if (it.c_in)
-      copy_block(reinterpret_cast<const char*>(it.c), it.c_ld, reinterpret_cast<char*>(c),
-                 it.c_cols, it.c_rows, it.c_cols, sizeof(float));
-  }
-  const char* a = it.a;
-  const char* b = it.b;
-  bool first = true;
-  if (it.overwrite && !it.staged) zero_rows(c, 1, it.c_tile);
-  auto call = [&](const Primitive* p, int64_t rows) {
-    const void* ap = a;
-    if (it.a_cols) {
-      copy_block(a, it.a_ld, static_cast<char*>(st.a.data()), it.a_cols, rows, it.a_cols, it.es);
-      ap = st.a.data();
-    }
-    if (it.staged && it.overwrite && first) {
-      cpu::gemm::execute(p, ap, b, c, thread);  // the staged primitive writes, at C's layout (band x k, dense)
-    } else if (it.staged) {
-      float* prod = static_cast<float*>(st.c.data());
-      cpu::gemm::execute(p, ap, b, prod, thread);
-      add_block(prod, c, it.c_tile);
-    } else {
-      cpu::gemm::execute(p, ap, b, c, thread);
-    }
-    a += rows * it.a_row;
-    b += rows * it.b_row;
-    first = false;
-  };
-  for (int64_t j = 0; j < it.nfull; ++j) call(j == 0 && it.first ? it.first : it.full, it.chunk);
-  if (it.mid) call(it.mid, it.mid_rows);
-  if (it.tail) call(it.tail, it.tail_rows);
-  if (it.c_rows)
-    copy_block(reinterpret_cast<const char*>(c), it.c_cols, reinterpret_cast<char*>(it.c), it.c_ld,
-               it.c_rows, it.c_cols, sizeof(float));
-}
-
-void run_items(std::vector<Item>& list) {
-  if (list.empty()) return;
-  // Largest first, then dynamic hand-out: the last items to start are the cheapest. Ties keep
-  // plan order (std::stable_sort would, but it allocates a temporary buffer on every call).
-  for (size_t i = 0; i < list.size(); ++i) list[i].seq = static_cast<int64_t>(i);
-  std::sort(list.begin(), list.end(), [](const Item& x, const Item& y) {
-    return x.cost != y.cost ? x.cost > y.cost : x.seq < y.seq;
-  });
-  size_t scratch = 0, a_bytes = 0, c_bytes = 0;
-  for (const Item& it : list) {
-    if (it.full) scratch = std::max(scratch, cpu::gemm::scratch_bytes(it.full));
-    if (it.first) scratch = std::max(scratch, cpu::gemm::scratch_bytes(it.first));
-    if (it.mid) scratch = std::max(scratch, cpu::gemm::scratch_bytes(it.mid));
-    if (it.tail) scratch = std::max(scratch, cpu::gemm::scratch_bytes(it.tail));
-    const int64_t a_rows = std::max({it.nfull > 0 ? it.chunk : 0, it.mid_rows, it.tail_rows});
-    a_bytes = std::max(a_bytes, static_cast<size_t>(a_rows * it.a_cols) * it.es);
-    c_bytes = std::max(c_bytes, static_cast<size_t>(std::max(it.c_rows, it.c_pad_rows) * it.c_cols) * sizeof(float));
-    if (it.staged) c_bytes = std::max(c_bytes, static_cast<size_t>(it.c_tile) * sizeof(float));
-  }
-  const int threads = omp_get_max_threads();
-  cpu::gemm::prepare_threads(threads, scratch);
-  auto& st = staging();
-  if (static_cast<int>(st.size()) < threads) st.resize(static_cast<size_t>(threads));
-  for (int t = 0; t < threads; ++t) {
-    Staging& s = st[static_cast<size_t>(t)];
-    if (s.a.bytes() < a_bytes) s.a = Buffer(a_bytes);
-    if (s.c.bytes() < c_bytes) s.c = Buffer(c_bytes);
-  }
-  const int64_t n = static_cast<int64_t>(list.size());
-  std::exception_ptr error;
-#pragma omp parallel if (n > 1)
-  {
-    // oneDNN must stay on this thread. In an active region it does (omp_in_parallel()); in an
-    // inactive one (a single item) it would size its own region by omp_get_max_threads(), so
-    // that is set to one here. The ICV belongs to this region's tasks, not to the caller.
-    omp_set_num_threads(1);
-    const int thread = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i) {
-      try {
-        run_item(list[static_cast<size_t>(i)], thread);
-      } catch (...) {
-#pragma omp critical(moe_gemm_error)
-        if (!error) error = std::current_exception();
-      }
-    }
-  }
-  if (error) std::rethrow_exception(error);
-}
-
 // ------------------------------------------------------------------ plans
 
 // y(m,n) (+)= x(m,k) * w(n,k)^T
@@ -469,22 +308,32 @@ Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k,
   return it;
 }
 
+// A weight tile that runs our own micro-kernel (no primitives, nothing staged).
+void use_own_kernel(Item& it, DType t) {
+  it.own = true;
+  it.dtype = t;
+  it.staged = false;
+}
+
 // dw(n,k) (+)= dy(m,n)^T x(m,k): bands of dw rows, each reducing all m rows in chunks.
 void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const void* x,
                  float* dw, bool accumulate) {
   const size_t es = dtype_size(t);
+  const bool own = cpu::wgrad::available(t);
   const int64_t band = weight_band(n);
   const int64_t chunk = std::min(m, kWeightChunk), tail = m % chunk;
   for (int64_t i0 = 0; i0 < n; i0 += band) {
     const int64_t b = std::min(band, n - i0);
     Item it =
         weight_tile(static_cast<const char*>(dy), static_cast<const char*>(x), dw, n, k, i0, b, es, accumulate);
-    it.full = cpu::gemm::primitive(weight_desc(t, b, k, chunk));
     it.nfull = m / chunk;
     it.chunk = chunk;
-    if (tail) {
-      it.tail = cpu::gemm::primitive(weight_desc(t, b, k, tail));
-      it.tail_rows = tail;
+    it.tail_rows = tail;
+    if (own) {
+      use_own_kernel(it, t);
+    } else {
+      it.full = cpu::gemm::primitive(weight_desc(t, b, k, chunk));
+      if (tail) it.tail = cpu::gemm::primitive(weight_desc(t, b, k, tail));
     }
     it.cost = static_cast<double>(m) * static_cast<double>(b) * static_cast<double>(k);
     items().push_back(it);
@@ -501,7 +350,8 @@ void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const vo
   const int64_t cap = std::max(kWeightBand, std::min(kGroupWeightBand, kStagedSumBytes / (4 * k)));
   const int64_t band = even_tile(n, cap);
   const Primitive* const* fams[2] = {nullptr, nullptr};  // full bands, last band
-  for (int64_t i0 = 0; i0 < n; i0 += band) {
+  const bool own = cpu::wgrad::available(t);
+  for (int64_t i0 = 0; i0 < n && !own; i0 += band) {
     const Primitive* const*& f = fams[i0 + band >= n];
     if (!f)
       f = cpu::gemm::family(weight_desc(t, std::min(band, n - i0), k, 0), /*vary_k=*/true, kGroupRows,
@@ -522,13 +372,17 @@ void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const vo
       Item it = weight_tile(static_cast<const char*>(dy) + static_cast<size_t>(off[e] * n) * es,
                             static_cast<const char*>(x) + static_cast<size_t>(off[e] * k) * es,
                             dw + e * n * k, n, k, i0, b, es, accumulate);
-      it.full = fam[kGroupChunk];
       it.nfull = ch.nfull;
       it.chunk = kGroupChunk;
-      it.mid = ch.mid ? fam[ch.mid] : nullptr;
       it.mid_rows = ch.mid;
-      it.tail = ch.tail ? fam[ch.tail] : nullptr;
       it.tail_rows = ch.tail;
+      if (own) {
+        use_own_kernel(it, t);
+      } else {
+        it.full = fam[kGroupChunk];
+        it.mid = ch.mid ? fam[ch.mid] : nullptr;
+        it.tail = ch.tail ? fam[ch.tail] : nullptr;
+      }
       it.cost = static_cast<double>(rows) * static_cast<double>(b) * static_cast<double>(k);
       items().push_back(it);
     }
@@ -597,6 +451,7 @@ std::string first_tile_impl(GemmOp op, DType dtype, int64_t m, int64_t n, int64_
   std::lock_guard<std::mutex> lock(op_mutex());
   Desc d;
   if (op == GemmOp::kBackwardWeight) {
+    if (cpu::wgrad::available(dtype)) return dtype == DType::kBF16 ? "moecore:avx512_bf16" : "moecore:avx512";
     d = weight_desc(dtype, weight_band(n), k, std::min(m, kWeightChunk));
   } else {
     const bool fwd = op == GemmOp::kForward;
