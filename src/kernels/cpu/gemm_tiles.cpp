@@ -81,6 +81,7 @@ constexpr int64_t kWideColTile = 2048;
 constexpr int64_t kMinWeightBand = 16;
 constexpr int64_t kWeightBand = 256;
 constexpr int64_t kWeightChunk = 512;
+constexpr int64_t kOwnWeightBand = 1024;
 // Grouped weight gradients: each expert's rows are cut into reduction chunks of kGroupChunk
 // rows, then at most one of a multiple of kGroupRows rows and one of fewer than kGroupRows (tiles
 // are (expert, band of dw rows)); the forward and data gradient cut rows as kPadRows says. Each
@@ -144,9 +145,12 @@ int64_t band_rows(int64_t len, int64_t lo, int64_t hi, int64_t min_tiles) {
 // bits do not depend on the band that holds it (oneDNN reduces each element over the chunk's rows
 // in order, whatever the band's rows; Gemm.WeightBandsOfAnySizeGiveTheSameBits, and every run's
 // 1/2/3-thread bitwise tests).
-int64_t weight_band(int64_t n) {
+// Our own kernel (gemm_wgrad.h) streams its band's a panel (one group of kR columns at a time)
+// and keeps only b's in L2, so it takes bands of up to kOwnWeightBand rows: an LM head's weight
+// gradient packs b a quarter as often.
+int64_t weight_band(int64_t n, bool own) {
   const int64_t tiles = std::max(2, omp_get_max_threads());
-  return std::min(n, std::clamp(round_up(ceil_div(n, tiles), 16), kMinWeightBand, kWeightBand));
+  return std::min(n, std::clamp(round_up(ceil_div(n, tiles), 16), kMinWeightBand, own ? kOwnWeightBand : kWeightBand));
 }
 
 struct Tiles {
@@ -320,7 +324,7 @@ void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const
                  float* dw, bool accumulate) {
   const size_t es = dtype_size(t);
   const bool own = cpu::wgrad::available(t);
-  const int64_t band = weight_band(n);
+  const int64_t band = weight_band(n, own);
   const int64_t chunk = std::min(m, kWeightChunk), tail = m % chunk;
   for (int64_t i0 = 0; i0 < n; i0 += band) {
     const int64_t b = std::min(band, n - i0);
@@ -452,7 +456,7 @@ std::string first_tile_impl(GemmOp op, DType dtype, int64_t m, int64_t n, int64_
   Desc d;
   if (op == GemmOp::kBackwardWeight) {
     if (cpu::wgrad::available(dtype)) return dtype == DType::kBF16 ? "moecore:avx512_bf16" : "moecore:avx512";
-    d = weight_desc(dtype, weight_band(n), k, std::min(m, kWeightChunk));
+    d = weight_desc(dtype, weight_band(n, false), k, std::min(m, kWeightChunk));
   } else {
     const bool fwd = op == GemmOp::kForward;
     d = fwd ? fwd_desc(dtype, m, n, k, false) : bwd_data_desc(dtype, m, n, k, false);
