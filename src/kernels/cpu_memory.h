@@ -52,4 +52,14 @@ inline uint64_t cpu_attention_backward_bytes(int64_t B, int64_t H, int64_t G, in
          static_cast<uint64_t>(B * H * S) * 4;
 }
 
+// The cpu GEMMs take a data gradient whose reduction is at least this long in chunks
+// (kernels/cpu/gemm_tiles.cpp): an LM head's, over the vocabulary. In bf16 with AVX512-BF16 it
+// runs on our own kernel (kernels/cpu/gemm_long.h), which pairs the weight (n x k) once per op
+// into a grow-only buffer: ceil(n/2) rows of k rounded up to 64 words (elsewhere: not made).
+constexpr int64_t kCpuLongReduction = 4096;
+inline uint64_t cpu_long_reduction_pairs_bytes(int64_t n, int64_t k) {
+  if (n < kCpuLongReduction) return 0;
+  return static_cast<uint64_t>((n + 1) / 2) * static_cast<uint64_t>((k + 63) / 64 * 64) * 4;
+}
+
 }  // namespace moe

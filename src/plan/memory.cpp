@@ -92,6 +92,12 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
     auto pairs = [&](double row) { return 4 * Bm * Sp * row; };
     m.kernel_scratch = 2 * T * Ha + 64 + 2 * pairs(Ha) + pairs(Ga);
   }
+  // bf16 mode, the stage with the LM head: its data gradient's pairing of the weight
+  // (kernels/cpu_memory.h; made where the CPU has AVX512-BF16, counted on every CPU).
+  bool holds_head = false;
+  for (const LayerRange& r : stage.chunks) holds_head = holds_head || r.end == c.n_layers;
+  if (bf16 && holds_head)
+    m.kernel_scratch += static_cast<double>(cpu_long_reduction_pairs_bytes(c.vocab_size, c.d_model));
   // The cpu attention backward's store of score-gradient tiles and its row sums (kernels/cpu_memory.h).
   if (held_layers > 0)
     m.kernel_scratch += static_cast<double>(cpu_attention_backward_bytes(micro_batch, c.n_heads, c.n_kv_heads, seq_len));

@@ -15,6 +15,7 @@
 #include "gemm_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/gemm_dnnl.h"
+#include "kernels/cpu/gemm_long.h"
 #include "kernels/cpu/gemm_wgrad.h"
 
 namespace moe {
@@ -205,7 +206,7 @@ bool is_bf16_kernel(const std::string& impl) {
 
 TEST(GemmCpu, OneDnnPicksAvx512Kernels) {
   // The first tile of each op at the benchmark shapes runs a brgemm kernel, weight gradients our
-  // own (gemm_wgrad.h, with AVX-512). The documented exceptions, served by oneDNN 2.6's JIT GEMM: the data gradient of a small-M GEMM, cut into
+  // own (gemm_wgrad.h, with AVX-512), and so does an LM head's bf16 data gradient (gemm_long.h). The documented exceptions, served by oneDNN 2.6's JIT GEMM: the data gradient of a small-M GEMM, cut into
   // column tiles whose B (a column block of w) is strided; an LM head's forward (a wide weight:
   // tiles written in place, C strided) and its data gradient (a long reduction in chunks, A
   // strided).
@@ -224,6 +225,11 @@ TEST(GemmCpu, OneDnnPicksAvx512Kernels) {
       const bool jit = (op == GemmOp::kBackwardData && s.m == 64) || (lm_head && op != GemmOp::kBackwardWeight);
       const std::string f32 = cpu::gemm_impl_info(op, DType::kF32, s.m, s.n, s.k);
       const std::string bf = cpu::gemm_impl_info(op, DType::kBF16, s.m, s.n, s.k);
+      if (lm_head && op == GemmOp::kBackwardData && cpu::longred::available(DType::kBF16)) {  // ours (gemm_long.h)
+        EXPECT_EQ(bf, "moecore:avx512_bf16");
+        EXPECT_EQ(f32, "gemm:jit");
+        continue;
+      }
       if (op == GemmOp::kBackwardWeight && cpu::wgrad::available(DType::kF32)) {  // ours (gemm_wgrad.h)
         EXPECT_EQ(f32, "moecore:avx512");
         if (cpu::wgrad::available(DType::kBF16)) {

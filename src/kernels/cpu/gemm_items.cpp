@@ -9,6 +9,7 @@
 #include <exception>
 
 #include "core/buffer.h"
+#include "kernels/cpu/gemm_long.h"
 #include "kernels/cpu/gemm_tiles.h"
 #include "kernels/cpu/gemm_wgrad.h"
 
@@ -40,6 +41,10 @@ void add_block(const float* prod, float* c, int64_t n) {
 }
 
 void run_item(const Item& it, int thread) {
+  if (it.kernel == Item::Kernel::kLongData) {
+    cpu::longred::band(it.a, it.red, it.pairs, it.red, it.cols, it.rows, it.c, it.cols);
+    return;
+  }
   Staging& st = staging()[static_cast<size_t>(thread)];
   float* c = it.c;
   if (it.c_rows) {
@@ -51,9 +56,9 @@ void run_item(const Item& it, int thread) {
   const char* a = it.a;
   const char* b = it.b;
   bool first = true;
-  if (it.overwrite && !it.staged && !it.own) zero_rows(c, 1, it.c_tile);
+  if (it.overwrite && !it.staged && it.kernel == Item::Kernel::kOneDnn) zero_rows(c, 1, it.c_tile);
   auto call = [&](const Primitive* p, int64_t rows) {
-    if (it.own) {
+    if (it.kernel == Item::Kernel::kWeight) {
       const int64_t es = static_cast<int64_t>(it.es);
       cpu::wgrad::chunk(it.dtype, a, it.a_ld, b, it.b_row / es, rows, it.a_cols, it.c_tile / it.a_cols, c,
                         it.overwrite && first, st.w.data());
@@ -111,7 +116,8 @@ void run_items(std::vector<Item>& list) {
   });
   size_t scratch = 0, a_bytes = 0, c_bytes = 0, w_bytes = 0;
   for (const Item& it : list) {
-    if (it.own) {
+    if (it.kernel == Item::Kernel::kLongData) continue;
+    if (it.kernel == Item::Kernel::kWeight) {
       const int64_t rows = std::max({it.nfull > 0 ? it.chunk : 0, it.mid_rows, it.tail_rows});
       w_bytes = std::max(w_bytes, cpu::wgrad::scratch_bytes(it.dtype, rows, it.a_cols, it.c_tile / it.a_cols));
       continue;

@@ -47,10 +47,15 @@ struct Item {
   // step's first write of a gradient never reads the cold old values.
   int64_t c_tile = 0;
   bool staged = false, overwrite = false;
-  // Our own micro-kernel (gemm_wgrad.h) instead of the primitives, which are then not created:
-  // weight gradients where this build has it. It reads A strided and adds to C itself.
-  bool own = false;
+  // Our own micro-kernels instead of the primitives, which are then not created, where this
+  // build has them: weight gradients (kWeight, gemm_wgrad.h: A read strided, C added to by the
+  // kernel itself) and the bf16 data gradient of a long reduction (kLongData, gemm_long.h: the
+  // rows `rows` of C = A * the pair rows `pairs`, A's rows `red` long, C's `cols` wide).
+  enum class Kernel : uint8_t { kOneDnn, kWeight, kLongData };
+  Kernel kernel = Kernel::kOneDnn;
   DType dtype = DType::kF32;
+  const uint32_t* pairs = nullptr;
+  int64_t rows = 0, red = 0, cols = 0;
   double cost = 0;  // for ordering: proportional to the flops
   int64_t seq = 0;  // position in the plan: breaks cost ties
 };

@@ -36,7 +36,10 @@
 #include <string>
 #include <vector>
 
+#include "core/buffer.h"
+#include "kernels/cpu_memory.h"
 #include "kernels/cpu/gemm_items.h"
+#include "kernels/cpu/gemm_long.h"
 #include "kernels/cpu/gemm_wgrad.h"
 
 namespace moe::cpu::tiles {
@@ -66,7 +69,7 @@ constexpr double kMinTileFlops = 4e6;
 // 1024 x 256 x 50,304 on 2 threads (Zen 5, kernels_bench), one brgemm call per band over the whole
 // reduction against these chunks: fp32 343-348 -> 501-516 GFLOP/s, bf16 770 -> 845
 // (docs/PERFORMANCE.md, #30 sixth pass).
-constexpr int64_t kLongReduction = 4096;
+constexpr int64_t kLongReduction = kCpuLongReduction;  // kernels/cpu_memory.h
 constexpr int64_t kReduceChunk = 2048;
 // Wide weights (an LM head's forward, n x k at least kWideWeight elements): tiles of up to
 // kWideRowTile rows by kWideColTile columns written in place (strided C: oneDNN's JIT GEMM), so
@@ -251,6 +254,37 @@ void plan_bands(const Desc& d, bool forward, const void* a, const void* b, float
     }
 }
 
+// The bf16 data gradient of a long reduction on our own kernel (gemm_long.h): dw paired once
+// into a grow-only buffer (in parallel), then bands of dx rows as band_plan cuts them, each
+// reducing the whole of n. Only where it writes dx (every LM head's call; an accumulating one
+// keeps oneDNN's chunks).
+bool own_long_data(const Desc& d) {
+  return d.k >= kLongReduction && !d.accumulate && cpu::longred::available(d.dtype);
+}
+void plan_long_data(const Desc& d, const void* dy, const void* w, float* dx) {
+  static Buffer pairs;
+  const int64_t red = d.k, cols = d.n, words = cpu::longred::pair_words(red, cols);
+  if (pairs.bytes() < static_cast<size_t>(words) * 4) pairs = Buffer(static_cast<size_t>(words) * 4);
+  uint32_t* wp = static_cast<uint32_t*>(pairs.data());
+  const int64_t npairs = ceil_div(red, 2), step = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t p0 = 0; p0 < npairs; p0 += step)
+    cpu::longred::pair_rows(w, red, cols, p0, std::min(npairs, p0 + step), wp);
+  const int64_t tm = band_plan(d, /*forward=*/false).tiles.tm;
+  for (int64_t i0 = 0; i0 < d.m; i0 += tm) {
+    Item it;
+    it.kernel = Item::Kernel::kLongData;
+    it.a = static_cast<const char*>(dy) + static_cast<size_t>(i0 * d.lda) * 2;
+    it.c = dx + i0 * d.ldc;
+    it.pairs = wp;
+    it.rows = std::min(tm, d.m - i0);
+    it.red = red;
+    it.cols = cols;
+    it.cost = static_cast<double>(it.rows) * static_cast<double>(cols);
+    items().push_back(it);
+  }
+}
+
 // Grouped forward / data gradient: C rows [off[e], off[e+1]) = A rows * B_e, where B_e starts
 // b_expert bytes after B_{e-1}. `d` describes one expert (m ignored, ta = kN); A has a_rows
 // rows. Every item is a full-width chunk of rows, dense in A, B and C: kGroupChunk-row chunks,
@@ -314,7 +348,7 @@ Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k,
 
 // A weight tile that runs our own micro-kernel (no primitives, nothing staged).
 void use_own_kernel(Item& it, DType t) {
-  it.own = true;
+  it.kernel = Item::Kernel::kWeight;
   it.dtype = t;
   it.staged = false;
 }
@@ -417,7 +451,12 @@ void linear_fwd(DType t, int64_t m, int64_t n, int64_t k, const void* x, const v
 void linear_bwd_data(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const void* w, float* dx,
                      bool accumulate) {
   run_op([&] {
-    plan_bands(bwd_data_desc(t, m, n, k, accumulate), /*forward=*/false, dy, w, dx);
+    const Desc d = bwd_data_desc(t, m, n, k, accumulate);
+    if (own_long_data(d)) {
+      plan_long_data(d, dy, w, dx);
+    } else {
+      plan_bands(d, /*forward=*/false, dy, w, dx);
+    }
   });
 }
 
@@ -460,6 +499,7 @@ std::string first_tile_impl(GemmOp op, DType dtype, int64_t m, int64_t n, int64_
   } else {
     const bool fwd = op == GemmOp::kForward;
     d = fwd ? fwd_desc(dtype, m, n, k, false) : bwd_data_desc(dtype, m, n, k, false);
+    if (!fwd && own_long_data(d)) return "moecore:avx512_bf16";
     const BandPlan p = band_plan(d, fwd);
     d = tile_desc(d, p, p.tiles.tm, p.tiles.tn, p.reduce_chunk ? p.reduce_chunk : d.k, false);
   }

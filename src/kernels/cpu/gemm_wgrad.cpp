@@ -2,33 +2,28 @@
 // panels of kR, each panel r-major (kR values per row r, or per pair of rows for bf16), and b in
 // one panel of kCols columns at a time; every kR x kCols block of dw is then one micro-kernel
 // that keeps its 24 accumulators in registers over all the rows and adds them to dw once. The
-// panels stay in L2 (a: rows x band, b: rows x kCols), read in order.
+// panels stay in L2 (a: rows x band, b: rows x kCols), read in order. The micro-kernels are
+// gemm_micro.h's.
 #include "kernels/cpu/gemm_wgrad.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/elem_common.h"
+#include "kernels/cpu/gemm_micro.h"
 
 namespace moe::cpu::wgrad {
 namespace {
 
-constexpr int kR = 6;        // dw rows per micro-kernel
-constexpr int kV = 4;        // 16-lane vectors per micro-kernel row
-constexpr int kCols = 16 * kV;  // dw columns per micro-kernel (and per b panel)
+using micro::kCols;
+using micro::kR;
+using micro::kV;
+using micro::Store;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Rows of the packed panels: rows (fp32) or pairs of rows (bf16).
 int64_t panel_rows(DType t, int64_t rows) { return t == DType::kBF16 ? ceil_div(rows, 2) : rows; }
 
-// Fetches the lines of c that a micro-kernel will add to (with intent to write), as it starts:
-// dw is cold (it is read back once per call). Fetched two micro-kernels ahead instead, the
-// 64-row expert shapes ran 30-47% slower (kernels_bench).
-inline void prefetch_block(const float* c, int64_t ldc, int nr, int nc) {
-  for (int q = 0; q < nr; ++q)
-    for (int j = 0; j < nc; j += 16) __builtin_prefetch(c + q * ldc + j, 1, 3);
-}
 // Fetches `bytes` from p, a line at a time: the row of a that is packed a few rows later.
 inline void prefetch_row(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(static_cast<const char*>(p) + o, 0, 3);
@@ -37,52 +32,6 @@ constexpr int kAhead = 8;  // rows of a fetched ahead of the packing
 constexpr int64_t kPackedL1 = 32 << 10;  // bytes of an fp32 b panel worth packing (L1: 48 KiB)
 
 #if defined(__AVX512F__)
-using vf = __m512;
-// Forces a loaded vector into a register: otherwise GCC folds the load into each FMA that reads
-// it (the same trick as attention_simd.h).
-inline void in_register(vf& x) { asm("" : "+v"(x)); }
-
-// c rows q < nr, columns < nc: c (+)= acc.
-inline void store_block(vf (&acc)[kR][kV], float* c, int64_t ldc, int nr, int nc, bool overwrite) {
-#pragma GCC unroll 8
-  for (int q = 0; q < kR; ++q) {
-    if (q >= nr) break;
-    float* cq = c + q * ldc;
-#pragma GCC unroll 4
-    for (int v = 0; v < kV; ++v) {
-      const __mmask16 m = first_lanes(nc - 16 * v);
-      if (!m) break;
-      const vf s = overwrite ? acc[q][v] : _mm512_add_ps(_mm512_maskz_loadu_ps(m, cq + 16 * v), acc[q][v]);
-      _mm512_mask_storeu_ps(cq + 16 * v, m, s);
-    }
-  }
-}
-
-// acc[q][v] = sum over r < rows of ap[r][q] * bp[r][16 v ..], an FMA chain from zero.
-inline void micro_f32(const float* ap, int64_t as, const float* bp, int64_t bs, int64_t rows, float* c, int64_t ldc, int nr, int nc,
-                      bool overwrite) {
-  prefetch_block(c, ldc, nr, nc);
-  vf acc[kR][kV];
-#pragma GCC unroll 8
-  for (int q = 0; q < kR; ++q)
-#pragma GCC unroll 4
-    for (int v = 0; v < kV; ++v) acc[q][v] = _mm512_setzero_ps();
-  for (int64_t r = 0; r < rows; ++r) {
-    // Four named registers: an array here is stored to the stack by the in_register asm.
-    vf b0 = _mm512_loadu_ps(bp + r * bs), b1 = _mm512_loadu_ps(bp + r * bs + 16),
-       b2 = _mm512_loadu_ps(bp + r * bs + 32), b3 = _mm512_loadu_ps(bp + r * bs + 48);
-    in_register(b0), in_register(b1), in_register(b2), in_register(b3);
-    const vf b[kV] = {b0, b1, b2, b3};
-#pragma GCC unroll 8
-    for (int q = 0; q < kR; ++q) {
-      const vf s = _mm512_set1_ps(ap[r * as + q]);
-#pragma GCC unroll 4
-      for (int v = 0; v < kV; ++v) acc[q][v] = _mm512_fmadd_ps(s, b[v], acc[q][v]);
-    }
-  }
-  store_block(acc, c, ldc, nr, nc, overwrite);
-}
-
 // a's rows, band values each, dense at the padded width bp = round_up(band, kR) (zeros past band).
 void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t band, int64_t bw, float* ap) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -100,44 +49,6 @@ void pack_b_f32(const float* b, int64_t ldb, int64_t rows, int64_t j0, int nc, f
 #endif
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-#define MOE_WGRAD_BF16 1
-// The (row 2p, row 2p+1) bf16 values of column i in one 32-bit word (low, high); a missing row 2p+1
-// is zero.
-inline uint32_t pair_word(const uint16_t* a, int64_t lda, int64_t rows, int64_t p, int64_t i) {
-  const uint32_t lo = a[2 * p * lda + i];
-  const uint32_t hi = 2 * p + 1 < rows ? a[(2 * p + 1) * lda + i] : 0u;
-  return lo | (hi << 16);
-}
-
-inline vf dot2(vf acc, __m512i a, __m512i b) {
-  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(a), reinterpret_cast<__m512bh&>(b));
-}
-inline void in_register(__m512i& x) { asm("" : "+v"(x)); }
-
-// acc[q][v] = sum over pairs p < pairs of dot2(ap[p][q], bp[p][16 v ..]), a vdpbf16ps chain from zero.
-inline void micro_bf16(const uint32_t* ap, int64_t as, const uint32_t* bp, int64_t pairs, float* c, int64_t ldc, int nr, int nc,
-                       bool overwrite) {
-  prefetch_block(c, ldc, nr, nc);
-  vf acc[kR][kV];
-#pragma GCC unroll 8
-  for (int q = 0; q < kR; ++q)
-#pragma GCC unroll 4
-    for (int v = 0; v < kV; ++v) acc[q][v] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m512i b0 = _mm512_loadu_si512(bp + p * kCols), b1 = _mm512_loadu_si512(bp + p * kCols + 16),
-            b2 = _mm512_loadu_si512(bp + p * kCols + 32), b3 = _mm512_loadu_si512(bp + p * kCols + 48);
-    in_register(b0), in_register(b1), in_register(b2), in_register(b3);
-    const __m512i b[kV] = {b0, b1, b2, b3};
-#pragma GCC unroll 8
-    for (int q = 0; q < kR; ++q) {
-      const __m512i s = _mm512_set1_epi32(static_cast<int>(ap[p * as + q]));
-#pragma GCC unroll 4
-      for (int v = 0; v < kV; ++v) acc[q][v] = dot2(acc[q][v], s, b[v]);
-    }
-  }
-  store_block(acc, c, ldc, nr, nc, overwrite);
-}
-
 // Pair rows of a, band words each at the padded width bw: ap[p][i] = (a[2p][i], a[2p+1][i]).
 void pack_a_bf16(const uint16_t* a, int64_t lda, int64_t rows, int64_t band, int64_t bw, uint32_t* ap) {
   for (int64_t p = 0; p < ceil_div(rows, 2); ++p) {
@@ -174,7 +85,7 @@ bool available(DType t) {
 #if defined(__AVX512F__)
   if (t == DType::kF32) return true;
 #endif
-#if defined(MOE_WGRAD_BF16)
+#if defined(MOE_MICRO_BF16)
   if (t == DType::kBF16) return true;
 #endif
   (void)t;
@@ -191,6 +102,7 @@ void chunk(DType t, const void* a, int64_t lda, const void* b, int64_t ldb, int6
   MOE_CHECK(available(t), "wgrad::chunk: no micro-kernel for ", dtype_name(t), " in this build");
   const int64_t pr = panel_rows(t, rows), groups = ceil_div(band, kR), bw = groups * kR;
   const int64_t blocks = ceil_div(k, kCols);
+  const Store store = overwrite ? Store::kWrite : Store::kAdd;
   // 64-byte aligned panels: a's, then b's (every column block, one after the other).
   char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
   float* ap = reinterpret_cast<float*>(base);
@@ -214,13 +126,13 @@ void chunk(DType t, const void* a, int64_t lda, const void* b, int64_t ldb, int6
       for (int64_t jb = 0; jb < blocks; ++jb) {
         const bool copy = packed || nc_of(jb) < kCols;
         const float* bj = copy ? bp + jb * pr * kCols : static_cast<const float*>(b) + jb * kCols;
-        micro_f32(ap + g * kR, bw, bj, copy ? kCols : ldb, pr, c + g * kR * k + jb * kCols, k, nr_of(g), nc_of(jb),
-                  overwrite);
+        micro::micro_f32(micro::Panel<float>{ap + g * kR, bw}, bj, copy ? kCols : ldb, pr, c + g * kR * k + jb * kCols, k, nr_of(g),
+                         nc_of(jb), store);
       }
     return;
   }
 #endif
-#if defined(MOE_WGRAD_BF16)
+#if defined(MOE_MICRO_BF16)
   uint32_t* apw = reinterpret_cast<uint32_t*>(ap);
   uint32_t* bpw = reinterpret_cast<uint32_t*>(bp);
   pack_a_bf16(static_cast<const uint16_t*>(a), lda, rows, band, bw, apw);
@@ -228,11 +140,11 @@ void chunk(DType t, const void* a, int64_t lda, const void* b, int64_t ldb, int6
     pack_b_bf16(static_cast<const uint16_t*>(b), ldb, rows, jb * kCols, nc_of(jb), bpw + jb * pr * kCols);
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t jb = 0; jb < blocks; ++jb)
-      micro_bf16(apw + g * kR, bw, bpw + jb * pr * kCols, pr, c + g * kR * k + jb * kCols, k, nr_of(g), nc_of(jb),
-                 overwrite);
+      micro::micro_bf16(micro::Panel<uint32_t>{apw + g * kR, bw}, bpw + jb * pr * kCols, kCols, pr, c + g * kR * k + jb * kCols, k, nr_of(g),
+                        nc_of(jb), store);
 #else
   (void)a, (void)lda, (void)b, (void)ldb, (void)c, (void)overwrite, (void)ap, (void)bp, (void)nc_of, (void)nr_of,
-      (void)blocks;
+      (void)blocks, (void)store;
 #endif
 }
 
