@@ -61,7 +61,8 @@ TEST(WeightGradKernel, Fp32IsTheFmaChainOfEachElementAddedOnce) {
     SCOPED_TRACE(testing::Message() << s.rows << " rows, band " << s.band << ", k " << s.k);
     const auto a = values(s.rows * s.lda, 1, false), b = values(s.rows * s.ldb, 2, false),
                c0 = values(s.band * s.k, 3, false);
-    const std::vector<float> added = run(DType::kF32, s, a, b, c0, false), written = run(DType::kF32, s, a, b, c0, true);
+    const std::vector<float> added = run(DType::kF32, s, a, b, c0, false);
+    const std::vector<float> written = run(DType::kF32, s, a, b, c0, true);
     int64_t wrong = 0;
     for (int64_t i = 0; i < s.band; ++i)
       for (int64_t j = 0; j < s.k; ++j) {
@@ -76,12 +77,14 @@ TEST(WeightGradKernel, Fp32IsTheFmaChainOfEachElementAddedOnce) {
 }
 
 TEST(WeightGradKernel, Bf16IsWithinTheFp32AccumulationBound) {
-  if (!cpu::wgrad::available(DType::kBF16)) GTEST_SKIP() << "built without AVX512-BF16: oneDNN runs bf16 weight gradients";
+  if (!cpu::wgrad::available(DType::kBF16))
+    GTEST_SKIP() << "built without AVX512-BF16: oneDNN runs bf16 weight gradients";
   for (const Case& s : kCases) {
     SCOPED_TRACE(testing::Message() << s.rows << " rows, band " << s.band << ", k " << s.k);
     // bf16-exact operands: every product is exact in fp32, so the only error is the fp32 sum's
     // (vdpbf16ps: two products and the accumulator per step), at most (rows + 1) roundings.
-    const auto a = values(s.rows * s.lda, 1, true), b = values(s.rows * s.ldb, 2, true), c0 = values(s.band * s.k, 3, false);
+    const auto a = values(s.rows * s.lda, 1, true), b = values(s.rows * s.ldb, 2, true),
+               c0 = values(s.band * s.k, 3, false);
     const std::vector<float> c = run(DType::kBF16, s, a, b, c0, false);
     double worst = 0;
     for (int64_t i = 0; i < s.band; ++i)

@@ -87,8 +87,8 @@ void band(const void* dy, int64_t ldy, const uint32_t* wp, int64_t n, int64_t k,
     for (int64_t g = 0; g < groups; ++g) {
       const RowPairs r = group_rows(g, p0);
       for (int64_t jb = 0; jb < blocks; ++jb)
-        micro::micro_bf16(r, wp + p0 * ks + jb * kCols, ks, pc, dx + g * kR * ldc + jb * kCols, ldc, nr_of(g), nc_of(jb),
-                          st);
+        micro::micro_bf16(r, wp + p0 * ks + jb * kCols, ks, pc, dx + g * kR * ldc + jb * kCols, ldc, nr_of(g),
+                          nc_of(jb), st);
     }
   }
   if (n % 2) {  // the last pair, (dy[.][n-1], 0), read from a panel: dy[.][n] does not exist

@@ -15,12 +15,15 @@
 // are therefore shaped to be dense: bands of whole rows for the forward and data gradients; for a
 // forward cut into column tiles the C tile is computed in a per-thread buffer and copied out;
 // weight gradients take bands of dw rows, whose A block (a column block of dy) is packed
-// chunk by chunk into a per-thread buffer. Where this build has them (AVX-512 for fp32,
-// AVX512-BF16 for bf16), weight gradients run our own micro-kernels instead (gemm_wgrad.h: the
-// same bands and chunks, each chunk's product added to dw in one rounding as before). Strided on purpose, where the JIT GEMM measured
-// faster (Zen 5): the data gradient of small-M GEMMs cut into column tiles (B a column block of
-// w); an LM head's forward (kWideWeight: C tiles written in place) and data gradient
-// (kLongReduction: A a column block of dy per chunk).
+// chunk by chunk into a per-thread buffer. Strided on purpose, where the JIT GEMM measured faster
+// (Zen 5): the data gradient of small-M GEMMs cut into column tiles (B a column block of w); an
+// LM head's forward (kWideWeight: C tiles written in place) and data gradient (kLongReduction: A
+// a column block of dy per chunk).
+//
+// Our own micro-kernels, where this build has them: weight gradients (AVX-512 for fp32,
+// AVX512-BF16 for bf16; gemm_wgrad.h: the same bands and chunks, each chunk's product added to dw
+// in one rounding as before) and the bf16 data gradient of a long reduction (gemm_long.h: one
+// chain over the whole reduction).
 //
 // Scheduling: all tiles of one op, across experts for grouped GEMMs, form one flat list, ordered
 // by decreasing cost and handed out dynamically, so a skewed expert load balances like an even
