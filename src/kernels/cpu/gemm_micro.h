@@ -46,6 +46,7 @@ using vf = __m512;
 // Forces a loaded vector into a register: otherwise GCC folds the load into each FMA that reads
 // it (the same trick as attention_simd.h).
 inline void in_register(vf& x) { asm("" : "+v"(x)); }
+inline void in_register(__m512i& x) { asm("" : "+v"(x)); }
 
 // acc from c's rows q < nr, columns < nc (kChain), else zeros.
 inline void load_block(vf (&acc)[kR][kV], const float* c, int64_t ldc, int nr, int nc, Store st) {
@@ -73,59 +74,61 @@ inline void store_block(vf (&acc)[kR][kV], float* c, int64_t ldc, int nr, int nc
   }
 }
 
-// acc[q][v] (+)= sum over r < rows of a(r, q) * bp[r][16 v ..], an FMA chain.
+// One step of the chain, per element type: fp32 (an FMA per reduction step) and bf16 (a
+// vdpbf16ps per pair of steps, a 32-bit word of two bf16 values in each operand lane).
+struct F32Step {
+  using Word = float;
+  using Lanes = vf;
+  static Lanes load(const float* p) { return _mm512_loadu_ps(p); }
+  static Lanes broadcast(float x) { return _mm512_set1_ps(x); }
+  static vf madd(vf acc, Lanes s, Lanes b) { return _mm512_fmadd_ps(s, b, acc); }
+};
+
+// acc[q][v] (+)= sum over steps i < n of a(i, q) * bp[i][16 v ..], one chain per element.
+template <class Step, class A>
+inline void micro(const A& a, const typename Step::Word* bp, int64_t bs, int64_t n, float* c, int64_t ldc, int nr,
+                  int nc, Store st) {
+  using L = typename Step::Lanes;
+  prefetch_block(c, ldc, nr, nc);
+  vf acc[kR][kV];
+  load_block(acc, c, ldc, nr, nc, st);
+  for (int64_t i = 0; i < n; ++i) {
+    // Four named registers: an array here is stored to the stack by the in_register asm.
+    L b0 = Step::load(bp + i * bs), b1 = Step::load(bp + i * bs + 16), b2 = Step::load(bp + i * bs + 32),
+      b3 = Step::load(bp + i * bs + 48);
+    in_register(b0), in_register(b1), in_register(b2), in_register(b3);
+    const L b[kV] = {b0, b1, b2, b3};
+#pragma GCC unroll 8
+    for (int q = 0; q < kR; ++q) {
+      const L s = Step::broadcast(a(i, q));
+#pragma GCC unroll 4
+      for (int v = 0; v < kV; ++v) acc[q][v] = Step::madd(acc[q][v], s, b[v]);
+    }
+  }
+  store_block(acc, c, ldc, nr, nc, st);
+}
 template <class A>
 inline void micro_f32(const A& a, const float* bp, int64_t bs, int64_t rows, float* c, int64_t ldc, int nr, int nc,
                       Store st) {
-  prefetch_block(c, ldc, nr, nc);
-  vf acc[kR][kV];
-  load_block(acc, c, ldc, nr, nc, st);
-  for (int64_t r = 0; r < rows; ++r) {
-    // Four named registers: an array here is stored to the stack by the in_register asm.
-    vf b0 = _mm512_loadu_ps(bp + r * bs), b1 = _mm512_loadu_ps(bp + r * bs + 16),
-       b2 = _mm512_loadu_ps(bp + r * bs + 32), b3 = _mm512_loadu_ps(bp + r * bs + 48);
-    in_register(b0), in_register(b1), in_register(b2), in_register(b3);
-    const vf b[kV] = {b0, b1, b2, b3};
-#pragma GCC unroll 8
-    for (int q = 0; q < kR; ++q) {
-      const vf s = _mm512_set1_ps(a(r, q));
-#pragma GCC unroll 4
-      for (int v = 0; v < kV; ++v) acc[q][v] = _mm512_fmadd_ps(s, b[v], acc[q][v]);
-    }
-  }
-  store_block(acc, c, ldc, nr, nc, st);
+  micro<F32Step>(a, bp, bs, rows, c, ldc, nr, nc, st);
 }
-
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define MOE_MICRO_BF16 1
-inline vf dot2(vf acc, __m512i a, __m512i b) {
-  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(a), reinterpret_cast<__m512bh&>(b));
-}
-inline void in_register(__m512i& x) { asm("" : "+v"(x)); }
-
-// acc[q][v] (+)= sum over pairs p < pairs of dot2(a(p, q), bp[p][16 v ..]), a vdpbf16ps chain.
+struct Bf16Step {
+  using Word = uint32_t;
+  using Lanes = __m512i;
+  static Lanes load(const uint32_t* p) { return _mm512_loadu_si512(p); }
+  static Lanes broadcast(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
+  static vf madd(vf acc, Lanes s, Lanes b) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(s), reinterpret_cast<__m512bh&>(b));
+  }
+};
 template <class A>
 inline void micro_bf16(const A& a, const uint32_t* bp, int64_t bs, int64_t pairs, float* c, int64_t ldc, int nr,
                        int nc, Store st) {
-  prefetch_block(c, ldc, nr, nc);
-  vf acc[kR][kV];
-  load_block(acc, c, ldc, nr, nc, st);
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m512i b0 = _mm512_loadu_si512(bp + p * bs), b1 = _mm512_loadu_si512(bp + p * bs + 16),
-            b2 = _mm512_loadu_si512(bp + p * bs + 32), b3 = _mm512_loadu_si512(bp + p * bs + 48);
-    in_register(b0), in_register(b1), in_register(b2), in_register(b3);
-    const __m512i b[kV] = {b0, b1, b2, b3};
-#pragma GCC unroll 8
-    for (int q = 0; q < kR; ++q) {
-      const __m512i s = _mm512_set1_epi32(static_cast<int>(a(p, q)));
-#pragma GCC unroll 4
-      for (int v = 0; v < kV; ++v) acc[q][v] = dot2(acc[q][v], s, b[v]);
-    }
-  }
-  store_block(acc, c, ldc, nr, nc, st);
+  micro<Bf16Step>(a, bp, bs, pairs, c, ldc, nr, nc, st);
 }
-
 #endif
 #endif
 
