@@ -94,9 +94,7 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   }
   // bf16 mode, the stage with the LM head: its data gradient's pairing of the weight
   // (kernels/cpu_memory.h; made where the CPU has AVX512-BF16, counted on every CPU).
-  bool holds_head = false;
-  for (const LayerRange& r : stage.chunks) holds_head = holds_head || r.end == c.n_layers;
-  if (bf16 && holds_head)
+  if (bf16 && shard.last_stage(c))
     m.kernel_scratch += static_cast<double>(cpu_long_reduction_pairs_bytes(c.vocab_size, c.d_model));
   // The cpu attention backward's store of score-gradient tiles and its row sums (kernels/cpu_memory.h).
   if (held_layers > 0)

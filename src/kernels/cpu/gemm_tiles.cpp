@@ -257,8 +257,8 @@ void plan_bands(const Desc& d, bool forward, const void* a, const void* b, float
     }
 }
 
-// The bf16 data gradient of a long reduction on our own kernel (gemm_long.h): dw paired once
-// into a grow-only buffer (in parallel), then bands of dx rows as band_plan cuts them, each
+// The bf16 data gradient of a long reduction on our own kernel (gemm_long.h): w paired once per
+// op into a grow-only buffer (in parallel), then bands of dx rows as band_plan cuts them, each
 // reducing the whole of n. Only where it writes dx (every LM head's call; an accumulating one
 // keeps oneDNN's chunks).
 bool own_long_data(const Desc& d) {
@@ -277,7 +277,7 @@ void plan_long_data(const Desc& d, const void* dy, const void* w, float* dx) {
   for (int64_t i0 = 0; i0 < d.m; i0 += tm) {
     Item it;
     it.kernel = Item::Kernel::kLongData;
-    it.a = static_cast<const char*>(dy) + static_cast<size_t>(i0 * d.lda) * 2;
+    it.a = static_cast<const char*>(dy) + static_cast<size_t>(i0 * d.lda) * dtype_size(d.dtype);
     it.c = dx + i0 * d.ldc;
     it.pairs = wp;
     it.rows = std::min(tm, d.m - i0);
