@@ -1,5 +1,7 @@
 #include "core/buffer.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -7,13 +9,20 @@
 namespace moe {
 namespace {
 
+constexpr size_t kHugePage = size_t{2} << 20;
+
 class HostMemory final : public Allocator {
  public:
   Device device() const override { return Device::kCpu; }
   void* allocate(size_t bytes) override {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
+    // Buffers of a huge page or more (the arena, parameters, gradients, optimizer state, the
+    // kernels' grow-only panels) are aligned to huge pages and asked for them where the kernel
+    // gives them on request (transparent_hugepage = madvise), before the zeroing touches them.
+    const size_t align = bytes >= kHugePage ? kHugePage : 64;
+    const size_t rounded = (bytes + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, rounded);
     MOE_CHECK(p != nullptr, "out of memory allocating ", bytes, " bytes");
+    if (align == kHugePage) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: its failure changes nothing
     std::memset(p, 0, rounded);
     return p;
   }

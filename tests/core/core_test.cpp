@@ -1,9 +1,11 @@
-// Core pieces: tensor views, bf16 rounding, the counter-based RNG.
+// Core pieces: tensor views, bf16 rounding, the counter-based RNG, host buffers.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "common/test_util.h"
+#include "core/buffer.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -44,6 +46,19 @@ TEST(BF16, RoundsToNearestEven) {
   EXPECT_EQ(static_cast<float>(bf16(1.0f + 1.0f / 256)), 1.0f);  // tie -> even (down)
   EXPECT_EQ(static_cast<float>(bf16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);  // tie -> even (up)
   EXPECT_TRUE(std::isnan(static_cast<float>(bf16(std::nanf("")))));
+}
+
+// Buffers of 2 MiB or more start on a huge-page boundary (so the kernel can back them with huge
+// pages where it gives them on request); smaller ones on a cache line. Every byte reads zero.
+TEST(HostBuffer, LargeBuffersAreHugePageAlignedAndZeroed) {
+  for (const size_t bytes : {size_t{100}, size_t{4096}, (size_t{2} << 20) - 1, size_t{2} << 20, (size_t{5} << 20) + 7}) {
+    const Buffer b(bytes);
+    const auto at = reinterpret_cast<uintptr_t>(b.data());
+    EXPECT_EQ(at % (bytes >= (size_t{2} << 20) ? (size_t{2} << 20) : 64), 0u) << bytes << " bytes";
+    const auto* p = static_cast<const unsigned char*>(b.data());
+    for (size_t i = 0; i < bytes; i += 4093) ASSERT_EQ(p[i], 0) << bytes << " bytes, at " << i;
+    EXPECT_EQ(p[bytes - 1], 0);
+  }
 }
 
 TEST(Tensor, ViewsAndSlicesCheckShapes) {
