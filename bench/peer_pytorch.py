@@ -19,7 +19,11 @@ Two throughputs per run, both from the run's best step (noise on a shared machin
 time): wall (tokens / step seconds) and CPU (2 x tokens / CPU seconds of the whole process, both
 threads): the wall rate a quiet machine would show, and barely moved by other processes taking
 the cores. OMP_WAIT_POLICY=passive on both sides so waiting threads sleep instead of spinning
-(spinning would count as CPU time).
+(spinning would count as CPU time). --wait default leaves both OpenMP runtimes their own policy
+(spin a while, then sleep), which is how `moecore train` and a PyTorch script run: the wall rates
+to quote (moecore's fine_grained bf16 step is ~10% faster so than under passive, which wakes a
+sleeping thread at each of its hundreds of parallel regions); its CPU-time rates count spinning
+and mean nothing.
 
 Peak memory: moecore's peak RSS from its bench; each PyTorch variant's in a process of its own
 (this script with --rss-of VARIANT: build it, warm-up, one step, then the process's peak RSS), so
@@ -138,10 +142,17 @@ def main():
     ap.add_argument("--variants", default="eager-fp32,eager-bf16,compile-fp32,compile-bf16")
     ap.add_argument("--experts", default="grouped_mm",
                     help="transformers experts_implementation (eager, grouped_mm, batched_mm)")
+    ap.add_argument("--wait", choices=["passive", "default"], default="passive",
+                    help="OpenMP wait policy of both sides: passive (CPU-time rates count work only) "
+                         "or each runtime's default (the wall rates a user sees)")
     ap.add_argument("--rss-of", default="", help="internal: print one PyTorch variant's peak RSS and exit")
     args = ap.parse_args()
 
-    os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch loads its OpenMP runtime
+    # Before torch loads its OpenMP runtime; moecore's bench and the RSS processes inherit it.
+    if args.wait == "default":
+        os.environ.pop("OMP_WAIT_POLICY", None)
+    else:
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     import torch
     import transformers
 
@@ -164,7 +175,8 @@ def main():
     ref = moecore_flops_per_token(args.moecore, args.config)
     assert abs(fpt - ref) <= 1e-5 * ref, f"FLOP formula mismatch: {fpt} vs moecore config {ref}"
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads "
-          f"{torch.get_num_threads()}, config {args.config}")
+          f"{torch.get_num_threads()}, config {args.config}, "
+          f"OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset (each runtime its default)')}")
     print(f"{cfg['train']['batch_size']} x {S} tokens/step, {fpt / 1e6:.2f} MFLOP/token (moecore formula), "
           f"experts_implementation={args.experts}, warm-up {args.warmup}, {args.steps} timed steps x "
           f"{args.rounds} rounds", flush=True)
