@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <iomanip>
 #include <random>
 
@@ -263,7 +264,12 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   for (double t : r.cpu_s) os << " " << t;
   os << "\ncpu fwd+bwd times (s):";
   for (double t : r.cpu_fwd_bwd_s) os << " " << t;
-  os << "\n";
+  // The wait policy moves both: passive wakes a sleeping thread at each parallel region (wall
+  // time, ~10% of a fine_grained bf16 step), the default's spinning counts as CPU time.
+  const char* wait = std::getenv("OMP_WAIT_POLICY");
+  os << "\nOMP_WAIT_POLICY: "
+     << (wait && *wait ? wait : "unset (the OpenMP runtime's default: waiting threads spin a while, then sleep)")
+     << "\n";
   os << std::setprecision(0) << "tokens/s (median): " << r.tokens_per_s << "\n";
   if (r.ranks > 1)
     os << "ranks: " << r.ranks << " (rank 0's phases; communication = time blocked in collectives), "

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <string>
 
 #include "common/cli_util.h"
@@ -184,6 +185,29 @@ TEST(Bench, TheGpuCheckScriptReadsWhatPrintBenchPrints) {
   EXPECT_EQ(read("bench_estimate_mib"), "80012.2");
   EXPECT_EQ(read("bench_paths"), r.kernel_paths);
   EXPECT_EQ(read("bench_setup_s"), "12.50");
+}
+
+// The OpenMP wait policy moves the wall and CPU times: the bench names the one it ran under.
+TEST(Bench, PrintsTheOpenMpWaitPolicy) {
+  Config c;
+  BenchResult r;
+  r.tokens_per_step = 1024;
+  r.step_s = r.fwd_bwd_s = r.cpu_s = r.cpu_fwd_bwd_s = {0.5};
+  r.median_step_s = r.mean_step_s = 0.5;
+  const char* was = std::getenv("OMP_WAIT_POLICY");
+  const std::string saved = was ? was : "";
+  auto printed = [&] {
+    std::ostringstream o;
+    print_bench(c, r, o);
+    std::smatch m;
+    const std::string out = o.str();
+    return std::regex_search(out, m, std::regex("OMP_WAIT_POLICY: ([^\\n]*)")) ? m[1].str() : std::string("(none)");
+  };
+  ::setenv("OMP_WAIT_POLICY", "passive", 1);
+  EXPECT_EQ(printed(), "passive");
+  ::unsetenv("OMP_WAIT_POLICY");
+  EXPECT_EQ(printed().rfind("unset", 0), 0u) << printed();
+  if (was) ::setenv("OMP_WAIT_POLICY", saved.c_str(), 1);
 }
 
 }  // namespace
