@@ -73,6 +73,7 @@ struct BenchSteps {
     if (groups) world.barrier();  // steps start together: a rank's wait is not the previous step's
     const uint64_t sent_before = groups ? comm_bytes_sent(*groups) : 0;
     const TransferStats moved_before = ops.transfers();
+    op_times_sink() = opt.ops && timed_step ? &r.op_times : nullptr;
     // As `moecore train` runs them (train.overlap_host): each call enqueues a step and reads the
     // one before, whose record carries that step's time.
     if (overlap_host) {
@@ -88,6 +89,7 @@ struct BenchSteps {
       r.to_device_bytes_per_step += static_cast<double>(moved.to_device_bytes);
     }
     if (groups && timed_step) r.comm_bytes_per_step += static_cast<double>(comm_bytes_sent(*groups) - sent_before);
+    op_times_sink() = nullptr;
     PhaseTimer::flush();  // waits for the stream: the phases of this call's step
     PhaseTimer::set_enabled(false);
     if (count_allocs) {
@@ -174,6 +176,10 @@ void summarize_steps(const std::vector<TimedStep>& timed_steps, const BenchOptio
   r.pp_bubble_s /= static_cast<double>(opt.steps);
   for (double* x : {&r.to_host_per_step, &r.to_host_bytes_per_step, &r.to_device_per_step, &r.to_device_bytes_per_step})
     *x /= static_cast<double>(opt.steps);
+  for (size_t k = 0; k < OpTimes::kOps; ++k) {
+    r.op_times.seconds[k] /= static_cast<double>(opt.steps);
+    r.op_times.calls[k] /= static_cast<double>(opt.steps);
+  }
   PhaseTimer::set_thread_alloc_reader(nullptr);
   if (!opt.thread_alloc_reader) r.dnnl_allocs_per_step = -1;
   if (r.alloc_steps > 0) {
@@ -199,6 +205,8 @@ void summarize_steps(const std::vector<TimedStep>& timed_steps, const BenchOptio
 
 BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   MOE_CHECK(opt.warmup >= 0 && opt.steps >= 1, "bench: --warmup must be >= 0 and --steps >= 1");
+  MOE_CHECK(!opt.ops || config_in.train.backend == "cpu", "bench --ops: per-op times need train.backend = \"cpu\" ",
+            "(its calls are synchronous), not \"", config_in.train.backend, "\"");
   Config config = config_in;
   // Schedule length covers the run so the LR never hits a degenerate point.
   config.train.steps = std::max(config.train.steps, opt.warmup + opt.steps);
@@ -245,6 +253,26 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   r.estimate_mb = estimate_memory(config).total() / (1024.0 * 1024.0);
   return r;
 }
+
+namespace {
+// With --ops: every op that ran, longest first (the phases above group several of them).
+void print_op_times(const BenchResult& r, std::ostream& os) {
+  std::vector<size_t> ran;
+  double total = 0;
+  for (size_t k = 0; k < OpTimes::kOps; ++k)
+    if (r.op_times.calls[k] > 0) ran.push_back(k), total += r.op_times.seconds[k];
+  if (ran.empty()) return;
+  std::sort(ran.begin(), ran.end(),
+            [&](size_t a, size_t b) { return r.op_times.seconds[a] > r.op_times.seconds[b]; });
+  os << "ops (mean per timed step, wall time inside each cpu backend call; " << std::setprecision(1)
+     << 100 * total / r.mean_step_s << "% of the step):\n";
+  os << "  op                           ms/step  calls/step  % of step\n";
+  for (const size_t k : ran)
+    os << "  " << std::left << std::setw(27) << op_name(static_cast<OpId>(k)) << std::right << std::setw(10)
+       << std::setprecision(2) << r.op_times.seconds[k] * 1e3 << std::setw(12) << std::setprecision(1)
+       << r.op_times.calls[k] << std::setw(11) << 100 * r.op_times.seconds[k] / r.mean_step_s << "\n";
+}
+}  // namespace
 
 void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   const auto flags = os.flags();
@@ -300,6 +328,7 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   }
   os << std::setprecision(2) << "  sum           " << std::setw(9) << r.phase_sum_s * 1e3 << "  vs step " << r.mean_step_s * 1e3
      << " ms: " << r.phase_error * 100 << "% " << (r.phase_error <= 0.03 ? "(within 3%: ok)" : "(MORE THAN 3%)") << "\n";
+  print_op_times(r, os);
   if (r.alloc_steps > 0)
     os << std::setprecision(1) << "heap allocations per step (operator new, steps 3-" << 2 + r.alloc_steps
        << "): " << r.allocs_per_step << "\n";

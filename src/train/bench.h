@@ -11,6 +11,7 @@
 
 #include "config/config.h"
 #include "core/phase_timer.h"
+#include "kernels/op_times.h"
 #include "train/metrics.h"
 
 namespace moe {
@@ -24,6 +25,8 @@ struct BenchOptions {
   // The calling thread's count of the same counter (PhaseTimer::set_thread_alloc_reader), or
   // null: splits the count into allocations inside oneDNN's primitive execution and the rest.
   uint64_t (*thread_alloc_reader)() = nullptr;
+  // Wall time inside each op of the timed steps (kernels/op_times.h; the cpu backend only).
+  bool ops = false;
 };
 
 struct BenchResult {
@@ -49,6 +52,7 @@ struct BenchResult {
   double allocs_per_step = 0;
   double dnnl_allocs_per_step = 0;     // of which inside oneDNN's primitive execution (-1: unknown)
   std::array<double, PhaseTimer::kNum> phase_allocs{};  // per counted step, by phase
+  OpTimes op_times;                    // with BenchOptions::ops: per op, seconds and calls per timed step
   std::string kernel_paths;            // cuda: which implementation the timed steps' calls took (CudaPaths)
   double setup_s = 0;                  // the trainer's construction: allocation, parameter init, plans
   int64_t params = 0, host_threads = 0;

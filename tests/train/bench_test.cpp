@@ -57,6 +57,50 @@ steps = 10
   EXPECT_EQ(r.phase_flops[static_cast<size_t>(Phase::kOther)], 0.0);
 }
 
+// --ops: the wall time inside each cpu backend call of the timed steps, within the step's time.
+TEST(Bench, OpTimesNameTheOpsInsideTheStep) {
+  const Config c = parse_config(R"(
+[model]
+vocab_size = 64
+d_model = 32
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+num_experts = 4
+top_k = 2
+expert_hidden = 32
+[optim]
+warmup_steps = 2
+[train]
+seq_len = 32
+batch_size = 4
+micro_batch_size = 2
+steps = 10
+)", {}, "bench test config");
+  BenchOptions o;
+  o.warmup = 1;
+  o.steps = 2;
+  o.ops = true;
+  const BenchResult r = run_bench(c, o);
+  const auto at = [](OpId op) { return static_cast<size_t>(op); };
+  // Per timed step: 2 micro-batches x 2 layers of attention and MoE, one LM head each.
+  EXPECT_EQ(r.op_times.calls[at(OpId::attention_fwd)], 4.0);
+  EXPECT_EQ(r.op_times.calls[at(OpId::grouped_linear_fwd)], 4.0 * 3);
+  EXPECT_EQ(r.op_times.calls[at(OpId::cross_entropy)], 2.0);
+  double total = 0;
+  for (double s : r.op_times.seconds) total += s;
+  EXPECT_GT(total, 0.0);
+  EXPECT_LE(total, r.mean_step_s) << "the ops' time is inside the step's";
+  EXPECT_EQ(op_times_sink(), nullptr);  // bench leaves the op clock off
+  std::ostringstream out;
+  print_bench(c, r, out);
+  EXPECT_NE(out.str().find("ops (mean per timed step"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("  grouped_linear_fwd "), std::string::npos) << out.str();
+  Config strict = c;
+  strict.train.backend = "strict";
+  EXPECT_THROW(run_bench(strict, o), Error);
+}
+
 // Runs `moecore bench` (the binary has the counting operator new) on a tiny config and returns
 // {total, inside oneDNN} allocations per step over steps 3-10.
 std::pair<double, double> binary_bench_allocs(const std::string& sets) {
@@ -199,9 +243,10 @@ TEST(Bench, PrintsTheOpenMpWaitPolicy) {
   auto printed = [&] {
     std::ostringstream o;
     print_bench(c, r, o);
-    std::smatch m;
-    const std::string out = o.str();
-    return std::regex_search(out, m, std::regex("OMP_WAIT_POLICY: ([^\\n]*)")) ? m[1].str() : std::string("(none)");
+    const std::string out = o.str(), key = "OMP_WAIT_POLICY: ";
+    const size_t at = out.find(key);
+    if (at == std::string::npos) return std::string("(none)");
+    return out.substr(at + key.size(), out.find('\n', at) - at - key.size());
   };
   ::setenv("OMP_WAIT_POLICY", "passive", 1);
   EXPECT_EQ(printed(), "passive");
