@@ -17,8 +17,9 @@
 namespace moe {
 namespace {
 
-TEST(Bench, PhasesSumToStepTimeAndMoePhasesAreNonZero) {
-  const Config c = parse_config(R"(
+// 2 layers of attention and 4 experts top-2, 2 micro-batches of 2 x 32 tokens.
+Config tiny_moe_config() {
+  return parse_config(R"(
 [model]
 vocab_size = 64
 d_model = 32
@@ -36,6 +37,10 @@ batch_size = 4
 micro_batch_size = 2
 steps = 10
 )", {}, "bench test config");
+}
+
+TEST(Bench, PhasesSumToStepTimeAndMoePhasesAreNonZero) {
+  const Config c = tiny_moe_config();
   BenchOptions o;
   o.warmup = 1;
   o.steps = 3;
@@ -59,24 +64,7 @@ steps = 10
 
 // --ops: the wall time inside each cpu backend call of the timed steps, within the step's time.
 TEST(Bench, OpTimesNameTheOpsInsideTheStep) {
-  const Config c = parse_config(R"(
-[model]
-vocab_size = 64
-d_model = 32
-n_layers = 2
-n_heads = 4
-n_kv_heads = 2
-num_experts = 4
-top_k = 2
-expert_hidden = 32
-[optim]
-warmup_steps = 2
-[train]
-seq_len = 32
-batch_size = 4
-micro_batch_size = 2
-steps = 10
-)", {}, "bench test config");
+  const Config c = tiny_moe_config();
   BenchOptions o;
   o.warmup = 1;
   o.steps = 2;
