@@ -38,15 +38,19 @@ inline void store(double* p, double v) { *p = v; }
 // Sum of f(i), i in [0, n), in kLanes interleaved partial sums (a vector register's worth)
 // combined by a fixed tree: the order depends on n only, never on threads or alignment.
 constexpr int kLanes = 16;
+// The fixed tree every lane sum ends with: halves added pairwise, lane 0 last.
+template <class A> inline A tree_sum(A (&acc)[kLanes]) {
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
 template <class A, class F> inline A lane_sum(int64_t n, F f) {
   A acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     for (int l = 0; l < kLanes; ++l) acc[l] += f(i + l);
   for (int l = 0; i + l < n; ++l) acc[l] += f(i + l);
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
+  return tree_sum(acc);
 }
 
 // Max of x[0..n) (n >= 1) in lanes; NaN is not propagated here (the exp sum carries it).
@@ -64,25 +68,33 @@ template <class T> inline T lane_max(const T* x, int64_t n) {
 
 // expf from arithmetic only, so loops over it vectorize (Cephes polynomial on
 // r = x - n ln2, |r| <= ln2/2; max error ~2 ulp against glibc expf). exp(x) = 0 for
-// x < -86.5 (true value < 3e-38), inf above 88.72; NaN in, NaN out.
+// x < -86.5 (true value < 3e-38), inf above 88.72; NaN in, NaN out. Its constants, shared with
+// the zmm version below (fast_exp16), which must give the same bits:
+struct ExpF {
+  static constexpr float kHi = 88.7228391f, kLo = -86.5f;
+  static constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  static constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = -0.693359375f, kLn2Lo = 2.12194440e-4f;
+  static constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f,
+                         kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+};
 inline float fast_exp(float x) {
-  const float kHi = 88.7228391f, kLo = -86.5f;
+  const float kHi = ExpF::kHi, kLo = ExpF::kLo, shifter = ExpF::kShifter;
   float xc = x > kHi ? kHi : x;
   xc = xc < kLo ? kLo : xc;
-  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   // Explicit FMAs: the kernels build without contraction (CMakeLists.txt), so these are the
   // only fused operations, the same in the vector and scalar versions of every loop.
-  const float t = std::fma(xc, 1.44269504088896341f, shifter);
+  const float t = std::fma(xc, ExpF::kLog2e, shifter);
   const int32_t n = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(shifter);
   const float fn = t - shifter;
-  float r = std::fma(fn, -0.693359375f, xc);
-  r = std::fma(fn, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
+  float r = std::fma(fn, ExpF::kLn2Hi, xc);
+  r = std::fma(fn, ExpF::kLn2Lo, r);
+  // Written out: a loop over an array of the coefficients kept the callers' loops (SwiGLU) from
+  // vectorizing.
+  float p = std::fma(ExpF::kP0, r, ExpF::kP1);
+  p = std::fma(p, r, ExpF::kP2);
+  p = std::fma(p, r, ExpF::kP3);
+  p = std::fma(p, r, ExpF::kP4);
+  p = std::fma(p, r, ExpF::kP5);
   p = std::fma(p * r, r, r) + 1.0f;
   // 2^n as 2^(n-1) * 2 so that n = 128 (x near the top) does not overflow the exponent field.
   const float scale = std::bit_cast<float>(static_cast<uint32_t>(n + 126) << 23);
@@ -112,9 +124,7 @@ template <class T> T exp_store_sum(const T* x, T* d, int64_t n, T mx) {
     d[j + l] = e;
     acc[l] += e;
   }
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
+  return tree_sum(acc);
 }
 
 #if defined(__AVX512F__)
@@ -122,22 +132,21 @@ template <class T> T exp_store_sum(const T* x, T* d, int64_t n, T mx) {
 // bits) in zmm registers: the compiler keeps lane_max's loop scalar (one vmaxss per element) and
 // stores exp_store_sum's exponentials in five pieces per 16, the passes of a cross-entropy row.
 inline __m512 fast_exp16(__m512 x) {
-  const __m512 hi = _mm512_set1_ps(88.7228391f), lo = _mm512_set1_ps(-86.5f);
-  const __m512 shifter = _mm512_set1_ps(12582912.0f);
+  const __m512 hi = _mm512_set1_ps(ExpF::kHi), lo = _mm512_set1_ps(ExpF::kLo);
+  const __m512 shifter = _mm512_set1_ps(ExpF::kShifter);
   const __mmask16 above = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), below = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
   __m512 xc = _mm512_mask_mov_ps(x, above, hi);
   xc = _mm512_mask_mov_ps(xc, _mm512_cmp_ps_mask(xc, lo, _CMP_LT_OQ), lo);
-  const __m512 t = _mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), shifter);
+  const __m512 t = _mm512_fmadd_ps(xc, _mm512_set1_ps(ExpF::kLog2e), shifter);
   const __m512i n = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(shifter));
   const __m512 fn = _mm512_sub_ps(t, shifter);
-  __m512 r = _mm512_fmadd_ps(fn, _mm512_set1_ps(-0.693359375f), xc);
-  r = _mm512_fmadd_ps(fn, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fmadd_ps(fn, _mm512_set1_ps(ExpF::kLn2Hi), xc);
+  r = _mm512_fmadd_ps(fn, _mm512_set1_ps(ExpF::kLn2Lo), r);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(ExpF::kP0), r, _mm512_set1_ps(ExpF::kP1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ExpF::kP2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ExpF::kP3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ExpF::kP4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ExpF::kP5));
   p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
   const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(126)), 23));
   __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, scale), _mm512_set1_ps(2.0f));
@@ -175,9 +184,7 @@ template <> inline float exp_store_sum<float>(const float* x, float* d, int64_t 
   acc = _mm512_mask_add_ps(acc, tail, acc, e);
   float a[kLanes];
   _mm512_storeu_ps(a, acc);
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) a[l] += a[l + w];
-  return a[0];
+  return tree_sum(a);
 }
 #endif
 
