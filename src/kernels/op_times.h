@@ -26,6 +26,16 @@ inline OpTimes*& op_times_sink() {
   return sink;
 }
 
+// Sets the calling thread's sink for a scope; null again when it ends (also by an exception, so
+// no call ever adds to an OpTimes that is gone).
+class OpTimesScope {
+ public:
+  explicit OpTimesScope(OpTimes* t) { op_times_sink() = t; }
+  ~OpTimesScope() { op_times_sink() = nullptr; }
+  OpTimesScope(const OpTimesScope&) = delete;
+  OpTimesScope& operator=(const OpTimesScope&) = delete;
+};
+
 // Times one call into the sink set when it starts.
 class OpClock {
  public:

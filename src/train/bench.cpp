@@ -73,13 +73,15 @@ struct BenchSteps {
     if (groups) world.barrier();  // steps start together: a rank's wait is not the previous step's
     const uint64_t sent_before = groups ? comm_bytes_sent(*groups) : 0;
     const TransferStats moved_before = ops.transfers();
-    op_times_sink() = opt.ops && timed_step ? &r.op_times : nullptr;
-    // As `moecore train` runs them (train.overlap_host): each call enqueues a step and reads the
-    // one before, whose record carries that step's time.
-    if (overlap_host) {
-      record(trainer.submit(ids.t, labels.t), i - 1);
-    } else {
-      record(&trainer.step(ids.t, labels.t), i);
+    {
+      const OpTimesScope op_times(opt.ops && timed_step ? &r.op_times : nullptr);
+      // As `moecore train` runs them (train.overlap_host): each call enqueues a step and reads the
+      // one before, whose record carries that step's time.
+      if (overlap_host) {
+        record(trainer.submit(ids.t, labels.t), i - 1);
+      } else {
+        record(&trainer.step(ids.t, labels.t), i);
+      }
     }
     if (timed_step) {
       const TransferStats moved = ops.transfers() - moved_before;
@@ -89,7 +91,6 @@ struct BenchSteps {
       r.to_device_bytes_per_step += static_cast<double>(moved.to_device_bytes);
     }
     if (groups && timed_step) r.comm_bytes_per_step += static_cast<double>(comm_bytes_sent(*groups) - sent_before);
-    op_times_sink() = nullptr;
     PhaseTimer::flush();  // waits for the stream: the phases of this call's step
     PhaseTimer::set_enabled(false);
     if (count_allocs) {
