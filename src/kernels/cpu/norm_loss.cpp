@@ -134,7 +134,8 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
 // Per row, three passes that stay in L2 after the first: max; e = exp(x - max) stored into
 // dlogits and summed; dlogits = e * (scale (1 + 2 z lse) / sum), the label's element apart. One
 // exp per element. The label's logit is read before the row is overwritten, so dlogits may
-// alias logits.
+// alias logits. The exp pass also asks for the next row in L2 (at a 50k vocabulary a row is 200
+// KB from memory, which the max pass would otherwise wait on: -17% of the op on fine_grained).
 void cross_entropy(const Tensor& logits, const Tensor& labels, double loss_scale, double z_coef,
                    const Tensor& dlogits, const Tensor& row_ce, const Tensor& row_z) {
   check_host({&logits, &labels, &dlogits, &row_ce, &row_z}, "cross_entropy");
@@ -167,7 +168,7 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, double loss_scale
         }
         const T mx = lane_max(xr, vocab);
         const T x_label = xr[label];
-        const T sum = exp_store_sum(xr, er, vocab, mx);
+        const T sum = exp_store_sum_ahead(xr, er, vocab, mx, r + 1 < n ? xr + vocab : xr);
         const T log_sum = std::log(sum);
         const T lse = mx + log_sum;
         pce[r] = log_sum + (mx - x_label);
