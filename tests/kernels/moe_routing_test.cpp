@@ -516,5 +516,41 @@ TEST_P(MoeRouting, ReductionsAreBitwiseEqualWithOneAndTwoThreads) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(test::bitwise_equal(a[i], b[i])) << i;
 }
 
+// The cpu combine's element (t, d): 0, then + w_j ys_j for j in order, each product and sum
+// rounded to f32 (its file compiles without contraction), then onto out when accumulating; 16
+// elements at a time plus a scalar tail (D = 40). Emulated here in double: a product of two
+// floats is exact there, and a double-rounded f32 sum equals the f32 sum (53 >= 2 * 24 + 2).
+TEST(MoeCombineCpu, SumsEachElementInOrderWithF32Roundings) {
+  const uint64_t seed = recorded_seed();
+  SCOPED_TRACE(seed);
+  const int64_t T = 37, D = 40, E = 5, K = 3, R = T * K;
+  OwnedTensor s(DType::kF32, {T, E}), idx(DType::kI32, {T, K}), w(DType::kF32, {T, K});
+  test::fill_uniform(s, seed, 21, 0, 1);
+  ref::router_topk(s, Tensor(), 0, 0, idx);
+  ref::router_gather(s, idx, ExpertWeightRule{}, w);
+  OwnedTensor counts(DType::kI32, {E}), off(DType::kI32, {E + 1}), sorted(DType::kI32, {R}), pos(DType::kI32, {R});
+  ref::moe_plan(idx, counts, off, sorted, pos);
+  OwnedTensor ys(DType::kF32, {R, D}), base(DType::kF32, {T, D});
+  test::fill_uniform(ys, seed, 22, -3, 3);
+  test::fill_uniform(base, seed, 23, -1, 1);
+  const float* pw = w.t.as<float>();
+  const float* py = ys.t.as<float>();
+  const int32_t* pp = pos.t.as<int32_t>();
+  auto f32 = [](double x) { return static_cast<float>(x); };
+  for (bool accumulate : {false, true}) {
+    OwnedTensor got = test::clone(base, DType::kF32), want = test::clone(base, DType::kF32);
+    cpu::moe_combine(ys, pos, w, got, accumulate);
+    float* pe = want.t.as<float>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < D; ++d) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < K; ++j)
+          acc = f32(double{acc} + double{f32(double{pw[t * K + j]} * double{py[pp[t * K + j] * D + d]})});
+        pe[t * D + d] = accumulate ? f32(double{pe[t * D + d]} + double{acc}) : acc;
+      }
+    EXPECT_TRUE(test::bitwise_equal(got, want)) << "accumulate " << accumulate;
+  }
+}
+
 }  // namespace
 }  // namespace moe
