@@ -1,8 +1,8 @@
 // bf16 tile products of the CPU attention (attention ops with bf16_products): every operand of a
 // tile product (q, k, v, dO, and the probabilities p and score gradients ds) is rounded to bf16
-// (nearest even) and multiplied with vdpbf16ps, which adds a pair of products into each fp32
-// accumulator lane: half the instructions of fp32 FMAs for the same products. The online softmax,
-// lse, D, every accumulator and every output stay fp32.
+// (nearest even; an fp32 subnormal to zero, see pair_lanes) and multiplied with vdpbf16ps, which
+// adds a pair of products into each fp32 accumulator lane: half the instructions of fp32 FMAs for
+// the same products. The online softmax, lse, D, every accumulator and every output stay fp32.
 //
 // A dpbf16 needs its pairs side by side in both operands, along the reduction dimension:
 //  - scores, C[r][x] = sum_d A[r][d] B[x][d] (reduction over the head dim): "row pairs", the
@@ -28,23 +28,24 @@ using vi = __m512i;
 inline void in_register(vi& x) { asm("" : "+v"(x)); }
 inline __m512bh as_bh(vi x) { return reinterpret_cast<__m512bh&>(x); }
 
-// fp32 -> bf16 bits in the high half of each 32-bit lane: round to nearest even, NaN stays a
-// quiet NaN (elem::bf16_bits lane by lane).
-inline vi round_hi(vf x) {
-  const vi u = _mm512_castps_si512(x);
-  const vi lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const vi r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
-  return _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(u, _mm512_set1_epi32(0x00400000)));
-}
+// fp32 -> bf16 by the AVX512-BF16 conversions (vcvtne2ps2bf16, vcvtneps2bf16): round to nearest
+// even, NaN a quiet NaN, as elem::bf16_bits, except that an fp32 subnormal becomes a signed zero.
+// Every value rounded here is only ever a vdpbf16ps operand, which reads a bf16 subnormal as zero
+// anyway: the one difference that reaches a product is an fp32 value within 2^-134 below 2^-126,
+// which elem::bf16_bits rounds up to the smallest normal. One instruction instead of eight per 16
+// values (the emulation was a fifth of the bf16 backward's instructions outside its products).
 // Lane i: bf16(a[i]) in the low half, bf16(b[i]) in the high half.
 inline vi pair_lanes(vf a, vf b) {
-  return _mm512_or_si512(_mm512_srli_epi32(round_hi(a), 16),
-                         _mm512_and_si512(round_hi(b), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  const vi words = reinterpret_cast<const vi&>(static_cast<const __m512bh&>(_mm512_cvtne2ps_pbh(b, a)));
+  // words 0..15 = bf16(a), 16..31 = bf16(b): interleaved to a0 b0 a1 b1 ...
+  const vi order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                    21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(order, words);
 }
-inline uint32_t pair_scalar(float a, float b) {
-  return static_cast<uint32_t>(elem::bf16_bits(a)) | (static_cast<uint32_t>(elem::bf16_bits(b)) << 16);
+// 16 values as 16 bf16 words, in order.
+inline __m256i round_words(vf x) {
+  const __m256bh h = _mm512_cvtneps_pbh(x);
+  return reinterpret_cast<const __m256i&>(h);
 }
 
 // Pair rows of rows [0, n) of a strided (n x w) fp32 block: dst[p * w + m] = (A[2p][m],
@@ -55,10 +56,11 @@ inline void pack_pair_rows(const float* src, int64_t stride, int n, int w, uint3
     const float* a = src + (2 * p) * stride;
     const float* b = 2 * p + 1 < n ? a + stride : nullptr;
     uint32_t* o = dst + p * w;
-    int m = 0;
-    for (; m + kLanes <= w; m += kLanes)
-      _mm512_storeu_si512(o + m, pair_lanes(vload(a + m), b ? vload(b + m) : _mm512_setzero_ps()));
-    for (; m < w; ++m) o[m] = pair_scalar(a[m], b ? b[m] : 0.0f);
+    for (int m = 0; m < w; m += kLanes) {
+      const __mmask16 lanes = first_lanes(w - m);
+      const vf bv = b ? _mm512_maskz_loadu_ps(lanes, b + m) : _mm512_setzero_ps();
+      _mm512_mask_storeu_epi32(o + m, lanes, pair_lanes(_mm512_maskz_loadu_ps(lanes, a + m), bv));
+    }
   }
 }
 
@@ -68,7 +70,7 @@ inline void round_rows_bf16(const float* src, int64_t stride, int n, int w, uint
   for (int r = 0; r < n; ++r)
     for (int m = 0; m < w; m += kLanes)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<uint16_t*>(dst + r * (w / 2)) + m),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_hi(vload(src + r * stride + m)), 16)));
+                          round_words(vload(src + r * stride + m)));
 }
 
 // Scores, rows r < MR, lane vectors V0..V1: C[r*kTile + x] = mul * sum_j dot2(A[r][j], Bt[j][x]).
@@ -226,10 +228,11 @@ struct Bf16Operand {
   }
 };
 
-// 16 values as fp32 lanes: fp32 as they are, bf16 (bf16 mode's saved q, k, v) widened exactly.
-inline vf vload_any(const float* p) { return vload(p); }
-inline vf vload_any(const bf16* p) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+// The first lanes of 16 values as fp32 lanes (the rest zero): fp32 as they are, bf16 (bf16 mode's
+// saved q, k, v) widened exactly.
+inline vf vload_any(const float* p, __mmask16 lanes) { return _mm512_maskz_loadu_ps(lanes, p); }
+inline vf vload_any(const bf16* p, __mmask16 lanes) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
@@ -241,8 +244,11 @@ inline void pack_bf16_tensor(const X* x, int64_t B, int64_t S, int64_t row, uint
 #pragma omp parallel
   {
     if (rows) {
-#pragma omp for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) rows[i] = elem::bf16_bits(elem::load(x[i]));
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < n; i += kLanes) {
+        const __mmask16 lanes = first_lanes(n - i);
+        _mm256_mask_storeu_epi16(rows + i, lanes, round_words(vload_any(x + i, lanes)));
+      }
     }
     if (pairs) {
 #pragma omp for schedule(static)
@@ -251,10 +257,11 @@ inline void pack_bf16_tensor(const X* x, int64_t B, int64_t S, int64_t row, uint
         const X* a = x + (b * S + s) * row;
         const X* c = s + 1 < S ? a + row : nullptr;
         uint32_t* o = pairs + bp * row;
-        int64_t j = 0;
-        for (; j + kLanes <= row; j += kLanes)
-          _mm512_storeu_si512(o + j, pair_lanes(vload_any(a + j), c ? vload_any(c + j) : _mm512_setzero_ps()));
-        for (; j < row; ++j) o[j] = pair_scalar(elem::load(a[j]), c ? elem::load(c[j]) : 0.0f);
+        for (int64_t j = 0; j < row; j += kLanes) {
+          const __mmask16 lanes = first_lanes(row - j);
+          const vf cv = c ? vload_any(c + j, lanes) : _mm512_setzero_ps();
+          _mm512_mask_storeu_epi32(o + j, lanes, pair_lanes(vload_any(a + j, lanes), cv));
+        }
       }
     }
   }
