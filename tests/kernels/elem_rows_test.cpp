@@ -3,6 +3,8 @@
 // definition written out here lane by lane with the scalar fast_exp: sixteen interleaved partial
 // results combined by a fixed tree. Lengths cover whole vectors, tails of every size and rows
 // shorter than one vector; values cover the exponent's clamps, infinities, NaN and signed zeros.
+// The cross-entropy's versions (lane_max_ordinary, exp_store_sum_ahead with its shortened exp on
+// rows without NaN and with a finite max) give the same bits.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -64,6 +66,22 @@ void expect_same_passes(const std::vector<float>& x, const char* what) {
   exp_sum_definition(x.data(), want.data(), n, mx);
   EXPECT_EQ(bits(sum), bits(exp_sum_definition(x.data(), want.data(), n, mx)));
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(bits(in_place[i]), bits(want[i])) << what << " in place, at " << i;
+  // The cross-entropy's passes: the max and whether the row is ordinary (no NaN, a finite max),
+  // then the exponentials, by the shortened exp where it is; the same bits either way.
+  bool ordinary = true;
+  ASSERT_EQ(bits(cpu::elem::lane_max_ordinary(x.data(), n, &ordinary)), bits(mx)) << what;
+  bool has_nan = false;
+  for (const float v : x) has_nan |= std::isnan(v);
+  EXPECT_EQ(ordinary, !has_nan && std::isfinite(mx)) << what << ", n " << n;
+  const float want_sum = exp_sum_definition(x.data(), want.data(), n, mx);
+  std::vector<float> next(x.size());  // the row asked for ahead
+  for (const bool in_place_ahead : {false, true}) {
+    std::vector<float> src = x, dst(x.size());
+    float* out = in_place_ahead ? src.data() : dst.data();
+    const float got = cpu::elem::exp_store_sum_ahead(src.data(), out, n, mx, next.data(), ordinary);
+    ASSERT_EQ(bits(got), bits(want_sum)) << what << ", n " << n << (ordinary ? ", ordinary" : "");
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(bits(out[i]), bits(want[i])) << what << " ahead, at " << i;
+  }
 }
 
 TEST(ElemRows, FloatPassesEqualTheirLaneDefinitionBitwise) {
@@ -89,6 +107,15 @@ TEST(ElemRows, FloatPassesKeepSpecialValuesAsDefined) {
   expect_same_passes(x, "a NaN first");
   std::vector<float> zeros = {-0.0f, 0.0f, -0.0f};
   expect_same_passes(zeros, "signed zeros only");
+  // Ordinary rows with -inf logits and values far below the max (the exp's lower clamp), a row
+  // whose max is -inf (not ordinary: -inf - -inf is NaN), and one with +inf.
+  std::vector<float> y = row(70, 7, 400.0f);
+  y[2] = -inf;
+  y[65] = -inf;
+  expect_same_passes(y, "-inf logits in an ordinary row");
+  expect_same_passes(std::vector<float>(19, -inf), "all -inf");
+  y[30] = inf;
+  expect_same_passes(y, "+inf max");
 }
 
 }  // namespace

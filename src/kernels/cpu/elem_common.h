@@ -131,12 +131,9 @@ template <class T> T exp_store_sum(const T* x, T* d, int64_t n, T mx) {
 // The float versions of the two row passes above, lane for lane the same arithmetic (so the same
 // bits) in zmm registers: the compiler keeps lane_max's loop scalar (one vmaxss per element) and
 // stores exp_store_sum's exponentials in five pieces per 16, the passes of a cross-entropy row.
-inline __m512 fast_exp16(__m512 x) {
-  const __m512 hi = _mm512_set1_ps(ExpF::kHi), lo = _mm512_set1_ps(ExpF::kLo);
+// fast_exp's arithmetic on xc already clamped to [kLo, kHi].
+inline __m512 exp16_clamped(__m512 xc) {
   const __m512 shifter = _mm512_set1_ps(ExpF::kShifter);
-  const __mmask16 above = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), below = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  __m512 xc = _mm512_mask_mov_ps(x, above, hi);
-  xc = _mm512_mask_mov_ps(xc, _mm512_cmp_ps_mask(xc, lo, _CMP_LT_OQ), lo);
   const __m512 t = _mm512_fmadd_ps(xc, _mm512_set1_ps(ExpF::kLog2e), shifter);
   const __m512i n = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(shifter));
   const __m512 fn = _mm512_sub_ps(t, shifter);
@@ -149,52 +146,89 @@ inline __m512 fast_exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ExpF::kP5));
   p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
   const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(126)), 23));
-  __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, scale), _mm512_set1_ps(2.0f));
+  return _mm512_mul_ps(_mm512_mul_ps(p, scale), _mm512_set1_ps(2.0f));
+}
+inline __m512 fast_exp16(__m512 x) {
+  const __m512 hi = _mm512_set1_ps(ExpF::kHi), lo = _mm512_set1_ps(ExpF::kLo);
+  const __mmask16 above = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), below = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  __m512 xc = _mm512_mask_mov_ps(x, above, hi);
+  xc = _mm512_mask_mov_ps(xc, _mm512_cmp_ps_mask(xc, lo, _CMP_LT_OQ), lo);
+  __m512 y = exp16_clamped(xc);
   y = _mm512_mask_mov_ps(y, below, _mm512_setzero_ps());
   y = _mm512_mask_mov_ps(y, above, _mm512_set1_ps(INFINITY));
   return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
+// fast_exp16 where no lane is above kHi or NaN (x - max over an ordinary row: <= 0, or -inf): the
+// same bits with five of its instructions left out (a third of a cross-entropy's exp pass).
+inline __m512 fast_exp16_nonpositive(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(ExpF::kLo);
+  const __mmask16 below = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  return _mm512_mask_mov_ps(exp16_clamped(_mm512_max_ps(x, lo)), below, _mm512_setzero_ps());
+}
 
-// vmaxps(x, acc) is x > acc ? x : acc, lane by lane, NaN and signed zeros included.
-template <> inline float lane_max<float>(const float* x, int64_t n) {
+// vmaxps(x, acc) is x > acc ? x : acc, lane by lane, NaN and signed zeros included. *ordinary:
+// whether the row has no NaN and a finite max, so that every x - max is <= 0 or -inf, never NaN.
+inline float lane_max_ordinary(const float* x, int64_t n, bool* ordinary) {
   __m512 acc = _mm512_set1_ps(x[0]);
+  __mmask16 nan = 0;
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) acc = _mm512_max_ps(_mm512_loadu_ps(x + i), acc);
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    acc = _mm512_max_ps(v, acc);
+  }
   const __mmask16 tail = first_lanes(n - i);
-  acc = _mm512_mask_max_ps(acc, tail, _mm512_maskz_loadu_ps(tail, x + i), acc);
+  const __m512 v = _mm512_maskz_loadu_ps(tail, x + i);
+  nan |= _mm512_mask_cmp_ps_mask(tail, v, v, _CMP_UNORD_Q);
+  acc = _mm512_mask_max_ps(acc, tail, v, acc);
   float a[kLanes];
   _mm512_storeu_ps(a, acc);
   float m = a[0];
   for (int l = 1; l < kLanes; ++l) m = a[l] > m ? a[l] : m;
+  *ordinary = nan == 0 && std::isfinite(m);
   return m;
+}
+template <> inline float lane_max<float>(const float* x, int64_t n) {
+  bool ordinary;
+  return lane_max_ordinary(x, n, &ordinary);
 }
 
 // exp_store_sum that also asks for next[0, n) in L2, a line per 16 values, while the exponentials
 // keep the cores busy: the next cross-entropy row, whose max pass would otherwise wait on memory.
-inline float exp_store_sum_ahead(const float* x, float* d, int64_t n, float mx, const float* next) {
+// ordinary (lane_max_ordinary's, mx its max): the exponentials by fast_exp16_nonpositive.
+template <bool kNonPositive>
+float exp_store_sum_rows(const float* x, float* d, int64_t n, float mx, const float* next) {
+  auto exp16 = [](__m512 v) { return kNonPositive ? fast_exp16_nonpositive(v) : fast_exp16(v); };
   const __m512 m = _mm512_set1_ps(mx);
   __m512 acc = _mm512_setzero_ps();
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
     _mm_prefetch(reinterpret_cast<const char*>(next + j), _MM_HINT_T1);
-    const __m512 e = fast_exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), m));
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), m));
     _mm512_storeu_ps(d + j, e);
     acc = _mm512_add_ps(acc, e);
   }
   const __mmask16 tail = first_lanes(n - j);
-  const __m512 e = fast_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + j), m));
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + j), m));
   _mm512_mask_storeu_ps(d + j, tail, e);
   acc = _mm512_mask_add_ps(acc, tail, acc, e);
   float a[kLanes];
   _mm512_storeu_ps(a, acc);
   return tree_sum(a);
 }
+inline float exp_store_sum_ahead(const float* x, float* d, int64_t n, float mx, const float* next, bool ordinary) {
+  return ordinary ? exp_store_sum_rows<true>(x, d, n, mx, next) : exp_store_sum_rows<false>(x, d, n, mx, next);
+}
 template <> inline float exp_store_sum<float>(const float* x, float* d, int64_t n, float mx) {
-  return exp_store_sum_ahead(x, d, n, mx, x);
+  return exp_store_sum_rows<false>(x, d, n, mx, x);
 }
 #endif
-// Elsewhere (other dtypes, no AVX-512) the same sum without the prefetch.
-template <class T> T exp_store_sum_ahead(const T* x, T* d, int64_t n, T mx, const T*) {
+// Elsewhere (other dtypes, no AVX-512) the plain passes: no row is taken as ordinary.
+template <class T> T lane_max_ordinary(const T* x, int64_t n, bool* ordinary) {
+  *ordinary = false;
+  return lane_max(x, n);
+}
+template <class T> T exp_store_sum_ahead(const T* x, T* d, int64_t n, T mx, const T*, bool) {
   return exp_store_sum(x, d, n, mx);
 }
 

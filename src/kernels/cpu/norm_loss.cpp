@@ -166,9 +166,10 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, double loss_scale
           pz[r] = 0;
           continue;
         }
-        const T mx = lane_max(xr, vocab);
+        bool ordinary = false;
+        const T mx = lane_max_ordinary(xr, vocab, &ordinary);
         const T x_label = xr[label];
-        const T sum = exp_store_sum_ahead(xr, er, vocab, mx, r + 1 < n ? xr + vocab : xr);
+        const T sum = exp_store_sum_ahead(xr, er, vocab, mx, r + 1 < n ? xr + vocab : xr, ordinary);
         const T log_sum = std::log(sum);
         const T lse = mx + log_sum;
         pce[r] = log_sum + (mx - x_label);
