@@ -183,6 +183,31 @@ TEST_P(Rope, MatchesRef) {
   EXPECT_LT(rel_error(a, b), 1e-14);
 }
 
+// A backend may keep its cos/sin table between calls (the cpu one keeps the last): each call
+// still rotates by its own theta, length and rotary dims, in any order, and a repeated call
+// gives the same bits.
+TEST_P(Rope, EachCallUsesItsOwnThetaLengthAndRotaryDims) {
+  SEED_TRACE();
+  struct Call {
+    double theta;
+    int64_t s, rd;
+  };
+  const Call calls[] = {{10000.0, 40, 32}, {500000.0, 40, 32}, {10000.0, 72, 32}, {10000.0, 40, 16}, {10000.0, 40, 32}};
+  OwnedTensor first;
+  for (const Call& c : calls) {
+    SCOPED_TRACE("theta " + std::to_string(c.theta) + ", S " + std::to_string(c.s) + ", rd " + std::to_string(c.rd));
+    OwnedTensor x = random_tensor(DType::kF32, {2, c.s, 3, 32}, 190), x64 = clone(x, DType::kF64);
+    test::fast().rope_fwd(x, c.theta, c.rd);
+    ref::rope_fwd(x64, c.theta, c.rd);
+    EXPECT_LT(rel_error(x, x64), 5e-7);  // as MatchesRef
+    if (&c == &calls[0]) {
+      first = clone(x);
+    } else if (&c == &calls[4]) {
+      EXPECT_TRUE(test::bitwise_equal(x, first));
+    }
+  }
+}
+
 TEST_P(Rope, BackwardInvertsForward) {
   SEED_TRACE();
   OwnedTensor x = random_tensor(DType::kF64, {2, 40, 3, 32}, 160), x0 = clone(x);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/checks/elementwise_checks.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -76,38 +77,55 @@ void embedding_bwd(const Tensor& ids, const Tensor& dy, const Tensor& dtable, in
 
 // ---------------------------------------------------------------- RoPE
 namespace {
-template <class T> void rope_apply(const Tensor& x, double theta, int64_t rd, bool inverse) {
-  // Dims [rd, hd) of each head pass through (partial RoPE).
-  const int64_t nb = x.dim(0), ns = x.dim(1), nh = x.dim(2), hd = x.dim(3), half = rd / 2;
-  // Per-call cos/sin table (S, hd/2) in scratch, in double then rounded to T. Position
-  // s = c*64 + k: cos/sin of c*64*f and of k*f come from libm, the table from the angle-sum
-  // formulas (~2 ulp of double), so only (64 + S/64) hd/2 libm pairs are evaluated, not S hd/2
-  // (which cost more than rotating the tensor itself).
+// The cos/sin table (S, rd/2) of a rope: cs then sn, rounded to T. Position s = c*64 + k: cos/sin
+// of c*64*f and of k*f come from libm, the table from the angle-sum formulas in double (~2 ulp),
+// so only (64 + S/64) rd/2 libm pairs are evaluated, not S rd/2. Kept on the calling thread for
+// the last (S, rd, theta) asked for: every rope of a step shares it (it cost as much as the
+// rotation itself, again at every call).
+template <class T> const T* rope_table(int64_t ns, double theta, int64_t rd) {
+  struct Table {
+    int64_t ns = -1, rd = -1;
+    double theta = 0;
+    std::vector<T> cs_sn;
+  };
+  thread_local Table table;
+  if (table.ns == ns && table.rd == rd && table.theta == theta) return table.cs_sn.data();
+  const int64_t half = rd / 2;
   constexpr int64_t kFine = 64;
   const int64_t ncoarse = ceil_div(ns, kFine), nrows = kFine + ncoarse;
-  double* base = scratch<double>(static_cast<size_t>(2 * nrows * half), 1);
+  std::vector<double> base(static_cast<size_t>(2 * nrows * half));
 #pragma omp parallel for schedule(static) if (nrows * half >= 4096)
   for (int64_t row = 0; row < nrows; ++row) {
     const double pos = static_cast<double>(row < kFine ? row : (row - kFine) * kFine);
     for (int64_t i = 0; i < half; ++i) {
       const double angle =
           pos * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rd));
-      base[2 * (row * half + i)] = std::cos(angle);
-      base[2 * (row * half + i) + 1] = std::sin(angle);
+      base[static_cast<size_t>(2 * (row * half + i))] = std::cos(angle);
+      base[static_cast<size_t>(2 * (row * half + i) + 1)] = std::sin(angle);
     }
   }
-  T* cs = scratch<T>(static_cast<size_t>(2 * ns * half));
+  table.cs_sn.assign(static_cast<size_t>(2 * ns * half), T(0));
+  T* cs = table.cs_sn.data();
   T* sn = cs + ns * half;
 #pragma omp parallel for schedule(static) if (ns * half >= 4096)
   for (int64_t s = 0; s < ns; ++s) {
-    const double* f = base + 2 * (s % kFine) * half;
-    const double* c = base + 2 * (kFine + s / kFine) * half;
+    const double* f = base.data() + 2 * (s % kFine) * half;
+    const double* c = base.data() + 2 * (kFine + s / kFine) * half;
     for (int64_t i = 0; i < half; ++i) {
       const double cf = f[2 * i], sf = f[2 * i + 1], cc = c[2 * i], sc = c[2 * i + 1];
       cs[s * half + i] = static_cast<T>(cc * cf - sc * sf);
       sn[s * half + i] = static_cast<T>(sc * cf + cc * sf);
     }
   }
+  table.ns = ns, table.rd = rd, table.theta = theta;
+  return cs;
+}
+
+template <class T> void rope_apply(const Tensor& x, double theta, int64_t rd, bool inverse) {
+  // Dims [rd, hd) of each head pass through (partial RoPE).
+  const int64_t nb = x.dim(0), ns = x.dim(1), nh = x.dim(2), hd = x.dim(3), half = rd / 2;
+  const T* cs = rope_table<T>(ns, theta, rd);
+  const T* sn = cs + ns * half;
   T* p = x.as<T>();
   const T sign = inverse ? T(-1) : T(1);
   const int64_t rows = nb * ns * nh;
