@@ -372,7 +372,7 @@ float* caller_buffer(size_t floats) {
 struct Forms {
   bool rows, pairs;
 };
-Bf16Tensor pack_for_bf16(int slot, const Tensor& x, int64_t B, int64_t S, int64_t row, Forms forms) {
+Bf16Tensor pack_for_bf16(int slot, const Tensor& x, int64_t B, int64_t S, int64_t row, int64_t hd, Forms forms) {
   thread_local Buffer bufs[4];
   const bool own_rows = forms.rows && x.dtype != DType::kBF16;
   const size_t n = static_cast<size_t>(B * S * row), np = static_cast<size_t>(B * ((S + 1) / 2) * row);
@@ -383,11 +383,11 @@ Bf16Tensor pack_for_bf16(int slot, const Tensor& x, int64_t B, int64_t S, int64_
   uint16_t* rows = own_rows ? static_cast<uint16_t*>(buf.data()) : nullptr;
   uint32_t* pairs = forms.pairs ? reinterpret_cast<uint32_t*>(static_cast<char*>(buf.data()) + row_bytes) : nullptr;
   if (x.dtype == DType::kBF16) {
-    pack_bf16_tensor(x.as<bf16>(), B, S, row, nullptr, pairs);
-    return {forms.rows ? reinterpret_cast<const uint16_t*>(x.as<bf16>()) : nullptr, pairs, S, row};
+    pack_bf16_tensor(x.as<bf16>(), B, S, row, hd, nullptr, pairs);
+    return {forms.rows ? reinterpret_cast<const uint16_t*>(x.as<bf16>()) : nullptr, pairs, S, row, hd};
   }
-  pack_bf16_tensor(x.as<float>(), B, S, row, rows, pairs);
-  return {rows, pairs, S, row};
+  pack_bf16_tensor(x.as<float>(), B, S, row, hd, rows, pairs);
+  return {rows, pairs, S, row, hd};
 }
 #endif
 
@@ -477,9 +477,9 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 #if defined(MOE_ATTENTION_BF16)
     if (use_bf16(bf16_products, d.hd)) {
       // The forward reads q and k as rows (q's panel, k in the scores), v as pair rows.
-      const Bf16Tensor tq = pack_for_bf16(0, q, d.B, d.S, d.qstride(), {true, false}),
-                       tk = pack_for_bf16(1, k, d.B, d.S, d.kstride(), {true, false}),
-                       tv = pack_for_bf16(2, v, d.B, d.S, d.kstride(), {false, true});
+      const Bf16Tensor tq = pack_for_bf16(0, q, d.B, d.S, d.qstride(), d.hd, {true, false}),
+                       tk = pack_for_bf16(1, k, d.B, d.S, d.kstride(), d.hd, {true, false}),
+                       tv = pack_for_bf16(2, v, d.B, d.S, d.kstride(), d.hd, {false, true});
       run_forward<Bf16Products>(d, {&tq, 0}, {&tk, 0}, {&tv, 0}, op, lp);
       return;
     }
@@ -530,10 +530,10 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   if (use_bf16(bf16_products, d.hd)) {
     // The backward reads dO, q and k in both forms (scores or panels, and accumulations), v as
     // rows only (its panel, and the recomputed dp).
-    const Bf16Tensor tdo = pack_for_bf16(0, dout, d.B, d.S, d.qstride(), {true, true}),
-                     tq = pack_for_bf16(1, q, d.B, d.S, d.qstride(), {true, true}),
-                     tk = pack_for_bf16(2, k, d.B, d.S, d.kstride(), {true, true}),
-                     tv = pack_for_bf16(3, v, d.B, d.S, d.kstride(), {true, false});
+    const Bf16Tensor tdo = pack_for_bf16(0, dout, d.B, d.S, d.qstride(), d.hd, {true, true}),
+                     tq = pack_for_bf16(1, q, d.B, d.S, d.qstride(), d.hd, {true, true}),
+                     tk = pack_for_bf16(2, k, d.B, d.S, d.kstride(), d.hd, {true, true}),
+                     tv = pack_for_bf16(3, v, d.B, d.S, d.kstride(), d.hd, {true, false});
     run_backward<Bf16Products>(d, {&tdo, 0}, {&tq, 0}, {&tk, 0}, {&tv, 0}, lp, D, dqp, dkp, dvp);
     return;
   }

@@ -208,11 +208,14 @@ inline void accum_bf16(const uint32_t* a2, int64_t w, int rows, const uint32_t* 
 // are the row pairs the score products broadcast, and its pair rows (positions 2i and 2i+1 of a
 // sequence in one word per head and d; a missing last position is zero), which the
 // accumulations broadcast. Packed once per op instead of once per tile and use (every tile of
-// q, k, v and dO takes part in many tile products).
+// q, k, v and dO takes part in many tile products). The pair rows are head-major, (B, heads,
+// ceil(S/2), hd): an accumulation walks one head's pair rows hd words apart, where the tensor's
+// order put them heads x hd apart, a power of two (2 KiB at 8 heads of 64) that maps them all to
+// two sets of L1 (kernels_bench, bf16 products, hd 64, 2 threads: see docs/PERFORMANCE.md).
 struct Bf16Tensor {
   const uint16_t* rows = nullptr;   // B * S * row (a bf16 input's own storage); null: not packed
-  const uint32_t* pairs = nullptr;  // B * ceil(S/2) * row; null: not packed
-  int64_t S = 0, row = 0;           // positions per sequence; elements per position (heads x hd)
+  const uint32_t* pairs = nullptr;  // B * heads * ceil(S/2) * hd; null: not packed
+  int64_t S = 0, row = 0, hd = 0;   // positions per sequence; elements per position (heads x hd)
 };
 
 // A position in a Bf16Tensor: element offset ((b * S + s) * heads + h) * hd (s even: tiles
@@ -222,10 +225,13 @@ struct Bf16Operand {
   int64_t off = 0;
   Bf16Operand operator+(int64_t o) const { return {t, off + o}; }
   const uint32_t* row_words() const { return reinterpret_cast<const uint32_t*>(t->rows + off); }
+  // The pair row of this position's head, pair_stride() words from the next pair's.
   const uint32_t* pair_words() const {
     const int64_t pos = off / t->row, within = off % t->row, b = pos / t->S, s = pos % t->S;
-    return t->pairs + (b * ((t->S + 1) / 2) + s / 2) * t->row + within;
+    const int64_t heads = t->row / t->hd, h = within / t->hd;
+    return t->pairs + ((b * heads + h) * ((t->S + 1) / 2) + s / 2) * t->hd + within % t->hd;
   }
+  int64_t pair_stride() const { return t->hd; }
 };
 
 // The first lanes of 16 values as fp32 lanes (the rest zero): fp32 as they are, bf16 (bf16 mode's
@@ -236,11 +242,12 @@ inline vf vload_any(const bf16* p, __mmask16 lanes) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-// Packs x (B, S, row), fp32 (rounded) or bf16 (copied), into rows (B*S*row bf16) and pairs
-// (B*ceil(S/2)*row words); a null destination is a form not wanted.
+// Packs x (B, S, heads x hd), fp32 (rounded) or bf16 (copied), into rows (B*S*row bf16) and
+// head-major pairs (B*heads*ceil(S/2)*hd words); a null destination is a form not wanted.
 template <class X>
-inline void pack_bf16_tensor(const X* x, int64_t B, int64_t S, int64_t row, uint16_t* rows, uint32_t* pairs) {
-  const int64_t n = B * S * row, sp = (S + 1) / 2;
+inline void pack_bf16_tensor(const X* x, int64_t B, int64_t S, int64_t row, int64_t hd, uint16_t* rows,
+                             uint32_t* pairs) {
+  const int64_t n = B * S * row, sp = (S + 1) / 2, heads = row / hd;
 #pragma omp parallel
   {
     if (rows) {
@@ -253,14 +260,16 @@ inline void pack_bf16_tensor(const X* x, int64_t B, int64_t S, int64_t row, uint
     if (pairs) {
 #pragma omp for schedule(static)
       for (int64_t bp = 0; bp < B * sp; ++bp) {
-        const int64_t b = bp / sp, s = 2 * (bp % sp);
+        const int64_t b = bp / sp, p = bp % sp, s = 2 * p;
         const X* a = x + (b * S + s) * row;
         const X* c = s + 1 < S ? a + row : nullptr;
-        uint32_t* o = pairs + bp * row;
-        for (int64_t j = 0; j < row; j += kLanes) {
-          const __mmask16 lanes = first_lanes(row - j);
-          const vf cv = c ? vload_any(c + j, lanes) : _mm512_setzero_ps();
-          _mm512_mask_storeu_epi32(o + j, lanes, pair_lanes(vload_any(a + j, lanes), cv));
+        for (int64_t h = 0; h < heads; ++h) {
+          uint32_t* o = pairs + ((b * heads + h) * sp + p) * hd;
+          for (int64_t j = 0; j < hd; j += kLanes) {
+            const __mmask16 lanes = first_lanes(hd - j);
+            const vf cv = c ? vload_any(c + h * hd + j, lanes) : _mm512_setzero_ps();
+            _mm512_mask_storeu_epi32(o + j, lanes, pair_lanes(vload_any(a + h * hd + j, lanes), cv));
+          }
         }
       }
     }

@@ -195,11 +195,11 @@ struct Bf16Products {
                      float* c, Tri tri, float*) {
     scores_bf16(a.row_words(), astride / 2, rows, words(panel), hd / 2, mul, c, tri);
   }
-  static void accum(Operand a, int64_t /*astride: a.t->row*/, int rows, const float* p, int hd,
+  static void accum(Operand a, int64_t /*astride: a.pair_stride()*/, int rows, const float* p, int hd,
                     float* c, const vf* alpha, Tri tri, float* extra) {
     uint32_t* p2 = words(extra);
     pack_pair_rows(p, kTile, rows, kTile, p2);
-    accum_bf16(a.pair_words(), a.t->row, rows, p2, hd, c, alpha, tri);
+    accum_bf16(a.pair_words(), a.pair_stride(), rows, p2, hd, c, alpha, tri);
   }
   // ds kept as pass 2's accumulation reads it: pair rows of keys (bf16 words, lanes = queries,
   // query lanes past nq zero), so pass 2 packs nothing and the store holds half the bytes. A key
@@ -209,9 +209,9 @@ struct Bf16Products {
     round_rows_bf16(ds, kTile, nq, kTile, rows);
     pack_word_panel(rows, kTile / 2, nq, kTile / 2, words(dst));
   }
-  static void accum_kept(Operand a, int64_t /*astride: a.t->row*/, int rows, float* kept, int hd, float* c,
+  static void accum_kept(Operand a, int64_t /*astride: a.pair_stride()*/, int rows, float* kept, int hd, float* c,
                          Tri tri, float*) {
-    accum_bf16(a.pair_words(), a.t->row, rows, words(kept), hd, c, nullptr, tri);
+    accum_bf16(a.pair_words(), a.pair_stride(), rows, words(kept), hd, c, nullptr, tri);
   }
 };
 #endif
