@@ -176,10 +176,12 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, double loss_scale
       for (int64_t r = 0; r < n; ++r) {
         T* xr = px + r * vocab;
         auto* dr = pd + r * vocab;
-        // The exponentials go to the output row, or to the logits row when the output is rounded
-        // (they must stay fp32 until scaled).
-        T* er = xr;
+        // The exponentials go to the output row, or, when the output is rounded (they must stay
+        // fp32 until scaled), to the thread's row of scratch, which stays in L2: over the logits
+        // row they would send it back to memory (fine_grained bf16: -2.5 ms per step).
+        T* er = nullptr;
         if constexpr (std::is_same_v<std::remove_cvref_t<decltype(*dr)>, T>) er = dr;
+        else er = scratch<T>(static_cast<size_t>(vocab));
         const int32_t label = lab[r];
         if (label < 0) {
 #pragma omp simd
