@@ -324,16 +324,28 @@ TEST_P(MoeRouting, ExpertCountsEqualThePlansCountsAndRefuseBadIds) {
   EXPECT_THROW(ref::expert_counts(bad, counts), Error);
 }
 
+// T tokens routed over E experts at top-K by the reference's ops from uniform scores (salt): the
+// combine weights (dtype t) and the plan's sorted slots and slot positions.
+struct Routed {
+  OwnedTensor w, sorted, pos;
+};
+Routed routed(int64_t T, int64_t E, int64_t K, DType t, uint64_t seed, uint64_t salt) {
+  OwnedTensor s(t, {T, E}), idx(DType::kI32, {T, K});
+  Routed r{OwnedTensor(t, {T, K}), OwnedTensor(DType::kI32, {T * K}), OwnedTensor(DType::kI32, {T * K})};
+  test::fill_uniform(s, seed, salt, 0, 1);
+  ref::router_topk(s, Tensor(), 0, 0, idx);
+  ref::router_gather(s, idx, ExpertWeightRule{}, r.w);
+  OwnedTensor counts(DType::kI32, {E}), off(DType::kI32, {E + 1});
+  ref::moe_plan(idx, counts, off, r.sorted, r.pos);
+  return r;
+}
+
 TEST_P(MoeRouting, GatherCombineAndTheirBackwardsMatchFiniteDifferences) {
   const uint64_t seed = recorded_seed();
   SCOPED_TRACE(seed);
   const int64_t T = 17, D = 6, E = 5, K = 2, R = T * K;
-  OwnedTensor s(DType::kF64, {T, E}), idx(DType::kI32, {T, K}), w(DType::kF64, {T, K});
-  test::fill_uniform(s, seed, 8, 0, 1);
-  ref::router_topk(s, Tensor(), 0, 0, idx);
-  ref::router_gather(s, idx, ExpertWeightRule{}, w);
-  OwnedTensor counts(DType::kI32, {E}), off(DType::kI32, {E + 1}), sorted(DType::kI32, {R}), pos(DType::kI32, {R});
-  ref::moe_plan(idx, counts, off, sorted, pos);
+  const Routed rt = routed(T, E, K, DType::kF64, seed, 8);
+  const OwnedTensor &w = rt.w, &sorted = rt.sorted, &pos = rt.pos;
   OwnedTensor x(DType::kF64, {T, D}), xs(DType::kF64, {R, D}), ys(DType::kF64, {R, D}), out(DType::kF64, {T, D}), r(DType::kF64, {T, D});
   test::fill_uniform(x, seed, 9);
   test::fill_uniform(ys, seed, 10);
@@ -524,12 +536,8 @@ TEST(MoeCombineCpu, SumsEachElementInOrderWithF32Roundings) {
   const uint64_t seed = recorded_seed();
   SCOPED_TRACE(seed);
   const int64_t T = 37, D = 40, E = 5, K = 3, R = T * K;
-  OwnedTensor s(DType::kF32, {T, E}), idx(DType::kI32, {T, K}), w(DType::kF32, {T, K});
-  test::fill_uniform(s, seed, 21, 0, 1);
-  ref::router_topk(s, Tensor(), 0, 0, idx);
-  ref::router_gather(s, idx, ExpertWeightRule{}, w);
-  OwnedTensor counts(DType::kI32, {E}), off(DType::kI32, {E + 1}), sorted(DType::kI32, {R}), pos(DType::kI32, {R});
-  ref::moe_plan(idx, counts, off, sorted, pos);
+  const Routed rt = routed(T, E, K, DType::kF32, seed, 21);
+  const OwnedTensor &w = rt.w, &pos = rt.pos;
   OwnedTensor ys(DType::kF32, {R, D}), base(DType::kF32, {T, D});
   test::fill_uniform(ys, seed, 22, -3, 3);
   test::fill_uniform(base, seed, 23, -1, 1);
