@@ -10,6 +10,9 @@
 
 #include "core/tensor.h"
 #include "kernels/cpu/avx512.h"
+#if defined(__AVX__) && !defined(__AVX512F__)
+#include <immintrin.h>  // stream_bf16x16 (avx512.h reads it only for AVX-512)
+#endif
 #include "kernels/host/dtype_dispatch.h"
 
 namespace moe::cpu::elem {
@@ -231,6 +234,17 @@ template <class T> T lane_max_ordinary(const T* x, int64_t n, bool* ordinary) {
 template <class T> T exp_store_sum_ahead(const T* x, T* d, int64_t n, T mx, const T*, bool) {
   return exp_store_sum(x, d, n, mx);
 }
+
+#if defined(__AVX__)
+// 16 bf16 values (their bits) written around the cache when d is 32-byte aligned; returns whether
+// it wrote them. For outputs nothing reads soon: a plain store first reads the line it fills. The
+// writer fences (_mm_sfence) after its last.
+inline bool stream_bf16x16(bf16* d, const uint16_t* bits) {
+  if (reinterpret_cast<uintptr_t>(d) % 32 != 0) return false;
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(d), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits)));
+  return true;
+}
+#endif
 
 // Per-thread scratch owned by the calling thread, grown on demand and reused across calls, so
 // steady-state training does not allocate. Only the thread that calls an op touches it.

@@ -466,10 +466,7 @@ template <class T, bool kSmallW1> struct AdamWStep {
     // A whole aligned block goes around the cache: nothing reads the copy before the next
     // forward, and a plain store would first read the line it fills (2 of AdamW's 32 bytes per
     // parameter). adamw_loop fences after its stores.
-    if (len == 16 && reinterpret_cast<uintptr_t>(copy + i0) % 32 == 0) {
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(copy + i0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits)));
-      return;
-    }
+    if (len == 16 && stream_bf16x16(copy + i0, bits)) return;
 #endif
     std::memcpy(copy + i0, bits, static_cast<size_t>(len) * sizeof(uint16_t));
   }

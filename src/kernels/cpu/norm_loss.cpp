@@ -31,11 +31,11 @@ void scale_round_row(const float* e, bf16* d, int64_t n, float coef, int64_t lab
 #if defined(__AVX__)
   for (; j < n && reinterpret_cast<uintptr_t>(d + j) % 32 != 0; ++j) store(d + j, e[j] * coef);
   for (; j + 16 <= n; j += 16) {
-    alignas(32) uint16_t bits[16];
+    uint16_t bits[16];
 #pragma omp simd
     for (int l = 0; l < 16; ++l) bits[l] = bf16_bits(e[j + l] * coef);
     if (label >= j && label < j + 16) bits[label - j] = bf16_bits(label_value);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + j), _mm256_load_si256(reinterpret_cast<const __m256i*>(bits)));
+    stream_bf16x16(d + j, bits);  // aligned: the loop above reached a 32-byte boundary
   }
   _mm_sfence();
 #endif
