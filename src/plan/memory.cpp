@@ -86,9 +86,13 @@ MemoryEstimate estimate_stage_memory(const ModelConfig& c, int64_t micro_batch, 
   // bf16 mode: the attention kernel packs, once per op into grow-only slots, the forms it reads
   // that the bf16 q, k and v are not already (kernels/cpu/attention.cpp, pack_for_bf16): dO's bf16
   // rows (plus 64 bytes of alignment) and pair rows (ceil(S/2) positions), q's pair rows and k's (v's
-  // in the forward, the same size); the rows of q, k and v are the tensors themselves.
+  // in the forward, the same size); the rows of q, k and v are the tensors themselves. On a CPU with
+  // AMX tiles the pair rows are columns of round_up(S, 32) positions instead (attention_amx.h):
+  // the larger of the two, on every CPU.
   if (bf16 && c.hd() % 2 == 0 && held_layers > 0) {
-    const double Bm = static_cast<double>(micro_batch), Sp = static_cast<double>((seq_len + 1) / 2);
+    const bool amx_shape = seq_len % 16 == 0 && c.hd() % 32 == 0;
+    const int64_t positions = std::max<int64_t>((seq_len + 1) / 2 * 2, amx_shape ? (seq_len + 31) / 32 * 32 : 0);
+    const double Bm = static_cast<double>(micro_batch), Sp = static_cast<double>(positions) / 2;
     auto pairs = [&](double row) { return 4 * Bm * Sp * row; };
     m.kernel_scratch = 2 * T * Ha + 64 + 2 * pairs(Ha) + pairs(Ga);
   }

@@ -46,7 +46,12 @@ const Shape kShapes[] = {
     Shape{2, 70, 4, 4, 12},          // hd not a multiple of the 4-row blocks
     Shape{1, 40, 3, 1, 3},           // odd H and hd
     Shape{1, 130, 2, 1, 128, 2.0},   // hd 128
-    Shape{1, 200, 2, 1, 64, 12.0}};  // huge scores: no overflow in rescaling
+    Shape{1, 200, 2, 1, 64, 12.0},   // huge scores: no overflow in rescaling
+    // Whole 16-row tiles and hd a multiple of 32: bf16 products on AMX tiles where the CPU has
+    // them (kernels/cpu/attention_amx.h), on vdpbf16ps elsewhere.
+    Shape{2, 128, 4, 2, 64},         // GQA, two whole tiles
+    Shape{1, 80, 2, 1, 32, 2.0},     // a last tile of 16 rows: one reduction step, padded
+    Shape{1, 176, 4, 4, 128}};       // a last tile of 48 rows (S % 32 = 16), hd 128
 
 MOE_BACKEND_SUITE_WITH(AttentionShapes, Shape, ::testing::ValuesIn(kShapes), shape_param_name);
 
@@ -270,15 +275,17 @@ TEST_P(Attention, Causal) { check_causal<Fast>(DType::kF32); }
 TEST_P(Attention, BitwiseIndependentOfThreadCount) {
   const uint64_t seed = test::test_seed();
   const int saved = omp_get_max_threads();
-  for (const Shape& s : {Shape{2, 150, 4, 2, 16}, Shape{1, 200, 4, 1, 64}}) {
-    SCOPED_TRACE("seed " + std::to_string(seed) + " " + name(s));
+  // fp32 products, then bf16 ones (the last shape: AMX tiles where the CPU has them).
+  for (const auto& [s, bf16] : {std::pair{Shape{2, 150, 4, 2, 16}, false}, {Shape{1, 200, 4, 1, 64}, false},
+                                {Shape{2, 150, 4, 2, 16}, true}, {Shape{2, 208, 4, 2, 64}, true}}) {
+    SCOPED_TRACE("seed " + std::to_string(seed) + " " + name(s) + (bf16 ? " bf16 products" : ""));
     Problem p(s, DType::kF32);
     p.fill(s, seed);
     Problem one = p.converted(s, DType::kF32), two = p.converted(s, DType::kF32);
     cpu::set_num_threads(1);  // cpu::, not omp_: it reaches a backend's own thread too (strict)
-    run<Fast>(one);
+    run<Fast>(one, Tensor(), bf16);
     cpu::set_num_threads(2);
-    run<Fast>(two);
+    run<Fast>(two, Tensor(), bf16);
     EXPECT_TRUE(test::bitwise_equal(one.o, two.o));
     EXPECT_TRUE(test::bitwise_equal(one.lse, two.lse));
     EXPECT_TRUE(test::bitwise_equal(one.dq, two.dq));
@@ -509,13 +516,14 @@ MOE_BACKEND_SUITE(AttentionBackwardStore);
 
 TEST_P(AttentionBackwardStore, RoundsAreBitwiseAndRecomputingMatchesTheReference) {
   const uint64_t seed = test::test_seed();
-  const Shape s{2, 200, 4, 2, 16};
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Problem p(s, DType::kF64);
-  p.fill(s, seed);
+  // hd 16, and whole 16-row tiles at hd 64 (AMX tiles where the CPU has them): 4 tiles each.
+  for (const Shape& s : {Shape{2, 200, 4, 2, 16}, Shape{2, 208, 4, 2, 64}})
   for (const bool bf16 : {false, true})
     for (const bool docs : {false, true}) {
-      SCOPED_TRACE(std::string(bf16 ? "bf16 products, " : "fp32 products, ") + (docs ? "documents" : "causal"));
+      SCOPED_TRACE("seed " + std::to_string(seed) + " " + name(s) + (bf16 ? " bf16 products, " : " fp32 products, ") +
+                   (docs ? "documents" : "causal"));
+      Problem p(s, DType::kF64);
+      p.fill(s, seed);
       const OwnedTensor doc = doc_starts(s.B, s.S, kDocs);
       const Tensor doc_t = docs ? static_cast<const Tensor&>(doc) : Tensor();
       Problem ref64 = bf16 ? rounded_to_bf16(p, s) : p.converted(s, DType::kF64);

@@ -218,6 +218,9 @@ TEST(GemmCpu, OneDnnPicksAvx512Kernels) {
   struct Shape {
     int64_t m, n, k;
   };
+  // With AMX (gemm::amx_bf16) every bf16 tile is oneDNN's, on dense tiles (the LM head's forward
+  // staged), except the LM head's data gradient, whose chunks oneDNN runs in its JIT GEMM there.
+  const bool amx = cpu::gemm::amx_bf16();
   for (const Shape& s : {Shape{4096, 1536, 512}, Shape{64, 1536, 512}, Shape{64, 512, 1536}, Shape{1024, 50304, 256}})
     for (GemmOp op : {GemmOp::kForward, GemmOp::kBackwardData, GemmOp::kBackwardWeight}) {
       SCOPED_TRACE(testing::Message() << "op " << static_cast<int>(op) << " m=" << s.m << " n=" << s.n);
@@ -225,16 +228,26 @@ TEST(GemmCpu, OneDnnPicksAvx512Kernels) {
       const bool jit = (op == GemmOp::kBackwardData && s.m == 64) || (lm_head && op != GemmOp::kBackwardWeight);
       const std::string f32 = cpu::gemm_impl_info(op, DType::kF32, s.m, s.n, s.k);
       const std::string bf = cpu::gemm_impl_info(op, DType::kBF16, s.m, s.n, s.k);
+      if (amx) {
+        const bool bf_jit = op == GemmOp::kBackwardData && (s.m == 64 || lm_head);
+        EXPECT_EQ(bf, bf_jit ? "gemm:jit" : "brg:avx512_core_amx_bf16");
+      }
       if (lm_head && op == GemmOp::kBackwardData && cpu::longred::available(DType::kBF16)) {  // ours (gemm_long.h)
-        EXPECT_EQ(bf, "moecore:avx512_bf16");
+        if (!amx) {
+          EXPECT_EQ(bf, "moecore:avx512_bf16");
+        }
         EXPECT_EQ(f32, "gemm:jit");
         continue;
       }
       if (op == GemmOp::kBackwardWeight && cpu::wgrad::available(DType::kF32)) {  // ours (gemm_wgrad.h)
         EXPECT_EQ(f32, "moecore:avx512");
-        if (cpu::wgrad::available(DType::kBF16)) {
+        if (cpu::wgrad::available(DType::kBF16) && !amx) {
           EXPECT_EQ(bf, "moecore:avx512_bf16");
         }
+        continue;
+      }
+      if (amx && lm_head && op == GemmOp::kForward) {  // staged, not the wide weight's strided tiles
+        EXPECT_EQ(f32, "gemm:jit");
         continue;
       }
       if (!avx512) {

@@ -43,6 +43,7 @@
 #include "kernels/cpu/attention_simd.h"
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gemm_dnnl.h"
 
 namespace moe::cpu {
 namespace {
@@ -373,26 +374,45 @@ float* caller_buffer(size_t floats) {
 // Grow-only buffers on the calling thread for the tensors packed once per op (q, k, v, dO), in the
 // forms the op reads: rows (the scores' broadcast operand and the panels) and pair rows (the
 // accumulations' broadcast operand). A bf16 tensor's rows are the tensor itself, not a copy.
+// With amx, the accumulations' form is the columns (attention_amx.h) instead of the pair rows: as
+// many bytes where S is a multiple of 32 (plan/memory.cpp counts both).
 struct Forms {
   bool rows, pairs;
 };
-Bf16Tensor pack_for_bf16(int slot, const Tensor& x, int64_t B, int64_t S, int64_t row, int64_t hd, Forms forms) {
+Bf16Tensor pack_for_bf16(int slot, const Tensor& x, int64_t B, int64_t S, int64_t row, int64_t hd, Forms forms,
+                         bool amx) {
   thread_local Buffer bufs[4];
   const bool own_rows = forms.rows && x.dtype != DType::kBF16;
-  const size_t n = static_cast<size_t>(B * S * row), np = static_cast<size_t>(B * ((S + 1) / 2) * row);
+  const int64_t sp = (S + 31) / 32 * 32;  // AMX columns: whole 32-position reduction steps
+  const size_t n = static_cast<size_t>(B * S * row);
+  const size_t accum_bytes = !forms.pairs ? 0
+                             : amx        ? static_cast<size_t>(B * row * sp) * sizeof(uint16_t)
+                                          : static_cast<size_t>(B * ((S + 1) / 2) * row) * sizeof(uint32_t);
   const size_t row_bytes = own_rows ? (n * sizeof(uint16_t) + 63) / 64 * 64 : 0;
-  const size_t bytes = row_bytes + (forms.pairs ? np * sizeof(uint32_t) : 0);
+  const size_t bytes = row_bytes + accum_bytes;
   Buffer& buf = bufs[slot];
   if (buf.bytes() < bytes) buf = Buffer(bytes);
+  char* accum_form = static_cast<char*>(buf.data()) + row_bytes;
   uint16_t* rows = own_rows ? static_cast<uint16_t*>(buf.data()) : nullptr;
-  uint32_t* pairs = forms.pairs ? reinterpret_cast<uint32_t*>(static_cast<char*>(buf.data()) + row_bytes) : nullptr;
+  uint32_t* pairs = forms.pairs && !amx ? reinterpret_cast<uint32_t*>(accum_form) : nullptr;
+  uint16_t* cols = forms.pairs && amx ? reinterpret_cast<uint16_t*>(accum_form) : nullptr;
+  Bf16Tensor t{rows, pairs, S, row, hd, cols, sp};
   if (x.dtype == DType::kBF16) {
     pack_bf16_tensor(x.as<bf16>(), B, S, row, hd, nullptr, pairs);
-    return {forms.rows ? reinterpret_cast<const uint16_t*>(x.as<bf16>()) : nullptr, pairs, S, row, hd};
+    if (cols) pack_bf16_cols(x.as<bf16>(), B, S, row, hd, sp, cols);
+    t.rows = forms.rows ? reinterpret_cast<const uint16_t*>(x.as<bf16>()) : nullptr;
+    return t;
   }
   pack_bf16_tensor(x.as<float>(), B, S, row, hd, rows, pairs);
-  return {rows, pairs, S, row, hd};
+  if (cols) pack_bf16_cols(x.as<float>(), B, S, row, hd, sp, cols);
+  return t;
 }
+#endif
+
+#if defined(MOE_ATTENTION_AMX)
+// bf16 products on AMX tiles: where oneDNN's GEMMs run on them (gemm::amx_bf16; so
+// ONEDNN_MAX_CPU_ISA turns both off), on whole tiles (attention_amx.h).
+bool use_amx(const Dims& d) { return cpu::gemm::amx_bf16() && d.hd % 32 == 0 && d.S % 16 == 0; }
 #endif
 
 // Whether this call runs bf16 products: asked for and an even head dim (pairs: the AVX512-BF16
@@ -406,6 +426,7 @@ void run_forward(const Dims& d, typename P::Operand q, typename P::Operand k, ty
 #pragma omp parallel
   {
     float* ws = thread_scratch(scratch_floats(d.hd));
+    enter_products<P>();
     // Longest items (last query tiles) first; each item's result is independent of the schedule.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < nt * bh; ++item) {
@@ -413,6 +434,7 @@ void run_forward(const Dims& d, typename P::Operand q, typename P::Operand k, ty
       if (d.doc) forward_tile<P, true, O>(d, q, k, v, o, lse, r / d.H, r % d.H, qt, ws);
       else forward_tile<P, false, O>(d, q, k, v, o, lse, r / d.H, r % d.H, qt, ws);
     }
+    leave_products<P>();
   }
 }
 
@@ -438,6 +460,7 @@ void run_backward(const Dims& d, typename P::Operand dout, typename P::Operand q
 #pragma omp parallel
     {
       float* ws = thread_scratch(scratch_floats(d.hd));
+      enter_products<P>();
       // Pass 1: dk, dv. Item (kt, pair); the first key tiles see the most query tiles: first.
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < nt * np; ++item) {
@@ -463,6 +486,7 @@ void run_backward(const Dims& d, typename P::Operand dout, typename P::Operand q
           backward_q_tile<P, false>(d, dout, q, k, v, lse, D, dq, b, h, qt, ws);
         }
       }
+      leave_products<P>();
     }
   }
 }
@@ -480,11 +504,13 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     float* lp = lse.as<float>();
 #if defined(MOE_ATTENTION_BF16)
     if (use_bf16(bf16_products, d.hd)) {
-      // The forward reads q and k as rows (q's panel, k in the scores), v as pair rows.
-      const Bf16Tensor tq = pack_for_bf16(0, q, d.B, d.S, d.qstride(), d.hd, {true, false}),
-                       tk = pack_for_bf16(1, k, d.B, d.S, d.kstride(), d.hd, {true, false}),
-                       tv = pack_for_bf16(2, v, d.B, d.S, d.kstride(), d.hd, {false, true});
-      run_forward<Bf16Products>(d, {&tq, 0}, {&tk, 0}, {&tv, 0}, op, lp);
+      // The forward reads q and k as rows (q's panel, k in the scores), v as pair rows (or columns).
+      const bool amx = use_amx(d);
+      const Bf16Tensor tq = pack_for_bf16(0, q, d.B, d.S, d.qstride(), d.hd, {true, false}, amx),
+                       tk = pack_for_bf16(1, k, d.B, d.S, d.kstride(), d.hd, {true, false}, amx),
+                       tv = pack_for_bf16(2, v, d.B, d.S, d.kstride(), d.hd, {false, true}, amx);
+      if (amx) run_forward<AmxProducts>(d, {&tq, 0}, {&tk, 0}, {&tv, 0}, op, lp);
+      else run_forward<Bf16Products>(d, {&tq, 0}, {&tk, 0}, {&tv, 0}, op, lp);
       return;
     }
 #else
@@ -534,11 +560,13 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   if (use_bf16(bf16_products, d.hd)) {
     // The backward reads dO, q and k in both forms (scores or panels, and accumulations), v as
     // rows only (its panel, and the recomputed dp).
-    const Bf16Tensor tdo = pack_for_bf16(0, dout, d.B, d.S, d.qstride(), d.hd, {true, true}),
-                     tq = pack_for_bf16(1, q, d.B, d.S, d.qstride(), d.hd, {true, true}),
-                     tk = pack_for_bf16(2, k, d.B, d.S, d.kstride(), d.hd, {true, true}),
-                     tv = pack_for_bf16(3, v, d.B, d.S, d.kstride(), d.hd, {true, false});
-    run_backward<Bf16Products>(d, {&tdo, 0}, {&tq, 0}, {&tk, 0}, {&tv, 0}, lp, D, dqp, dkp, dvp);
+    const bool amx = use_amx(d);
+    const Bf16Tensor tdo = pack_for_bf16(0, dout, d.B, d.S, d.qstride(), d.hd, {true, true}, amx),
+                     tq = pack_for_bf16(1, q, d.B, d.S, d.qstride(), d.hd, {true, true}, amx),
+                     tk = pack_for_bf16(2, k, d.B, d.S, d.kstride(), d.hd, {true, true}, amx),
+                     tv = pack_for_bf16(3, v, d.B, d.S, d.kstride(), d.hd, {true, false}, amx);
+    if (amx) run_backward<AmxProducts>(d, {&tdo, 0}, {&tq, 0}, {&tk, 0}, {&tv, 0}, lp, D, dqp, dkp, dvp);
+    else run_backward<Bf16Products>(d, {&tdo, 0}, {&tq, 0}, {&tk, 0}, {&tv, 0}, lp, D, dqp, dkp, dvp);
     return;
   }
 #else

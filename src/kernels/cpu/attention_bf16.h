@@ -216,6 +216,9 @@ struct Bf16Tensor {
   const uint16_t* rows = nullptr;   // B * S * row (a bf16 input's own storage); null: not packed
   const uint32_t* pairs = nullptr;  // B * heads * ceil(S/2) * hd; null: not packed
   int64_t S = 0, row = 0, hd = 0;   // positions per sequence; elements per position (heads x hd)
+  // The AMX accumulations' form (attention_amx.h): B * heads * hd rows of `sp` positions.
+  const uint16_t* cols = nullptr;
+  int64_t sp = 0;
 };
 
 // A position in a Bf16Tensor: element offset ((b * S + s) * heads + h) * hd (s even: tiles
@@ -232,6 +235,12 @@ struct Bf16Operand {
     return t->pairs + ((b * heads + h) * ((t->S + 1) / 2) + s / 2) * t->hd + within % t->hd;
   }
   int64_t pair_stride() const { return t->hd; }
+  // This position's column in the AMX form (its head's hd rows of t->sp positions, row 0).
+  const uint16_t* col_words() const {
+    const int64_t pos = off / t->row, within = off % t->row, b = pos / t->S, s = pos % t->S;
+    const int64_t heads = t->row / t->hd;
+    return t->cols + ((b * heads + within / t->hd) * t->hd + within % t->hd) * t->sp + s;
+  }
 };
 
 // The first lanes of 16 values as fp32 lanes (the rest zero): fp32 as they are, bf16 (bf16 mode's

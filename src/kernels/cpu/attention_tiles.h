@@ -10,6 +10,7 @@
 
 #include "core/buffer.h"
 #include "core/tensor.h"
+#include "kernels/cpu/attention_amx.h"
 #include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/attention_simd.h"
 #include "kernels/cpu/elem_common.h"
@@ -215,6 +216,41 @@ struct Bf16Products {
   }
 };
 #endif
+
+#if defined(MOE_ATTENTION_AMX)
+// bf16 products on AMX tiles (attention_amx.h): Bf16Products' operands, panels and kept ds, the
+// products on tiles. Rows a multiple of 16 and hd of 32 (use_amx). enter/leave: per thread and
+// parallel region (the tile shapes).
+struct AmxProducts : Bf16Products {
+  static void enter() { amx_enter(); }
+  static void leave() { amx_leave(); }
+  static void scores(Operand a, int64_t astride, int rows, const float* panel, int hd, float mul, float* c, Tri tri,
+                     float*) {
+    scores_amx(a.row_words(), astride / 2, rows, words(panel), hd / 2, mul, c, tri);
+  }
+  static void accum(Operand a, int64_t /*astride: a.t->sp*/, int rows, const float* p, int hd, float* c,
+                    const vf* alpha, Tri tri, float* extra) {
+    uint32_t* p2 = words(extra);
+    pack_pair_rows(p, kTile, rows, kTile, p2);
+    clear_unused_pairs(p2, rows, tri);
+    accum_amx(a.col_words(), a.t->sp, amx_steps(rows), p2, hd, c, alpha);
+  }
+  static void accum_kept(Operand a, int64_t /*astride*/, int rows, float* kept, int hd, float* c, Tri tri, float*) {
+    clear_unused_pairs(words(kept), rows, tri);  // its only reader
+    accum_amx(a.col_words(), a.t->sp, amx_steps(rows), words(kept), hd, c, nullptr);
+  }
+};
+#endif
+
+// A policy's per-thread setup of a parallel region, where it has one (AmxProducts).
+template <class P>
+void enter_products() {
+  if constexpr (requires { P::enter(); }) P::enter();
+}
+template <class P>
+void leave_products() {
+  if constexpr (requires { P::leave(); }) P::leave();
+}
 
 inline float bf16_rounded(float x) { return std::bit_cast<float>(static_cast<uint32_t>(elem::bf16_bits(x)) << 16); }
 

@@ -3,6 +3,8 @@
 #include "kernels/cpu/gemm_dnnl.h"
 
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <functional>
 #include <memory>
@@ -220,6 +222,17 @@ const Primitive* const* family(Desc d, bool vary_k, int64_t step, int64_t max_le
 size_t scratch_bytes(const Primitive* p) { return p->scratch_bytes; }
 size_t primitive_count() { return cache().size(); }
 std::string impl_info(const Primitive* p) { return p->impl; }
+
+bool amx_bf16() {
+  static const bool amx = [] {
+    if (dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_core_amx) return false;
+    // The kernel's permission for tile data (Linux 5.16+), once per process: oneDNN asks for it
+    // only when it first creates an AMX kernel, and our attention may run its tiles before that.
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return amx;
+}
 
 std::vector<std::pair<Desc, std::string>> cached_primitives() {
   std::vector<std::pair<Desc, std::string>> out;

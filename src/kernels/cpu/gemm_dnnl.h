@@ -53,6 +53,11 @@ const Primitive* primitive(const Desc& d);
 const Primitive* const* family(Desc d, bool vary_k, int64_t step, int64_t max_len);
 
 size_t scratch_bytes(const Primitive* p);
+// Whether oneDNN runs bf16 products on AMX tiles on this CPU (its effective ISA is
+// avx512_core_amx): there its brgemm kernels run bf16 several times faster than any AVX-512 loop
+// (vdpbf16ps has the fp32 FMAs' rate on Sapphire Rapids), so the bf16 GEMMs leave our own
+// micro-kernels and strided tiles (gemm_tiles.cpp) for oneDNN's dense ones.
+bool amx_bf16();
 // Number of primitives created so far (tests check that a new expert load creates none).
 size_t primitive_count();
 // Every cached primitive's description and oneDNN implementation string (for tests).
