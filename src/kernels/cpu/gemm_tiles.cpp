@@ -91,6 +91,7 @@ constexpr int64_t kMinWeightBand = 16;
 constexpr int64_t kWeightBand = 256;
 constexpr int64_t kWeightChunk = 512;
 constexpr int64_t kOwnWeightBand = 1024;
+constexpr int64_t kOwnWeightBandIntel = 256;
 // Grouped weight gradients: each expert's rows are cut into reduction chunks of kGroupChunk
 // rows, then at most one of a multiple of kGroupRows rows and one of fewer than kGroupRows (tiles
 // are (expert, band of dw rows)); the forward and data gradient cut rows as kPadRows says. Each
@@ -161,10 +162,19 @@ int64_t band_rows(int64_t len, int64_t lo, int64_t hi, int64_t min_tiles) {
 // 1/2/3-thread bitwise tests).
 // Our own kernel (gemm_wgrad.h) streams its band's a panel (one group of kR columns at a time)
 // and keeps only b's in L2, so it takes bands of up to kOwnWeightBand rows: an LM head's weight
-// gradient packs b a quarter as often.
+// gradient packs b a quarter as often (Zen 5). On Intel's Xeons the panel of such a band (2 MiB
+// in fp32 at 512-row chunks), re-read for every column block of b, comes from an L3 that feeds
+// one core at a fraction of a Zen L3's rate: bands of kOwnWeightBandIntel rows there, whose panel
+// stays in L2 beside b (Sapphire Rapids, kernels_bench fp32, alternated 3 times: 2048x8192x512
+// 293-306 -> 381-401 GFLOP/s, 1024x50304x256 332-335 -> 383-385; tools/ab_bench.py fp32
+// olmoe_compat +2.5%, fine_grained +3.4%). A dw element's bits do not depend on its band.
+int64_t own_weight_band_cap() {
+  static const bool intel = __builtin_cpu_is("intel");
+  return intel ? kOwnWeightBandIntel : kOwnWeightBand;
+}
 int64_t weight_band(int64_t n, bool own) {
   const int64_t tiles = std::max(2, omp_get_max_threads());
-  return std::min(n, std::clamp(round_up(ceil_div(n, tiles), 16), kMinWeightBand, own ? kOwnWeightBand : kWeightBand));
+  return std::min(n, std::clamp(round_up(ceil_div(n, tiles), 16), kMinWeightBand, own ? own_weight_band_cap() : kWeightBand));
 }
 
 struct Tiles {
