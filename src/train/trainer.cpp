@@ -96,10 +96,12 @@ Tensor Trainer::on_device(const Tensor& host, OwnedTensor& slot) {
 
 int64_t Trainer::local_batch() const { return config_.train.batch_size / config_.parallel.dp; }
 
+// The step_control op's arithmetic (kernels/math/step_control_math.h): one fused multiply-add per
+// term, written out so that no compiler's contraction choice can make the two differ.
 double total_loss(const LossConfig& loss, const StepResult& r) {
-  double total = r.ce + loss.lm_z_coef * r.lm_z;
-  for (double x : r.lbl) total += loss.lbl_coef * x;
-  for (double x : r.router_z) total += loss.router_z_coef * x;
+  double total = std::fma(loss.lm_z_coef, r.lm_z, r.ce);
+  for (double x : r.lbl) total = std::fma(loss.lbl_coef, x, total);
+  for (double x : r.router_z) total = std::fma(loss.router_z_coef, x, total);
   return total;
 }
 

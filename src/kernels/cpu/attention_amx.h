@@ -1,7 +1,7 @@
 // bf16 tile products of the CPU attention on AMX tiles (tdpbf16ps), where oneDNN runs its bf16
 // GEMMs on them too (gemm::amx_bf16): the same operands, roundings and masks as the vdpbf16ps
-// kernels of attention_bf16.h, whose rate is the fp32 FMAs' on Sapphire Rapids (one vdpbf16ps a
-// cycle against two FMAs), while a tdpbf16ps does 16 x 16 x 32 products in 16 cycles.
+// kernels of attention_bf16.h, whose rate is the fp32 FMAs' on Sapphire and Emerald Rapids (one
+// vdpbf16ps a cycle against two FMAs), while a tdpbf16ps does 16 x 16 x 32 products in 16 cycles.
 //
 // Every tile is 16 rows x 64 bytes: tiles 0-3 hold a 16 x 64 block of fp32 results (four 16 x 16
 // blocks, one per 16-lane vector of a tile row), tile 4 the A operand (16 rows x 32 bf16 along
@@ -104,7 +104,10 @@ MOE_AMX_FN inline void accum_amx(const uint16_t* acol, int64_t lda, int steps, c
   constexpr int kLd = kTile * 4;
   if (alpha)
     for (int m = 0; m < hd; ++m)
-      for (int v = 0; v < kNV; ++v) vstore(c + m * kTile + v * kLanes, vmul(vload(c + m * kTile + v * kLanes), alpha[v]));
+      for (int v = 0; v < kNV; ++v) {
+        float* cv = c + m * kTile + v * kLanes;
+        vstore(cv, vmul(vload(cv), alpha[v]));
+      }
   for (int m0 = 0; m0 < hd; m0 += 16) {
     float* cm = c + m0 * kTile;
     _tile_loadd(0, cm, kLd);

@@ -25,7 +25,7 @@
 // in one rounding as before) and the bf16 data gradient of a long reduction (gemm_long.h: one
 // chain over the whole reduction). Where oneDNN runs bf16 on AMX tiles (gemm::amx_bf16) every bf16
 // GEMM is oneDNN's, on dense tiles: vdpbf16ps runs at the fp32 FMAs' rate there, and the JIT
-// GEMM's strided tiles miss AMX (kernels_bench, Sapphire Rapids, 2 threads: weight gradient
+// GEMM's strided tiles miss AMX (kernels_bench, Emerald Rapids, 2 threads: weight gradient
 // 2048x512x512 167 -> 1,319 GFLOP/s, an LM head's data gradient 163 -> 1,848, its forward 419 -> 885).
 //
 // Scheduling: all tiles of one op, across experts for grouped GEMMs, form one flat list, ordered
@@ -165,7 +165,7 @@ int64_t band_rows(int64_t len, int64_t lo, int64_t hi, int64_t min_tiles) {
 // gradient packs b a quarter as often (Zen 5). On Intel's Xeons the panel of such a band (2 MiB
 // in fp32 at 512-row chunks), re-read for every column block of b, comes from an L3 that feeds
 // one core at a fraction of a Zen L3's rate: bands of kOwnWeightBandIntel rows there, whose panel
-// stays in L2 beside b (Sapphire Rapids, kernels_bench fp32, alternated 3 times: 2048x8192x512
+// stays in L2 beside b (Emerald Rapids, kernels_bench fp32, alternated 3 times: 2048x8192x512
 // 293-306 -> 381-401 GFLOP/s, 1024x50304x256 332-335 -> 383-385; tools/ab_bench.py fp32
 // olmoe_compat +2.5%, fine_grained +3.4%). A dw element's bits do not depend on its band.
 int64_t own_weight_band_cap() {
@@ -174,7 +174,8 @@ int64_t own_weight_band_cap() {
 }
 int64_t weight_band(int64_t n, bool own) {
   const int64_t tiles = std::max(2, omp_get_max_threads());
-  return std::min(n, std::clamp(round_up(ceil_div(n, tiles), 16), kMinWeightBand, own ? own_weight_band_cap() : kWeightBand));
+  const int64_t cap = own ? own_weight_band_cap() : kWeightBand;
+  return std::min(n, std::clamp(round_up(ceil_div(n, tiles), 16), kMinWeightBand, cap));
 }
 
 struct Tiles {

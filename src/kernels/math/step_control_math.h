@@ -20,9 +20,12 @@ MOE_HD inline void step_control_scalars(const double* v, int64_t nv, const doubl
   for (int64_t i = 0; i < nsq; ++i) total += sq[i];
   const double norm = std::sqrt(total);
   const int64_t M = (nv - 2) / 2;
-  double loss = v[0] + lm_z_coef * v[1];
-  for (int64_t m = 0; m < M; ++m) loss += lbl_coef * v[2 + m];
-  for (int64_t m = 0; m < M; ++m) loss += router_z_coef * v[2 + M + m];
+  // Each term added by one fused multiply-add, written out: left to the compiler's contraction, the
+  // host's formula (train/trainer.cpp total_loss) and this one differed in the last bit in one
+  // build (ASan, on an Intel Xeon) and not in others.
+  double loss = std::fma(lm_z_coef, v[1], v[0]);
+  for (int64_t m = 0; m < M; ++m) loss = std::fma(lbl_coef, v[2 + m], loss);
+  for (int64_t m = 0; m < M; ++m) loss = std::fma(router_z_coef, v[2 + M + m], loss);
   c[kCtlGradNorm] = norm;
   c[kCtlLoss] = loss;
   if (!std::isfinite(loss) || !std::isfinite(norm)) c[kCtlNonfinite] = 1;
