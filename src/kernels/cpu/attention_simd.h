@@ -140,34 +140,9 @@ inline vf vexp2(vf a) {
 // the op ends, and a plain store first reads each line it fills; olmoe_compat bf16 attention_bwd
 // -1.5 to -2 ms per step, rope_bwd and the QK-norm backward, which then read them from memory,
 // +0.2 to +0.3).
-// Both move 16 x 16 blocks through registers (a scalar loop here cost ~18% of the forward).
+// Both move 16 x 16 blocks through registers (transpose16, avx512.h; a scalar loop here cost ~18%
+// of the forward).
 #if defined(__AVX512F__)
-// In place: r[c] lane i <- r[i] lane c.
-inline void transpose16(vf r[16]) {
-  vf t[16];
-  for (int i = 0; i < 8; ++i) {  // lane L of each 128-bit quarter: rows 2i, 2i+1 interleaved
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // r[4i+k], quarter Q: rows 4i..4i+3 of column 4Q+k
-    r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int k = 0; k < 4; ++k) t[k] = r[k], t[4 + k] = r[4 + k], t[8 + k] = r[8 + k], t[12 + k] = r[12 + k];
-  for (int k = 0; k < 4; ++k) {  // column 4Q+k gathers quarter Q of r[k], r[4+k], r[8+k], r[12+k]
-    vf x0 = _mm512_shuffle_f32x4(t[k], t[4 + k], 0x88), x1 = _mm512_shuffle_f32x4(t[k], t[4 + k], 0xDD);
-    vf y0 = _mm512_shuffle_f32x4(t[8 + k], t[12 + k], 0x88),
-       y1 = _mm512_shuffle_f32x4(t[8 + k], t[12 + k], 0xDD);
-    r[k] = _mm512_shuffle_f32x4(x0, y0, 0x88);
-    r[k + 8] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
-    r[k + 4] = _mm512_shuffle_f32x4(x1, y1, 0x88);
-    r[k + 12] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
-  }
-}
-
-
 void pack_transposed(const float* src, int64_t stride, int n, int hd, float mul, float* dst) {
   const vf m = vset1(mul);
   for (int d0 = 0; d0 < hd; d0 += kLanes) {

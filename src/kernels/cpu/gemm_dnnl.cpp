@@ -212,6 +212,7 @@ const Primitive* const* family(Desc d, bool vary_k, int64_t step, int64_t max_le
     std::vector<const Primitive*> v(static_cast<size_t>(max_len + 1), nullptr);
     for (int64_t len = 1; len <= max_len; len += len < step ? 1 : step) {
       (vary_k ? d.k : d.m) = len;
+      if (vary_k && d.ta == Trans::kN && key.d.lda == 0) d.lda = len;  // A dense, k long (row-major)
       v[static_cast<size_t>(len)] = primitive(d);
     }
     it = f.emplace(key, std::move(v)).first;

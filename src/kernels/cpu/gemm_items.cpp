@@ -9,6 +9,7 @@
 #include <exception>
 
 #include "core/buffer.h"
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/gemm_long.h"
 #include "kernels/cpu/gemm_tiles.h"
 #include "kernels/cpu/gemm_wgrad.h"
@@ -32,6 +33,28 @@ void copy_block(const char* src, int64_t src_ld, char* dst, int64_t dst_ld, int6
   for (int64_t r = 0; r < rows; ++r)
     std::memcpy(dst + static_cast<size_t>(r * dst_ld) * es,
                 src + static_cast<size_t>(r * src_ld) * es, static_cast<size_t>(cols) * es);
+}
+
+// The transpose of a rows x cols block of 16-bit elements at leading dimension src_ld: dst is
+// cols x rows, dense. 16 x 16 blocks through registers, widened to 32-bit lanes.
+void transpose_block16(const uint16_t* src, int64_t src_ld, uint16_t* dst, int64_t rows, int64_t cols) {
+#if defined(__AVX512F__)
+  for (int64_t r0 = 0; r0 < rows; r0 += 16)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const __mmask16 in = first_lanes(cols - c0), out = first_lanes(rows - r0);
+      __m512 v[16];
+      for (int i = 0; i < 16; ++i)
+        v[i] = r0 + i < rows ? _mm512_castsi512_ps(_mm512_cvtepu16_epi32(
+                                   _mm256_maskz_loadu_epi16(in, src + (r0 + i) * src_ld + c0)))
+                             : _mm512_setzero_ps();
+      transpose16(v);  // v[c]: column c0 + c at rows r0..r0+15
+      for (int c = 0; c < std::min<int64_t>(16, cols - c0); ++c)
+        _mm256_mask_storeu_epi16(dst + (c0 + c) * rows + r0, out, _mm512_cvtepi32_epi16(_mm512_castps_si512(v[c])));
+    }
+#else
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * src_ld + c];
+#endif
 }
 
 // c[i] += prod[i], i < n: the sum a primitive's accumulate would do, in the same single rounding.
@@ -68,7 +91,11 @@ void run_item(const Item& it, int thread) {
       return;
     }
     const void* ap = a;
-    if (it.a_cols) {
+    if (it.a_transposed) {
+      transpose_block16(reinterpret_cast<const uint16_t*>(a), it.a_ld, static_cast<uint16_t*>(st.a.data()), rows,
+                        it.a_cols);
+      ap = st.a.data();
+    } else if (it.a_cols) {
       copy_block(a, it.a_ld, static_cast<char*>(st.a.data()), it.a_cols, rows, it.a_cols, it.es);
       ap = st.a.data();
     }

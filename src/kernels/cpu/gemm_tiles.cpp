@@ -235,7 +235,9 @@ Desc bwd_data_desc(DType t, int64_t m, int64_t n, int64_t k, bool acc) {
 }
 // A band of `band` rows of dw(n,k) += dy^T x over `rows` rows, with dy's column block packed
 // densely: A stored (rows, band), transposed. Accumulating unless the tile's sum is staged.
+// With bf16 on AMX, A is copied transposed instead (Item::a_transposed): (band, rows), row-major.
 Desc weight_desc(DType t, int64_t band, int64_t k, int64_t rows) {
+  if (amx(t)) return {t, Trans::kN, Trans::kN, band, k, rows, rows, k, k, !staged_sum(band, k)};
   return {t, Trans::kT, Trans::kN, band, k, rows, band, k, k, !staged_sum(band, k)};
 }
 
@@ -363,6 +365,7 @@ Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k,
   it.a_cols = band;
   it.a_ld = n;
   it.c_tile = band * k;  // dw rows [i0, i0+band), full width: contiguous
+  it.a_transposed = es == 2 && cpu::gemm::amx_bf16();  // weight_desc's A
   it.staged = staged_sum(band, k);
   it.overwrite = !accumulate;
   return it;
