@@ -26,6 +26,8 @@ namespace {
 
 // Chunk size of sum_to / sumsq_to: each chunk is summed on its own, chunks are added in order.
 constexpr int64_t kSumChunk = 4096;
+// Software prefetch distance of AdamW's pass over every parameter, in elements.
+constexpr int64_t kAdamWAhead = 1024;
 
 }  // namespace
 
@@ -489,7 +491,18 @@ void adamw_loop(T* p, const T* g, T* pm, T* pv, bf16* copy, int64_t n, double lr
 #pragma omp parallel if (n >= kParallelMin)
   {
 #pragma omp for schedule(static)
-    for (int64_t b = 0; b < nblk; ++b) op.run(p, g, pm, pv, copy, b * 16, 16);
+    for (int64_t b = 0; b < nblk; ++b) {
+      // Each of the four streams asked for 4 KiB (fp32) ahead, a line per block of 16: Intel's
+      // prefetchers leave the loop short of the bandwidth by themselves (Emerald Rapids,
+      // kernels_bench OptimizerStep fused, fp32 / with bf16 copies: 38.9-40.2 -> 32.5-32.6 ms,
+      // 39.6-41.1 -> 35.4-35.7; 16 KiB ahead was slower than none). The same bits.
+      const uintptr_t j = static_cast<uintptr_t>(b * 16 + kAdamWAhead) * sizeof(T);  // may pass the end
+      __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + j), 1, 0);
+      __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(g) + j), 0, 0);
+      __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(pm) + j), 1, 0);
+      __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(pv) + j), 1, 0);
+      op.run(p, g, pm, pv, copy, b * 16, 16);
+    }
 #if defined(__AVX__)
     _mm_sfence();  // the copies' streaming stores, ordered before the region's end
 #endif
