@@ -1,8 +1,9 @@
 // The tile products of the CPU attention (attention.cpp, its one includer): two register-blocked
 // fp32 micro-kernels (scores and accumulate, with the diagonal tile's triangular shapes) and the
-// three policies every pass is written over: fp32 products, bf16 products (vdpbf16ps,
-// attention_bf16.h) and, without AVX512-BF16, bf16-rounded operands multiplied in fp32. In an
-// unnamed namespace as they were inside attention.cpp: the same code, compiled in that one unit.
+// policies every pass is written over: fp32 products, bf16 products (vdpbf16ps,
+// attention_bf16.h), bf16 products on AMX tiles (attention_amx.h, where oneDNN uses AMX too) and,
+// without AVX512-BF16, bf16-rounded operands multiplied in fp32. In an unnamed namespace as they
+// were inside attention.cpp: the same code, compiled in that one unit.
 #pragma once
 
 #include <bit>
