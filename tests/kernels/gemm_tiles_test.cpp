@@ -219,7 +219,8 @@ TEST(GemmCpu, OneDnnPicksAvx512Kernels) {
     int64_t m, n, k;
   };
   // With AMX (gemm::amx_bf16) every bf16 tile is oneDNN's, on dense tiles (the LM head's forward
-  // staged), except the LM head's data gradient, whose chunks oneDNN runs in its JIT GEMM there.
+  // in dense row bands), except the LM head's data gradient, whose chunks oneDNN runs in its JIT
+  // GEMM there.
   const bool amx = cpu::gemm::amx_bf16();
   for (const Shape& s : {Shape{4096, 1536, 512}, Shape{64, 1536, 512}, Shape{64, 512, 1536}, Shape{1024, 50304, 256}})
     for (GemmOp op : {GemmOp::kForward, GemmOp::kBackwardData, GemmOp::kBackwardWeight}) {
@@ -246,7 +247,7 @@ TEST(GemmCpu, OneDnnPicksAvx512Kernels) {
         }
         continue;
       }
-      if (amx && lm_head && op == GemmOp::kForward) {  // staged, not the wide weight's strided tiles
+      if (amx && lm_head && op == GemmOp::kForward) {  // dense row bands, not the wide weight's strided tiles
         EXPECT_EQ(f32, "gemm:jit");
         continue;
       }
