@@ -7,6 +7,7 @@
 
 #include "core/phase_timer.h"
 #include "kernels/host_view.h"
+#include "kernels/math/step_control_math.h"
 #include "kernels/step_control.h"
 #include "plan/memory.h"
 #include "optim/schedule.h"
@@ -96,13 +97,10 @@ Tensor Trainer::on_device(const Tensor& host, OwnedTensor& slot) {
 
 int64_t Trainer::local_batch() const { return config_.train.batch_size / config_.parallel.dp; }
 
-// The step_control op's arithmetic (kernels/math/step_control_math.h): one fused multiply-add per
-// term, written out so that no compiler's contraction choice can make the two differ.
+// The step_control op's own formula (kernels/math/step_control_math.h).
 double total_loss(const LossConfig& loss, const StepResult& r) {
-  double total = std::fma(loss.lm_z_coef, r.lm_z, r.ce);
-  for (double x : r.lbl) total = std::fma(loss.lbl_coef, x, total);
-  for (double x : r.router_z) total = std::fma(loss.router_z_coef, x, total);
-  return total;
+  return step_total_loss(r.ce, r.lm_z, r.lbl.data(), static_cast<int64_t>(r.lbl.size()), r.router_z.data(),
+                         static_cast<int64_t>(r.router_z.size()), loss.lm_z_coef, loss.lbl_coef, loss.router_z_coef);
 }
 
 const StepResult& Trainer::step(const Tensor& ids, const Tensor& labels, const Tensor& doc_start) {

@@ -21,6 +21,7 @@
 
 #include <cstring>
 
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/attention_bf16.h"
 
 #if defined(MOE_ATTENTION_BF16)
@@ -31,24 +32,9 @@ namespace moe::cpu::attn {
 
 constexpr int kAmxPairs = 16;  // pair rows per reduction step (32 rows r, 64 bytes of bf16)
 
-struct alignas(64) AmxConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Loads the tile shapes on the calling thread: once per thread and parallel region, since
 // oneDNN's AMX kernels load their own between the attention ops.
-MOE_AMX_FN inline void amx_enter() {
-  AmxConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  // Not _tile_loadconfig: GCC 12's declares only the first 8 bytes read, and the stores above die.
-  asm volatile("ldtilecfg %0" ::"m"(cfg));
-}
+inline void amx_enter() { amx::load_full_tiles(); }
 MOE_AMX_FN inline void amx_leave() { _tile_release(); }
 
 // Scores, rows a multiple of 16: C (rows x kTile) = mul * A (row pairs, rows `as` words apart,

@@ -8,8 +8,6 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -28,6 +26,7 @@
 
 #include "core/check.h"
 #include "core/fnv1a.h"
+#include "kernels/cpu/amx.h"
 
 namespace moe::cpu {
 namespace {
@@ -107,23 +106,12 @@ constexpr double kBf16Avx512Flops = kZmmChains * 16 * 4;
 
 // AMX: tdpbf16ps multiplies a 16 x 32 bf16 tile by a 32 x 16 one into 16 x 16 fp32 (16,384 FLOP);
 // four accumulator tiles in flight, the operands loaded once.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 __attribute__((target("amx-tile,amx-bf16"))) float bf16_amx(int64_t iters) {
-  TileConfig cfg;
-  for (int t = 0; t < 6; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
   alignas(64) uint16_t a[16 * 32], b[16 * 32];
   alignas(64) float out[16 * 16];
   std::fill(a, a + 16 * 32, uint16_t{0x3a83});  // bf16 1e-3
   std::fill(b, b + 16 * 32, uint16_t{0x3f00});  // bf16 0.5
-  _tile_loadconfig(&cfg);
+  amx::load_full_tiles();
   _tile_loadd(4, a, 64);
   _tile_loadd(5, b, 64);
   _tile_zero(0);
@@ -147,12 +135,6 @@ struct Isa {
   bool avx2_fma = false, avx512f = false, avx512_bf16 = false, amx_bf16 = false;
 };
 
-// AMX tiles need the kernel's permission once per process (Linux 5.16+); false when refused.
-bool amx_permitted() {
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
-
 const Isa& isa() {
   static const Isa i = [] {
     Isa r;
@@ -162,7 +144,7 @@ const Isa& isa() {
     r.avx512_bf16 = r.avx512f && __builtin_cpu_supports("avx512bf16");
     unsigned a = 0, b = 0, c = 0, d = 0;
     // CPUID.(7,0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1)) r.amx_bf16 = amx_permitted();
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1)) r.amx_bf16 = amx::permitted();
     return r;
   }();
   return i;

@@ -3,8 +3,6 @@
 #include "kernels/cpu/gemm_dnnl.h"
 
 #include <omp.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <functional>
 #include <memory>
@@ -15,6 +13,7 @@
 
 #include "core/buffer.h"
 #include "core/phase_timer.h"
+#include "kernels/cpu/amx.h"
 
 namespace moe::cpu {
 namespace gemm {
@@ -226,11 +225,9 @@ std::string impl_info(const Primitive* p) { return p->impl; }
 
 bool amx_bf16() {
   static const bool amx = [] {
-    if (dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_core_amx) return false;
-    // The kernel's permission for tile data (Linux 5.16+), once per process: oneDNN asks for it
-    // only when it first creates an AMX kernel, and our attention may run its tiles before that.
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+    // With the kernel's permission for tile data asked here: oneDNN asks for it only when it
+    // first creates an AMX kernel, and our attention may run its tiles before that.
+    return dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_amx && amx::permitted();
   }();
   return amx;
 }

@@ -353,8 +353,9 @@ void plan_grouped_rows(const Desc& d, const void* a, const void* b, int64_t b_ex
 // One weight-gradient tile: dw rows [i0, i0+band) (full width k, at dw) (+)= dy^T x over the
 // rows starting at dy and x: nfull chunks of `chunk` rows (primitive full), then mid_rows (mid)
 // and tail_rows (tail) when those primitives are given.
-Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k, int64_t i0,
-                 int64_t band, size_t es, bool accumulate) {
+Item weight_tile(DType t, const char* dy, const char* x, float* dw, int64_t n, int64_t k, int64_t i0,
+                 int64_t band, bool accumulate) {
+  const size_t es = dtype_size(t);
   Item it;
   it.a = dy + static_cast<size_t>(i0) * es;
   it.b = x;
@@ -365,7 +366,7 @@ Item weight_tile(const char* dy, const char* x, float* dw, int64_t n, int64_t k,
   it.a_cols = band;
   it.a_ld = n;
   it.c_tile = band * k;  // dw rows [i0, i0+band), full width: contiguous
-  it.a_transposed = es == 2 && cpu::gemm::amx_bf16();  // weight_desc's A
+  it.a_transposed = amx(t);  // weight_desc's A
   it.staged = staged_sum(band, k);
   it.overwrite = !accumulate;
   return it;
@@ -381,14 +382,13 @@ void use_own_kernel(Item& it, DType t) {
 // dw(n,k) (+)= dy(m,n)^T x(m,k): bands of dw rows, each reducing all m rows in chunks.
 void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const void* x,
                  float* dw, bool accumulate) {
-  const size_t es = dtype_size(t);
   const bool own = own_weight_kernel(t);
   const int64_t band = weight_band(n, own);
   const int64_t chunk = std::min(m, kWeightChunk), tail = m % chunk;
   for (int64_t i0 = 0; i0 < n; i0 += band) {
     const int64_t b = std::min(band, n - i0);
     Item it =
-        weight_tile(static_cast<const char*>(dy), static_cast<const char*>(x), dw, n, k, i0, b, es, accumulate);
+        weight_tile(t, static_cast<const char*>(dy), static_cast<const char*>(x), dw, n, k, i0, b, accumulate);
     it.nfull = m / chunk;
     it.chunk = chunk;
     it.tail_rows = tail;
@@ -432,9 +432,9 @@ void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const vo
     for (int64_t i0 = 0; i0 < n; i0 += band) {
       const int64_t b = std::min(band, n - i0);
       const Primitive* const* fam = fams[i0 + band >= n];
-      Item it = weight_tile(static_cast<const char*>(dy) + static_cast<size_t>(off[e] * n) * es,
+      Item it = weight_tile(t, static_cast<const char*>(dy) + static_cast<size_t>(off[e] * n) * es,
                             static_cast<const char*>(x) + static_cast<size_t>(off[e] * k) * es,
-                            dw + e * n * k, n, k, i0, b, es, accumulate);
+                            dw + e * n * k, n, k, i0, b, accumulate);
       it.nfull = ch.nfull;
       it.chunk = kGroupChunk;
       it.mid_rows = ch.mid;

@@ -11,6 +11,18 @@
 
 namespace moe {
 
+// The step's total loss: ce + lm_z_coef lm_z + lbl_coef * each lbl + router_z_coef * each
+// router_z, one written-out fused multiply-add per term, in that order. Left to the compiler's
+// contraction, two copies of this formula differed in the last bit in one build (ASan, on an
+// Intel Xeon); the host's total (train/trainer.cpp) calls this one.
+MOE_HD inline double step_total_loss(double ce, double lm_z, const double* lbl, int64_t nlbl, const double* router_z,
+                                     int64_t nz, double lm_z_coef, double lbl_coef, double router_z_coef) {
+  double loss = std::fma(lm_z_coef, lm_z, ce);
+  for (int64_t m = 0; m < nlbl; ++m) loss = std::fma(lbl_coef, lbl[m], loss);
+  for (int64_t m = 0; m < nz; ++m) loss = std::fma(router_z_coef, router_z[m], loss);
+  return loss;
+}
+
 // c (kCtlSize) from values (nv) = [ce, lm_z, lbl x M, router_z x M], the per-parameter sums of
 // squares sq (nsq) and lr_table (nlr): op_list.inc's step_control, in its order.
 MOE_HD inline void step_control_scalars(const double* v, int64_t nv, const double* sq, int64_t nsq, double lm_z_coef,
@@ -20,12 +32,7 @@ MOE_HD inline void step_control_scalars(const double* v, int64_t nv, const doubl
   for (int64_t i = 0; i < nsq; ++i) total += sq[i];
   const double norm = std::sqrt(total);
   const int64_t M = (nv - 2) / 2;
-  // Each term added by one fused multiply-add, written out: left to the compiler's contraction, the
-  // host's formula (train/trainer.cpp total_loss) and this one differed in the last bit in one
-  // build (ASan, on an Intel Xeon) and not in others.
-  double loss = std::fma(lm_z_coef, v[1], v[0]);
-  for (int64_t m = 0; m < M; ++m) loss = std::fma(lbl_coef, v[2 + m], loss);
-  for (int64_t m = 0; m < M; ++m) loss = std::fma(router_z_coef, v[2 + M + m], loss);
+  const double loss = step_total_loss(v[0], v[1], v + 2, M, v + 2 + M, M, lm_z_coef, lbl_coef, router_z_coef);
   c[kCtlGradNorm] = norm;
   c[kCtlLoss] = loss;
   if (!std::isfinite(loss) || !std::isfinite(norm)) c[kCtlNonfinite] = 1;
