@@ -175,7 +175,8 @@ void grouped_args(benchmark::internal::Benchmark* b) {
   // olmoe_compat.toml's MoE layer: 16 experts, top-2 of 2,048 tokens (256 rows each on average),
   // d_model = expert_hidden = 512 (the gate, up and down projections are each one such GEMM).
   for (int dt : {0, 1})
-    for (int op : {kFwd, kBwdData, kBwdWeight}) b->Args({op, dt, 16, 256, 512, 512, 0, 2});
+    for (int op : {kFwd, kBwdData, kBwdWeight})
+      for (int skew : {0, 2}) b->Args({op, dt, 16, 256, 512, 512, skew, 2});
   // fine_grained.toml's MoE layer: 64 experts, top-4 of a 1,024-token micro-batch (64 rows each on
   // average), d_model 256, expert_hidden 128: the gate and up projections (n 128, k 256), the
   // down projection (n 256, k 128); balanced and uneven loads.

@@ -247,6 +247,9 @@ TEST_P(Gemm, GroupedBf16MatchesRefOnSameOperands) {
   MOE_SKIP_UNLESS_SUPPORTED(OpId::grouped_linear_bwd_weight, DType::kBF16);
   check_grouped(DType::kBF16, kUneven, 5, 33, 70);
   check_grouped(DType::kBF16, kUneven, 5, 100, 257);
+  // On AMX, weight gradients' 512-row chunks and padded remainders (gemm_tiles.cpp, kAmxChunk):
+  // two chunks exactly, two and a 76-row tail, a tail of a whole tile depth, one of 511 rows.
+  check_grouped(DType::kBF16, {1024, 1100, 32, 0, 511}, 3, 48, 40);
 }
 
 #ifdef MOE_WITH_CUDA
@@ -315,6 +318,29 @@ TEST_P(Gemm, NewExpertLoadCreatesNoPrimitive) {
   const size_t created = cpu::gemm::primitive_count();
   step({7, 250, 0, 131});
   step({1, 2, 3, 383});
+  EXPECT_EQ(cpu::gemm::primitive_count(), created);
+}
+
+// The same in bf16, whose weight gradients on AMX pad their remainders (gemm_tiles.cpp,
+// kAmxChunk): every padded length is created with the first load.
+TEST_P(Gemm, NewExpertLoadCreatesNoBf16Primitive) {
+  MOE_SKIP_UNLESS_CPU_KERNELS();
+  MOE_SKIP_UNLESS_SUPPORTED(OpId::grouped_linear_bwd_weight, DType::kBF16);
+  const int64_t n = 48, k = 64, r = 1400;
+  auto x = random(DType::kBF16, {r, k}, 1), w = random(DType::kBF16, {4, n, k}, 2);
+  auto dy = random(DType::kBF16, {r, n}, 3);
+  OwnedTensor y(DType::kF32, {r, n}), dx(DType::kF32, {r, k}), dw(DType::kF32, {4, n, k});
+  auto step = [&](const std::vector<int32_t>& rows) {
+    auto off = offsets_tensor(make_offsets(rows));
+    test::fast().grouped_linear_fwd(x, w, off, y);
+    test::fast().grouped_linear_bwd_data(dy, w, off, dx);
+    test::fast().grouped_linear_bwd_weight(dy, x, off, dw, true);
+  };
+  step({100, 100, 100, 100});
+  const size_t created = cpu::gemm::primitive_count();
+  step({7, 250, 0, 131});
+  step({1, 2, 3, 1383});
+  step({513, 511, 33, 31});
   EXPECT_EQ(cpu::gemm::primitive_count(), created);
 }
 

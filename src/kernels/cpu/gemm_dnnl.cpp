@@ -70,12 +70,14 @@ struct FamilyKey {
   Desc d;
   bool vary_k;
   int64_t step, max_len;
+  bool multiples_only;
   bool operator==(const FamilyKey&) const = default;
 };
 struct FamilyHash {
   size_t operator()(const FamilyKey& f) const {
     return DescHash()(f.d) ^ (static_cast<size_t>(f.vary_k) << 1) ^
-           (std::hash<int64_t>()(f.step) << 3) ^ (std::hash<int64_t>()(f.max_len) << 5);
+           (std::hash<int64_t>()(f.step) << 3) ^ (std::hash<int64_t>()(f.max_len) << 5) ^
+           (static_cast<size_t>(f.multiples_only) << 2);
   }
 };
 
@@ -202,14 +204,14 @@ const Primitive* primitive(const Desc& d) {
   return it->second.get();
 }
 
-const Primitive* const* family(Desc d, bool vary_k, int64_t step, int64_t max_len) {
+const Primitive* const* family(Desc d, bool vary_k, int64_t step, int64_t max_len, bool multiples_only) {
   (vary_k ? d.k : d.m) = 0;
-  FamilyKey key{d, vary_k, step, max_len};
+  FamilyKey key{d, vary_k, step, max_len, multiples_only};
   auto& f = families();
   auto it = f.find(key);
   if (it == f.end()) {
     std::vector<const Primitive*> v(static_cast<size_t>(max_len + 1), nullptr);
-    for (int64_t len = 1; len <= max_len; len += len < step ? 1 : step) {
+    for (int64_t len = multiples_only ? step : 1; len <= max_len; len += len < step ? 1 : step) {
       (vary_k ? d.k : d.m) = len;
       if (vary_k && d.ta == Trans::kN && key.d.lda == 0) d.lda = len;  // A dense, k long (row-major)
       v[static_cast<size_t>(len)] = primitive(d);

@@ -46,12 +46,14 @@ struct Primitive;  // a created oneDNN matmul with its memory descriptors
 
 // The cached primitive for d, created on first use. Serial code only (not thread-safe).
 const Primitive* primitive(const Desc& d);
-// Primitives for every length 1..step and every multiple of step up to max_len of the varying
-// dimension (`vary_k` ? k : m) of d (whose own m or k is ignored), all created together on first
-// use: grouped GEMMs see row counts that change every step, and must still create nothing after
-// the first. Entry i has length i (null for lengths not in the family). A row-major A (ta = kN)
-// given lda 0 with vary_k is dense: each entry's lda is its k. Serial code only.
-const Primitive* const* family(Desc d, bool vary_k, int64_t step, int64_t max_len);
+// Primitives for every length 1..step (unless multiples_only) and every multiple of step up to
+// max_len of the varying dimension (`vary_k` ? k : m) of d (whose own m or k is ignored), all
+// created together on first use: grouped GEMMs see row counts that change every step, and must
+// still create nothing after the first. Entry i has length i (null for lengths not in the
+// family). A row-major A (ta = kN) given lda 0 with vary_k is dense: each entry's lda is its k.
+// Serial code only.
+const Primitive* const* family(Desc d, bool vary_k, int64_t step, int64_t max_len,
+                               bool multiples_only = false);
 
 size_t scratch_bytes(const Primitive* p);
 // Whether oneDNN runs bf16 products on AMX tiles on this CPU (its effective ISA is

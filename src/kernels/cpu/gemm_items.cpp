@@ -17,9 +17,9 @@
 namespace moe::cpu::tiles {
 namespace {
 
-// Per-thread buffers for packed A and staged C.
+// Per-thread buffers for packed A, staged C and padded B.
 struct Staging {
-  Buffer a, c, w;  // w: the own micro-kernel's panels
+  Buffer a, c, w, b;  // w: the own micro-kernel's panels; b: a padded tail's rows of B
 };
 std::vector<Staging>& staging() {
   static std::vector<Staging> s;
@@ -36,8 +36,13 @@ void copy_block(const char* src, int64_t src_ld, char* dst, int64_t dst_ld, int6
 }
 
 // The transpose of a rows x cols block of 16-bit elements at leading dimension src_ld: dst is
-// cols x rows, dense. 16 x 16 blocks through registers, widened to 32-bit lanes.
-void transpose_block16(const uint16_t* src, int64_t src_ld, uint16_t* dst, int64_t rows, int64_t cols) {
+// cols x rows at leading dimension dst_ld >= rows, zeros in its columns rows..dst_ld. 16 x 16
+// blocks through registers, widened to 32-bit lanes.
+void transpose_block16(const uint16_t* src, int64_t src_ld, uint16_t* dst, int64_t dst_ld, int64_t rows,
+                       int64_t cols) {
+  if (dst_ld > rows)
+    for (int64_t c = 0; c < cols; ++c)
+      std::memset(dst + c * dst_ld + rows, 0, static_cast<size_t>(dst_ld - rows) * sizeof(uint16_t));
 #if defined(__AVX512F__)
   for (int64_t r0 = 0; r0 < rows; r0 += 16)
     for (int64_t c0 = 0; c0 < cols; c0 += 16) {
@@ -49,11 +54,11 @@ void transpose_block16(const uint16_t* src, int64_t src_ld, uint16_t* dst, int64
                              : _mm512_setzero_ps();
       transpose16(v);  // v[c]: column c0 + c at rows r0..r0+15
       for (int c = 0; c < std::min<int64_t>(16, cols - c0); ++c)
-        _mm256_mask_storeu_epi16(dst + (c0 + c) * rows + r0, out, _mm512_cvtepi32_epi16(_mm512_castps_si512(v[c])));
+        _mm256_mask_storeu_epi16(dst + (c0 + c) * dst_ld + r0, out, _mm512_cvtepi32_epi16(_mm512_castps_si512(v[c])));
     }
 #else
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * src_ld + c];
+    for (int64_t c = 0; c < cols; ++c) dst[c * dst_ld + r] = src[r * src_ld + c];
 #endif
 }
 
@@ -80,7 +85,8 @@ void run_item(const Item& it, int thread) {
   const char* b = it.b;
   bool first = true;
   if (it.overwrite && !it.staged && it.kernel == Item::Kernel::kOneDnn) zero_rows(c, 1, it.c_tile);
-  auto call = [&](const Primitive* p, int64_t rows) {
+  // pad >= rows: the primitive's reduction length (a padded tail's; zeros past rows).
+  auto call = [&](const Primitive* p, int64_t rows, int64_t pad) {
     if (it.kernel == Item::Kernel::kWeight) {
       const int64_t es = static_cast<int64_t>(it.es);
       cpu::wgrad::chunk(it.dtype, a, it.a_ld, b, it.b_row / es, rows, it.a_cols, it.c_tile / it.a_cols, c,
@@ -91,30 +97,37 @@ void run_item(const Item& it, int thread) {
       return;
     }
     const void* ap = a;
+    const void* bp = b;
+    if (pad > rows) {  // B's rows, then zero rows (finite: a zero column of A times them adds zero)
+      const size_t have = static_cast<size_t>(rows * it.b_row);
+      std::memcpy(st.b.data(), b, have);
+      std::memset(static_cast<char*>(st.b.data()) + have, 0, static_cast<size_t>((pad - rows) * it.b_row));
+      bp = st.b.data();
+    }
     if (it.a_transposed) {
-      transpose_block16(reinterpret_cast<const uint16_t*>(a), it.a_ld, static_cast<uint16_t*>(st.a.data()), rows,
-                        it.a_cols);
+      transpose_block16(reinterpret_cast<const uint16_t*>(a), it.a_ld, static_cast<uint16_t*>(st.a.data()), pad,
+                        rows, it.a_cols);
       ap = st.a.data();
     } else if (it.a_cols) {
       copy_block(a, it.a_ld, static_cast<char*>(st.a.data()), it.a_cols, rows, it.a_cols, it.es);
       ap = st.a.data();
     }
     if (it.staged && it.overwrite && first) {
-      cpu::gemm::execute(p, ap, b, c, thread);  // the staged primitive writes, at C's layout (band x k, dense)
+      cpu::gemm::execute(p, ap, bp, c, thread);  // the staged primitive writes, at C's layout (band x k, dense)
     } else if (it.staged) {
       float* prod = static_cast<float*>(st.c.data());
-      cpu::gemm::execute(p, ap, b, prod, thread);
+      cpu::gemm::execute(p, ap, bp, prod, thread);
       add_block(prod, c, it.c_tile);
     } else {
-      cpu::gemm::execute(p, ap, b, c, thread);
+      cpu::gemm::execute(p, ap, bp, c, thread);
     }
     a += rows * it.a_row;
     b += rows * it.b_row;
     first = false;
   };
-  for (int64_t j = 0; j < it.nfull; ++j) call(j == 0 && it.first ? it.first : it.full, it.chunk);
-  if (it.mid_rows) call(it.mid, it.mid_rows);
-  if (it.tail_rows) call(it.tail, it.tail_rows);
+  for (int64_t j = 0; j < it.nfull; ++j) call(j == 0 && it.first ? it.first : it.full, it.chunk, it.chunk);
+  if (it.mid_rows) call(it.mid, it.mid_rows, it.mid_rows);
+  if (it.tail_rows) call(it.tail, it.tail_rows, std::max(it.tail_rows, it.tail_pad));
   if (it.c_rows)
     copy_block(reinterpret_cast<const char*>(c), it.c_cols, reinterpret_cast<char*>(it.c), it.c_ld,
                it.c_rows, it.c_cols, sizeof(float));
@@ -141,7 +154,7 @@ void run_items(std::vector<Item>& list) {
   std::sort(list.begin(), list.end(), [](const Item& x, const Item& y) {
     return x.cost != y.cost ? x.cost > y.cost : x.seq < y.seq;
   });
-  size_t scratch = 0, a_bytes = 0, c_bytes = 0, w_bytes = 0;
+  size_t scratch = 0, a_bytes = 0, c_bytes = 0, w_bytes = 0, b_bytes = 0;
   for (const Item& it : list) {
     if (it.kernel == Item::Kernel::kLongData) continue;
     if (it.kernel == Item::Kernel::kWeight) {
@@ -153,8 +166,9 @@ void run_items(std::vector<Item>& list) {
     if (it.first) scratch = std::max(scratch, cpu::gemm::scratch_bytes(it.first));
     if (it.mid) scratch = std::max(scratch, cpu::gemm::scratch_bytes(it.mid));
     if (it.tail) scratch = std::max(scratch, cpu::gemm::scratch_bytes(it.tail));
-    const int64_t a_rows = std::max({it.nfull > 0 ? it.chunk : 0, it.mid_rows, it.tail_rows});
+    const int64_t a_rows = std::max({it.nfull > 0 ? it.chunk : 0, it.mid_rows, it.tail_rows, it.tail_pad});
     a_bytes = std::max(a_bytes, static_cast<size_t>(a_rows * it.a_cols) * it.es);
+    if (it.tail_pad > it.tail_rows) b_bytes = std::max(b_bytes, static_cast<size_t>(it.tail_pad * it.b_row));
     c_bytes = std::max(c_bytes, static_cast<size_t>(std::max(it.c_rows, it.c_pad_rows) * it.c_cols) * sizeof(float));
     if (it.staged) c_bytes = std::max(c_bytes, static_cast<size_t>(it.c_tile) * sizeof(float));
   }
@@ -167,6 +181,7 @@ void run_items(std::vector<Item>& list) {
     if (s.a.bytes() < a_bytes) s.a = Buffer(a_bytes);
     if (s.c.bytes() < c_bytes) s.c = Buffer(c_bytes);
     if (s.w.bytes() < w_bytes) s.w = Buffer(w_bytes);
+    if (s.b.bytes() < b_bytes) s.b = Buffer(b_bytes);
   }
   const int64_t n = static_cast<int64_t>(list.size());
   std::exception_ptr error;

@@ -36,6 +36,9 @@ struct Item {
   // A ~30% faster than the transposed one).
   int64_t a_cols = 0, a_ld = 0;
   bool a_transposed = false;
+  // Padded tail (AMX grouped weight gradients): the tail primitive reduces tail_pad >= tail_rows
+  // rows; the call's A (transposed) and B rows are copied with zeros past tail_rows.
+  int64_t tail_pad = 0;
   // Staged C (forward column tiles): C, c_rows x c_cols at leading dimension c_ld, is computed
   // in a dense per-thread buffer, copied in first when accumulating (c_in), then copied out.
   int64_t c_rows = 0, c_cols = 0, c_ld = 0;

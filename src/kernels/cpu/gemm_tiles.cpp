@@ -101,6 +101,16 @@ constexpr int64_t kOwnWeightBandIntel = 256;
 // skewed load ~10 % more than 256-row ones).
 constexpr int64_t kGroupRows = 64;
 constexpr int64_t kGroupChunk = 256;
+// On AMX (bf16) weight gradients reduce chunks of kAmxChunk rows instead, and the rows past them
+// go in ONE call, its reduction padded with zeros (A's transposed copy and a copy of B's rows,
+// Item::tail_pad) to a multiple of kAmxPadRows, a tile's reduction depth. Tails of 1..63 rows
+// and 64-row mid chunks had cut oneDNN's AMX kernels to 397-667 GFLOP/s on uneven loads (16
+// experts x 128..384 rows, 512 x 512; 559-1,127 even) and 585-835 at 128 experts x 256..768 rows,
+// 256 x 256; padded, in 512-row chunks: 720-729 and 738-855 (kernels_bench, Emerald Rapids,
+// alternated 3 times; 256-row chunks padded: 538-657 and 591-691). In olmoe_compat's bf16 step the
+// grouped weight gradients took 48-63 ms, then 35. 16 primitives per family.
+constexpr int64_t kAmxPadRows = 32;
+constexpr int64_t kAmxChunk = 512;
 // Grouped weight-gradient bands: up to kGroupWeightBand rows of an expert's dw, cut evenly. Each
 // band re-packs the expert's rows of x, so an expert's whole dw in one band packs them once: on 2
 // threads (kernels_bench, Zen 5) 16 experts x 256 rows, 512 x 512, fp32 355-373 -> 399-400 GFLOP/s,
@@ -413,12 +423,12 @@ void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const vo
   const int64_t cap = std::max(kWeightBand, std::min(kGroupWeightBand, kStagedSumBytes / (4 * k)));
   const int64_t band = even_tile(n, cap);
   const Primitive* const* fams[2] = {nullptr, nullptr};  // full bands, last band
-  const bool own = own_weight_kernel(t);
+  const bool own = own_weight_kernel(t), pad = amx(t);
   for (int64_t i0 = 0; i0 < n && !own; i0 += band) {
     const Primitive* const*& f = fams[i0 + band >= n];
     if (!f)
-      f = cpu::gemm::family(weight_desc(t, std::min(band, n - i0), k, 0), /*vary_k=*/true, kGroupRows,
-                       kGroupChunk);
+      f = cpu::gemm::family(weight_desc(t, std::min(band, n - i0), k, 0), /*vary_k=*/true,
+                            pad ? kAmxPadRows : kGroupRows, pad ? kAmxChunk : kGroupChunk, /*multiples_only=*/pad);
   }
   // Expert-major: consecutive items share the expert's rows of dy and x (kept in order by the
   // cost sort's tie-break on plan order).
@@ -428,7 +438,7 @@ void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const vo
       if (!accumulate) zero_rows(dw + e * n * k, n, k);
       continue;
     }
-    const RowChunks ch = split_rows(rows);
+    const RowChunks ch = pad ? RowChunks{rows / kAmxChunk, 0, rows % kAmxChunk} : split_rows(rows);
     for (int64_t i0 = 0; i0 < n; i0 += band) {
       const int64_t b = std::min(band, n - i0);
       const Primitive* const* fam = fams[i0 + band >= n];
@@ -436,15 +446,16 @@ void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const vo
                             static_cast<const char*>(x) + static_cast<size_t>(off[e] * k) * es,
                             dw + e * n * k, n, k, i0, b, accumulate);
       it.nfull = ch.nfull;
-      it.chunk = kGroupChunk;
+      it.chunk = pad ? kAmxChunk : kGroupChunk;
       it.mid_rows = ch.mid;
       it.tail_rows = ch.tail;
       if (own) {
         use_own_kernel(it, t);
       } else {
-        it.full = fam[kGroupChunk];
+        it.full = fam[it.chunk];
         it.mid = ch.mid ? fam[ch.mid] : nullptr;
-        it.tail = ch.tail ? fam[ch.tail] : nullptr;
+        it.tail_pad = pad ? round_up(ch.tail, kAmxPadRows) : ch.tail;
+        it.tail = ch.tail ? fam[it.tail_pad] : nullptr;
       }
       it.cost = static_cast<double>(rows) * static_cast<double>(b) * static_cast<double>(k);
       items().push_back(it);
