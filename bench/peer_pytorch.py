@@ -13,7 +13,11 @@ included, embedding excluded, + 12 x L x H x hd x (S+1)/2) against the peak `moe
 measured in the same round on the same 2 threads (its "MFU: ... of N GFLOP/s (measured: ...)"
 line: register-only FMA loops, kernels/cpu/fma_peak.h), named in the table with its source; both
 sides run the same model, so the ratio of MFUs of the same precision equals the ratio of
-throughputs.
+throughputs. That peak is the best measured on this machine (a cache that only goes up); a
+second MFU column divides each round's rate by the peak the bench measured again right after its
+steps in that round (its "MFU against the peak measured right after the timed steps" line): a
+shared VM's speed moves by the hour, and this column says how close each side came to the
+machine as it was.
 
 Two throughputs per run, both from the run's best step (noise on a shared machine only ever adds
 time): wall (tokens / step seconds) and CPU (2 x tokens / CPU seconds of the whole process, both
@@ -41,6 +45,9 @@ import tomllib
 
 # precision -> (GFLOP/s, "source: how"), the highest moecore bench reported (set by run_moecore).
 PEAKS = {}
+# precision -> per round, the peak moecore bench measured right after its steps (this machine's
+# speed in that round: a shared VM's moves by the hour; NaN where the bench did not print it).
+NOW_PEAKS = {}
 # run name -> peak RSS in MiB (moecore: its bench's; PyTorch: a process per variant).
 RSS = {}
 
@@ -75,6 +82,10 @@ def run_moecore(binary, config, precision, warmup, steps):
                                       float(re.search(r"^peak RSS: ([0-9.]+) MiB", out, re.M).group(1)))
     if gflops > PEAKS.get(precision, (0.0, ""))[0]:  # the least disturbed measurement of the rounds
         PEAKS[precision] = (gflops, source)
+    # The peak measured again right after the run's steps: the machine's speed in this round.
+    now = re.search(r"^MFU against the peak measured right after the timed steps: [0-9.]+% of ([0-9.]+) GFLOP/s", out,
+                    re.M)
+    NOW_PEAKS.setdefault(precision, []).append(float(now.group(1)) if now else float("nan"))
     return (tokens / wall, 2 * tokens / cpu), " ".join(cmd)
 
 
@@ -225,22 +236,31 @@ def main():
     def mfu(tps, prec):
         return 100.0 * tps * fpt / 1e9 / PEAKS[prec][0]
 
+    def mfu_now(rounds, prec):
+        # Each round's wall rate against the peak measured in that round, the best of the rounds.
+        now = NOW_PEAKS.get(prec, [])
+        return max((100.0 * x[0] * fpt / 1e9 / now[i] for i, x in enumerate(rounds) if i < len(now)),
+                   default=float("nan"))
+
     for prec, (gflops, source) in sorted(PEAKS.items()):
         print(f"{prec} peak: {gflops:.1f} GFLOP/s ({source})")
 
     print("\nBest step per run; per round: wall / CPU-time tokens/s. Columns: best over the rounds.")
-    print("| side | variant | rounds (wall / cpu tok/s) | tokens/s (wall) | MFU (wall) | tokens/s (cpu) | MFU (cpu) "
-          "| peak RSS (MiB) |")
-    print("|---|---|---|---|---|---|---|---|")
+    for prec, now in sorted(NOW_PEAKS.items()):
+        print(f"{prec} peak measured after each round's moecore steps: {', '.join(f'{g:.1f}' for g in now)} GFLOP/s")
+    print("| side | variant | rounds (wall / cpu tok/s) | tokens/s (wall) | MFU (wall) | MFU (wall) of the round's peak "
+          "| tokens/s (cpu) | MFU (cpu) | peak RSS (MiB) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     best = {k: (max(x[0] for x in v), max(x[1] for x in v)) for k, v in results.items()}
     for k, v in results.items():
         prec = k.split("-")[1]
         side = "moecore" if k.startswith("moecore") else "PyTorch"
         w, c = best[k]
         print(f"| {side} | {k} | {', '.join(f'{x[0]:.0f} / {x[1]:.0f}' for x in v)} | {w:.0f} | "
-              f"{mfu(w, prec):.1f}% of {PEAKS[prec][0]:.0f} | {c:.0f} | {mfu(c, prec):.1f}% | {RSS.get(k, float('nan')):.0f} |")
+              f"{mfu(w, prec):.1f}% of {PEAKS[prec][0]:.0f} | {mfu_now(v, prec):.1f}% | {c:.0f} | {mfu(c, prec):.1f}% | "
+              f"{RSS.get(k, float('nan')):.0f} |")
     for name, err in failed.items():
-        print(f"| PyTorch | {name} | failed: {err} | | | | | |")
+        print(f"| PyTorch | {name} | failed: {err} | | | | | | |")
     for col, label in ((0, "wall"), (1, "cpu")):
         torch_fp32 = {k: x[col] for k, x in best.items() if not k.startswith("moecore") and k.endswith("fp32")}
         torch_all = {k: x[col] for k, x in best.items() if not k.startswith("moecore")}

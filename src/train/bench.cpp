@@ -8,6 +8,7 @@
 #include <random>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/fma_peak.h"
 #include "kernels/ops.h"
 #ifdef MOE_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -249,6 +250,12 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   }
   r.peak = mfu_peak(config, world.get());
   r.mfu = r.peak.mfu(r.tflops);
+  if (r.ranks == 1 && r.peak.source == "measured") {
+    const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads) : cpu::num_threads();
+    const cpu::FmaPeak now = cpu::measure_fma_peak(threads);
+    r.peak_now_tflops = (config.train.precision != "fp32" ? now.bf16_flops : now.fp32_flops) * 1e-12;
+    r.mfu_now = r.peak_now_tflops > 0 ? r.tflops / r.peak_now_tflops : 0.0;
+  }
   r.peak_rss_bytes = peak_rss_bytes();
   r.peak_device_mb = peak_device_mb();
   r.estimate_mb = estimate_memory(config).total() / (1024.0 * 1024.0);
@@ -308,6 +315,10 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   os << std::setprecision(2) << "model FLOPs/token (causal): " << r.flops_per_token * 1e-6 << " M\n";
   os << std::setprecision(1) << "model GFLOP/s: " << r.tflops * 1e3 << "  MFU: " << r.mfu * 100 << "% of "
      << r.peak.tflops * 1e3 << " GFLOP/s (" << r.peak.source << ": " << r.peak.detail << ")\n";
+  if (r.peak_now_tflops > 0)
+    os << "MFU against the peak measured right after the timed steps: " << r.mfu_now * 100 << "% of "
+       << r.peak_now_tflops * 1e3 << " GFLOP/s (this machine's speed as the steps ran; the line above "
+       << "divides by the best measured here)\n";
   os << "phase breakdown (mean per timed step, exclusive):\n";
   os << "  phase          ms/step      %  cpu ms/step" << (r.alloc_steps > 0 ? "   allocs/step" : "")
      << (r.ranks == 1 ? "   GFLOP/s  % of peak" : "") << "\n";

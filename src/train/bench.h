@@ -41,6 +41,11 @@ struct BenchResult {
   double tokens_per_s = 0;             // tokens_per_step / median step time
   double flops_per_token = 0, tflops = 0, mfu = 0;
   MfuPeak peak;                        // MFU's denominator and its source (train/metrics.h)
+  // Host backends, one rank: the peak measured again right after the timed steps (uncached), and
+  // the MFU against it. A shared VM's speed moves by the hour (one Emerald Rapids VM: fp32 354 to
+  // 497 GFLOP/s), the cached best only up: this says how close the steps came to the machine as
+  // it was while they ran. 0 where not measured.
+  double peak_now_tflops = 0, mfu_now = 0;
   std::array<double, PhaseTimer::kNum> phase_s{};  // mean seconds per timed step, exclusive
   std::array<double, PhaseTimer::kNum> phase_cpu_s{};  // the same in process CPU seconds
   // Model FLOPs each phase computes per timed step (ModelConfig::train_flops_by_part: attention,
