@@ -78,5 +78,29 @@ void BM_StreamUpdate(benchmark::State& state) {
 }
 BENCHMARK(BM_StreamUpdate)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// The gradient norm's pass before AdamW: the sum of squares of every gradient (sumsq_segments,
+// one segment per parameter tensor of olmoe_compat: 51 of them, here of equal length), 4 bytes
+// read per parameter.
+void BM_GradSumsq(benchmark::State& state) {
+  omp_set_num_threads(2);
+  State& s = state_once();
+  constexpr int64_t kSegments = 51;
+  OwnedTensor seg(DType::kI64, {kSegments, 3}), out(DType::kF64, {kSegments});
+  int64_t* sg = seg.as<int64_t>();
+  for (int64_t i = 0; i < kSegments; ++i) {
+    sg[3 * i] = kParams * i / kSegments;
+    sg[3 * i + 1] = kParams * (i + 1) / kSegments;
+    sg[3 * i + 2] = i;
+  }
+  for (auto _ : state) {
+    cpu::fill(out, 0.0);
+    cpu::sumsq_segments(s.g, seg, out);
+    benchmark::DoNotOptimize(out.t.data);
+  }
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(kParams) * 4 * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_GradSumsq)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace moe
