@@ -363,6 +363,40 @@ __attribute__((noinline)) float row_dot(const float* a, const float* c, int64_t 
   return s;
 }
 
+// 16 rows of D at once, rows a..a+16*hd of dO against the same rows of o (fp32, or bf16 widened)
+// from element `off`: each row's sum in the lanes of one vector, in row_dot's order and roundings
+// (each product rounded, then added in index order: the same bits). Row by row, the dependent
+// scalar adds had taken ~8% of the bf16 backward on AMX (Emerald Rapids).
+#if defined(__AVX512F__)
+constexpr int64_t kRowDots = 16;
+void row_dots16(const float* a, const void* o, bool o16, int64_t off, int64_t hd, float* out) {
+  __m512 s = _mm512_setzero_ps();
+  for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+    const int nd = static_cast<int>(std::min<int64_t>(16, hd - d0));
+    const __mmask16 cols = first_lanes(nd);
+    __m512 x[16], y[16];
+    for (int r = 0; r < 16; ++r) {
+      x[r] = _mm512_maskz_loadu_ps(cols, a + r * hd + d0);
+      y[r] = o16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                       _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                           cols, static_cast<const uint16_t*>(o) + off + r * hd + d0)), 16))
+                 : _mm512_maskz_loadu_ps(cols, static_cast<const float*>(o) + off + r * hd + d0);
+    }
+    transpose16(x);  // x[c]: column d0 + c of the 16 rows
+    transpose16(y);
+    for (int c = 0; c < nd; ++c) {
+      __m512 p = _mm512_mul_ps(x[c], y[c]);
+      in_register(p);  // rounded on its own, as row_dot's: never contracted into an FMA
+      s = _mm512_add_ps(s, p);
+    }
+  }
+  _mm512_storeu_ps(out, s);
+}
+#else
+constexpr int64_t kRowDots = 0;  // row by row (row_dot)
+void row_dots16(const float*, const void*, bool, int64_t, int64_t, float*) {}
+#endif
+
 // Grow-only buffer on the calling thread for D (B*H*S floats).
 float* caller_buffer(size_t floats) {
   thread_local Buffer buf;
@@ -540,20 +574,28 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   float* D = caller_buffer(static_cast<size_t>(d.B * d.H * d.S));
 
   // Pass 0: D[b,h,s] = dO . O, each row summed in index order (o fp32, or bf16 as saved: its row
-  // widened first, so both take the same compiled dot product).
+  // widened first, so both take the same compiled dot product). Rows (b, s, h) in memory order,
+  // 16 at a time in the lanes of one vector (row_dots16), the rest one by one.
   const bool o16 = o.dtype == DType::kBF16;
+  const int64_t rows = d.B * d.S * d.H, blocks = kRowDots ? rows / kRowDots : 0;
+  auto d_index = [&](int64_t r) { return ((r / d.H / d.S) * d.H + r % d.H) * d.S + (r / d.H) % d.S; };
 #pragma omp parallel
   {
     float wide[kMaxHd];  // one widened row (check_attention bounds hd)
 #pragma omp for schedule(static)
-    for (int64_t bs = 0; bs < d.B * d.S; ++bs)
-      for (int64_t h = 0; h < d.H; ++h) {
-        const int64_t off = (bs * d.H + h) * hd;
-        const float* c = o16 ? wide : o.as<float>() + off;
-        if (o16)
-          for (int64_t i = 0; i < hd; ++i) wide[i] = elem::load(o.as<bf16>()[off + i]);
-        D[((bs / d.S) * d.H + h) * d.S + bs % d.S] = row_dot(dop + off, c, hd);
-      }
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      float sums[kRowDots];
+      row_dots16(dop + blk * kRowDots * hd, o.data, o16, blk * kRowDots * hd, hd, sums);
+      for (int64_t i = 0; i < kRowDots; ++i) D[d_index(blk * kRowDots + i)] = sums[i];
+    }
+#pragma omp for schedule(static)
+    for (int64_t r = blocks * kRowDots; r < rows; ++r) {
+      const int64_t off = r * hd;
+      const float* c = o16 ? wide : o.as<float>() + off;
+      if (o16)
+        for (int64_t i = 0; i < hd; ++i) wide[i] = elem::load(o.as<bf16>()[off + i]);
+      D[d_index(r)] = row_dot(dop + off, c, hd);
+    }
   }
 
 #if defined(MOE_ATTENTION_BF16)
