@@ -105,10 +105,11 @@ constexpr int64_t kGroupChunk = 256;
 // go in ONE call, its reduction padded with zeros (A's transposed copy and a copy of B's rows,
 // Item::tail_pad) to a multiple of kAmxPadRows, a tile's reduction depth. Tails of 1..63 rows
 // and 64-row mid chunks had cut oneDNN's AMX kernels to 397-667 GFLOP/s on uneven loads (16
-// experts x 128..384 rows, 512 x 512; 559-1,127 even) and 585-835 at 128 experts x 256..768 rows,
-// 256 x 256; padded, in 512-row chunks: 720-729 and 738-855 (kernels_bench, Emerald Rapids,
-// alternated 3 times; 256-row chunks padded: 538-657 and 591-691). In olmoe_compat's bf16 step the
-// grouped weight gradients took 48-63 ms, then 35. 16 primitives per family.
+// experts x 128..384 rows, 512 x 512; 559-1,127 even); padded: 720-729 (256-row chunks padded:
+// 538-657). Against the previous build, 128 experts x 256..768 rows (256 x 256) 875-916 -> 1,164-
+// 1,290, x 512 rows 1,141-1,293 -> 1,341-1,380 (kernels_bench, Emerald Rapids, alternated 3
+// times). In olmoe_compat's bf16 step the grouped weight gradients took 48-63 ms, then 35. 16
+// primitives per family.
 constexpr int64_t kAmxPadRows = 32;
 constexpr int64_t kAmxChunk = 512;
 // Grouped weight-gradient bands: up to kGroupWeightBand rows of an expert's dw, cut evenly. Each
