@@ -98,7 +98,7 @@ const LinearCase kLinearCases[] = {
     {130, 100, 257}, {300, 600, 200},  // several row and column tiles
     {64, 1100, 48},                    // small M, column tiles with a remainder
     {3, 2048, 2100},                   // weight-gradient bands past kStagedSumBytes (cpu): unstaged sums
-    {40, 5000, 260},                   // a wide weight (cpu: strided forward tiles) and a long reduction
+    {40, 5000, 260},                   // a wide weight (cpu: strided forward tiles, on AMX staged ones streamed out) and a long reduction
     {150, 4200, 40},                   // in the data gradient (cpu: 2,048-long chunks and a tail), row bands
 };
 

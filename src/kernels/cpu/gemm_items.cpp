@@ -62,6 +62,26 @@ void transpose_block16(const uint16_t* src, int64_t src_ld, uint16_t* dst, int64
 #endif
 }
 
+// copy_block for floats, with streaming stores into every destination row that starts on a cache
+// line and is a whole number of vectors long (the others copied as usual), then a fence.
+void stream_block(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t cols) {
+#if defined(__AVX512F__)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* d = dst + r * dst_ld;
+    const float* s = src + r * src_ld;
+    if (reinterpret_cast<uintptr_t>(d) % 64 != 0 || cols % 16 != 0) {
+      std::memcpy(d, s, static_cast<size_t>(cols) * sizeof(float));
+      continue;
+    }
+    for (int64_t j = 0; j < cols; j += 16) _mm512_stream_ps(d + j, _mm512_loadu_ps(s + j));
+  }
+  _mm_sfence();
+#else
+  copy_block(reinterpret_cast<const char*>(src), src_ld, reinterpret_cast<char*>(dst), dst_ld, rows, cols,
+             sizeof(float));
+#endif
+}
+
 // c[i] += prod[i], i < n: the sum a primitive's accumulate would do, in the same single rounding.
 void add_block(const float* prod, float* c, int64_t n) {
 #pragma omp simd
@@ -128,7 +148,9 @@ void run_item(const Item& it, int thread) {
   for (int64_t j = 0; j < it.nfull; ++j) call(j == 0 && it.first ? it.first : it.full, it.chunk, it.chunk);
   if (it.mid_rows) call(it.mid, it.mid_rows, it.mid_rows);
   if (it.tail_rows) call(it.tail, it.tail_rows, std::max(it.tail_rows, it.tail_pad));
-  if (it.c_rows)
+  if (it.c_rows && it.c_stream)
+    stream_block(c, it.c_cols, it.c, it.c_ld, it.c_rows, it.c_cols);
+  else if (it.c_rows)
     copy_block(reinterpret_cast<const char*>(c), it.c_cols, reinterpret_cast<char*>(it.c), it.c_ld,
                it.c_rows, it.c_cols, sizeof(float));
 }

@@ -43,6 +43,8 @@ struct Item {
   // in a dense per-thread buffer, copied in first when accumulating (c_in), then copied out.
   int64_t c_rows = 0, c_cols = 0, c_ld = 0;
   bool c_in = false;
+  // ... copied out with streaming stores (a large output no one reads before the op ends).
+  bool c_stream = false;
   // Padded rows (grouped forward / data gradient): the primitive computes c_pad_rows >= c_rows
   // rows into the staging buffer; only the first c_rows are copied out.
   int64_t c_pad_rows = 0;
