@@ -51,8 +51,9 @@ struct Item {
   // Weight gradients: C is the tile's c_tile contiguous floats (a band of dw rows, full width).
   // Staged (see kStagedSumBytes): each call computes its product into the dense staging buffer,
   // which is then added to C. Overwrite (no accumulate): the first call writes C instead of
-  // adding to it (straight from the staged primitive, or onto zeros for one that adds), so a
-  // step's first write of a gradient never reads the cold old values.
+  // adding to it (straight from the staged primitive, or onto zeros for one that adds; a tile
+  // summed in one call goes through the staging buffer and is streamed out), so a step's first
+  // write of a gradient never reads the cold old values.
   int64_t c_tile = 0;
   bool staged = false, overwrite = false;
   // Our own micro-kernels instead of the primitives, which are then not created, where this
