@@ -300,25 +300,26 @@ TEST_P(Gemm, GroupedRejectsBadOffsets) {
   }
 }
 
-TEST_P(Gemm, NewExpertLoadCreatesNoPrimitive) {
-  MOE_SKIP_UNLESS_CPU_KERNELS();
-  // A second step with a different load (different tail lengths) reuses the families created
-  // by the first.
-  const int64_t n = 48, k = 40;
-  auto x = random(DType::kF32, {400, k}, 1), w = random(DType::kF32, {4, n, k}, 2);
-  auto dy = random(DType::kF32, {400, n}, 3);
-  OwnedTensor y(DType::kF32, {400, n}), dx(DType::kF32, {400, k}), dw(DType::kF32, {4, n, k});
-  auto step = [&](const std::vector<int32_t>& rows) {
-    auto off = offsets_tensor(make_offsets(rows));
+// A step with the first of `loads` (rows per expert, 4 experts), then steps with the others
+// (different tail lengths) create no oneDNN primitive: the first created every family.
+void expect_loads_create_no_primitive(DType dt, int64_t k, const std::vector<std::vector<int32_t>>& loads) {
+  const int64_t n = 48, r = 1400;
+  auto x = random(dt, {r, k}, 1), w = random(dt, {4, n, k}, 2), dy = random(dt, {r, n}, 3);
+  OwnedTensor y(DType::kF32, {r, n}), dx(DType::kF32, {r, k}), dw(DType::kF32, {4, n, k});
+  size_t created = 0;
+  for (size_t i = 0; i < loads.size(); ++i) {
+    auto off = offsets_tensor(make_offsets(loads[i]));
     test::fast().grouped_linear_fwd(x, w, off, y);
     test::fast().grouped_linear_bwd_data(dy, w, off, dx);
     test::fast().grouped_linear_bwd_weight(dy, x, off, dw, true);
-  };
-  step({100, 100, 100, 100});
-  const size_t created = cpu::gemm::primitive_count();
-  step({7, 250, 0, 131});
-  step({1, 2, 3, 383});
-  EXPECT_EQ(cpu::gemm::primitive_count(), created);
+    if (i == 0) created = cpu::gemm::primitive_count();
+  }
+  EXPECT_EQ(cpu::gemm::primitive_count(), created) << dtype_name(dt);
+}
+
+TEST_P(Gemm, NewExpertLoadCreatesNoPrimitive) {
+  MOE_SKIP_UNLESS_CPU_KERNELS();
+  expect_loads_create_no_primitive(DType::kF32, 40, {{100, 100, 100, 100}, {7, 250, 0, 131}, {1, 2, 3, 383}});
 }
 
 // The same in bf16, whose weight gradients on AMX pad their remainders (gemm_tiles.cpp,
@@ -326,22 +327,8 @@ TEST_P(Gemm, NewExpertLoadCreatesNoPrimitive) {
 TEST_P(Gemm, NewExpertLoadCreatesNoBf16Primitive) {
   MOE_SKIP_UNLESS_CPU_KERNELS();
   MOE_SKIP_UNLESS_SUPPORTED(OpId::grouped_linear_bwd_weight, DType::kBF16);
-  const int64_t n = 48, k = 64, r = 1400;
-  auto x = random(DType::kBF16, {r, k}, 1), w = random(DType::kBF16, {4, n, k}, 2);
-  auto dy = random(DType::kBF16, {r, n}, 3);
-  OwnedTensor y(DType::kF32, {r, n}), dx(DType::kF32, {r, k}), dw(DType::kF32, {4, n, k});
-  auto step = [&](const std::vector<int32_t>& rows) {
-    auto off = offsets_tensor(make_offsets(rows));
-    test::fast().grouped_linear_fwd(x, w, off, y);
-    test::fast().grouped_linear_bwd_data(dy, w, off, dx);
-    test::fast().grouped_linear_bwd_weight(dy, x, off, dw, true);
-  };
-  step({100, 100, 100, 100});
-  const size_t created = cpu::gemm::primitive_count();
-  step({7, 250, 0, 131});
-  step({1, 2, 3, 1383});
-  step({513, 511, 33, 31});
-  EXPECT_EQ(cpu::gemm::primitive_count(), created);
+  expect_loads_create_no_primitive(DType::kBF16, 64,
+                                   {{100, 100, 100, 100}, {7, 250, 0, 131}, {1, 2, 3, 1383}, {513, 511, 33, 31}});
 }
 
 // ------------------------------------------------------------------ finite differences (f64 ref)
