@@ -363,24 +363,22 @@ __attribute__((noinline)) float row_dot(const float* a, const float* c, int64_t 
   return s;
 }
 
-// 16 rows of D at once, rows a..a+16*hd of dO against the same rows of o (fp32, or bf16 widened)
-// from element `off`: each row's sum in the lanes of one vector, in row_dot's order and roundings
-// (each product rounded, then added in index order: the same bits). Row by row, the dependent
-// scalar adds had taken ~8% of the bf16 backward on AMX (Emerald Rapids).
+// 16 rows of D at once, rows a..a+16*hd of dO against the same rows of o (fp32, or bf16 widened):
+// each row's sum in the lanes of one vector, in row_dot's order and roundings (each product
+// rounded, then added in index order: the same bits). Row by row, the dependent scalar adds had
+// taken ~8% of the bf16 backward on AMX (Emerald Rapids).
 #if defined(__AVX512F__)
 constexpr int64_t kRowDots = 16;
-void row_dots16(const float* a, const void* o, bool o16, int64_t off, int64_t hd, float* out) {
+template <class O>
+void row_dots16(const float* a, const O* o, int64_t hd, float* out) {
   __m512 s = _mm512_setzero_ps();
   for (int64_t d0 = 0; d0 < hd; d0 += 16) {
     const int nd = static_cast<int>(std::min<int64_t>(16, hd - d0));
     const __mmask16 cols = first_lanes(nd);
     __m512 x[16], y[16];
     for (int r = 0; r < 16; ++r) {
-      x[r] = _mm512_maskz_loadu_ps(cols, a + r * hd + d0);
-      y[r] = o16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
-                       _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
-                           cols, static_cast<const uint16_t*>(o) + off + r * hd + d0)), 16))
-                 : _mm512_maskz_loadu_ps(cols, static_cast<const float*>(o) + off + r * hd + d0);
+      x[r] = vload_any(a + r * hd + d0, cols);
+      y[r] = vload_any(o + r * hd + d0, cols);
     }
     transpose16(x);  // x[c]: column d0 + c of the 16 rows
     transpose16(y);
@@ -394,7 +392,8 @@ void row_dots16(const float* a, const void* o, bool o16, int64_t off, int64_t hd
 }
 #else
 constexpr int64_t kRowDots = 0;  // row by row (row_dot)
-void row_dots16(const float*, const void*, bool, int64_t, int64_t, float*) {}
+template <class O>
+void row_dots16(const float*, const O*, int64_t, float*) {}
 #endif
 
 // Grow-only buffer on the calling thread for D (B*H*S floats).
@@ -585,7 +584,9 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
 #pragma omp for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
       float sums[kRowDots];
-      row_dots16(dop + blk * kRowDots * hd, o.data, o16, blk * kRowDots * hd, hd, sums);
+      const int64_t off = blk * kRowDots * hd;
+      if (o16) row_dots16(dop + off, o.as<bf16>() + off, hd, sums);
+      else row_dots16(dop + off, o.as<float>() + off, hd, sums);
       for (int64_t i = 0; i < kRowDots; ++i) D[d_index(blk * kRowDots + i)] = sums[i];
     }
 #pragma omp for schedule(static)

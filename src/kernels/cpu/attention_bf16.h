@@ -243,14 +243,6 @@ struct Bf16Operand {
   }
 };
 
-// The first lanes of 16 values as fp32 lanes (the rest zero): fp32 as they are, bf16 (bf16 mode's
-// saved q, k, v) widened exactly.
-inline vf vload_any(const float* p, __mmask16 lanes) { return _mm512_maskz_loadu_ps(lanes, p); }
-inline vf vload_any(const bf16* p, __mmask16 lanes) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
 // Packs x (B, S, heads x hd), fp32 (rounded) or bf16 (copied), into rows (B*S*row bf16) and
 // head-major pairs (B*heads*ceil(S/2)*hd words); a null destination is a form not wanted.
 template <class X>

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/bf16.h"
 #include "kernels/cpu/avx512.h"
 
 namespace moe::cpu::attn {
@@ -40,6 +41,13 @@ inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+// The first lanes of 16 values as fp32 lanes (the rest zero): fp32 as they are, bf16 (bf16 mode's
+// saved q, k, v, o) widened exactly.
+inline vf vload_any(const float* p, __mmask16 lanes) { return _mm512_maskz_loadu_ps(lanes, p); }
+inline vf vload_any(const bf16* p, __mmask16 lanes) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
 // Forces a loaded vector into a register: otherwise GCC folds the load into every FMA that uses
 // it (one memory operand per FMA), and the micro-kernels become load-bound (the scores kernel
 // alone, in L1: 62 -> 114 GFLOP/s).
