@@ -13,6 +13,7 @@
 #include "kernels/cpu/gemm_long.h"
 #include "kernels/cpu/gemm_tiles.h"
 #include "kernels/cpu/gemm_wgrad.h"
+#include "kernels/cpu/transpose16.h"
 
 namespace moe::cpu::tiles {
 namespace {
@@ -33,33 +34,6 @@ void copy_block(const char* src, int64_t src_ld, char* dst, int64_t dst_ld, int6
   for (int64_t r = 0; r < rows; ++r)
     std::memcpy(dst + static_cast<size_t>(r * dst_ld) * es,
                 src + static_cast<size_t>(r * src_ld) * es, static_cast<size_t>(cols) * es);
-}
-
-// The transpose of a rows x cols block of 16-bit elements at leading dimension src_ld: dst is
-// cols x rows at leading dimension dst_ld >= rows, zeros in its columns rows..dst_ld. 16 x 16
-// blocks through registers, widened to 32-bit lanes.
-void transpose_block16(const uint16_t* src, int64_t src_ld, uint16_t* dst, int64_t dst_ld, int64_t rows,
-                       int64_t cols) {
-  if (dst_ld > rows)
-    for (int64_t c = 0; c < cols; ++c)
-      std::memset(dst + c * dst_ld + rows, 0, static_cast<size_t>(dst_ld - rows) * sizeof(uint16_t));
-#if defined(__AVX512F__)
-  for (int64_t r0 = 0; r0 < rows; r0 += 16)
-    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
-      const __mmask16 in = first_lanes(cols - c0), out = first_lanes(rows - r0);
-      __m512 v[16];
-      for (int i = 0; i < 16; ++i)
-        v[i] = r0 + i < rows ? _mm512_castsi512_ps(_mm512_cvtepu16_epi32(
-                                   _mm256_maskz_loadu_epi16(in, src + (r0 + i) * src_ld + c0)))
-                             : _mm512_setzero_ps();
-      transpose16(v);  // v[c]: column c0 + c at rows r0..r0+15
-      for (int c = 0; c < std::min<int64_t>(16, cols - c0); ++c)
-        _mm256_mask_storeu_epi16(dst + (c0 + c) * dst_ld + r0, out, _mm512_cvtepi32_epi16(_mm512_castps_si512(v[c])));
-    }
-#else
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[c * dst_ld + r] = src[r * src_ld + c];
-#endif
 }
 
 // copy_block for floats, with streaming stores into every destination row that starts on a cache
