@@ -85,13 +85,17 @@ constexpr int64_t kReduceChunk = 2048;
 constexpr int64_t kWideWeight = int64_t{1} << 20;
 constexpr int64_t kWideRowTile = 1024;
 constexpr int64_t kWideColTile = 2048;
-// On AMX (bf16) the wide forward runs oneDNN's brgemm on row bands cut into staged column tiles
-// of up to kAmxWideColTile, each copied out with streaming stores: written in place, the LM
+// On AMX (bf16) the wide forward runs oneDNN's brgemm on staged tiles of up to kAmxWideRowTile
+// rows x kAmxWideColTile columns, each copied out with streaming stores: written in place, the LM
 // head's fp32 logits (206 MB a micro-batch in fine_grained) were first read into the cache line
-// by line. fine_grained bf16 linear_fwd 74.7-87.4 -> 49.0-58.6 ms per step, olmoe_compat 28.1-28.7
-// -> 23.6-23.7 (full-width bands before; Emerald Rapids, alternated twice; 1,024 and 4,096 columns
-// no better). The fp32 wide forward is compute-bound: staged and streamed, no faster.
-constexpr int64_t kAmxWideColTile = 2048;
+// by line (fine_grained bf16 linear_fwd 74.7-87.4 -> 49.0-58.6 ms per step, olmoe_compat 28.1-28.7
+// -> 23.6-23.7). Tall and narrow, so each call packs its 256 columns of the weight once for up to
+// 1,024 rows: against 128-row bands x 2,048 columns (Emerald Rapids, alternated), fine_grained bf16
+// linear_fwd 53-55 -> 44-46 ms per step and tokens/s +5.3% (4 rounds +3.7 .. +9.9%); kernels_bench
+// 1024x50,304x256 18.1-22.7 -> 15.0-15.6 ms, 2048x8192x512 9.7-10.9 -> 7.9-9.1 ms. The fp32 wide
+// forward is compute-bound: staged and streamed, no faster.
+constexpr int64_t kAmxWideRowTile = 1024;
+constexpr int64_t kAmxWideColTile = 256;
 // Weight gradient dw(n,k): bands of kMinWeightBand..kWeightBand rows of dw (full width),
 // reducing over the rows of dy and x in chunks of kWeightChunk rows (weight_band).
 constexpr int64_t kMinWeightBand = 16;
@@ -226,7 +230,7 @@ BandPlan band_plan(const Desc& d, bool forward) {
   if (forward && d.n * d.k >= kWideWeight && !amx(d.dtype))
     return {{even_tile(d.m, kWideRowTile), even_tile(d.n, kWideColTile)}, false, 0};
   if (forward && d.n * d.k >= kWideWeight)  // on AMX
-    return {{band_tiles(d.m, d.n, d.k, d.n, kMinTiles).tm, even_tile(d.n, kAmxWideColTile)}, true, 0, true};
+    return {{even_tile(d.m, kAmxWideRowTile), even_tile(d.n, kAmxWideColTile)}, true, 0, true};
   const bool long_reduction = !forward && d.k >= kLongReduction;
   const Tiles t = band_tiles(d.m, d.n, d.k, forward ? kMaxStagedColTile : d.n,
                              long_reduction ? kMinTiles / 2 : kMinTiles);
