@@ -1,6 +1,7 @@
 // The transposed 16-bit copies the AMX weight gradients take as their A (kernels/cpu/transpose16.h)
-// against the definition, element by element, at block edges (rows and columns around the
-// 32 x 32 blocks), with the destination's zero padding and its rows past the block untouched.
+// against the definition, element by element, at block edges (rows around the 16-row blocks,
+// columns around the 32-column blocks and their 16-column halves), with the destination's zero
+// padding and its rows past the block untouched.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -14,7 +15,7 @@ namespace {
 TEST(Transpose16, MatchesTheDefinitionAtEveryBlockEdge) {
   constexpr uint16_t kUntouched = 0xBEEF;
   for (int64_t rows : {1, 15, 16, 31, 32, 33, 64, 70}) {
-    for (int64_t cols : {1, 17, 31, 32, 33, 96, 100}) {
+    for (int64_t cols : {1, 16, 17, 31, 32, 33, 96, 100}) {
       SCOPED_TRACE(testing::Message() << "rows " << rows << " cols " << cols);
       const int64_t src_ld = cols + 5, dst_ld = rows + (rows % 32 ? 32 - rows % 32 : 0) + 3;
       std::vector<uint16_t> src(static_cast<size_t>(rows * src_ld));

@@ -72,10 +72,11 @@ inline void transpose_block16(const uint16_t* src, int64_t src_ld, uint16_t* dst
       for (int i = 0; i < 16; ++i)
         v[i] = i < nr ? _mm512_maskz_loadu_epi16(in, src + (r0 + i) * src_ld + c0) : _mm512_setzero_si512();
       transpose16x32_16(v);  // v[j]: columns c0 + j and c0 + j + 16 at rows r0..r0+15
-      for (int j = 0; j < 16 && j < nc; ++j)
+      for (int j = 0; j < 16 && j < nc; ++j) {
         _mm256_mask_storeu_epi16(dst + (c0 + j) * dst_ld + r0, out, _mm512_castsi512_si256(v[j]));
-      for (int j = 0; j < 16 && j + 16 < nc; ++j)
-        _mm256_mask_storeu_epi16(dst + (c0 + j + 16) * dst_ld + r0, out, _mm512_extracti64x4_epi64(v[j], 1));
+        if (j + 16 < nc)
+          _mm256_mask_storeu_epi16(dst + (c0 + j + 16) * dst_ld + r0, out, _mm512_extracti64x4_epi64(v[j], 1));
+      }
     }
   }
 #else
