@@ -123,55 +123,6 @@ void store_o_rows(const float* panel, int n, int hd, const float* mul, bf16* dst
     for (int c = 0; c < hd; ++c) elem::store(dst + i * stride + c, rows[static_cast<size_t>(i) * hd + c]);
 }
 
-// The forward's two passes over a tile of scores (keys x query lanes), one row group of 16 keys
-// at a time with its first lane vector V0 a constant (a diagonal tile's row group w needs vectors
-// w..3), so that the lanes' maxima and sums stay in registers: with the first vector known only at
-// run time GCC kept them on the stack, and the exp pass waited on its own stores (kernels_bench,
-// 1 thread, Emerald Rapids, alternated 3 times: the AMX forward 187-219 -> 213-237 GFLOP/s). The
-// same operations in the same order as one loop over the rows: the same bits. kMask: the diagonal
-// tile (k0 == q0), key j masked for the query lanes before it.
-template <int V0, bool kMask, bool kDoc>
-[[gnu::always_inline]] inline void max_rows(float* s_tile, int j0, int j1, int64_t k0, const vf (&dsv)[kNV],
-                                            vf (&mt)[kNV]) {
-  for (int j = j0; j < j1; ++j)
-#pragma GCC unroll 4
-    for (int x = V0; x < kNV; ++x) {
-      float* p = s_tile + j * kTile + x * kLanes;
-      vf s = vload(p);
-      if constexpr (kMask) s = vmask_lt(s, j - x * kLanes);  // query lane i is masked where j > x*16 + i
-      if constexpr (kDoc) s = vmask_doc(s, dsv[x], static_cast<float>(k0 + j));  // key before its document
-      if constexpr (kMask || kDoc) vstore(p, s);
-      mt[x] = vmax(mt[x], s);
-    }
-}
-template <int V0>
-[[gnu::always_inline]] inline void exp_rows(float* s_tile, int j0, int j1, const vf (&m)[kNV], vf (&sum)[kNV]) {
-  for (int j = j0; j < j1; ++j)
-#pragma GCC unroll 4
-    for (int x = V0; x < kNV; ++x) {
-      float* p = s_tile + j * kTile + x * kLanes;
-      const vf e = vexp2(vsub(vload(p), m[x]));
-      vstore(p, e);
-      sum[x] = vadd(sum[x], e);
-    }
-}
-// Runs fn.template operator()<V0>(j0, j1) for each row group of a diagonal tile (V0 = its index),
-// or once over rows [0, nk) with V0 = 0.
-template <class F>
-[[gnu::always_inline]] inline void by_row_groups(bool diag, int nk, F&& fn) {
-  if (!diag) return fn.template operator()<0>(0, nk);
-  for (int w = 0; w * kLanes < nk; ++w) {
-    const int j0 = w * kLanes, j1 = std::min(nk, j0 + kLanes);
-    switch (w) {
-      case 0: fn.template operator()<0>(j0, j1); break;
-      case 1: fn.template operator()<1>(j0, j1); break;
-      case 2: fn.template operator()<2>(j0, j1); break;
-      default: fn.template operator()<3>(j0, j1); break;
-    }
-  }
-}
-static_assert(kNV == 4, "by_row_groups dispatches four row groups");
-
 template <class P, bool kDoc, class O>
 void forward_tile(const Dims& d, typename P::Operand q, typename P::Operand k, typename P::Operand v, O* o,
                   float* lse, int64_t b, int64_t h, int64_t qt, float* ws) {
