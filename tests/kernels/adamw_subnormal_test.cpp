@@ -33,7 +33,7 @@ TEST(CpuAdamW, SubnormalMomentsAndGradientsCountAsZero) {
   OwnedTensor gz(DType::kF32, {n}), mz(DType::kF32, {n}), vz(DType::kF32, {n});  // the same, subnormals zeroed
   for (int64_t i = 0; i < n; ++i) {
     const float tiny = static_cast<float>(i % 97 + 1) * 1e-40f;  // 1e-40 .. 9.7e-39: all subnormal
-    // A third of the gradients subnormal, a third zero, a third ordinary (their m and v stay subnormal).
+    // A third of the gradients subnormal, a third zero, a third ordinary; every moment starts subnormal.
     const float gi = i % 3 == 0 ? -tiny : i % 3 == 1 ? 0.0f : 1e-3f * static_cast<float>(i % 7 - 3);
     g.as<float>()[i] = gi, gz.as<float>()[i] = subnormal(gi) ? 0.0f : gi;
     m.as<float>()[i] = i % 2 ? tiny : -tiny, mz.as<float>()[i] = 0.0f;

@@ -4,6 +4,7 @@
 // vexp2 sets to zero without computing them; and within the polynomial's stated error of exp2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
