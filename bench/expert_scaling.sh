@@ -10,8 +10,10 @@
 # Full step = the best (shortest) step of `moecore bench`; forward+backward = the best of its
 # "fwd+bwd times" (each step less its optimizer phase: grad norm, clipping, AdamW, bf16 refresh,
 # the part that grows with the total parameter count). Best, not median: the VM is shared and
-# noise only ever adds time. The same from bench's CPU times. Rounds run the sizes in turn
-# (8, 32, 64, 128, 8, ...).
+# noise only ever adds time. The same from bench's CPU times. Rounds run the sizes in turn, every
+# other round in reverse (8, 32, 64, 128, 128, 64, 32, 8, 8, ...), so that a machine whose speed
+# drifts through the run (a quarter in 5 minutes, seen on the Emerald Rapids VM) does not favour
+# the size that runs first.
 #
 # Then the same from the median round, with the spread of the rounds, and each round paired with
 # the same round's first size (issue #30 asks at least 5 alternated rounds: ROUNDS=5 EXPERTS="8 128").
@@ -35,7 +37,9 @@ common+=(${EXTRA:-})
 echo "command: $BIN bench ${common[*]} --set model.num_experts=E"
 declare -A full fb cfull cfb rows
 for ((r = 1; r <= ROUNDS; ++r)); do
-  for e in $EXPERTS; do
+  order=$EXPERTS
+  ((r % 2 == 0)) && order=$(tr ' ' '\n' <<<"$EXPERTS" | tac | tr '\n' ' ')
+  for e in $order; do
     out=$("$BIN" bench "${common[@]}" --set "model.num_experts=$e")
     tokens=$(sed -n 's/^precision [a-z0-9]*, \([0-9]*\) tokens\/step.*/\1/p' <<<"$out")
     mb_tokens=$(sed -n 's/^precision .*(\([0-9]*\) x \([0-9]*\), micro-batch \([0-9]*\)).*/\2 \3/p' <<<"$out" |
