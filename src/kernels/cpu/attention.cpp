@@ -162,9 +162,8 @@ void forward_tile(const Dims& d, typename P::Operand q, typename P::Operand k, t
     P::scores(kb, d.kstride(), nk, qt_panel, hd, c, s_tile, tri, extra);  // s_tile[j][i]
     vf mt[kNV];
     for (int x = 0; x < kNV; ++x) mt[x] = vset1(-std::numeric_limits<float>::infinity());
-    by_row_groups(diag, nk, [&]<int V0>(int j0, int j1) {
-      if (diag) max_rows<V0, true, kDoc>(s_tile, j0, j1, k0, dsv, mt);
-      else max_rows<V0, false, kDoc>(s_tile, j0, j1, k0, dsv, mt);
+    by_row_groups(diag, nk, [&]<int V0, bool kDiag>(int j0, int j1) {
+      max_rows<V0, kDiag, kDoc>(s_tile, j0, j1, k0, dsv, mt);
     });
     vf alpha[kNV], sum[kNV];
     for (int x = 0; x < kNV; ++x) {
@@ -173,7 +172,7 @@ void forward_tile(const Dims& d, typename P::Operand q, typename P::Operand k, t
       m[x] = mnew;
       sum[x] = vset1(0.0f);
     }
-    by_row_groups(diag, nk, [&]<int V0>(int j0, int j1) { exp_rows<V0>(s_tile, j0, j1, m, sum); });
+    by_row_groups(diag, nk, [&]<int V0, bool>(int j0, int j1) { exp_rows<V0>(s_tile, j0, j1, m, sum); });
     for (int x = 0; x < kNV; ++x) l[x] = vfma(l[x], alpha[x], sum[x]);
     P::accum(vb, d.kstride(), nk, s_tile, hd, o_panel, alpha, tri, extra);  // o^T = alpha o^T + v^T p
   }

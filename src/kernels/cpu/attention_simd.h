@@ -181,18 +181,18 @@ template <int V0>
       sum[x] = vadd(sum[x], e);
     }
 }
-// Runs fn.template operator()<V0>(j0, j1) for each row group of a diagonal tile (V0 = its index),
-// or once over rows [0, nk) with V0 = 0.
+// Runs fn.template operator()<V0, kDiag>(j0, j1) for each row group of a diagonal tile (V0 = its
+// index, kDiag true), or once over rows [0, nk) with V0 = 0, kDiag false.
 template <class F>
 [[gnu::always_inline]] inline void by_row_groups(bool diag, int nk, F&& fn) {
-  if (!diag) return fn.template operator()<0>(0, nk);
+  if (!diag) return fn.template operator()<0, false>(0, nk);
   for (int w = 0; w * kLanes < nk; ++w) {
     const int j0 = w * kLanes, j1 = std::min(nk, j0 + kLanes);
     switch (w) {
-      case 0: fn.template operator()<0>(j0, j1); break;
-      case 1: fn.template operator()<1>(j0, j1); break;
-      case 2: fn.template operator()<2>(j0, j1); break;
-      default: fn.template operator()<3>(j0, j1); break;
+      case 0: fn.template operator()<0, true>(j0, j1); break;
+      case 1: fn.template operator()<1, true>(j0, j1); break;
+      case 2: fn.template operator()<2, true>(j0, j1); break;
+      default: fn.template operator()<3, true>(j0, j1); break;
     }
   }
 }
