@@ -88,10 +88,17 @@ void BM_GemmLinear(benchmark::State& st) {
 // Rows per expert: balanced (0); skewed (1) with max/mean = 4 at the same total (one expert in 8
 // takes 4x the mean; the rest share the remaining half as evenly as integers allow); or uneven
 // (2) as learned routing leaves them: mean +- 50%, spread by a fixed generator, pairs summing to
-// 2 x mean (so the total is the same), i.e. every expert has its own remainder of rows.
+// 2 x mean (so the total is the same), i.e. every expert has its own remainder of rows; or
+// collapsed (3) as a router that sends every token to the same two experts leaves them: the
+// first two experts take half the total each, the others none (olmoe_compat's bench steps from
+// the second on: max load 8 = 16 / 2).
 std::vector<int32_t> expert_rows(int64_t experts, int64_t mean, int skew) {
   std::vector<int32_t> rows(static_cast<size_t>(experts), static_cast<int32_t>(mean));
   if (skew == 0) return rows;
+  if (skew == 3) {
+    for (int64_t e = 0; e < experts; ++e) rows[static_cast<size_t>(e)] = e < 2 ? static_cast<int32_t>(experts * mean / 2) : 0;
+    return rows;
+  }
   if (skew == 2) {
     uint64_t s = 0x9E3779B97F4A7C15ull;
     for (int64_t e = 0; e + 1 < experts; e += 2) {
@@ -116,7 +123,9 @@ std::vector<int32_t> expert_rows(int64_t experts, int64_t mean, int skew) {
   return rows;
 }
 
-// Args: op, dtype, experts, mean rows, n, k, skewed, threads.
+// Args: op, dtype, experts, mean rows, n, k, skewed, threads. Weight gradients accumulate, except
+// on a collapsed load, which writes them as a step's first backward does (the empty experts' dw
+// set to zero).
 void BM_GemmGrouped(benchmark::State& st) {
   const int op = static_cast<int>(st.range(0)), dt = static_cast<int>(st.range(1));
   const int64_t experts = st.range(2), mean = st.range(3), n = st.range(4), k = st.range(5);
@@ -135,11 +144,11 @@ void BM_GemmGrouped(benchmark::State& st) {
   auto run = [&] {
     if (op == kFwd) cpu::grouped_linear_fwd(x, w, off, y);
     if (op == kBwdData) cpu::grouped_linear_bwd_data(dy, w, off, dx);
-    if (op == kBwdWeight) cpu::grouped_linear_bwd_weight(dy, x, off, dw, true);
+    if (op == kBwdWeight) cpu::grouped_linear_bwd_weight(dy, x, off, dw, skew != 3);
   };
   run();
   for (auto _ : st) run();
-  static const char* const kSkewNames[] = {" balanced", " skewed", " uneven"};
+  static const char* const kSkewNames[] = {" balanced", " skewed", " uneven", " collapsed"};
   st.SetLabel(std::string(kOpNames[op]) + (dt ? " bf16" : " f32") + kSkewNames[skew]);
   set_counters(st, 2.0 * static_cast<double>(r) * n * k, dt, threads);
 }
@@ -175,10 +184,11 @@ void grouped_args(benchmark::internal::Benchmark* b) {
       b->Args({op, dt, 8, 8192, 256, 256, 0, 2});
     }
   // olmoe_compat.toml's MoE layer: 16 experts, top-2 of 2,048 tokens (256 rows each on average),
-  // d_model = expert_hidden = 512 (the gate, up and down projections are each one such GEMM).
+  // d_model = expert_hidden = 512 (the gate, up and down projections are each one such GEMM):
+  // balanced, uneven and collapsed loads.
   for (int dt : {0, 1})
     for (int op : {kFwd, kBwdData, kBwdWeight})
-      for (int skew : {0, 2}) b->Args({op, dt, 16, 256, 512, 512, skew, 2});
+      for (int skew : {0, 2, 3}) b->Args({op, dt, 16, 256, 512, 512, skew, 2});
   // fine_grained.toml's MoE layer: 64 experts, top-4 of a 1,024-token micro-batch (64 rows each on
   // average), d_model 256, expert_hidden 128: the gate and up projections (n 128, k 256), the
   // down projection (n 256, k 128); balanced and uneven loads.

@@ -67,6 +67,10 @@ void run_item(const Item& it, int thread) {
     cpu::longred::band(it.a, it.red, it.pairs, it.red, it.cols, it.rows, it.c, it.cols);
     return;
   }
+  if (it.kernel == Item::Kernel::kZero) {
+    zero_rows(it.c, 1, it.c_tile);
+    return;
+  }
   Staging& st = staging()[static_cast<size_t>(thread)];
   float* c = it.c;
   if (it.c_rows) {
@@ -161,7 +165,7 @@ void run_items(std::vector<Item>& list) {
   });
   size_t scratch = 0, a_bytes = 0, c_bytes = 0, w_bytes = 0, b_bytes = 0;
   for (const Item& it : list) {
-    if (it.kernel == Item::Kernel::kLongData) continue;
+    if (it.kernel == Item::Kernel::kLongData || it.kernel == Item::Kernel::kZero) continue;
     if (it.kernel == Item::Kernel::kWeight) {
       const int64_t rows = std::max({it.nfull > 0 ? it.chunk : 0, it.mid_rows, it.tail_rows});
       w_bytes = std::max(w_bytes, cpu::wgrad::scratch_bytes(it.dtype, rows, it.a_cols, it.c_tile / it.a_cols));

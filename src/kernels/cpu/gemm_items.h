@@ -59,8 +59,9 @@ struct Item {
   // Our own micro-kernels instead of the primitives, which are then not created, where this
   // build has them: weight gradients (kWeight, gemm_wgrad.h: A read strided, C added to by the
   // kernel itself) and the bf16 data gradient of a long reduction (kLongData, gemm_long.h: the
-  // rows `rows` of C = A * the pair rows `pairs`, A's rows `red` long, C's `cols` wide).
-  enum class Kernel : uint8_t { kOneDnn, kWeight, kLongData };
+  // rows `rows` of C = A * the pair rows `pairs`, A's rows `red` long, C's `cols` wide). kZero:
+  // C's c_tile floats set to zero, no product (a band of a zero-row expert's weight gradient).
+  enum class Kernel : uint8_t { kOneDnn, kWeight, kLongData, kZero };
   Kernel kernel = Kernel::kOneDnn;
   DType dtype = DType::kF32;
   const uint32_t* pairs = nullptr;

@@ -429,6 +429,23 @@ void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const
   }
 }
 
+// dw(n,k) = 0 as items of `band` rows each, run with the op's tiles rather than before them on
+// the planning thread: a collapsed router leaves most experts without rows (olmoe_compat's bench
+// steps route every token to 2 of 16 experts from the second step), and their dw, 3 MB an expert
+// and layer there, was zeroed serially while the other thread waited. Costed as a tile of
+// kZeroCostRows reduced rows (a memory pass), so they run last and fill the threads' tails.
+constexpr int64_t kZeroCostRows = 32;
+void plan_zero(float* dw, int64_t n, int64_t k, int64_t band) {
+  for (int64_t i0 = 0; i0 < n; i0 += band) {
+    Item it;
+    it.kernel = Item::Kernel::kZero;
+    it.c = dw + i0 * k;
+    it.c_tile = std::min(band, n - i0) * k;
+    it.cost = static_cast<double>(kZeroCostRows) * static_cast<double>(it.c_tile);
+    items().push_back(it);
+  }
+}
+
 // Grouped: tiles (expert, band of dw[e] rows), each reducing its expert's rows in chunks
 // (split_rows), in order. Never split by rows.
 void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const void* x, float* dw,
@@ -451,7 +468,7 @@ void plan_grouped_weight(DType t, int64_t n, int64_t k, const void* dy, const vo
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t rows = off[e + 1] - off[e];
     if (rows == 0) {  // a zero-row expert adds nothing; without accumulate its dw is zeros
-      if (!accumulate) zero_rows(dw + e * n * k, n, k);
+      if (!accumulate) plan_zero(dw + e * n * k, n, k, band);
       continue;
     }
     const RowChunks ch = pad ? RowChunks{rows / kAmxChunk, 0, rows % kAmxChunk} : split_rows(rows);
