@@ -33,6 +33,13 @@ Peak memory: moecore's peak RSS from its bench; each PyTorch variant's in a proc
 (this script with --rss-of VARIANT: build it, warm-up, one step, then the process's peak RSS), so
 one variant's memory does not hide another's.
 
+Expert load: each run's router, per MoE layer, in its last round's timed steps (the busiest
+expert's tokens over the mean: moecore's bench prints it, PyTorch's from the router logits after
+each step's timing). Random ids at the bench configs' learning rate push both routers towards
+collapse within a few steps, and a collapsed router's grouped GEMMs are top_k dense ones: the
+column says which regime each side was timed in. The PyTorch variants train on across the rounds
+(a later round's steps are later steps); each moecore bench starts afresh.
+
 Run with a Python that has torch and transformers:  python3 bench/peer_pytorch.py
 """
 import argparse
@@ -50,6 +57,11 @@ PEAKS = {}
 NOW_PEAKS = {}
 # run name -> peak RSS in MiB (moecore: its bench's; PyTorch: a process per variant).
 RSS = {}
+# run name -> per MoE layer, the busiest expert's tokens over the mean in its latest round's timed
+# steps (median of the steps): the load its grouped GEMMs were timed on. Random ids at the
+# configs' learning rate drive both routers towards collapse (every token on the same top_k
+# experts), where the grouped GEMMs run as top_k dense ones.
+LOADS = {}
 
 
 def flops_per_token(m, seq_len):
@@ -86,6 +98,9 @@ def run_moecore(binary, config, precision, warmup, steps):
     now = re.search(r"^MFU against the peak measured right after the timed steps: [0-9.]+% of ([0-9.]+) GFLOP/s", out,
                     re.M)
     NOW_PEAKS.setdefault(precision, []).append(float(now.group(1)) if now else float("nan"))
+    load = re.search(r"^expert load \(.*?\):([0-9. ]+)\(", out, re.M)
+    if load:
+        LOADS[f"moecore-{precision}"] = [float(x) for x in load.group(1).split()]
     return (tokens / wall, 2 * tokens / cpu), " ".join(cmd)
 
 
@@ -97,6 +112,7 @@ class TorchVariant:
         self.name, self.bf16, self.error = name, bf16, None
         m, t, o = cfg["model"], cfg["train"], cfg["optim"]
         self.B, self.S, self.V = t["batch_size"], t["seq_len"], m["vocab_size"]
+        self.E, self.K = m["num_experts"], m["top_k"]
         torch.manual_seed(seed)
         hf = OlmoeConfig(vocab_size=m["vocab_size"], hidden_size=m["d_model"],
                          intermediate_size=m["expert_hidden"], num_hidden_layers=m["n_layers"],
@@ -125,19 +141,35 @@ class TorchVariant:
         ids = torch.randint(0, self.V, (self.B, self.S), generator=self.gen)
         self.opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            loss = self.fwd(input_ids=ids, labels=ids).loss  # shifted inside; + lbl_coef * aux loss
-        loss.backward()
+            out = self.fwd(input_ids=ids, labels=ids)  # loss shifted inside; + lbl_coef * aux loss
+        self.router_logits = out.router_logits  # per layer (tokens, experts): the load, after the timing
+        out.loss.backward()
         if self.clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.opt.step()
 
+    def loads(self):
+        """Per MoE layer of the last step: the busiest expert's tokens (top-k slots) over the mean."""
+        import torch
+
+        out = []
+        for logits in self.router_logits:
+            top = logits.detach().float().topk(self.K, dim=-1).indices.flatten()
+            counts = torch.bincount(top, minlength=self.E).float()
+            out.append((counts.max() / counts.mean()).item())
+        return out
+
     def run(self, steps):
-        wall, cpu = [], []
+        wall, cpu, loads = [], [], []
         for _ in range(steps):
             t0, c0 = time.perf_counter(), time.process_time()
             self.step()
             wall.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
+            loads.append(self.loads())
+        LOADS[self.name] = [sorted(layer)[len(layer) // 2] if len(layer) % 2 else
+                            0.5 * (sorted(layer)[len(layer) // 2 - 1] + sorted(layer)[len(layer) // 2])
+                            for layer in zip(*loads)]
         tokens = self.B * self.S
         return tokens / min(wall), 2 * tokens / min(cpu)
 
@@ -248,9 +280,13 @@ def main():
     print("\nBest step per run; per round: wall / CPU-time tokens/s. Columns: best over the rounds.")
     for prec, now in sorted(NOW_PEAKS.items()):
         print(f"{prec} peak measured after each round's moecore steps: {', '.join(f'{g:.1f}' for g in now)} GFLOP/s")
+    mc = cfg["model"]
+    print(f"expert load: per MoE layer, the busiest expert's tokens over the mean in the last round's timed steps "
+          f"(median of the steps); 1 is even, {mc['num_experts'] / mc['top_k']:.0f} every token on the same "
+          f"{mc['top_k']} of {mc['num_experts']} experts")
     print("| side | variant | rounds (wall / cpu tok/s) | tokens/s (wall) | MFU (wall) | MFU (wall) of the round's peak "
-          "| tokens/s (cpu) | MFU (cpu) | peak RSS (MiB) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| tokens/s (cpu) | MFU (cpu) | peak RSS (MiB) | expert load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     best = {k: (max(x[0] for x in v), max(x[1] for x in v)) for k, v in results.items()}
     for k, v in results.items():
         prec = k.split("-")[1]
@@ -258,9 +294,9 @@ def main():
         w, c = best[k]
         print(f"| {side} | {k} | {', '.join(f'{x[0]:.0f} / {x[1]:.0f}' for x in v)} | {w:.0f} | "
               f"{mfu(w, prec):.1f}% of {PEAKS[prec][0]:.0f} | {mfu_now(v, prec):.1f}% | {c:.0f} | {mfu(c, prec):.1f}% | "
-              f"{RSS.get(k, float('nan')):.0f} |")
+              f"{RSS.get(k, float('nan')):.0f} | {' '.join(f'{x:.1f}' for x in LOADS.get(k, [])) or 'n/a'} |")
     for name, err in failed.items():
-        print(f"| PyTorch | {name} | failed: {err} | | | | | | |")
+        print(f"| PyTorch | {name} | failed: {err} | | | | | | | |")
     for col, label in ((0, "wall"), (1, "cpu")):
         torch_fp32 = {k: x[col] for k, x in best.items() if not k.startswith("moecore") and k.endswith("fp32")}
         torch_all = {k: x[col] for k, x in best.items() if not k.startswith("moecore")}

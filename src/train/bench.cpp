@@ -37,6 +37,7 @@ uint64_t comm_bytes_sent(const ProcessGroups& g) {
 struct TimedStep {
   std::array<double, PhaseTimer::kNum> phase{}, cpu{};
   double step_s = -1, bubble = 0;
+  std::vector<double> max_load;  // per MoE layer: the busiest expert's tokens over the mean
 };
 
 // The bench's steps: the trainer and what it runs on (groups null: one process), and the record
@@ -56,6 +57,8 @@ struct BenchSteps {
     TimedStep& t = timed[static_cast<size_t>(step - opt.warmup - 1)];
     t.step_s = rec->step_s;
     t.bubble = rec->pp_bubble_s;
+    t.max_load.clear();
+    for (const auto& c : rec->counts) t.max_load.push_back(load_stats(c).max_over_mean);
   }
 
   // Step i on this batch: its phases, and for the timed steps its traffic (transfers, bytes
@@ -130,6 +133,8 @@ std::vector<TimedStep> run_steps(const Config& config, const BenchOptions& opt, 
   } unset;
   const int64_t total = opt.warmup + opt.steps;
   BenchSteps steps{trainer, ops, world, groups, opt, tc.overlap_host, std::vector<TimedStep>(static_cast<size_t>(opt.steps))};
+  // Room for every layer's load, so recording a step allocates nothing (the allocation count).
+  for (TimedStep& t : steps.timed) t.max_load.reserve(static_cast<size_t>(config.model.n_layers));
 #ifdef MOE_WITH_CUDA
   // Which implementation the timed steps' grouped GEMMs and attention took (the step table says).
   const bool on_cuda = ops.device() == Device::kCuda;
@@ -202,6 +207,15 @@ void summarize_steps(const std::vector<TimedStep>& timed_steps, const BenchOptio
     r.phase_sum_s += r.phase_s[static_cast<size_t>(p)];
   }
   r.phase_error = std::abs(r.phase_sum_s - r.mean_step_s) / r.mean_step_s;
+  // Each MoE layer's load: the median over the timed steps.
+  for (size_t l = 0; l < timed_steps.front().max_load.size(); ++l) {
+    std::vector<double> v;
+    for (const TimedStep& t : timed_steps)
+      if (l < t.max_load.size()) v.push_back(t.max_load[l]);
+    std::sort(v.begin(), v.end());
+    const size_t h = v.size() / 2;
+    r.max_load.push_back(v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]));
+  }
 }
 }  // namespace
 
@@ -263,6 +277,26 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
 }
 
 namespace {
+// What the grouped GEMMs were timed on: a router that sends every token to the same top_k
+// experts (load num_experts / top_k) leaves them top_k dense GEMMs, which run faster than the
+// num_experts smaller ones of an even load. The bench's random ids and a high learning rate get
+// there within a few steps (olmoe_compat: from the second step; PyTorch's OLMoE by the eighth).
+void print_expert_load(const Config& config, const BenchResult& r, std::ostream& os) {
+  if (r.max_load.empty()) return;
+  const ModelConfig& m = config.model;
+  const double collapsed = static_cast<double>(m.num_experts) / static_cast<double>(m.top_k);
+  double worst = 0;
+  os << std::setprecision(2) << "expert load (tokens of the busiest expert / the mean, median of the timed steps, "
+     << "per MoE layer):";
+  for (double l : r.max_load) os << " " << l, worst = std::max(worst, l);
+  os << " (1 = even; " << collapsed << " = every token on the same " << m.top_k << " of " << m.num_experts
+     << " experts)\n";
+  if (worst >= 0.9 * collapsed)
+    os << "  a router near collapse: a layer sent nearly every token to the same " << m.top_k
+       << " experts, whose grouped GEMMs then run about as " << m.top_k << " dense ones (an even load's "
+       << m.num_experts << " smaller ones run slower)\n";
+}
+
 // With --ops: every op that ran, longest first (the phases above group several of them).
 void print_op_times(const BenchResult& r, std::ostream& os) {
   std::vector<size_t> ran;
@@ -307,6 +341,7 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
      << (wait && *wait ? wait : "unset (the OpenMP runtime's default: waiting threads spin a while, then sleep)")
      << "\n";
   os << std::setprecision(0) << "tokens/s (median): " << r.tokens_per_s << "\n";
+  print_expert_load(config, r, os);
   if (r.ranks > 1)
     os << "ranks: " << r.ranks << " (rank 0's phases; communication = time blocked in collectives), "
        << std::setprecision(2) << r.comm_bytes_per_step / 1e6 << " MB sent per step by rank 0\n";

@@ -39,6 +39,10 @@ struct BenchResult {
   double median_step_s = 0, mean_step_s = 0;
   double pp_bubble_s = 0;              // rank 0's time blocked in pipeline receives, mean per timed step
   double tokens_per_s = 0;             // tokens_per_step / median step time
+  // Per MoE layer: the busiest expert's tokens over the mean (load_stats), the median over the
+  // timed steps. 1 is an even load, num_experts / top_k a collapsed router (every token on the
+  // same top_k experts).
+  std::vector<double> max_load;
   double flops_per_token = 0, tflops = 0, mfu = 0;
   MfuPeak peak;                        // MFU's denominator and its source (train/metrics.h)
   // Host backends, one rank: the peak measured again right after the timed steps (uncached), and

@@ -51,6 +51,16 @@ TEST(Bench, PhasesSumToStepTimeAndMoePhasesAreNonZero) {
   for (Phase p : {Phase::kAttention, Phase::kRouter, Phase::kPermute, Phase::kExpertGemm, Phase::kCombine,
                   Phase::kLmHeadLoss, Phase::kOptimizer})
     EXPECT_GT(r.phase_s[static_cast<size_t>(p)], 0.0) << phase_name(p);
+  // Each MoE layer's load, the busiest expert's tokens over the mean: between even (1) and
+  // every token on the same top_k experts (num_experts / top_k = 2).
+  ASSERT_EQ(r.max_load.size(), 2u);
+  for (double l : r.max_load) {
+    EXPECT_GE(l, 1.0);
+    EXPECT_LE(l, 2.0);
+  }
+  std::ostringstream printed;
+  print_bench(c, r, printed);
+  EXPECT_NE(printed.str().find("expert load (tokens of the busiest expert / the mean"), std::string::npos);
   EXPECT_EQ(r.alloc_steps, 0);  // no counter installed in the test binary
   EXPECT_FALSE(PhaseTimer::enabled());  // bench leaves the profiler off
   // The phases' model FLOPs are the step's (no dense layer here: none in "other").
