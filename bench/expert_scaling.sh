@@ -6,6 +6,9 @@
 # 32 x 512 = 16,384 tokens, so each grouped GEMM sees 16,384 x 4 / E rows per expert on average:
 # 512 at 128 experts, 8,192 at 8. The model is small (2 layers, d_model 256, expert_hidden 256,
 # byte vocabulary) so a 65k-token step takes seconds on 2 cores; the experts are ~75% of its FLOPs.
+# Those are means: the learned router leaves each size its own load, which the script prints (the
+# busiest expert's tokens over the mean, per MoE layer: 1.3-1.5 at 8 experts, 3-10 at 128 on the
+# bench's random ids, Emerald Rapids, 2026-12-06).
 #
 # Full step = the best (shortest) step of `moecore bench`; forward+backward = the best of its
 # "fwd+bwd times" (each step less its optimizer phase: grad norm, clipping, AdamW, bf16 refresh,
@@ -35,7 +38,7 @@ common=(--config configs/bench/default.toml --warmup "$WARMUP" --steps "$STEPS"
 # shellcheck disable=SC2206
 common+=(${EXTRA:-})
 echo "command: $BIN bench ${common[*]} --set model.num_experts=E"
-declare -A full fb cfull cfb rows
+declare -A full fb cfull cfb rows load
 for ((r = 1; r <= ROUNDS; ++r)); do
   order=$EXPERTS
   ((r % 2 == 0)) && order=$(tr ' ' '\n' <<<"$EXPERTS" | tac | tr '\n' ' ')
@@ -55,7 +58,9 @@ for ((r = 1; r <= ROUNDS; ++r)); do
     # CPU-time throughput: tokens per (CPU seconds / 2 threads), the wall rate of a quiet machine.
     cf=$(tr ' ' '\n' <<<"$cpu" | sort -g | head -1 | awk -v t="$tokens" '{printf "%.0f", 2 * t / $1}')
     cb=$(tr ' ' '\n' <<<"$cfbs" | sort -g | head -1 | awk -v t="$tokens" '{printf "%.0f", 2 * t / $1}')
-    echo "round $r E=$e: steps (s) $steps | fwd+bwd (s) $fbs | cpu (s) $cpu | cpu fwd+bwd (s) $cfbs"
+    # The load the grouped GEMMs ran on (per MoE layer, the busiest expert's tokens over the mean).
+    load[$e]=$(sed -n 's/^expert load ([^)]*):\([0-9. ]*\)(.*/\1/p' <<<"$out" | xargs)
+    echo "round $r E=$e: steps (s) $steps | fwd+bwd (s) $fbs | cpu (s) $cpu | cpu fwd+bwd (s) $cfbs | expert load ${load[$e]}"
     echo "  best wall: full step $f tok/s, fwd+bwd $b tok/s; best cpu: full step $cf tok/s, fwd+bwd $cb tok/s"
     full[$e]+="$f " fb[$e]+="$b " cfull[$e]+="$cf " cfb[$e]+="$cb "
   done
@@ -102,6 +107,9 @@ table() {
     echo "$row"
   done
 }
+echo
+echo "expert load of each size's last round (per MoE layer, the busiest expert's tokens over the mean; 1 is even):"
+for e in $EXPERTS; do echo "  E=$e: ${load[$e]}"; done
 echo
 table best
 echo
