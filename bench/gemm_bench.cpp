@@ -90,8 +90,8 @@ void BM_GemmLinear(benchmark::State& st) {
 // (2) as learned routing leaves them: mean +- 50%, spread by a fixed generator, pairs summing to
 // 2 x mean (so the total is the same), i.e. every expert has its own remainder of rows; or
 // collapsed (3) as a router that sends every token to the same two experts leaves them: the
-// first two experts take half the total each, the others none (olmoe_compat's bench steps from
-// the second on: max load 8 = 16 / 2).
+// first two experts take half the total each, the others none (where olmoe_compat's bench steps
+// head: their load is 5-8 of this one's 8 = 16 / 2).
 std::vector<int32_t> expert_rows(int64_t experts, int64_t mean, int skew) {
   std::vector<int32_t> rows(static_cast<size_t>(experts), static_cast<int32_t>(mean));
   if (skew == 0) return rows;

@@ -279,8 +279,9 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
 namespace {
 // What the grouped GEMMs were timed on: a router that sends every token to the same top_k
 // experts (load num_experts / top_k) leaves them top_k dense GEMMs, which run faster than the
-// num_experts smaller ones of an even load. The bench's random ids and a high learning rate get
-// there within a few steps (olmoe_compat: from the second step; PyTorch's OLMoE by the eighth).
+// num_experts smaller ones of an even load. The bench's random ids and a high learning rate head
+// there within a few steps (olmoe_compat's default steps: 5-8 of a possible 8; PyTorch's OLMoE on
+// the same ids: 7.7-8 by its eighth step).
 void print_expert_load(const Config& config, const BenchResult& r, std::ostream& os) {
   if (r.max_load.empty()) return;
   const ModelConfig& m = config.model;

@@ -430,9 +430,9 @@ void plan_weight(DType t, int64_t m, int64_t n, int64_t k, const void* dy, const
 }
 
 // dw(n,k) = 0 as items of `band` rows each, run with the op's tiles rather than before them on
-// the planning thread: a collapsed router leaves most experts without rows (olmoe_compat's bench
-// steps route every token to 2 of 16 experts from the second step), and their dw, 3 MB an expert
-// and layer there, was zeroed serially while the other thread waited. Costed as a tile of
+// the planning thread: a router near collapse leaves most experts without rows (olmoe_compat's
+// bench steps run at a load of 5-8 of a possible 8: up to 14 of 16 experts empty), and their dw,
+// 3 MB an expert and layer there, was zeroed serially while the other thread waited. Costed as a tile of
 // kZeroCostRows reduced rows (a memory pass), so they run last and fill the threads' tails.
 constexpr int64_t kZeroCostRows = 32;
 void plan_zero(float* dw, int64_t n, int64_t k, int64_t band) {
