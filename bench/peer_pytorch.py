@@ -33,6 +33,10 @@ Peak memory: moecore's peak RSS from its bench; each PyTorch variant's in a proc
 (this script with --rss-of VARIANT: build it, warm-up, one step, then the process's peak RSS), so
 one variant's memory does not hide another's.
 
+Each phase of moecore's best round against its kernels alone: `moecore bench --alone` times each
+phase's GEMMs and attention kernels at the step's shapes after its steps, and the script prints
+that run's phase table (issue #30's per-phase table, from the same run).
+
 Expert load: each run's router, per MoE layer, in its last round's timed steps (the busiest
 expert's tokens over the mean: moecore's bench prints it, PyTorch's from the router logits after
 each step's timing). Random ids at the bench configs' learning rate push both routers towards
@@ -62,6 +66,8 @@ RSS = {}
 # configs' learning rate drive both routers towards collapse (every token on the same top_k
 # experts), where the grouped GEMMs run as top_k dense ones.
 LOADS = {}
+# precision -> (tokens/s, moecore bench's phase table with its kernels-alone columns) of the best round.
+PHASES = {}
 
 
 def flops_per_token(m, seq_len):
@@ -82,11 +88,16 @@ def moecore_flops_per_token(binary, config):
 
 
 def run_moecore(binary, config, precision, warmup, steps):
-    cmd = [binary, "bench", "--config", config, "--warmup", str(warmup), "--steps", str(steps),
+    # --alone: after its steps the bench also times each phase's kernels alone at the step's shapes
+    # (nothing it reports about the steps moves); its phase table of the best round is printed below.
+    cmd = [binary, "bench", "--config", config, "--warmup", str(warmup), "--steps", str(steps), "--alone",
            "--set", "train.threads=2", "--set", f"train.precision={precision}"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     tokens = int(re.search(r"^precision \w+, (\d+) tokens/step", out, re.M).group(1))
     wall = min(float(x) for x in re.search(r"^step times \(s\):(.*)$", out, re.M).group(1).split())
+    table = re.search(r"^phase breakdown.*?^kernels alone[^\n]*$", out, re.M | re.S)
+    if table and tokens / wall > PHASES.get(precision, (0.0, ""))[0]:
+        PHASES[precision] = (tokens / wall, table.group(0))
     cpu = min(float(x) for x in re.search(r"^cpu times \(s\):(.*)$", out, re.M).group(1).split())
     peak = re.search(r"MFU: [0-9.]+% of ([0-9.]+) GFLOP/s \((.*)\)$", out, re.M)
     gflops, source = float(peak.group(1)), peak.group(2)
@@ -310,6 +321,9 @@ def main():
             m = best[f"moecore-{prec}"][col]
             print(f"[{label}] moecore {prec} / best PyTorch fp32 = {m / torch_fp32[b32]:.2f}x (target >= "
                   f"{target:.0f}x); / best PyTorch overall = {m / torch_all[ball]:.2f}x")
+    for prec, (tps, table) in sorted(PHASES.items()):
+        print(f"\nmoecore {prec}, its best round ({tps:.0f} tokens/s): each phase against its kernels alone "
+              f"(the same run)\n{table}")
     print("\nmoecore commands:\n  " + "\n  ".join(cmds.values()))
     return 0
 

@@ -53,7 +53,7 @@ struct Args {
   std::vector<std::string> overrides, run_dirs;
   bool resume = false, kernels = false, json = false, reference = false;
   std::string layout, cluster, overlap_ep;
-  bool sweep = false, calibrate = false, power_capped = false, ops = false;
+  bool sweep = false, calibrate = false, power_capped = false, ops = false, alone = false;
   int64_t ranks_per_node = 0, plan_step = 1, interleave = 0;
   int64_t warmup = 3, bench_steps = 10;
   int64_t batches = 0, max_tokens = 200, top_k = 40;
@@ -188,6 +188,8 @@ struct CommandLine {
     bench->add_option("--warmup", a.warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
     bench->add_option("--steps", a.bench_steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
     bench->add_flag("--ops", a.ops, "also the wall time inside each op of the timed steps (cpu backend)");
+    bench->add_flag("--alone", a.alone, "also each phase's GEMMs and attention kernels timed alone at the step's "
+                    "shapes after the steps: the rate each phase would reach on its kernels alone (cpu backend)");
     bench->add_flag("--kernels", a.kernels, "instead: the GPU's dense, grouped and attention kernel rates (cuda build)");
     bench->add_flag("--calibrate", a.calibrate, "instead: measure this machine (GEMMs, grouped GEMMs, attention, memory, "
                     "all-reduces across the ranks) and write a cluster file for moecore plan --cluster");
@@ -398,6 +400,7 @@ int bench_command(const Args& a) {
   o.alloc_counter = moe::cli::alloc_counter();
   o.thread_alloc_reader = moe::cli::thread_alloc_reader();
   o.ops = a.ops;
+  o.alone = a.alone;
   const moe::BenchResult result = moe::run_bench(c, o);
   if (moe::launch_rank() == 0) moe::print_bench(c, result, std::cout);
   return 0;

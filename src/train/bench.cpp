@@ -50,6 +50,7 @@ struct BenchSteps {
   const BenchOptions& opt;
   bool overlap_host;
   std::vector<TimedStep> timed;
+  std::vector<std::vector<int32_t>> last_counts;  // the last step's tokens per expert (opt.alone)
 
   // A step's record, read by the call that enqueued it or (lagged) by the next one.
   void record(const StepResult* rec, int64_t step) {
@@ -59,6 +60,7 @@ struct BenchSteps {
     t.bubble = rec->pp_bubble_s;
     t.max_load.clear();
     for (const auto& c : rec->counts) t.max_load.push_back(load_stats(c).max_over_mean);
+    if (opt.alone && step == opt.warmup + opt.steps) last_counts = rec->counts;
   }
 
   // Step i on this batch: its phases, and for the timed steps its traffic (transfers, bytes
@@ -115,7 +117,8 @@ struct BenchSteps {
 // The warm-up and timed steps on fresh random ids (labels: the ids shifted by one), phases timed
 // with the backend's events: stream time, whatever the backend's asynchrony.
 std::vector<TimedStep> run_steps(const Config& config, const BenchOptions& opt, Trainer& trainer, Backend& ops,
-                                 Communicator& world, ProcessGroups* groups, BenchResult& r) {
+                                 Communicator& world, ProcessGroups* groups, BenchResult& r,
+                                 std::vector<std::vector<int32_t>>& last_counts) {
   const TrainConfig& tc = config.train;
   const int64_t B = trainer.local_batch(), S = tc.seq_len, V = config.model.vocab_size;
   OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S});
@@ -132,7 +135,7 @@ std::vector<TimedStep> run_steps(const Config& config, const BenchOptions& opt, 
     ~Unset() { PhaseTimer::set_clock(nullptr); }  // also when a step throws
   } unset;
   const int64_t total = opt.warmup + opt.steps;
-  BenchSteps steps{trainer, ops, world, groups, opt, tc.overlap_host, std::vector<TimedStep>(static_cast<size_t>(opt.steps))};
+  BenchSteps steps{trainer, ops, world, groups, opt, tc.overlap_host, std::vector<TimedStep>(static_cast<size_t>(opt.steps)), {}};
   // Room for every layer's load, so recording a step allocates nothing (the allocation count).
   for (TimedStep& t : steps.timed) t.max_load.reserve(static_cast<size_t>(config.model.n_layers));
 #ifdef MOE_WITH_CUDA
@@ -156,6 +159,7 @@ std::vector<TimedStep> run_steps(const Config& config, const BenchOptions& opt, 
 #ifdef MOE_WITH_CUDA
   if (on_cuda) r.kernel_paths = cuda_paths_text(cuda_paths(ops) - paths_before);
 #endif
+  last_counts = std::move(steps.last_counts);
   return std::move(steps.timed);
 }
 
@@ -249,7 +253,8 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
   r.tokens_per_step = config.train.batch_size * config.train.seq_len;  // the global step
   r.ranks = world->size();
   PhaseTimer::set_thread_alloc_reader(opt.thread_alloc_reader);
-  summarize_steps(run_steps(config, opt, trainer, *ops, *world, groups.get(), r), opt, r);
+  std::vector<std::vector<int32_t>> last_counts;
+  summarize_steps(run_steps(config, opt, trainer, *ops, *world, groups.get(), r, last_counts), opt, r);
   r.tokens_per_s = static_cast<double>(r.tokens_per_step) / r.median_step_s;
   r.flops_per_token = config.model.train_flops_per_token(config.train.seq_len);
   r.tflops = r.tokens_per_s * r.flops_per_token * 1e-12;
@@ -270,8 +275,12 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     r.peak_now_tflops = (config.train.precision != "fp32" ? now.bf16_flops : now.fp32_flops) * 1e-12;
     r.mfu_now = r.peak_now_tflops > 0 ? r.tflops / r.peak_now_tflops : 0.0;
   }
+  // Peak memory first: the kernels' operands below are not the step's.
   r.peak_rss_bytes = peak_rss_bytes();
   r.peak_device_mb = peak_device_mb();
+  if (opt.alone) {
+    r.alone = r.ranks == 1 ? time_kernels_alone(config, *ops, last_counts) : KernelsAlone{{}, "one process only"};
+  }
   r.estimate_mb = estimate_memory(config).total() / (1024.0 * 1024.0);
   return r;
 }
@@ -356,8 +365,11 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
        << r.peak_now_tflops * 1e3 << " GFLOP/s (this machine's speed as the steps ran; the line above "
        << "divides by the best measured here)\n";
   os << "phase breakdown (mean per timed step, exclusive):\n";
+  double alone_total = 0;
+  for (double a : r.alone.seconds) alone_total += a;
+  const bool alone = alone_total > 0;
   os << "  phase          ms/step      %  cpu ms/step" << (r.alloc_steps > 0 ? "   allocs/step" : "")
-     << (r.ranks == 1 ? "   GFLOP/s  % of peak" : "") << "\n";
+     << (r.ranks == 1 ? "   GFLOP/s  % of peak" : "") << (alone ? "  alone GFLOP/s  of alone" : "") << "\n";
   for (int p = 1; p <= PhaseTimer::kNum; ++p) {
     const int idx = p % PhaseTimer::kNum;  // "other" last
     const double s = r.phase_s[static_cast<size_t>(idx)];
@@ -372,10 +384,27 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
     if (flops > 0 && s > 0)
       os << std::setw(10) << std::setprecision(1) << flops / s * 1e-9 << std::setw(11)
          << (r.peak.tflops > 0 ? 100 * flops / s / (r.peak.tflops * 1e12) : 0.0);
+    // The same FLOPs over the time the phase's kernels take alone, and the share of that rate the
+    // phase reached.
+    const double a = r.alone.seconds[static_cast<size_t>(idx)];
+    if (alone && a > 0 && flops > 0 && s > 0)
+      os << std::setw(15) << std::setprecision(1) << flops / a * 1e-9 << std::setw(9) << std::setprecision(0)
+         << 100 * a / s << "%";
     os << "\n";
   }
   os << std::setprecision(2) << "  sum           " << std::setw(9) << r.phase_sum_s * 1e3 << "  vs step " << r.mean_step_s * 1e3
      << " ms: " << r.phase_error * 100 << "% " << (r.phase_error <= 0.03 ? "(within 3%: ok)" : "(MORE THAN 3%)") << "\n";
+  if (alone) {
+    double phases = 0;
+    for (size_t p = 0; p < r.alone.seconds.size(); ++p)
+      if (r.alone.seconds[p] > 0) phases += r.phase_s[p];
+    os << std::setprecision(1) << "kernels alone (--alone): each phase's GEMMs and attention kernels at the step's "
+       << "shapes and expert loads, each the fastest of 3 runs after the steps: " << alone_total * 1e3
+       << " ms per step against those phases' " << phases * 1e3 << " ms (" << std::setprecision(0)
+       << 100 * alone_total / phases << "%)\n";
+  } else if (!r.alone.not_measured.empty()) {
+    os << "kernels alone (--alone): not measured (" << r.alone.not_measured << ")\n";
+  }
   print_op_times(r, os);
   if (r.alloc_steps > 0)
     os << std::setprecision(1) << "heap allocations per step (operator new, steps 3-" << 2 + r.alloc_steps

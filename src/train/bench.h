@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "core/phase_timer.h"
 #include "kernels/op_times.h"
+#include "train/bench_alone.h"
 #include "train/metrics.h"
 
 namespace moe {
@@ -27,6 +28,9 @@ struct BenchOptions {
   uint64_t (*thread_alloc_reader)() = nullptr;
   // Wall time inside each op of the timed steps (kernels/op_times.h; the cpu backend only).
   bool ops = false;
+  // After the steps, each phase's GEMM and attention kernels timed alone at the step's shapes
+  // (train/bench_alone.h; the cpu backend, one process).
+  bool alone = false;
 };
 
 struct BenchResult {
@@ -62,6 +66,7 @@ struct BenchResult {
   double dnnl_allocs_per_step = 0;     // of which inside oneDNN's primitive execution (-1: unknown)
   std::array<double, PhaseTimer::kNum> phase_allocs{};  // per counted step, by phase
   OpTimes op_times;                    // with BenchOptions::ops: per op, seconds and calls per timed step
+  KernelsAlone alone;                  // with BenchOptions::alone
   std::string kernel_paths;            // cuda: which implementation the timed steps' calls took (CudaPaths)
   double setup_s = 0;                  // the trainer's construction: allocation, parameter init, plans
   int64_t params = 0, host_threads = 0;

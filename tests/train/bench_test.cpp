@@ -99,6 +99,42 @@ TEST(Bench, OpTimesNameTheOpsInsideTheStep) {
   EXPECT_THROW(run_bench(strict, o), Error);
 }
 
+// --alone: each phase's kernels timed alone at the step's shapes, for the four phases that carry
+// GEMMs or attention, and said so; a model the measurement does not cover is named, not measured.
+TEST(Bench, KernelsAloneTimeThePhasesThatCarryGemmsAndAttention) {
+  const Config c = tiny_moe_config();
+  BenchOptions o;
+  o.warmup = 1;
+  o.steps = 2;
+  o.alone = true;
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    Config cp = c;
+    cp.train.precision = precision;
+    const BenchResult r = run_bench(cp, o);
+    EXPECT_EQ(r.alone.not_measured, "");
+    for (int p = 0; p < PhaseTimer::kNum; ++p) {
+      const Phase ph = static_cast<Phase>(p);
+      const bool carries = ph == Phase::kAttention || ph == Phase::kRouter || ph == Phase::kExpertGemm ||
+                           ph == Phase::kLmHeadLoss;
+      if (carries) EXPECT_GT(r.alone.seconds[static_cast<size_t>(p)], 0.0) << phase_name(ph);
+      else EXPECT_EQ(r.alone.seconds[static_cast<size_t>(p)], 0.0) << phase_name(ph);
+    }
+    std::ostringstream out;
+    print_bench(cp, r, out);
+    EXPECT_NE(out.str().find("alone GFLOP/s  of alone"), std::string::npos) << out.str();
+    EXPECT_NE(out.str().find("kernels alone (--alone): each phase's GEMMs"), std::string::npos) << out.str();
+  }
+  Config shared = c;
+  shared.model.shared_hidden = 32;
+  const BenchResult r = run_bench(shared, o);
+  EXPECT_EQ(r.alone.not_measured, "models without shared experts only");
+  std::ostringstream out;
+  print_bench(shared, r, out);
+  EXPECT_NE(out.str().find("kernels alone (--alone): not measured (models without shared experts only)"),
+            std::string::npos) << out.str();
+}
+
 // Runs `moecore bench` (the binary has the counting operator new) on a tiny config and returns
 // {total, inside oneDNN} allocations per step over steps 3-10.
 std::pair<double, double> binary_bench_allocs(const std::string& sets) {
