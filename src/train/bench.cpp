@@ -399,7 +399,7 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
     for (size_t p = 0; p < r.alone.seconds.size(); ++p)
       if (r.alone.seconds[p] > 0) phases += r.phase_s[p];
     os << std::setprecision(1) << "kernels alone (--alone): each phase's GEMMs and attention kernels at the step's "
-       << "shapes and expert loads, each the fastest of 3 runs after the steps: " << alone_total * 1e3
+       << "shapes and expert loads, after the steps, each the median of 5 rounds: " << alone_total * 1e3
        << " ms per step against those phases' " << phases * 1e3 << " ms (" << std::setprecision(0)
        << 100 * alone_total / phases << "%)\n";
   } else if (!r.alone.not_measured.empty()) {

@@ -1,6 +1,7 @@
 #include "train/bench_alone.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <initializer_list>
 
@@ -10,19 +11,25 @@
 namespace moe {
 namespace {
 
-// The fastest of three runs of f, after one to warm up (primitives, packing buffers).
-template <class F> double best_of_three(Backend& ops, F&& f) {
-  f();
-  ops.synchronize();
-  double best = 0;
-  for (int r = 0; r < 3; ++r) {
+// Seconds per call of f: after one call to warm up (primitives, packing buffers), kRounds rounds
+// of enough calls to last kRoundSeconds, the median round: what the phases are compared with are
+// means over the timed steps, and on a shared VM the fastest round of a few-ms kernel is one its
+// vCPUs happened to have to themselves (such a VM's speed moves by a third within minutes).
+constexpr int kRounds = 5;
+constexpr double kRoundSeconds = 0.03;
+template <class F> double seconds_per_call(Backend& ops, F&& f) {
+  const auto timed = [&](int64_t calls) {
     const auto t0 = std::chrono::steady_clock::now();
-    f();
+    for (int64_t i = 0; i < calls; ++i) f();
     ops.synchronize();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = r == 0 ? s : std::min(best, s);
-  }
-  return best;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const double first = timed(1);
+  const int64_t calls = std::max<int64_t>(1, static_cast<int64_t>(kRoundSeconds / std::max(first, 1e-6)));
+  std::array<double, kRounds> round{};
+  for (double& r : round) r = timed(calls) / static_cast<double>(calls);
+  std::nth_element(round.begin(), round.begin() + kRounds / 2, round.end());
+  return round[kRounds / 2];
 }
 
 // Random operands of one measurement, freed with it.
@@ -38,7 +45,7 @@ double linear_alone(Backend& ops, DType adt, int64_t M, int64_t N, int64_t K) {
   Operands o{ops, {}};
   const Tensor x = o(adt, {M, K}), w = o(adt, {N, K}), dy = o(adt, {M, N});
   const Tensor y = o(DType::kF32, {M, N}), dx = o(DType::kF32, {M, K}), dw = o(DType::kF32, {N, K});
-  return best_of_three(ops, [&] {
+  return seconds_per_call(ops, [&] {
     ops.linear_fwd(x, w, y, false);
     ops.linear_bwd_data(dy, w, dx, false);
     ops.linear_bwd_weight(dy, x, dw, false);
@@ -57,7 +64,7 @@ double grouped_alone(Backend& ops, DType adt, const std::vector<int32_t>& rows, 
   o.keep.emplace_back(ops, off.size() * sizeof(int32_t));
   const Tensor offsets = o.keep.back().view(DType::kI32, {E + 1});
   ops.upload(off.data(), offsets);
-  return best_of_three(ops, [&] {
+  return seconds_per_call(ops, [&] {
     ops.grouped_linear_fwd(x, w, offsets, y);
     ops.grouped_linear_bwd_data(dy, w, offsets, dx);
     ops.grouped_linear_bwd_weight(dy, x, offsets, dw, false);
@@ -70,7 +77,7 @@ double attention_alone(Backend& ops, DType adt, bool bf16, int64_t B, int64_t S,
   const Tensor q = o(adt, {B, S, H, hd}), k = o(adt, {B, S, G, hd}), v = o(adt, {B, S, G, hd});
   const Tensor out = o(adt, {B, S, H, hd}), dout = o(DType::kF32, {B, S, H, hd}), lse = o(DType::kF32, {B, H, S});
   const Tensor dq = o(DType::kF32, {B, S, H, hd}), dk = o(DType::kF32, {B, S, G, hd}), dv = o(DType::kF32, {B, S, G, hd});
-  return best_of_three(ops, [&] {
+  return seconds_per_call(ops, [&] {
     ops.attention_fwd(q, k, v, out, lse, Tensor(), bf16);
     ops.attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, Tensor(), bf16);
   });

@@ -24,8 +24,8 @@ struct KernelsAlone {
 };
 
 // counts: per MoE layer, tokens per expert over the step (StepResult::counts of a timed step);
-// each micro-batch's grouped GEMMs run on its share. Every kernel: once to warm up, then the
-// fastest of three runs (a shared machine only ever slows a run down).
+// each micro-batch's grouped GEMMs run on its share. Every kernel group: once to warm up, then the
+// median of 5 rounds of at least 30 ms each (the phases are means over the timed steps).
 KernelsAlone time_kernels_alone(const Config& config, Backend& ops, const std::vector<std::vector<int32_t>>& counts);
 
 }  // namespace moe
