@@ -49,6 +49,7 @@ Run with a Python that has torch and transformers:  python3 bench/peer_pytorch.p
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -178,9 +179,7 @@ class TorchVariant:
             wall.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
             loads.append(self.loads())
-        LOADS[self.name] = [sorted(layer)[len(layer) // 2] if len(layer) % 2 else
-                            0.5 * (sorted(layer)[len(layer) // 2 - 1] + sorted(layer)[len(layer) // 2])
-                            for layer in zip(*loads)]
+        LOADS[self.name] = [statistics.median(layer) for layer in zip(*loads)]
         tokens = self.B * self.S
         return tokens / min(wall), 2 * tokens / min(cpu)
 

@@ -163,6 +163,13 @@ std::vector<TimedStep> run_steps(const Config& config, const BenchOptions& opt, 
   return std::move(steps.timed);
 }
 
+// The median of v (the mean of the middle two for an even count).
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
 // The timed steps' times, phases and counters as means per step (the median step time too).
 void summarize_steps(const std::vector<TimedStep>& timed_steps, const BenchOptions& opt, BenchResult& r) {
   std::array<double, PhaseTimer::kNum> sums{}, cpu_sums{};
@@ -200,10 +207,7 @@ void summarize_steps(const std::vector<TimedStep>& timed_steps, const BenchOptio
   }
 
   const double n = static_cast<double>(r.step_s.size());
-  std::vector<double> sorted = r.step_s;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t mid = sorted.size() / 2;
-  r.median_step_s = sorted.size() % 2 ? sorted[mid] : 0.5 * (sorted[mid - 1] + sorted[mid]);
+  r.median_step_s = median(r.step_s);
   r.mean_step_s = step_sum / n;
   for (int p = 0; p < PhaseTimer::kNum; ++p) {
     r.phase_s[static_cast<size_t>(p)] = sums[static_cast<size_t>(p)] / n;
@@ -216,9 +220,7 @@ void summarize_steps(const std::vector<TimedStep>& timed_steps, const BenchOptio
     std::vector<double> v;
     for (const TimedStep& t : timed_steps)
       if (l < t.max_load.size()) v.push_back(t.max_load[l]);
-    std::sort(v.begin(), v.end());
-    const size_t h = v.size() / 2;
-    r.max_load.push_back(v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]));
+    r.max_load.push_back(median(std::move(v)));
   }
 }
 }  // namespace

@@ -39,12 +39,17 @@ steps = 10
 )", {}, "bench test config");
 }
 
-TEST(Bench, PhasesSumToStepTimeAndMoePhasesAreNonZero) {
-  const Config c = tiny_moe_config();
+// A short bench: one warm-up step, then `steps` timed ones.
+BenchOptions short_bench(int64_t steps) {
   BenchOptions o;
   o.warmup = 1;
-  o.steps = 3;
-  const BenchResult r = run_bench(c, o);
+  o.steps = steps;
+  return o;
+}
+
+TEST(Bench, PhasesSumToStepTimeAndMoePhasesAreNonZero) {
+  const Config c = tiny_moe_config();
+  const BenchResult r = run_bench(c, short_bench(3));
   ASSERT_EQ(r.step_s.size(), 3u);
   EXPECT_GT(r.tokens_per_s, 0);
   EXPECT_LE(r.phase_error, 0.03) << "phases " << r.phase_sum_s << " s vs step " << r.mean_step_s << " s";
@@ -75,9 +80,7 @@ TEST(Bench, PhasesSumToStepTimeAndMoePhasesAreNonZero) {
 // --ops: the wall time inside each cpu backend call of the timed steps, within the step's time.
 TEST(Bench, OpTimesNameTheOpsInsideTheStep) {
   const Config c = tiny_moe_config();
-  BenchOptions o;
-  o.warmup = 1;
-  o.steps = 2;
+  BenchOptions o = short_bench(2);
   o.ops = true;
   const BenchResult r = run_bench(c, o);
   const auto at = [](OpId op) { return static_cast<size_t>(op); };
@@ -103,9 +106,7 @@ TEST(Bench, OpTimesNameTheOpsInsideTheStep) {
 // GEMMs or attention, and said so; a model the measurement does not cover is named, not measured.
 TEST(Bench, KernelsAloneTimeThePhasesThatCarryGemmsAndAttention) {
   const Config c = tiny_moe_config();
-  BenchOptions o;
-  o.warmup = 1;
-  o.steps = 2;
+  BenchOptions o = short_bench(2);
   o.alone = true;
   for (const char* precision : {"fp32", "bf16"}) {
     SCOPED_TRACE(precision);
