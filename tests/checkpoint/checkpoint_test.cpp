@@ -442,6 +442,13 @@ pid_t spawn(std::vector<std::string> args, const std::string& stderr_path = "/de
   return pid;
 }
 
+// The step in a checkpoint directory's name (step_00000012 -> 12); 0 for no checkpoint.
+int64_t checkpoint_step(const std::string& path) {
+  if (path.empty()) return 0;
+  const std::string name = fs::path(path).filename().string();
+  return std::stoll(name.substr(name.find('_') + 1));
+}
+
 int wait_for(pid_t pid) {
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -487,41 +494,53 @@ TEST(Checkpoint, BinarySurvivesRandomSigkillsAndResumesBitExactly) {
   ASSERT_TRUE(WIFEXITED(ref_status) && WEXITSTATUS(ref_status) == 0);
   const double ref_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  // The killed run: save every step, SIGKILL at pseudo-random moments, check, resume.
   const fs::path out = root / "killed", ckpt = out / "checkpoints";
-  // The kill delays scale with the reference run; on a loaded machine (other tests running) a
-  // killed run may start slower than the reference did, so a kill that left no new checkpoint
-  // lengthens the following delays (and a long run of progress shortens them again).
+  // The killed run: save every step, SIGKILL at pseudo-random moments, check, resume. Every third
+  // attempt dies at a random moment after its start (often while starting or resuming, before a
+  // save); the others at a random moment within the two steps after the attempt's first new
+  // checkpoint appears (often mid-save or mid-prune). Waiting for that progress, rather than
+  // sleeping a fraction of the reference run, keeps the kills inside the run however loaded the
+  // machine is: a fixed schedule once killed a CI run before every save but two.
   int kills = 0, loads_checked = 0;
-  double scale = 1.0;
-  int64_t last_step = 0;
-  for (int attempt = 0; attempt < 40 && kills < 14; ++attempt) {
+  const double step_s = ref_s / static_cast<double>(kBinarySteps);
+  for (int attempt = 0; attempt < 60 && (kills < 10 || loads_checked < 6); ++attempt) {
     std::vector<std::string> args = binary_args(data, out, 1);
-    if (!latest_checkpoint(ckpt.string()).empty()) args.push_back("--resume");
+    const std::string before = latest_checkpoint(ckpt.string());
+    if (!before.empty()) args.push_back("--resume");
     const pid_t pid = spawn(args);
     const double u = random_uniform(42, 1, static_cast<uint64_t>(attempt));
-    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(scale * (0.03 + 0.12 * u) * ref_s * 1e6)));
-    ::kill(pid, SIGKILL);
-    const int status = wait_for(pid);
+    int status = 0;
+    bool exited = false;
+    if (attempt % 3 != 0) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (checkpoint_step(latest_checkpoint(ckpt.string())) <= checkpoint_step(before)) {
+        if (::waitpid(pid, &status, WNOHANG) == pid) { exited = true; break; }
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "attempt " << attempt << " saved nothing in 120 s";
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    if (!exited) {
+      const double delay_s = attempt % 3 != 0 ? 2.0 * u * step_s : (0.02 + 0.1 * u) * ref_s;
+      std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(delay_s * 1e6)));
+      ::kill(pid, SIGKILL);
+      status = wait_for(pid);
+    }
     if (WIFSIGNALED(status)) ++kills;
     const std::string latest = latest_checkpoint(ckpt.string());
-    int64_t step = 0;
     if (!latest.empty()) {
       const CheckpointInfo info = verify_checkpoint(latest);  // must be complete and intact
       EXPECT_GT(info.step, 0);
-      step = info.step;
+      EXPECT_EQ(info.step, checkpoint_step(latest)) << latest;
       ++loads_checked;
     }
-    scale = step > last_step ? std::max(1.0, scale / 1.5) : scale * 1.5;
-    last_step = step;
     if (WIFEXITED(status)) break;  // finished before the kill
   }
   std::vector<std::string> args = binary_args(data, out, 1);
   if (!latest_checkpoint(ckpt.string()).empty()) args.push_back("--resume");
   const int final_status = wait_for(spawn(args));
   ASSERT_TRUE(WIFEXITED(final_status) && WEXITSTATUS(final_status) == 0);
-  EXPECT_GE(kills, 5);
-  EXPECT_GE(loads_checked, 3);
+  EXPECT_GE(kills, 8);
+  EXPECT_GE(loads_checked, 5);
 
   const auto ref = read_metrics(root / "ref" / "metrics.jsonl"), got = read_metrics(out / "metrics.jsonl");
   ASSERT_EQ(ref.size(), static_cast<size_t>(kBinarySteps));
