@@ -50,7 +50,7 @@ struct Args {
   std::string command, config_path, input, out, from, dtype = "f32", checkpoint, prompt, hf_format;
   int64_t max_shard_bytes = 5'000'000'000;
   bool no_carry = false;
-  std::vector<std::string> overrides, run_dirs;
+  std::vector<std::string> overrides, run_dirs, versus;
   bool resume = false, kernels = false, json = false, reference = false;
   std::string layout, cluster, overlap_ep;
   bool sweep = false, calibrate = false, power_capped = false, ops = false, alone = false;
@@ -190,6 +190,9 @@ struct CommandLine {
     bench->add_flag("--ops", a.ops, "also the wall time inside each op of the timed steps (cpu backend)");
     bench->add_flag("--alone", a.alone, "also each phase's GEMMs and attention kernels timed alone at the step's "
                     "shapes after the steps: the rate each phase would reach on its kernels alone (cpu backend)");
+    bench->add_option("--versus", a.versus, "also the same configuration with this key changed (KEY=VALUE, repeat for "
+                      "more), its steps alternated with the first's in this process: B against A step by step")
+        ->type_name("KEY=VALUE");
     bench->add_flag("--kernels", a.kernels, "instead: the GPU's dense, grouped and attention kernel rates (cuda build)");
     bench->add_flag("--calibrate", a.calibrate, "instead: measure this machine (GEMMs, grouped GEMMs, attention, memory, "
                     "all-reduces across the ranks) and write a cluster file for moecore plan --cluster");
@@ -401,6 +404,16 @@ int bench_command(const Args& a) {
   o.thread_alloc_reader = moe::cli::thread_alloc_reader();
   o.ops = a.ops;
   o.alone = a.alone;
+  if (!a.versus.empty()) {
+    Args b = a;
+    b.overrides.insert(b.overrides.end(), a.versus.begin(), a.versus.end());
+    std::string b_is;
+    for (const std::string& kv : a.versus) b_is += (b_is.empty() ? "" : ", ") + kv;
+    const moe::Config cb = resolve(b);
+    const moe::VersusResult result = moe::run_bench_versus(c, cb, o);
+    moe::print_versus(c, cb, b_is, result, std::cout);
+    return 0;
+  }
   const moe::BenchResult result = moe::run_bench(c, o);
   if (moe::launch_rank() == 0) moe::print_bench(c, result, std::cout);
   return 0;

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <iomanip>
+#include <memory>
 #include <random>
+#include <utility>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/fma_peak.h"
@@ -115,53 +117,83 @@ struct BenchSteps {
 };
 
 // The warm-up and timed steps on fresh random ids (labels: the ids shifted by one), phases timed
-// with the backend's events: stream time, whatever the backend's asynchrony.
-std::vector<TimedStep> run_steps(const Config& config, const BenchOptions& opt, Trainer& trainer, Backend& ops,
-                                 Communicator& world, ProcessGroups* groups, BenchResult& r,
-                                 std::vector<std::vector<int32_t>>& last_counts) {
-  const TrainConfig& tc = config.train;
-  const int64_t B = trainer.local_batch(), S = tc.seq_len, V = config.model.vocab_size;
-  OwnedTensor ids(DType::kI32, {B, S}), labels(DType::kI32, {B, S});
-  std::mt19937_64 rng(tc.seed);
-  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(V - 1));
-  std::vector<int32_t> row(static_cast<size_t>(S + 1));
-  const PhaseClock clock{&ops, [](void* b) { return static_cast<Backend*>(b)->record().seq; },
-                         [](void* b) { static_cast<Backend*>(b)->synchronize(); },
-                         [](void* b, uint64_t from, uint64_t to) {
-                           return static_cast<Backend*>(b)->elapsed_seconds(Event{from}, Event{to});
-                         }};
-  PhaseTimer::set_clock(&clock);
-  struct Unset {
-    ~Unset() { PhaseTimer::set_clock(nullptr); }  // also when a step throws
-  } unset;
-  const int64_t total = opt.warmup + opt.steps;
-  BenchSteps steps{trainer, ops, world, groups, opt, tc.overlap_host, std::vector<TimedStep>(static_cast<size_t>(opt.steps)), {}};
-  // Room for every layer's load, so recording a step allocates nothing (the allocation count).
-  for (TimedStep& t : steps.timed) t.max_load.reserve(static_cast<size_t>(config.model.n_layers));
+// with the backend's events: stream time, whatever the backend's asynchrony. One step per call,
+// so that `bench --versus` can alternate two configurations' steps.
+class StepLoop {
+ public:
+  StepLoop(const Config& config, const BenchOptions& opt, Trainer& trainer, Backend& ops, Communicator& world,
+           ProcessGroups* groups)
+      : ops_(ops),
+        B_(trainer.local_batch()),
+        S_(config.train.seq_len),
+        rng_(config.train.seed),
+        dist_(0, static_cast<int32_t>(config.model.vocab_size - 1)),
+        row_(static_cast<size_t>(S_ + 1)),
+        ids_(DType::kI32, {B_, S_}),
+        labels_(DType::kI32, {B_, S_}),
+        steps_{trainer, ops, world, groups, opt, config.train.overlap_host,
+               std::vector<TimedStep>(static_cast<size_t>(opt.steps)), {}},
+        clock_{&ops, [](void* b) { return static_cast<Backend*>(b)->record().seq; },
+               [](void* b) { static_cast<Backend*>(b)->synchronize(); },
+               [](void* b, uint64_t from, uint64_t to) {
+                 return static_cast<Backend*>(b)->elapsed_seconds(Event{from}, Event{to});
+               }} {
+    // Room for every layer's load, so recording a step allocates nothing (the allocation count).
+    for (TimedStep& t : steps_.timed) t.max_load.reserve(static_cast<size_t>(config.model.n_layers));
+  }
+
+  // Step i (1-based: warm-up steps first) on fresh ids.
+  void step(int64_t i, BenchResult& r) {
+    PhaseTimer::set_clock(&clock_);
+    struct Unset {
+      ~Unset() { PhaseTimer::set_clock(nullptr); }  // also when a step throws
+    } unset;
 #ifdef MOE_WITH_CUDA
-  // Which implementation the timed steps' grouped GEMMs and attention took (the step table says).
-  const bool on_cuda = ops.device() == Device::kCuda;
-  CudaPaths paths_before;
-#endif
-  for (int64_t i = 1; i <= total; ++i) {
-#ifdef MOE_WITH_CUDA
-    if (on_cuda && i == opt.warmup + 1) paths_before = cuda_paths(ops);
+    // Which implementation the timed steps' grouped GEMMs and attention took (the step table says).
+    if (ops_.device() == Device::kCuda && i == steps_.opt.warmup + 1) paths_before_ = cuda_paths(ops_);
 #endif
     // Fresh random ids each step (outside the phases); labels are the ids shifted by one.
-    for (int64_t b = 0; b < B; ++b) {
-      for (auto& x : row) x = dist(rng);
-      std::copy(row.begin(), row.end() - 1, ids.t.as<int32_t>() + b * S);
-      std::copy(row.begin() + 1, row.end(), labels.t.as<int32_t>() + b * S);
+    for (int64_t b = 0; b < B_; ++b) {
+      for (auto& x : row_) x = dist_(rng_);
+      std::copy(row_.begin(), row_.end() - 1, ids_.t.as<int32_t>() + b * S_);
+      std::copy(row_.begin() + 1, row_.end(), labels_.t.as<int32_t>() + b * S_);
     }
-    steps.run(i, ids, labels, r);
+    steps_.run(i, ids_, labels_, r);
+    last_ = i;
   }
-  steps.record(trainer.collect(), total);  // the last step's record (submit leaves it in flight)
+
+  // Reads the step still in flight (train.overlap_host), if any: before the other configuration's
+  // step (bench --versus), and after the last.
+  void drain() {
+    if (steps_.overlap_host) steps_.record(steps_.trainer.collect(), last_);
+  }
+
+  // After the last step: the timed steps' records and the last step's tokens per expert.
+  std::vector<TimedStep> finish(BenchResult& r, std::vector<std::vector<int32_t>>& last_counts) {
+    drain();
 #ifdef MOE_WITH_CUDA
-  if (on_cuda) r.kernel_paths = cuda_paths_text(cuda_paths(ops) - paths_before);
+    if (ops_.device() == Device::kCuda) r.kernel_paths = cuda_paths_text(cuda_paths(ops_) - paths_before_);
+#else
+    (void)r;
 #endif
-  last_counts = std::move(steps.last_counts);
-  return std::move(steps.timed);
-}
+    last_counts = std::move(steps_.last_counts);
+    return std::move(steps_.timed);
+  }
+
+ private:
+  Backend& ops_;
+  int64_t B_, S_;
+  std::mt19937_64 rng_;
+  std::uniform_int_distribution<int32_t> dist_;
+  std::vector<int32_t> row_;
+  OwnedTensor ids_, labels_;
+  BenchSteps steps_;
+  PhaseClock clock_;
+  int64_t last_ = 0;
+#ifdef MOE_WITH_CUDA
+  CudaPaths paths_before_;
+#endif
+};
 
 // The median of v (the mean of the middle two for an even count).
 double median(std::vector<double> v) {
@@ -225,38 +257,61 @@ void summarize_steps(const std::vector<TimedStep>& timed_steps, const BenchOptio
 }
 }  // namespace
 
-BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
-  MOE_CHECK(opt.warmup >= 0 && opt.steps >= 1, "bench: --warmup must be >= 0 and --steps >= 1");
-  MOE_CHECK(!opt.ops || config_in.train.backend == "cpu", "bench --ops: per-op times need train.backend = \"cpu\" ",
-            "(its calls are synchronous), not \"", config_in.train.backend, "\"");
-  Config config = config_in;
-  // Schedule length covers the run so the LR never hits a degenerate point.
-  config.train.steps = std::max(config.train.steps, opt.warmup + opt.steps);
-  std::unique_ptr<Backend> ops = make_backend(config.train.backend);
-  ops->set_deterministic_attention(config.train.deterministic_attention);
-  // Under mpirun every rank benches its share of the step; rank 0 prints (main.cpp).
-  std::unique_ptr<Communicator> world = launch_world();
-  check_ranks_agree(config_in, *world, /*with_data_files=*/false);  // bench reads no data
-  const Layout layout = layout_from_config(config.parallel);
-  validate_layout(layout, world->size(), config.model.num_experts, config.model.n_layers);
-  std::unique_ptr<ProcessGroups> groups;
-  if (world->size() > 1) groups = std::make_unique<ProcessGroups>(make_process_groups(*world, layout));
-  // parallel.communicator = "nccl": tensors go over NCCL groups of the same ranks.
-  const std::unique_ptr<DeviceGroups> nccl = device_groups(config.parallel.communicator, groups.get(), *ops);
-  const auto setup_start = std::chrono::steady_clock::now();
-  Trainer trainer(config, *ops, DType::kF32, nccl ? &nccl->groups : groups.get());
-  ops->synchronize();
-  const double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
-
+namespace {
+// One configuration's bench in this process: its backend, device groups and trainer, its step
+// loop and its result. Members in construction order: the trainer goes before its backend.
+struct Arm {
+  Config config;
+  std::unique_ptr<Backend> ops;
+  std::unique_ptr<DeviceGroups> nccl;
+  std::unique_ptr<Trainer> trainer;
+  std::unique_ptr<StepLoop> loop;
   BenchResult r;
-  r.setup_s = setup_s;
-  r.params = trainer.model().layout().total();  // this rank's (padding included)
+  std::vector<std::vector<int32_t>> last_counts;  // the last step's tokens per expert (--alone)
+};
+
+// Checks the run's options and applies train.threads (as `moecore train` does): the thread count
+// the peak is measured at is the one the steps run on.
+void start_bench(const Config& config, const BenchOptions& opt) {
+  MOE_CHECK(opt.warmup >= 0 && opt.steps >= 1, "bench: --warmup must be >= 0 and --steps >= 1");
+  MOE_CHECK(!opt.ops || config.train.backend == "cpu", "bench --ops: per-op times need train.backend = \"cpu\" ",
+            "(its calls are synchronous), not \"", config.train.backend, "\"");
+  if (config.train.threads > 0) cpu::set_num_threads(static_cast<int>(config.train.threads));
+  PhaseTimer::set_thread_alloc_reader(opt.thread_alloc_reader);
+}
+
+// A configuration's trainer (its construction timed: the setup line) and step loop.
+std::unique_ptr<Arm> make_arm(const Config& config_in, const BenchOptions& opt, Communicator& world,
+                              ProcessGroups* groups) {
+  auto a = std::make_unique<Arm>();
+  a->config = config_in;
+  // Schedule length covers the run so the LR never hits a degenerate point.
+  a->config.train.steps = std::max(config_in.train.steps, opt.warmup + opt.steps);
+  const Config& config = a->config;
+  validate_layout(layout_from_config(config.parallel), world.size(), config.model.num_experts, config.model.n_layers);
+  a->ops = make_backend(config.train.backend);
+  a->ops->set_deterministic_attention(config.train.deterministic_attention);
+  // parallel.communicator = "nccl": tensors go over NCCL groups of the same ranks.
+  a->nccl = device_groups(config.parallel.communicator, groups, *a->ops);
+  const auto setup_start = std::chrono::steady_clock::now();
+  a->trainer = std::make_unique<Trainer>(config, *a->ops, DType::kF32, a->nccl ? &a->nccl->groups : groups);
+  a->ops->synchronize();
+  BenchResult& r = a->r;
+  r.setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+  r.params = a->trainer->model().layout().total();  // this rank's (padding included)
   r.host_threads = cpu::num_threads();
   r.tokens_per_step = config.train.batch_size * config.train.seq_len;  // the global step
-  r.ranks = world->size();
-  PhaseTimer::set_thread_alloc_reader(opt.thread_alloc_reader);
-  std::vector<std::vector<int32_t>> last_counts;
-  summarize_steps(run_steps(config, opt, trainer, *ops, *world, groups.get(), r, last_counts), opt, r);
+  r.ranks = world.size();
+  a->loop = std::make_unique<StepLoop>(config, opt, *a->trainer, *a->ops, world, groups);
+  return a;
+}
+
+// After the last step: the rates, each phase's model FLOPs, MFU (against the cached peak and one
+// measured now), peak memory.
+void finish_arm(Arm& a, const BenchOptions& opt, Communicator& world) {
+  const Config& config = a.config;
+  BenchResult& r = a.r;
+  summarize_steps(a.loop->finish(r, a.last_counts), opt, r);
   r.tokens_per_s = static_cast<double>(r.tokens_per_step) / r.median_step_s;
   r.flops_per_token = config.model.train_flops_per_token(config.train.seq_len);
   r.tflops = r.tokens_per_s * r.flops_per_token * 1e-12;
@@ -269,22 +324,62 @@ BenchResult run_bench(const Config& config_in, const BenchOptions& opt) {
     r.phase_flops[static_cast<size_t>(Phase::kLmHeadLoss)] = f.lm_head * tokens;
     r.phase_flops[static_cast<size_t>(Phase::kOther)] = f.dense_ffn * tokens;
   }
-  r.peak = mfu_peak(config, world.get());
+  r.peak = mfu_peak(config, &world);
   r.mfu = r.peak.mfu(r.tflops);
   if (r.ranks == 1 && r.peak.source == "measured") {
-    const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads) : cpu::num_threads();
-    const cpu::FmaPeak now = cpu::measure_fma_peak(threads);
+    const cpu::FmaPeak now = cpu::measure_fma_peak(cpu::num_threads());
     r.peak_now_tflops = (config.train.precision != "fp32" ? now.bf16_flops : now.fp32_flops) * 1e-12;
     r.mfu_now = r.peak_now_tflops > 0 ? r.tflops / r.peak_now_tflops : 0.0;
   }
-  // Peak memory first: the kernels' operands below are not the step's.
+  // Peak memory before --alone: the kernels' operands are not the step's.
   r.peak_rss_bytes = peak_rss_bytes();
   r.peak_device_mb = peak_device_mb();
-  if (opt.alone) {
-    r.alone = r.ranks == 1 ? time_kernels_alone(config, *ops, last_counts) : KernelsAlone{{}, "one process only"};
-  }
   r.estimate_mb = estimate_memory(config).total() / (1024.0 * 1024.0);
-  return r;
+}
+}  // namespace
+
+BenchResult run_bench(const Config& config, const BenchOptions& opt) {
+  start_bench(config, opt);
+  // Under mpirun every rank benches its share of the step; rank 0 prints (main.cpp).
+  std::unique_ptr<Communicator> world = launch_world();
+  check_ranks_agree(config, *world, /*with_data_files=*/false);  // bench reads no data
+  const Layout layout = layout_from_config(config.parallel);
+  validate_layout(layout, world->size(), config.model.num_experts, config.model.n_layers);
+  std::unique_ptr<ProcessGroups> groups;
+  if (world->size() > 1) groups = std::make_unique<ProcessGroups>(make_process_groups(*world, layout));
+  const std::unique_ptr<Arm> arm = make_arm(config, opt, *world, groups.get());
+  for (int64_t i = 1; i <= opt.warmup + opt.steps; ++i) arm->loop->step(i, arm->r);
+  finish_arm(*arm, opt, *world);
+  BenchResult& r = arm->r;
+  if (opt.alone)
+    r.alone = r.ranks == 1 ? time_kernels_alone(arm->config, *arm->ops, arm->last_counts)
+                           : KernelsAlone{{}, "one process only"};
+  return std::move(r);
+}
+
+VersusResult run_bench_versus(const Config& a, const Config& b, const BenchOptions& opt) {
+  MOE_CHECK(!opt.ops && !opt.alone, "bench --versus: --ops and --alone describe one configuration's steps; "
+            "run them without --versus");
+  MOE_CHECK(a.train.threads == b.train.threads, "bench --versus: train.threads is the process's, the same for both "
+            "configurations (", a.train.threads, " and ", b.train.threads, ")");
+  start_bench(a, opt);
+  std::unique_ptr<Communicator> world = launch_world();
+  MOE_CHECK(world->size() == 1, "bench --versus: one process runs both configurations, not ", world->size(),
+            " ranks under mpirun");
+  const std::unique_ptr<Arm> arm_a = make_arm(a, opt, *world, nullptr), arm_b = make_arm(b, opt, *world, nullptr);
+  // A B, B A, A B, ...: each pair back to back, neither always first (a step can warm the
+  // caches or the clock for the next).
+  for (int64_t i = 1; i <= opt.warmup + opt.steps; ++i) {
+    Arm* order[2] = {arm_a.get(), arm_b.get()};
+    if (i % 2 == 0) std::swap(order[0], order[1]);
+    for (Arm* arm : order) {
+      arm->loop->step(i, arm->r);
+      arm->loop->drain();  // this step's record read before the other configuration's step
+    }
+  }
+  finish_arm(*arm_a, opt, *world);
+  finish_arm(*arm_b, opt, *world);
+  return {std::move(arm_a->r), std::move(arm_b->r)};
 }
 
 namespace {
@@ -423,11 +518,52 @@ void print_bench(const Config& config, const BenchResult& r, std::ostream& os) {
   if (!r.kernel_paths.empty()) os << "kernel paths (calls in the timed steps): " << r.kernel_paths << "\n";
   if (r.setup_s > 0)
     os << std::setprecision(2) << "setup: " << r.setup_s << " s (allocation, parameter init of " << r.params
-       << " parameters on " << r.host_threads << " host threads, plans)\n";
+       << " parameters on " << r.host_threads << (r.host_threads == 1 ? " host thread" : " host threads") << ", plans)\n";
   os << std::setprecision(1) << "peak RSS: " << static_cast<double>(r.peak_rss_bytes) / (1 << 20) << " MiB\n";
   if (r.peak_device_mb > 0)
     os << "peak device memory: " << r.peak_device_mb << " MiB (estimate " << r.estimate_mb << " MiB + the backend's "
        << "fixed scratch and workspace: " << std::setprecision(0) << 100 * r.peak_device_mb / r.estimate_mb << "%)\n";
+  os.flags(flags);
+}
+
+namespace {
+// B's time per token over A's, less one, for each pair of timed steps: the median, min and max.
+struct PairedChange {
+  double median = 0, min = 0, max = 0;
+};
+PairedChange paired_change(const std::vector<double>& a, const std::vector<double>& b, double a_tokens, double b_tokens) {
+  std::vector<double> change;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) change.push_back((b[i] / b_tokens) / (a[i] / a_tokens) - 1);
+  const auto [lo, hi] = std::minmax_element(change.begin(), change.end());
+  return {median(change), *lo, *hi};
+}
+}  // namespace
+
+void print_versus(const Config& a, const Config& b, const std::string& b_is, const VersusResult& r, std::ostream& os) {
+  os << "== A: the configuration ==\n";
+  print_bench(a, r.a, os);
+  os << "== B: the configuration with " << b_is << " ==\n";
+  print_bench(b, r.b, os);
+  const auto flags = os.flags();
+  const double ta = static_cast<double>(r.a.tokens_per_step), tb = static_cast<double>(r.b.tokens_per_step);
+  os << "versus: B against A, each timed step paired with the other configuration's step of the same number, run "
+     << "back to back (A B, B A, A B, ...: a machine whose speed drifts moves both); time per token, B / A - 1, the "
+     << "median (min .. max) over " << std::min(r.a.step_s.size(), r.b.step_s.size()) << " pairs:\n"
+     << std::fixed << std::showpos << std::setprecision(1);
+  const struct {
+    const char* name;
+    const std::vector<double>& a;
+    const std::vector<double>& b;
+  } rows[] = {{"step (wall)", r.a.step_s, r.b.step_s},
+              {"fwd+bwd (wall)", r.a.fwd_bwd_s, r.b.fwd_bwd_s},
+              {"step (cpu)", r.a.cpu_s, r.b.cpu_s},
+              {"fwd+bwd (cpu)", r.a.cpu_fwd_bwd_s, r.b.cpu_fwd_bwd_s}};
+  for (const auto& row : rows) {
+    const PairedChange c = paired_change(row.a, row.b, ta, tb);
+    os << "  " << std::left << std::setw(16) << row.name << std::right << std::setw(7) << 100 * c.median << "%  ("
+       << 100 * c.min << " .. " << 100 * c.max << ")\n";
+  }
+  os << std::noshowpos << "peak RSS above: the process's, both configurations together\n";
   os.flags(flags);
 }
 

@@ -79,4 +79,16 @@ struct BenchResult {
 BenchResult run_bench(const Config& config, const BenchOptions& opt);
 void print_bench(const Config& config, const BenchResult& r, std::ostream& os);
 
+// `moecore bench --versus`: two configurations in one process, their steps alternated (A B, B A,
+// A B, ...), so that each pair of steps runs seconds apart: on a shared VM whose speed drifts by
+// the minute, runs minutes apart compare the machine's moments as much as the configurations.
+// One process; the same train.threads; not with --ops or --alone.
+struct VersusResult {
+  BenchResult a, b;
+};
+VersusResult run_bench_versus(const Config& a, const Config& b, const BenchOptions& opt);
+// Both results (print_bench), then B's time per token against A's, pair by pair. b_is says how B
+// differs ("model.num_experts=128").
+void print_versus(const Config& a, const Config& b, const std::string& b_is, const VersusResult& r, std::ostream& os);
+
 }  // namespace moe

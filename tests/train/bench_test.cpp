@@ -2,16 +2,19 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "common/cli_util.h"
 #include "common/paths.h"
 #include "config/config.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "train/bench.h"
 
 namespace moe {
@@ -75,6 +78,67 @@ TEST(Bench, PhasesSumToStepTimeAndMoePhasesAreNonZero) {
   for (Phase p : {Phase::kAttention, Phase::kRouter, Phase::kExpertGemm, Phase::kLmHeadLoss})
     EXPECT_GT(r.phase_flops[static_cast<size_t>(p)], 0.0) << phase_name(p);
   EXPECT_EQ(r.phase_flops[static_cast<size_t>(Phase::kOther)], 0.0);
+}
+
+// train.threads is the thread count the steps run on, as in `moecore train` (bench once ran on
+// every core and divided by the peak of train.threads: 114% MFU at train.threads = 1).
+TEST(Bench, RunsOnTrainThreads) {
+  const int saved = cpu::num_threads();
+  Config c = tiny_moe_config();
+  c.train.threads = 1;
+  const BenchResult r = run_bench(c, short_bench(1));
+  EXPECT_EQ(r.host_threads, 1);
+  EXPECT_EQ(cpu::num_threads(), 1);
+  cpu::set_num_threads(saved);
+}
+
+// --versus: two configurations' steps alternated in one process. Each runs the steps it would
+// run alone (the same ids, the same routing: the per-layer loads are equal), and the paired line
+// is each pair's time per token, B over A.
+TEST(Bench, VersusAlternatesTwoConfigurationsThatRunAsAlone) {
+  const Config a = tiny_moe_config();
+  Config b = a;
+  b.model.num_experts = 8;
+  const BenchOptions o = short_bench(3);
+  const VersusResult v = run_bench_versus(a, b, o);
+  const BenchResult alone_a = run_bench(a, o), alone_b = run_bench(b, o);
+  ASSERT_EQ(v.a.step_s.size(), 3u);
+  ASSERT_EQ(v.b.step_s.size(), 3u);
+  EXPECT_EQ(v.a.max_load, alone_a.max_load);
+  EXPECT_EQ(v.b.max_load, alone_b.max_load);
+  EXPECT_GT(v.b.params, v.a.params);
+  for (const BenchResult* r : {&v.a, &v.b}) EXPECT_LE(r->phase_error, 0.03);
+  std::ostringstream printed;
+  print_versus(a, b, "model.num_experts=8", v, printed);
+  const std::string out = printed.str();
+  EXPECT_NE(out.find("== B: the configuration with model.num_experts=8 =="), std::string::npos) << out;
+  std::vector<double> change;
+  for (size_t i = 0; i < 3; ++i) change.push_back(100 * (v.b.step_s[i] / v.a.step_s[i] - 1));
+  std::sort(change.begin(), change.end());
+  char want[64];
+  std::snprintf(want, sizeof want, "%+.1f%%  (%+.1f .. %+.1f)", change[1], change[0], change[2]);
+  const size_t at = out.find("  step (wall)");
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_NE(out.substr(at, out.find('\n', at) - at).find(want), std::string::npos) << out.substr(at, 80) << " vs " << want;
+  for (const char* row : {"fwd+bwd (wall)", "step (cpu)", "fwd+bwd (cpu)"})
+    EXPECT_NE(out.find(row), std::string::npos) << row;
+  // What it cannot compare is an error naming the option.
+  BenchOptions alone = o;
+  alone.alone = true;
+  EXPECT_THROW(
+      try { run_bench_versus(a, b, alone); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("--alone"), std::string::npos) << e.what();
+        throw;
+      },
+      Error);
+  Config one_thread = b;
+  one_thread.train.threads = 1;
+  EXPECT_THROW(
+      try { run_bench_versus(a, one_thread, o); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("train.threads"), std::string::npos) << e.what();
+        throw;
+      },
+      Error);
 }
 
 // --ops: the wall time inside each cpu backend call of the timed steps, within the step's time.
