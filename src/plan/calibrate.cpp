@@ -298,6 +298,8 @@ cpu::FmaPeak ranks_fma_peak(const Config& config, Communicator* world) {
 }
 
 std::string calibrate_machine(const Config& config, const CalibrateOptions& opt, std::ostream& log) {
+  // The kernels run on the threads the peaks are measured at (train.threads, or all).
+  if (config.train.threads > 0) cpu::set_num_threads(static_cast<int>(config.train.threads));
   std::unique_ptr<Communicator> world = launch_world();
   const int n = world->size();
   Cluster base = load_cluster(opt.base.empty() ? (n > 1 ? "cpu-core" : "cpu") : opt.base);
