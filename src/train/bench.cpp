@@ -563,6 +563,17 @@ void print_versus(const Config& a, const Config& b, const std::string& b_is, con
     os << "  " << std::left << std::setw(16) << row.name << std::right << std::setw(7) << 100 * c.median << "%  ("
        << 100 * c.min << " .. " << 100 * c.max << ")\n";
   }
+  // Where the difference goes: each phase's mean per token (means, not pairs: noisier), its
+  // change as a share of A's step per token.
+  os << "by phase: A -> B, ms per timed step (mean), and B - A per token as % of A's step per token:\n";
+  for (int p = 1; p <= PhaseTimer::kNum; ++p) {
+    const size_t idx = static_cast<size_t>(p % PhaseTimer::kNum);  // "other" last
+    const double sa = r.a.phase_s[idx], sb = r.b.phase_s[idx];
+    if (sa < 5e-5 && sb < 5e-5) continue;  // under 0.05 ms in both: not printed
+    os << "  " << std::left << std::setw(14) << phase_name(static_cast<Phase>(idx)) << std::right << std::noshowpos
+       << std::setw(9) << sa * 1e3 << " ->" << std::setw(9) << sb * 1e3 << std::showpos << std::setw(8)
+       << 100 * (sb / tb - sa / ta) / (r.a.mean_step_s / ta) << "%\n";
+  }
   os << std::noshowpos << "peak RSS above: the process's, both configurations together\n";
   os.flags(flags);
 }

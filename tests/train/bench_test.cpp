@@ -122,6 +122,14 @@ TEST(Bench, VersusAlternatesTwoConfigurationsThatRunAsAlone) {
   EXPECT_NE(out.substr(at, out.find('\n', at) - at).find(want), std::string::npos) << out.substr(at, 80) << " vs " << want;
   for (const char* row : {"fwd+bwd (wall)", "step (cpu)", "fwd+bwd (cpu)"})
     EXPECT_NE(out.find(row), std::string::npos) << row;
+  // By phase: A's and B's means, and the change per token as a share of A's step.
+  const size_t router = out.find("  router ", out.find("by phase: A -> B"));
+  ASSERT_NE(router, std::string::npos) << out;
+  const size_t r_idx = static_cast<size_t>(Phase::kRouter);
+  std::snprintf(want, sizeof want, "%.1f ->", v.a.phase_s[r_idx] * 1e3);
+  EXPECT_NE(out.substr(router, 60).find(want), std::string::npos) << out.substr(router, 60) << " vs " << want;
+  std::snprintf(want, sizeof want, "%+.1f%%", 100 * (v.b.phase_s[r_idx] - v.a.phase_s[r_idx]) / v.a.mean_step_s);
+  EXPECT_NE(out.substr(router, 60).find(want), std::string::npos) << out.substr(router, 60) << " vs " << want;
   // What it cannot compare is an error naming the option.
   BenchOptions alone = o;
   alone.alone = true;
