@@ -138,12 +138,23 @@ inline void accum_block(const float* a, int64_t astride, int rows, const float* 
     for (int v = 0; v < kNV; ++v) vstore(c + m * kTile + v * kLanes, acc[m][v]);
 }
 
+// Whether the fp32 accumulations fetch the next 16 columns of their A rows ahead (heads x hd
+// apart in the tensor). On a Zen 5 that took the backward +13.8% (one thread, hd 64; PERFORMANCE.md,
+// #30 seventh pass); on an Emerald Rapids Xeon, whose L2 streamer follows the rows by itself, the
+// prefetches cost 0-13% (forward and backward, hd 64 and 128, 1 and 2 threads; #30 sixteenth
+// pass). The products and their order are the same either way.
+bool prefetch_accum_rows() {
+  static const bool intel = __builtin_cpu_is("intel");
+  return !intel;
+}
+
 // C (hd x kTile) = C (* alpha) + A^T (rows x hd, strided) * P (rows x kTile).
 void accum_f32(const float* a, int64_t astride, int rows, const float* p, int hd, float* c,
                const vf* alpha, Tri tri) {
+  const bool ahead = prefetch_accum_rows();
   int d = 0;
   for (; d + kMR <= hd; d += kMR) {
-    if (d % kLanes == 0 && d + kLanes < hd)  // the next 16 columns of every row (prefetch)
+    if (ahead && d % kLanes == 0 && d + kLanes < hd)  // the next 16 columns of every row (prefetch)
       for (int r = 0; r < rows; ++r) prefetch(a + r * astride + d + kLanes);
     accum_block<kMR>(a + d, astride, rows, p, c + d * kTile, alpha, tri);
   }
