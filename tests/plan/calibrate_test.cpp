@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/small_config.h"
 #include "config/config.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "plan/calibrate.h"
@@ -15,22 +16,8 @@ namespace {
 
 TEST(Calibrate, WritesAClusterFileMeasuredOnTrainThreads) {
   const int saved = cpu::num_threads();
-  Config c = parse_config(R"(
-[model]
-vocab_size = 64
-d_model = 32
-n_layers = 2
-n_heads = 4
-n_kv_heads = 2
-num_experts = 4
-top_k = 2
-expert_hidden = 32
-[train]
-seq_len = 32
-batch_size = 4
-micro_batch_size = 2
-threads = 1
-)", {}, "calibrate test config");
+  Config c = test::small_config();  // the training tests' small model
+  c.train.threads = 1;
   CalibrateOptions o;
   o.min_seconds = 0.002;
   std::ostringstream log;
