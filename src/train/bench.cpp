@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <iomanip>
 #include <memory>
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -307,8 +308,8 @@ std::unique_ptr<Arm> make_arm(const Config& config_in, const BenchOptions& opt, 
 }
 
 // After the last step: the rates, each phase's model FLOPs, MFU (against the cached peak and one
-// measured now), peak memory.
-void finish_arm(Arm& a, const BenchOptions& opt, Communicator& world) {
+// measured after every step: `now`, measured here if the run has not yet), peak memory.
+void finish_arm(Arm& a, const BenchOptions& opt, Communicator& world, std::optional<cpu::FmaPeak>& now) {
   const Config& config = a.config;
   BenchResult& r = a.r;
   summarize_steps(a.loop->finish(r, a.last_counts), opt, r);
@@ -327,8 +328,8 @@ void finish_arm(Arm& a, const BenchOptions& opt, Communicator& world) {
   r.peak = mfu_peak(config, &world);
   r.mfu = r.peak.mfu(r.tflops);
   if (r.ranks == 1 && r.peak.source == "measured") {
-    const cpu::FmaPeak now = cpu::measure_fma_peak(cpu::num_threads());
-    r.peak_now_tflops = (config.train.precision != "fp32" ? now.bf16_flops : now.fp32_flops) * 1e-12;
+    if (!now) now = cpu::measure_fma_peak(cpu::num_threads());  // once a run: both arms' steps are done
+    r.peak_now_tflops = (config.train.precision != "fp32" ? now->bf16_flops : now->fp32_flops) * 1e-12;
     r.mfu_now = r.peak_now_tflops > 0 ? r.tflops / r.peak_now_tflops : 0.0;
   }
   // Peak memory before --alone: the kernels' operands are not the step's.
@@ -349,7 +350,8 @@ BenchResult run_bench(const Config& config, const BenchOptions& opt) {
   if (world->size() > 1) groups = std::make_unique<ProcessGroups>(make_process_groups(*world, layout));
   const std::unique_ptr<Arm> arm = make_arm(config, opt, *world, groups.get());
   for (int64_t i = 1; i <= opt.warmup + opt.steps; ++i) arm->loop->step(i, arm->r);
-  finish_arm(*arm, opt, *world);
+  std::optional<cpu::FmaPeak> now;
+  finish_arm(*arm, opt, *world, now);
   BenchResult& r = arm->r;
   if (opt.alone)
     r.alone = r.ranks == 1 ? time_kernels_alone(arm->config, *arm->ops, arm->last_counts)
@@ -377,8 +379,9 @@ VersusResult run_bench_versus(const Config& a, const Config& b, const BenchOptio
       arm->loop->drain();  // this step's record read before the other configuration's step
     }
   }
-  finish_arm(*arm_a, opt, *world);
-  finish_arm(*arm_b, opt, *world);
+  std::optional<cpu::FmaPeak> now;
+  finish_arm(*arm_a, opt, *world, now);
+  finish_arm(*arm_b, opt, *world, now);
   return {std::move(arm_a->r), std::move(arm_b->r)};
 }
 
