@@ -157,7 +157,9 @@ struct ParallelRows {
 
 // s = exp(z - max z) / sum.
 template <class T> void softmax_row(const T* z, int64_t E, T* s) {
-  const T sum = elem::exp_store_sum(z, s, E, elem::lane_max(z, E));
+  bool ordinary;  // float rows with AVX-512: no NaN and a finite max leave out exp's clamps
+  const T mx = elem::lane_max_ordinary(z, E, &ordinary);
+  const T sum = elem::exp_store_sum_ahead(z, s, E, mx, z, ordinary);
   const T inv = T(1) / sum;
 #pragma omp simd
   for (int64_t e = 0; e < E; ++e) s[e] *= inv;
@@ -200,6 +202,49 @@ template <class T> void z_loss_grad_row(const T* z, T lse, double grad_scale, in
 #pragma omp simd
   for (int64_t e = 0; e < E; ++e) dz[e] += g * elem::fast_exp(z[e] - lse);
 }
+
+#if defined(__AVX512F__)
+// The float rows in zmm registers, lane for lane the arithmetic above (the same bits): where a
+// row is ordinary (elem::lane_max_ordinary: no NaN, a finite max) every z - max is <= 0 or -inf,
+// and so is every z - lse (lse = max + log(sum), sum >= 1: a finite lse is >= every z), so the
+// exponentials leave out fast_exp's upper clamp and NaN test (elem::fast_exp16_nonpositive). The
+// z-loss is the router's costliest element-wise op (two exponentials per logit): kernels_bench
+// 16384 x 128, 2 threads, alternated 3 times, 1.13-1.17 -> 0.93-1.05 ms (softmax 0.69 -> 0.59-0.66).
+template <bool kNonPositive> __m512 exp16(__m512 v) {
+  return kNonPositive ? elem::fast_exp16_nonpositive(v) : elem::fast_exp16(v);
+}
+template <bool kNonPositive> float exp_sum_row(const float* z, int64_t E, float mx) {
+  const __m512 m = _mm512_set1_ps(mx);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t e = 0;
+  for (; e + elem::kLanes <= E; e += elem::kLanes)
+    acc = _mm512_add_ps(acc, exp16<kNonPositive>(_mm512_sub_ps(_mm512_loadu_ps(z + e), m)));
+  const __mmask16 tail = first_lanes(E - e);
+  acc = _mm512_mask_add_ps(acc, tail, acc, exp16<kNonPositive>(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, z + e), m)));
+  float a[elem::kLanes];
+  _mm512_storeu_ps(a, acc);
+  return elem::tree_sum(a);
+}
+template <> float log_sum_exp_row<float>(const float* z, int64_t E) {
+  bool ordinary;
+  const float mx = elem::lane_max_ordinary(z, E, &ordinary);
+  return mx + std::log(ordinary ? exp_sum_row<true>(z, E, mx) : exp_sum_row<false>(z, E, mx));
+}
+template <bool kNonPositive> void z_loss_grad_lanes(const float* z, float lse, float g, int64_t E, float* dz) {
+  const __m512 l = _mm512_set1_ps(lse), gv = _mm512_set1_ps(g);
+  for (int64_t e = 0; e < E; e += elem::kLanes) {
+    const __mmask16 live = first_lanes(E - e);
+    const __m512 x = exp16<kNonPositive>(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, z + e), l));
+    _mm512_mask_storeu_ps(dz + e, live, _mm512_add_ps(_mm512_maskz_loadu_ps(live, dz + e), _mm512_mul_ps(gv, x)));
+  }
+}
+template <>
+void z_loss_grad_row<float>(const float* z, float lse, double grad_scale, int64_t tokens, int64_t E, float* dz) {
+  const float g = static_cast<float>(grad_scale) * 2.0f * lse / static_cast<float>(tokens);
+  if (std::isfinite(lse)) return z_loss_grad_lanes<true>(z, lse, g, E, dz);
+  z_loss_grad_lanes<false>(z, lse, g, E, dz);
+}
+#endif
 
 }  // namespace
 
