@@ -15,20 +15,13 @@
 
 #include "core/rng.h"
 #include "kernels/cpu/elem_common.h"
+#include "lane_definitions.h"
 
 namespace moe {
 namespace {
 
 using cpu::elem::kLanes;
-
-float lane_max_definition(const float* x, int64_t n) {
-  float acc[kLanes];
-  for (float& a : acc) a = x[0];
-  for (int64_t i = 0; i < n; ++i) acc[i % kLanes] = x[i] > acc[i % kLanes] ? x[i] : acc[i % kLanes];
-  float m = acc[0];
-  for (int l = 1; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
-  return m;
-}
+using test::lane_max_definition;
 
 float exp_sum_definition(const float* x, float* d, int64_t n, float mx) {
   float acc[kLanes] = {};
@@ -36,9 +29,7 @@ float exp_sum_definition(const float* x, float* d, int64_t n, float mx) {
     d[i] = cpu::elem::fast_exp(x[i] - mx);
     acc[i % kLanes] += d[i];
   }
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
+  return test::tree_definition(acc);
 }
 
 std::vector<float> row(int64_t n, uint64_t seed, float spread) {

@@ -17,31 +17,19 @@
 #include "core/tensor.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/elem_common.h"
+#include "lane_definitions.h"
 
 namespace moe {
 namespace {
 
 using cpu::elem::fast_exp;
-using cpu::elem::kLanes;
+using test::kLanes;
 
-float tree(float (&acc)[kLanes]) {
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
-}
-float lane_max(const float* x, int64_t n) {
-  float acc[kLanes];
-  for (float& a : acc) a = x[0];
-  for (int64_t i = 0; i < n; ++i) acc[i % kLanes] = x[i] > acc[i % kLanes] ? x[i] : acc[i % kLanes];
-  float m = acc[0];
-  for (int l = 1; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
-  return m;
-}
 float lse_definition(const float* z, int64_t n) {
-  const float mx = lane_max(z, n);
+  const float mx = test::lane_max_definition(z, n);
   float acc[kLanes] = {};
   for (int64_t i = 0; i < n; ++i) acc[i % kLanes] += fast_exp(z[i] - mx);
-  return mx + std::log(tree(acc));
+  return mx + std::log(test::tree_definition(acc));
 }
 
 // Rows of E logits: uniform +-10, +-200 (both of the exp's clamps), and special rows.
@@ -98,11 +86,11 @@ TEST(RoutingRows, SoftmaxScoresEqualTheirLaneDefinitionBitwise) {
                            Tensor(s.data(), DType::kF32, {T, E}));
     for (int64_t t = 0; t < T; ++t) {
       const float* zr = z.data() + t * E;
-      const float mx = lane_max(zr, E);
+      const float mx = test::lane_max_definition(zr, E);
       float acc[kLanes] = {};
       std::vector<float> e_row(static_cast<size_t>(E));
       for (int64_t e = 0; e < E; ++e) acc[e % kLanes] += (e_row[static_cast<size_t>(e)] = fast_exp(zr[e] - mx));
-      const float inv = 1.0f / tree(acc);
+      const float inv = 1.0f / test::tree_definition(acc);
       for (int64_t e = 0; e < E; ++e)
         ASSERT_TRUE(same(s[static_cast<size_t>(t * E + e)], e_row[static_cast<size_t>(e)] * inv))
             << "E " << E << ", token " << t << ", expert " << e;
