@@ -100,7 +100,7 @@ template <class T> void expert_fractions(const int32_t* counts, int64_t E, int t
 // load_balance_loss: acc (E) += the row's scores, normalized to sum 1 when they are sigmoids.
 template <class T> void add_score_shares(const T* sr, ScoreKind kind, int64_t E, T* acc) {
   // Softmax scores already sum to 1: no divide per score by it (x / 1 is x, the same bits).
-  if (kind == ScoreKind::kSoftmax) {
+  if (kind != ScoreKind::kSigmoid) {
     for (int64_t e = 0; e < E; ++e) acc[e] += sr[e];
     return;
   }
