@@ -196,24 +196,29 @@ template <> inline float lane_max<float>(const float* x, int64_t n) {
   return lane_max_ordinary(x, n, &ordinary);
 }
 
+// fast_exp16, or where every lane is known <= 0 or -inf (kNonPositive) fast_exp16_nonpositive.
+template <bool kNonPositive> inline __m512 exp16(__m512 v) {
+  return kNonPositive ? fast_exp16_nonpositive(v) : fast_exp16(v);
+}
+
 // exp_store_sum that also asks for next[0, n) in L2, a line per 16 values, while the exponentials
 // keep the cores busy: the next cross-entropy row, whose max pass would otherwise wait on memory.
-// ordinary (lane_max_ordinary's, mx its max): the exponentials by fast_exp16_nonpositive.
-template <bool kNonPositive>
+// ordinary (lane_max_ordinary's, mx its max): the exponentials by fast_exp16_nonpositive. Without
+// kStore only their sum (d unused): a log-sum-exp's pass.
+template <bool kNonPositive, bool kStore = true>
 float exp_store_sum_rows(const float* x, float* d, int64_t n, float mx, const float* next) {
-  auto exp16 = [](__m512 v) { return kNonPositive ? fast_exp16_nonpositive(v) : fast_exp16(v); };
   const __m512 m = _mm512_set1_ps(mx);
   __m512 acc = _mm512_setzero_ps();
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
     _mm_prefetch(reinterpret_cast<const char*>(next + j), _MM_HINT_T1);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), m));
-    _mm512_storeu_ps(d + j, e);
+    const __m512 e = exp16<kNonPositive>(_mm512_sub_ps(_mm512_loadu_ps(x + j), m));
+    if constexpr (kStore) _mm512_storeu_ps(d + j, e);
     acc = _mm512_add_ps(acc, e);
   }
   const __mmask16 tail = first_lanes(n - j);
-  const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + j), m));
-  _mm512_mask_storeu_ps(d + j, tail, e);
+  const __m512 e = exp16<kNonPositive>(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + j), m));
+  if constexpr (kStore) _mm512_mask_storeu_ps(d + j, tail, e);
   acc = _mm512_mask_add_ps(acc, tail, acc, e);
   float a[kLanes];
   _mm512_storeu_ps(a, acc);

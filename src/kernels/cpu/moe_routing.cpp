@@ -210,31 +210,18 @@ template <class T> void z_loss_grad_row(const T* z, T lse, double grad_scale, in
 // exponentials leave out fast_exp's upper clamp and NaN test (elem::fast_exp16_nonpositive). The
 // z-loss is the router's costliest element-wise op (two exponentials per logit): kernels_bench
 // 16384 x 128, 2 threads, alternated 3 times, 1.13-1.17 -> 0.93-1.05 ms (softmax 0.69 -> 0.59-0.66).
-template <bool kNonPositive> __m512 exp16(__m512 v) {
-  return kNonPositive ? elem::fast_exp16_nonpositive(v) : elem::fast_exp16(v);
-}
-template <bool kNonPositive> float exp_sum_row(const float* z, int64_t E, float mx) {
-  const __m512 m = _mm512_set1_ps(mx);
-  __m512 acc = _mm512_setzero_ps();
-  int64_t e = 0;
-  for (; e + elem::kLanes <= E; e += elem::kLanes)
-    acc = _mm512_add_ps(acc, exp16<kNonPositive>(_mm512_sub_ps(_mm512_loadu_ps(z + e), m)));
-  const __mmask16 tail = first_lanes(E - e);
-  acc = _mm512_mask_add_ps(acc, tail, acc, exp16<kNonPositive>(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, z + e), m)));
-  float a[elem::kLanes];
-  _mm512_storeu_ps(a, acc);
-  return elem::tree_sum(a);
-}
 template <> float log_sum_exp_row<float>(const float* z, int64_t E) {
   bool ordinary;
   const float mx = elem::lane_max_ordinary(z, E, &ordinary);
-  return mx + std::log(ordinary ? exp_sum_row<true>(z, E, mx) : exp_sum_row<false>(z, E, mx));
+  const float sum = ordinary ? elem::exp_store_sum_rows<true, false>(z, nullptr, E, mx, z)
+                             : elem::exp_store_sum_rows<false, false>(z, nullptr, E, mx, z);
+  return mx + std::log(sum);
 }
 template <bool kNonPositive> void z_loss_grad_lanes(const float* z, float lse, float g, int64_t E, float* dz) {
   const __m512 l = _mm512_set1_ps(lse), gv = _mm512_set1_ps(g);
   for (int64_t e = 0; e < E; e += elem::kLanes) {
     const __mmask16 live = first_lanes(E - e);
-    const __m512 x = exp16<kNonPositive>(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, z + e), l));
+    const __m512 x = elem::exp16<kNonPositive>(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, z + e), l));
     _mm512_mask_storeu_ps(dz + e, live, _mm512_add_ps(_mm512_maskz_loadu_ps(live, dz + e), _mm512_mul_ps(gv, x)));
   }
 }
