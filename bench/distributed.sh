@@ -1,5 +1,5 @@
 #!/bin/bash
-# Distributed measurements for docs/PERFORMANCE.md (2 ranks on this 2-core machine, 1 thread
+# Distributed measurements for docs/PERFORMANCE_HISTORY.md (2 ranks on this 2-core machine, 1 thread
 # each, alternating variants within each round so VM drift hits all of them):
 #   DDP: no overlap vs parallel.overlap_grad_reduce; EP=2 vs DP-only on the fine-grained config;
 #   PP=2 bubble with 2 and 8 micro-batches. Prints each run's tokens/s, communication ms/step

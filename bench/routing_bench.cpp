@@ -1,7 +1,7 @@
 // Router ops on the cpu backend at the expert-scaling bench's shape (bench/expert_scaling.sh: a
 // micro-batch of 16,384 tokens, top-4 of 8 or 128 experts): the element-wise work beside the
 // router's GEMM, which grows with the expert count (16x from 8 to 128 experts) and is part of
-// what makes 128 experts slower than 8 (docs/PERFORMANCE.md). Time per call, 2 threads.
+// what makes 128 experts slower than 8 (docs/PERFORMANCE_HISTORY.md). Time per call, 2 threads.
 // Run: build/bench/kernels_bench --benchmark_filter='Router|MoePermute'
 #include <benchmark/benchmark.h>
 #include <omp.h>

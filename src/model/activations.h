@@ -309,7 +309,7 @@ class ActivationPlan {
 // of a micro-batch are held at most once. Each chunk re-reads the LM-head weight and reads and
 // writes its whole fp32 gradient: at the earlier 8 MiB bound (41 rows at 50,304) that traffic
 // took the fine-grained bench config's LM head from 0.49 to 0.78 s per step
-// (docs/PERFORMANCE.md, "LM-head chunk sized for the GEMMs").
+// (docs/PERFORMANCE_HISTORY.md, "LM-head chunk sized for the GEMMs").
 int64_t lm_head_chunk_rows(int64_t vocab_size, int64_t tokens);
 
 }  // namespace moe

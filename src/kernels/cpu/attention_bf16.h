@@ -211,7 +211,7 @@ inline void accum_bf16(const uint32_t* a2, int64_t w, int rows, const uint32_t* 
 // q, k, v and dO takes part in many tile products). The pair rows are head-major, (B, heads,
 // ceil(S/2), hd): an accumulation walks one head's pair rows hd words apart, where the tensor's
 // order put them heads x hd apart, a power of two (2 KiB at 8 heads of 64) that maps them all to
-// two sets of L1 (kernels_bench, bf16 products, hd 64, 2 threads: see docs/PERFORMANCE.md).
+// two sets of L1 (kernels_bench, bf16 products, hd 64, 2 threads: see docs/PERFORMANCE_HISTORY.md).
 struct Bf16Tensor {
   const uint16_t* rows = nullptr;   // B * S * row (a bf16 input's own storage); null: not packed
   const uint32_t* pairs = nullptr;  // B * heads * ceil(S/2) * hd; null: not packed

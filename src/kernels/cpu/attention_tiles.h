@@ -139,10 +139,10 @@ inline void accum_block(const float* a, int64_t astride, int rows, const float* 
 }
 
 // Whether the fp32 accumulations fetch the next 16 columns of their A rows ahead (heads x hd
-// apart in the tensor). On a Zen 5 that took the backward +13.8% (one thread, hd 64; PERFORMANCE.md,
-// #30 seventh pass); on an Emerald Rapids Xeon, whose L2 streamer follows the rows by itself, the
-// prefetches cost 0-13% (forward and backward, hd 64 and 128, 1 and 2 threads; #30 sixteenth
-// pass). The products and their order are the same either way.
+// apart in the tensor). On a Zen 5 that took the backward +13.8% (one thread, hd 64;
+// PERFORMANCE_HISTORY.md, #30 seventh pass); on an Emerald Rapids Xeon, whose L2 streamer
+// follows the rows by itself, the prefetches cost 0-13% (forward and backward, hd 64 and 128, 1
+// and 2 threads; #30 sixteenth pass). The products and their order are the same either way.
 bool prefetch_accum_rows() {
   static const bool intel = __builtin_cpu_is("intel");
   return !intel;

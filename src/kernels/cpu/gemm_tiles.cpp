@@ -74,7 +74,7 @@ constexpr double kMinTileFlops = 4e6;
 // there), and aims at kMinTiles / 2 row bands, since every band reads the whole weight. At
 // 1024 x 256 x 50,304 on 2 threads (Zen 5, kernels_bench), one brgemm call per band over the whole
 // reduction against these chunks: fp32 343-348 -> 501-516 GFLOP/s, bf16 770 -> 845
-// (docs/PERFORMANCE.md, #30 sixth pass).
+// (docs/PERFORMANCE_HISTORY.md, #30 sixth pass).
 constexpr int64_t kLongReduction = kCpuLongReduction;  // kernels/cpu_memory.h
 constexpr int64_t kReduceChunk = 2048;
 // Wide weights (an LM head's forward, n x k at least kWideWeight elements): tiles of up to
@@ -135,7 +135,7 @@ constexpr int64_t kGroupWeightBand = 1024;
 // and dropped. Only where the padded rows would pass the end of A does the remainder take two
 // exact calls (a multiple of kPadRows, then fewer). Measured at 128 experts x ~512 rows, uneven
 // (learned routing): 256 + 192 + a 1..63-row tail was ~60% more calls, each re-packing the
-// expert's weights, than even loads (docs/PERFORMANCE.md, expert scaling). The family holds
+// expert's weights, than even loads (docs/PERFORMANCE_HISTORY.md, expert scaling). The family holds
 // lengths 1..kPadRows-1 and the multiples of kPadRows up to kGroupChunk: 31 primitives.
 constexpr int64_t kPadRows = 16;
 // Weight gradients: a tile's product is computed into the thread's dense staging buffer and then
@@ -143,7 +143,7 @@ constexpr int64_t kPadRows = 16;
 // fits kStagedSumBytes (no more than the forward's staged tiles, kRowTile x kMaxStagedColTile
 // floats). Where dw is cold (every expert's dw, except at a step's first write, which overwrites:
 // Item::overwrite) the post-op's reads of the old C stall the micro-kernel: 57 -> 67% of the fp32
-// peak, 53 -> 71% of bf16's, at olmoe_compat's expert shape (docs/PERFORMANCE.md). The same sum,
+// peak, 53 -> 71% of bf16's, at olmoe_compat's expert shape (docs/PERFORMANCE_HISTORY.md). The same sum,
 // C_old + product, in the same one rounding.
 constexpr int64_t kStagedSumBytes = kRowTile * kMaxStagedColTile * 4;
 bool staged_sum(int64_t band, int64_t k) { return band * k * 4 <= kStagedSumBytes; }
