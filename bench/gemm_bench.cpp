@@ -183,6 +183,14 @@ void grouped_args(benchmark::internal::Benchmark* b) {
       for (int skew : {0, 2}) b->Args({op, dt, 128, 512, 256, 256, skew, 2});
       b->Args({op, dt, 8, 8192, 256, 256, 0, 2});
     }
+  // The same at expert_hidden = 1,024 (EXTRA="--set model.expert_hidden=1024"): each expert's
+  // weights 1 MiB, as the published 8 -> 128 benchmark's large experts make them outgrow the
+  // caches; the gate / up projections (n 1,024, k 256) and the down projection (n 256, k 1,024).
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{1024, 256}, {256, 1024}})
+    for (int op : {kFwd, kBwdData, kBwdWeight}) {
+      for (int skew : {0, 2}) b->Args({op, 0, 128, 512, n, k, skew, 2});
+      b->Args({op, 0, 8, 8192, n, k, 0, 2});
+    }
   // olmoe_compat.toml's MoE layer: 16 experts, top-2 of 2,048 tokens (256 rows each on average),
   // d_model = expert_hidden = 512 (the gate, up and down projections are each one such GEMM):
   // balanced, uneven and collapsed loads.
