@@ -1,5 +1,6 @@
 """The transformers side of the fixtures: float64 precision patches for OlmoeForCausalLM and
-adapters that run it (or the plain module) on a fixture's parameters. Used by make_fixtures.py."""
+adapters that run it (or the plain module) on a fixture's parameters. Used by make_fixtures.py
+(through fixture_training.py and fixture_checks.py)."""
 
 from __future__ import annotations
 

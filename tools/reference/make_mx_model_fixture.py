@@ -35,21 +35,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections import OrderedDict
 from dataclasses import asdict
 from importlib.metadata import version as pkg_version
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-import make_fixtures as MF  # noqa: E402
+import fixture_catalog as FC  # noqa: E402  (sets 1 thread, default dtype float64)
+import fixture_training as FT  # noqa: E402
+from hf_side import PlainAdapter  # noqa: E402
 import make_mx_fixtures as MX  # noqa: E402
 import moe_reference as R  # noqa: E402
 from fixture_io import versions  # noqa: E402
@@ -265,8 +265,8 @@ class MxReference(R.MoEReference):
         return out.view(B, S, D)
 
 
-class MxAdapter(MF.PlainAdapter):
-    """make_fixtures.run_training's adapter over MxReference; records optimizer step 1 only."""
+class MxAdapter(PlainAdapter):
+    """fixture_training.run_training's adapter over MxReference; records optimizer step 1 only."""
 
     def __init__(self, cfg, params, micro_batches):
         super().__init__(cfg, params)
@@ -290,7 +290,7 @@ FIXTURE = dict(
         expert_hidden=32, score_func="softmax", norm_topk_prob=False, shared_hidden=16,
         shared_merge="sum", routing="learned", router_bias_gamma=0.0, init_std=0.02),
     loss=R.LossConfig(lm_z_coef=1e-3, lbl_coef=0.05, router_z_coef=0.005),
-    optim=MF.optim(max_grad_norm=0.3),
+    optim=FC.optim(max_grad_norm=0.3),
     train=R.TrainConfig(steps=10, seq_len=40, batch_size=4, micro_batch_size=2),
     design=dict(seed=5005, embed_std=1.0, embed_offset=3.0, router_std=0.3,
                 zero_experts=[(1, 3, -8.0)], final_norm_scale=1.0, out_norm_scale=None,
@@ -323,19 +323,19 @@ def main():
     cfg.validate()
     gen = torch.Generator().manual_seed(design["seed"])
     torch.manual_seed(design["seed"])
-    P = MF.init_params(cfg, design, gen)
-    ids, labels = MF.make_batch(cfg, tr, design, gen)
-    n_redrawn, _ = MF.redraw_until_separated(cfg, design, P, None, ids, gen)
+    P = FC.init_params(cfg, design, gen)
+    ids, labels = FC.make_batch(cfg, tr, design, gen)
+    n_redrawn, _ = FC.redraw_until_separated(cfg, design, P, None, ids, gen)
     M = tr.batch_size // tr.micro_batch_size
 
     # The unquantized model on the same start, for the record: how much MXFP8 moves the losses.
-    plain = MF.run_training(MF.PlainAdapter(cfg, P), fx, ids, labels, None)
+    plain = FT.run_training(PlainAdapter(cfg, P), fx, ids, labels, None)
     REC.tensors.clear()
     adapter = MxAdapter(cfg, P, M)
-    rec = MF.run_training(adapter, fx, ids, labels, None)
+    rec = FT.run_training(adapter, fx, ids, labels, None)
     s0 = rec["step0"]
-    assert s0["min_gap"] >= MF.GAP_STEP0_MIN, s0["min_gap"]
-    assert min(rec["min_gap"]) > MF.GAP_ALL_MIN, rec["min_gap"]
+    assert s0["min_gap"] >= FC.GAP_STEP0_MIN, s0["min_gap"]
+    assert min(rec["min_gap"]) > FC.GAP_ALL_MIN, rec["min_gap"]
     assert REC.deviations == 0, f"{REC.deviations} blocks where torchao departs from its rule"
     clipped = [n + 1 for n, g in enumerate(rec["grad_norm"]) if g > oc.max_grad_norm]
 

@@ -35,20 +35,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import moe_reference as R  # noqa: E402
-import make_fixtures as MF  # noqa: E402
+import fixture_catalog as FC  # noqa: E402  (sets 1 thread, default dtype float64)
+import fixture_training as FT  # noqa: E402
 import olmo_core3 as OC  # noqa: E402
 import olmo3moe_check as O3  # noqa: E402
 from fixture_io import write_fixture  # noqa: E402
 
 F64 = torch.float64
 
-CFG = MF.oc3_model(vocab_size=64, d_model=32, n_layers=3, norm_placement="reordered", qk_norm="per_head",
+CFG = FC.oc3_model(vocab_size=64, d_model=32, n_layers=3, norm_placement="reordered", qk_norm="per_head",
                    embed_scale=math.sqrt(32.0), embedding_norm=True, score_func="sigmoid", sigmoid_eps=1e-7,
                    norm_topk_prob=True, norm_topk_p=2.0, restore_weight_scale=True, top_k=2, original_top_k=4,
                    shared_hidden=8, dense_layers="1", dense_hidden=16, sliding_window="12,-1",
                    sliding_window_full_first=False, sliding_window_full_last=False)
 LOSS = R.LossConfig(lm_z_coef=0.0, lbl_coef=0.05, router_z_coef=0.005, aux_divisor="labelled")
-OPTIM = MF.optim(max_grad_norm=1.0)
+OPTIM = FC.optim(max_grad_norm=1.0)
 TRAIN = R.TrainConfig(steps=3, seq_len=32, batch_size=4, micro_batch_size=2)
 DESIGN = dict(seed=8008, embed_std=1.0, embed_offset=3.0, router_std=0.3, zero_experts=[], final_norm_scale=1.0,
               out_norm_scale=0.04, bias_std=0.0, masked=(3, 5))
@@ -76,9 +77,9 @@ def main():
     fx = dict(model=cfg, loss=LOSS, optim=OPTIM, train=TRAIN, design=DESIGN, source="olmo_core3")
     gen = torch.Generator().manual_seed(DESIGN["seed"])
     torch.manual_seed(DESIGN["seed"])
-    P = MF.init_params(cfg, DESIGN, gen)
-    ids, labels = MF.make_batch(cfg, TRAIN, DESIGN, gen)
-    MF.redraw_until_separated(cfg, DESIGN, P, None, ids, gen)
+    P = FC.init_params(cfg, DESIGN, gen)
+    ids, labels = FC.make_batch(cfg, TRAIN, DESIGN, gen)
+    FC.redraw_until_separated(cfg, DESIGN, P, None, ids, gen)
     # The weights as the saved float32 file holds them: every check below starts from those.
     P = OrderedDict((n, t.to(torch.float32).to(F64)) for n, t in P.items())
 
@@ -111,7 +112,7 @@ def main():
     # Olmo-core's own 3 training steps from these weights.
     n_loss = int((labels >= 0).sum())
     adapter = OC.OlmoCore3Adapter(cfg, P, LOSS.lbl_coef, LOSS.router_z_coef, n_loss, TRAIN.seq_len)
-    rec = MF.run_training(adapter, fx, ids, labels, None)
+    rec = FT.run_training(adapter, fx, ids, labels, None)
     print("Olmo-core 3 losses:", rec["total"], "ce:", rec["ce"])
 
     T = OrderedDict()

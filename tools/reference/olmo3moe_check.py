@@ -253,14 +253,14 @@ if __name__ == "__main__":
     # with biases ~ TN(0, 0.2), Olmo-core 3 vs Olmo3MoeForCausalLM, float64.
     import copy
     import json
-    import make_fixtures as MF
-    fx = copy.deepcopy(MF.FIXTURES["oc3_reordered"])
+    import fixture_catalog as FC
+    fx = copy.deepcopy(FC.FIXTURES["oc3_reordered"])
     c = fx["model"]
     c.attention_bias, c.score_correction_bias = True, False
     fx["design"]["attn_bias_std"] = 0.2
     gen = torch.Generator().manual_seed(1234)
-    P = MF.init_params(c, fx["design"], gen)
-    ids, labels = MF.make_batch(c, fx["train"], fx["design"], gen)
+    P = FC.init_params(c, fx["design"], gen)
+    ids, labels = FC.make_batch(c, fx["train"], fx["design"], gen)
     r = check(c, P, ids, labels, fx["train"].seq_len)
     assert r["applicable"] and r["logits_rel_to_max"] <= 1e-12 and r["ce_grad_max_rel_to_tensor_max"] <= 1e-12, r
     print(json.dumps({k: r[k] for k in ("logits_rel_to_max", "ce_grad_max_rel_to_tensor_max")}))

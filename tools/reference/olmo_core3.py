@@ -17,7 +17,7 @@ site-packages is edited), and leaves every model formula as it is:
   Olmo-core builds from explicit float32 aranges, are pre-filled in its own BufferCache with the
   same formula in float64 (`_fill_rope_cache`).
 `OlmoCore3Adapter` exposes moecore's parameter names (`param_views`) and the interface of
-hf_side.PlainAdapter / HFAdapter, so make_fixtures.run_training drives it. Its auxiliary losses
+hf_side.PlainAdapter / HFAdapter, so fixture_training.run_training drives it. Its auxiliary losses
 are Olmo-core's own: the router's `compute_aux_loss` (`load_balancing_loss`, local batch, and
 `router_z_loss`) with `loss_div_factor` = all tokens of the step, attached to the graph by the
 block (`attach_auxiliary_loss`) with lb_loss_weight / z_loss_weight = the fixture's coefficients;

@@ -3,7 +3,7 @@
 10 AdamW steps? (And the plain module moe_reference.py in float32, as a second fp32 model.)
 
 For each tests/golden/olmo_core3/oc3_*.safetensors:
-- float64: Olmo-core 3 through olmo_core3.OlmoCore3Adapter and make_fixtures.run_training, as the
+- float64: Olmo-core 3 through olmo_core3.OlmoCore3Adapter and fixture_training.run_training, as the
   fixture was made, with a snapshot of the parameters after every step; its final parameters must
   equal the fixture's final.param.* to <= 1e-12 (relative to max|p|) before they are used.
 - Olmo-core 3 fp32: the same builder (olmo_core3.build_model, built in float32 with the default
@@ -35,7 +35,8 @@ from safetensors import safe_open
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-import make_fixtures as MF  # noqa: E402  (sets 1 thread, default dtype float64)
+import fixture_catalog  # noqa: E402, F401  (sets 1 thread, default dtype float64)
+import fixture_training as FT  # noqa: E402
 import moe_reference as R  # noqa: E402
 import olmo_core3 as OC  # noqa: E402
 from hf_side import PlainAdapter  # noqa: E402
@@ -120,7 +121,7 @@ def run(kind, fx, P, bias0, ids, labels):
         ad = with_snapshots(OC.OlmoCore3Adapter)(cfg, P, lc.lbl_coef, lc.router_z_coef, T_step, S,
                                                  lbl_granularity=lc.lbl_granularity)
         ad.snaps = []
-        return MF.run_training(ad, fx, ids, labels, bias0), ad
+        return FT.run_training(ad, fx, ids, labels, bias0), ad
     P32 = OrderedDict((n, t.to(F32)) for n, t in P.items())
     b32 = None if bias0 is None else OrderedDict((L, b.to(F32)) for L, b in bias0.items())
     torch.set_default_dtype(F32)
@@ -133,7 +134,7 @@ def run(kind, fx, P, bias0, ids, labels):
             R.DTYPE = F32
             ad = with_snapshots(PlainAdapter)(cfg, P32)
         ad.snaps = []
-        rec = MF.run_training(ad, fx, ids, labels, b32)
+        rec = FT.run_training(ad, fx, ids, labels, b32)
         if kind == "oc32":
             rec["non_fp32_tensors"] = f32_tensors(ad.m)
         else:
@@ -232,7 +233,7 @@ def main():
                             "fixture's run in float32 (oc32: Olmo-core 3's own model, plain32: "
                             "moe_reference.py), over elements whose step-1 |g| >= 1e-4 max|g|; "
                             "tools/reference/olmo_core3_fp32_drift.py --write")
-        with open(path, "w") as f:
+        with open(summary_path, "w") as f:
             json.dump(summary, f, indent=1)
             f.write("\n")
     hdr = (f"{'fixture':17s}{'impl':8s}{'logits0':>9s}{'grad0':>9s}  {'after 1':>13s}{'after 5':>13s}"
