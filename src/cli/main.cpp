@@ -191,7 +191,7 @@ struct CommandLine {
     bench->add_flag("--alone", a.alone, "also each phase's GEMMs and attention kernels timed alone at the step's "
                     "shapes after the steps: the rate each phase would reach on its kernels alone (cpu backend)");
     bench->add_option("--versus", a.versus, "also the same configuration with this key changed (KEY=VALUE, repeat for "
-                      "more), its steps alternated with the first's in this process: B against A step by step")
+                      "more), its steps alternated with the first's in this process: B against A step by step (with --ops, op by op)")
         ->type_name("KEY=VALUE");
     bench->add_flag("--kernels", a.kernels, "instead: the GPU's dense, grouped and attention kernel rates (cuda build)");
     bench->add_flag("--calibrate", a.calibrate, "instead: measure this machine (GEMMs, grouped GEMMs, attention, memory, "

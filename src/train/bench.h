@@ -79,10 +79,13 @@ struct BenchResult {
 BenchResult run_bench(const Config& config, const BenchOptions& opt);
 void print_bench(const Config& config, const BenchResult& r, std::ostream& os);
 
+// The median of v (the mean of the middle two for an even count): the bench's step statistics.
+double median(std::vector<double> v);
+
 // `moecore bench --versus`: two configurations in one process, their steps alternated (A B, B A,
 // A B, ...), so that each pair of steps runs seconds apart: on a shared VM whose speed drifts by
 // the minute, runs minutes apart compare the machine's moments as much as the configurations.
-// One process; the same train.threads; not with --ops or --alone.
+// One process; the same train.threads; not with --alone (with --ops, each op A against B).
 struct VersusResult {
   BenchResult a, b;
 };

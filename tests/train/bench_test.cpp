@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -144,6 +145,54 @@ TEST(Bench, VersusAlternatesTwoConfigurationsThatRunAsAlone) {
   EXPECT_THROW(
       try { run_bench_versus(a, one_thread, o); } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("train.threads"), std::string::npos) << e.what();
+        throw;
+      },
+      Error);
+}
+
+// --versus with --ops: each configuration's steps time their own ops, and the printout sets each
+// op's mean in A beside B's with its change per token as a share of A's step.
+TEST(Bench, VersusWithOpsComparesEachOp) {
+  const Config a = tiny_moe_config();
+  Config b = a;
+  b.model.num_experts = 8;
+  BenchOptions o = short_bench(2);
+  o.ops = true;
+  const VersusResult v = run_bench_versus(a, b, o);
+  const auto at = [](OpId op) { return static_cast<size_t>(op); };
+  for (const BenchResult* r : {&v.a, &v.b}) {  // per timed step, as alone (OpTimesNameTheOpsInsideTheStep)
+    EXPECT_EQ(r->op_times.calls[at(OpId::grouped_linear_fwd)], 4.0 * 3);
+    EXPECT_EQ(r->op_times.calls[at(OpId::cross_entropy)], 2.0);
+    double total = 0;
+    for (double s : r->op_times.seconds) total += s;
+    EXPECT_GT(total, 0.0);
+    EXPECT_LE(total, r->mean_step_s) << "the ops' time is inside the step's";
+  }
+  EXPECT_EQ(op_times_sink(), nullptr);
+  std::ostringstream printed;
+  print_versus(a, b, "model.num_experts=8", v, printed);
+  const std::string out = printed.str();
+  const size_t by_op = out.find("by op: A -> B");
+  ASSERT_NE(by_op, std::string::npos) << out;
+  // Every op that ran is listed under "by op" or counted as having moved less than 0.05%.
+  const size_t k = at(OpId::grouped_linear_fwd);
+  const double change = 100 * (v.b.op_times.seconds[k] - v.a.op_times.seconds[k]) / v.a.mean_step_s;
+  const size_t row = out.find("  grouped_linear_fwd ", by_op);
+  if (std::abs(change) >= 0.05) {
+    ASSERT_NE(row, std::string::npos) << out;
+    char want[64];
+    std::snprintf(want, sizeof want, "%.1f ->", v.a.op_times.seconds[k] * 1e3);
+    EXPECT_NE(out.substr(row, 70).find(want), std::string::npos) << out.substr(row, 70) << " vs " << want;
+    std::snprintf(want, sizeof want, "%+.1f%%", change);
+    EXPECT_NE(out.substr(row, 70).find(want), std::string::npos) << out.substr(row, 70) << " vs " << want;
+  } else {
+    EXPECT_NE(out.find("more ops moved less than 0.05% each", by_op), std::string::npos) << out;
+  }
+  Config strict = b;
+  strict.train.backend = "strict";
+  EXPECT_THROW(
+      try { run_bench_versus(a, strict, o); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("--ops"), std::string::npos) << e.what();
         throw;
       },
       Error);
