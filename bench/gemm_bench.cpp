@@ -180,7 +180,7 @@ void grouped_args(benchmark::internal::Benchmark* b) {
   // And its other end, 8 experts of 8,192 rows each (the same FLOPs).
   for (int dt : {0, 1})
     for (int op : {kFwd, kBwdData, kBwdWeight}) {
-      for (int skew : {0, 2}) b->Args({op, dt, 128, 512, 256, 256, skew, 2});
+      for (int skew : {0, 1, 2}) b->Args({op, dt, 128, 512, 256, 256, skew, 2});
       b->Args({op, dt, 8, 8192, 256, 256, 0, 2});
     }
   // The same at expert_hidden = 1,024 (EXTRA="--set model.expert_hidden=1024"): each expert's
