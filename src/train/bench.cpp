@@ -273,6 +273,7 @@ struct Arm {
   std::vector<std::vector<int32_t>> last_counts;  // the last step's tokens per expert (--alone)
 };
 
+// --ops times the wall time around each call: only a backend whose calls are synchronous.
 void check_ops_backend(const Config& config, const BenchOptions& opt) {
   MOE_CHECK(!opt.ops || config.train.backend == "cpu", "bench --ops: per-op times need train.backend = \"cpu\" ",
             "(its calls are synchronous), not \"", config.train.backend, "\"");
