@@ -23,6 +23,11 @@
 # 5 alternated rounds), STEPS timed pairs each: the median over every pair with its min .. max,
 # and the spread of the rounds' own medians.
 #
+# The router's d_model x E is 2.6% of the 128-expert model's FLOPs here, about 14x its share in
+# Olmo-core 3's published 8 -> 128 benchmark (d_model = expert_hidden = 4,096): EXTRA="--set
+# model.expert_hidden=1024" brings it to 0.9% (12-14 s steps). Where a difference goes, op by op:
+# the printed command with --ops (moecore bench --versus ... --ops).
+#
 # usage: bench/expert_scaling.sh [moecore binary] ; env ROUNDS (5), STEPS (4), WARMUP (1),
 #        PRECISION (fp32), EXPERTS ("8 32 64 128": the first is A), EXTRA (more --set flags)
 set -euo pipefail
