@@ -169,30 +169,35 @@ PairedChange paired_change(const std::vector<double>& a, const std::vector<doubl
   const auto [lo, hi] = std::minmax_element(change.begin(), change.end());
   return {median(change), *lo, *hi};
 }
-}  // namespace
 
-namespace {
-// With --ops: each op's mean per step in A and in B, and its change per token as a share of A's
-// step per token, largest change first; ops that moved less than 0.05% of A's step are counted,
-// not listed. Means of the alternated steps: the ops of one pair ran seconds apart.
-void print_versus_ops(const VersusResult& r, std::ostream& os) {
+// B - A per token as a share of A's step per token, for a part's mean seconds per step in A and B.
+double step_share(const VersusResult& r, double sa, double sb) {
   const double ta = static_cast<double>(r.a.tokens_per_step), tb = static_cast<double>(r.b.tokens_per_step);
-  const double step_a = r.a.mean_step_s / ta;
-  std::vector<std::pair<double, size_t>> moved;  // (change per token / A's step per token, op)
+  return (sb / tb - sa / ta) / (r.a.mean_step_s / ta);
+}
+
+// One row of the by-phase and by-op tables: the name, A's and B's ms per step, the share.
+void print_change_row(std::ostream& os, const char* name, int width, double sa, double sb, double share) {
+  os << "  " << std::left << std::setw(width) << name << std::right << std::noshowpos << std::setw(9) << sa * 1e3
+     << " ->" << std::setw(9) << sb * 1e3 << std::showpos << std::setw(8) << 100 * share << "%\n";
+}
+
+// With --ops: each op's row, largest change first; ops that moved less than 0.05% of A's step are
+// counted, not listed. Means of the alternated steps: the ops of one pair ran seconds apart.
+void print_versus_ops(const VersusResult& r, std::ostream& os) {
+  std::vector<std::pair<double, size_t>> moved;  // (step_share, op)
   size_t small = 0;
   for (size_t k = 0; k < OpTimes::kOps; ++k) {
     if (r.a.op_times.calls[k] == 0 && r.b.op_times.calls[k] == 0) continue;
-    const double change = (r.b.op_times.seconds[k] / tb - r.a.op_times.seconds[k] / ta) / step_a;
-    if (std::abs(change) < 5e-4) ++small;
-    else moved.emplace_back(change, k);
+    const double share = step_share(r, r.a.op_times.seconds[k], r.b.op_times.seconds[k]);
+    if (std::abs(share) < 5e-4) ++small;
+    else moved.emplace_back(share, k);
   }
   if (moved.empty() && small == 0) return;
   std::sort(moved.begin(), moved.end(), [](const auto& x, const auto& y) { return std::abs(x.first) > std::abs(y.first); });
   os << "by op: A -> B, ms per timed step (mean), and B - A per token as % of A's step per token:\n";
-  for (const auto& [change, k] : moved)
-    os << "  " << std::left << std::setw(27) << op_name(static_cast<OpId>(k)) << std::right << std::noshowpos
-       << std::setw(9) << r.a.op_times.seconds[k] * 1e3 << " ->" << std::setw(9) << r.b.op_times.seconds[k] * 1e3
-       << std::showpos << std::setw(8) << 100 * change << "%\n";
+  for (const auto& [share, k] : moved)
+    print_change_row(os, op_name(static_cast<OpId>(k)), 27, r.a.op_times.seconds[k], r.b.op_times.seconds[k], share);
   if (small > 0) os << std::noshowpos << "  (" << small << " more ops moved less than 0.05% each)\n";
 }
 }  // namespace
@@ -228,9 +233,7 @@ void print_versus(const Config& a, const Config& b, const std::string& b_is, con
     const size_t idx = static_cast<size_t>(p % PhaseTimer::kNum);  // "other" last
     const double sa = r.a.phase_s[idx], sb = r.b.phase_s[idx];
     if (sa < 5e-5 && sb < 5e-5) continue;  // under 0.05 ms in both: not printed
-    os << "  " << std::left << std::setw(14) << phase_name(static_cast<Phase>(idx)) << std::right << std::noshowpos
-       << std::setw(9) << sa * 1e3 << " ->" << std::setw(9) << sb * 1e3 << std::showpos << std::setw(8)
-       << 100 * (sb / tb - sa / ta) / (r.a.mean_step_s / ta) << "%\n";
+    print_change_row(os, phase_name(static_cast<Phase>(idx)), 14, sa, sb, step_share(r, sa, sb));
   }
   print_versus_ops(r, os);
   os << std::noshowpos << "peak RSS above: the process's, both configurations together\n";
