@@ -302,13 +302,13 @@ def redraw_until_separated(cfg, design, P, bias, ids, gen, max_iter=200):
 
 
 def draw_inputs(fx):
-    """A fixture's initial parameters, router bias, batch and the embedding rows redrawn (and the
-    redraw's iterations), from its design's seed."""
+    """A fixture's initial parameters, router bias, batch and the number of embedding rows redrawn,
+    from its design's seed."""
     cfg, design = fx["model"], fx["design"]
     gen = torch.Generator().manual_seed(design["seed"])
     torch.manual_seed(design["seed"])
     P = init_params(cfg, design, gen)
     bias0 = init_bias(cfg, design, gen)
     ids, labels = make_batch(cfg, fx["train"], design, gen)
-    n_redrawn, n_iter = redraw_until_separated(cfg, design, P, bias0, ids, gen)
-    return P, bias0, ids, labels, n_redrawn, n_iter
+    n_redrawn, _ = redraw_until_separated(cfg, design, P, bias0, ids, gen)
+    return P, bias0, ids, labels, n_redrawn

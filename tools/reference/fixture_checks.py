@@ -286,7 +286,7 @@ def oc3_vs_plain_olmo3_peri():
     loss-free bias): the whole 10-step run."""
     fx = FIXTURES["olmo3_peri"]
     cfg, tr, lc = fx["model"], fx["train"], fx["loss"]
-    P, bias0, ids, labels, _, _ = draw_inputs(fx)
+    P, bias0, ids, labels, _ = draw_inputs(fx)
     rp = run_training(PlainAdapter(cfg, P), fx, ids, labels, bias0)
     ad = OC.OlmoCore3Adapter(cfg, P, lc.lbl_coef, lc.router_z_coef, tr.batch_size * tr.seq_len,
                              tr.seq_len)

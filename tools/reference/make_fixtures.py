@@ -57,7 +57,7 @@ def model_json(cfg, source):
 def build_fixture(name, fx, shared_checks):
     cfg, lc, oc, tr, design = fx["model"], fx["loss"], fx["optim"], fx["train"], fx["design"]
     cfg.validate()
-    P, bias0, ids, labels, n_redrawn, n_iter = draw_inputs(fx)
+    P, bias0, ids, labels, n_redrawn = draw_inputs(fx)
 
     checks = OrderedDict()
     checks["embedding_rows_redrawn_for_routing_separation"] = n_redrawn
