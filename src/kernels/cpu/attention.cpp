@@ -50,8 +50,12 @@ namespace {
 
 using namespace attn;  // NOLINT: the kernels' own vocabulary
 
-// Per-thread scratch, grown (never per tile) to the largest size an op has asked for.
-float* thread_scratch(size_t floats) {
+// Grow-only buffers of the thread that asks, one per use, grown (never per tile or per op) to the
+// largest size asked for: kScratch each thread's tile scratch, kRowSums D (B*H*S floats, on the
+// calling thread), kStore the backward's store of ds tiles (calling thread).
+enum class Use { kScratch, kRowSums, kStore };
+template <Use>
+float* grow_only(size_t floats) {
   thread_local Buffer buf;
   if (buf.bytes() < floats * sizeof(float)) buf = Buffer(floats * sizeof(float));
   return static_cast<float*>(buf.data());
@@ -342,54 +346,6 @@ void backward_q_tile(const Dims& d, typename P::Operand dout, typename P::Operan
   unpack_transposed(dq_panel, nq, hd, mul, dq + qoff, d.qstride(), d.stream_grads());
 }
 
-// One row of D = dO . O, summed in index order; not inlined, so that the fp32 and the bf16 o
-// (widened) take the same instructions.
-__attribute__((noinline)) float row_dot(const float* a, const float* c, int64_t n) {
-  float s = 0.0f;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * c[i];
-  return s;
-}
-
-// 16 rows of D at once, rows a..a+16*hd of dO against the same rows of o (fp32, or bf16 widened):
-// each row's sum in the lanes of one vector, in row_dot's order and roundings (each product
-// rounded, then added in index order: the same bits). Row by row, the dependent scalar adds had
-// taken ~8% of the bf16 backward on AMX (Emerald Rapids).
-#if defined(__AVX512F__)
-constexpr int64_t kRowDots = 16;
-template <class O>
-void row_dots16(const float* a, const O* o, int64_t hd, float* out) {
-  __m512 s = _mm512_setzero_ps();
-  for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-    const int nd = static_cast<int>(std::min<int64_t>(16, hd - d0));
-    const __mmask16 cols = first_lanes(nd);
-    __m512 x[16], y[16];
-    for (int r = 0; r < 16; ++r) {
-      x[r] = vload_any(a + r * hd + d0, cols);
-      y[r] = vload_any(o + r * hd + d0, cols);
-    }
-    transpose16(x);  // x[c]: column d0 + c of the 16 rows
-    transpose16(y);
-    for (int c = 0; c < nd; ++c) {
-      __m512 p = _mm512_mul_ps(x[c], y[c]);
-      in_register(p);  // rounded on its own, as row_dot's: never contracted into an FMA
-      s = _mm512_add_ps(s, p);
-    }
-  }
-  _mm512_storeu_ps(out, s);
-}
-#else
-constexpr int64_t kRowDots = 0;  // row by row (row_dot)
-template <class O>
-void row_dots16(const float*, const O*, int64_t, float*) {}
-#endif
-
-// Grow-only buffer on the calling thread for D (B*H*S floats).
-float* caller_buffer(size_t floats) {
-  thread_local Buffer buf;
-  if (buf.bytes() < floats * sizeof(float)) buf = Buffer(floats * sizeof(float));
-  return static_cast<float*>(buf.data());
-}
-
 #if defined(MOE_ATTENTION_BF16)
 // Grow-only buffers on the calling thread for the tensors packed once per op (q, k, v, dO), in the
 // forms the op reads: rows (the scores' broadcast operand and the panels) and pair rows (the
@@ -445,7 +401,7 @@ void run_forward(const Dims& d, typename P::Operand q, typename P::Operand k, ty
   const int64_t nt = d.tiles(), bh = d.B * d.H;
 #pragma omp parallel
   {
-    float* ws = thread_scratch(scratch_floats(d.hd));
+    float* ws = grow_only<Use::kScratch>(scratch_floats(d.hd));
     enter_products<P>();
     // Longest items (last query tiles) first; each item's result is independent of the schedule.
 #pragma omp for schedule(dynamic, 1)
@@ -458,13 +414,6 @@ void run_forward(const Dims& d, typename P::Operand q, typename P::Operand k, ty
   }
 }
 
-// Grow-only buffer on the calling thread for the store of ds tiles.
-float* store_buffer(size_t floats) {
-  thread_local Buffer buf;
-  if (buf.bytes() < floats * sizeof(float)) buf = Buffer(floats * sizeof(float));
-  return static_cast<float*>(buf.data());
-}
-
 // Passes 1 and 2 of the backward (D from pass 0), for as many (batch, kv head) pairs at a time as
 // the store holds (all of them in one round when it holds none: pass 2 then recomputes).
 template <class P>
@@ -474,12 +423,12 @@ void run_backward(const Dims& d, typename P::Operand dout, typename P::Operand q
   const int64_t nt = d.tiles(), pairs = d.B * d.G, rep = d.rep();
   const int64_t per_round = cpu_attention_store_pairs(d.B, d.H, d.G, d.S);
   const size_t pair_floats = static_cast<size_t>(rep * tile_pairs(nt)) * kTile * kTile;
-  float* store = per_round > 0 ? store_buffer(static_cast<size_t>(per_round) * pair_floats) : nullptr;
+  float* store = per_round > 0 ? grow_only<Use::kStore>(static_cast<size_t>(per_round) * pair_floats) : nullptr;
   for (int64_t p0 = 0; p0 < pairs; p0 += store ? per_round : pairs) {
     const int64_t np = store ? std::min(per_round, pairs - p0) : pairs;
 #pragma omp parallel
     {
-      float* ws = thread_scratch(scratch_floats(d.hd));
+      float* ws = grow_only<Use::kScratch>(scratch_floats(d.hd));
       enter_products<P>();
       // Pass 1: dk, dv. Item (kt, pair); the first key tiles see the most query tiles: first.
 #pragma omp for schedule(dynamic, 1)
@@ -557,7 +506,7 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   const float *dop = dout.as<float>(), *lp = lse.as<float>();
   float *dqp = dq.as<float>(), *dkp = dk.as<float>(), *dvp = dv.as<float>();
   const int64_t hd = d.hd;
-  float* D = caller_buffer(static_cast<size_t>(d.B * d.H * d.S));
+  float* D = grow_only<Use::kRowSums>(static_cast<size_t>(d.B * d.H * d.S));
 
   // Pass 0: D[b,h,s] = dO . O, each row summed in index order (o fp32, or bf16 as saved: its row
   // widened first, so both take the same compiled dot product). Rows (b, s, h) in memory order,
