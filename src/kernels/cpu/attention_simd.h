@@ -1,7 +1,7 @@
 // SIMD helpers of the CPU attention kernels (attention.cpp, attention_bf16.h): tile constants,
 // 16-lane fp32 vectors (AVX-512, or a portable lane-by-lane fallback), masks, exp2, the forward
-// softmax's passes by row groups, and the 16 x 16 transposes that pack tiles into panels. Internal
-// to kernels/cpu.
+// softmax's passes by row groups, the 16 x 16 transposes that pack tiles into panels, and the
+// backward's row sums D = rowsum(dO * O). Internal to kernels/cpu.
 #pragma once
 
 #include <algorithm>
