@@ -58,7 +58,8 @@ const Primitive* const* family(Desc d, bool vary_k, int64_t step, int64_t max_le
 size_t scratch_bytes(const Primitive* p);
 // Whether oneDNN runs bf16 products on AMX tiles on this CPU (its effective ISA is
 // avx512_core_amx): there its brgemm kernels run bf16 several times faster than any AVX-512 loop
-// (vdpbf16ps has the fp32 FMAs' rate on Sapphire and Emerald Rapids), so the bf16 GEMMs leave
+// (vdpbf16ps is no faster than fp32 FMAs on Sapphire and Emerald Rapids: a register-only loop on
+// the Emerald Rapids VM, 86-88 against 173-179 GFLOP/s per core), so the bf16 GEMMs leave
 // our own micro-kernels and strided tiles (gemm_tiles.cpp) for oneDNN's dense ones, and the
 // attention's bf16 products go to AMX tiles too (attention_amx.h).
 bool amx_bf16();

@@ -24,7 +24,7 @@
 // AVX512-BF16 for bf16; gemm_wgrad.h: the same bands and chunks, each chunk's product added to dw
 // in one rounding as before) and the bf16 data gradient of a long reduction (gemm_long.h: one
 // chain over the whole reduction). Where oneDNN runs bf16 on AMX tiles (gemm::amx_bf16) every bf16
-// GEMM is oneDNN's, on dense tiles: vdpbf16ps runs at the fp32 FMAs' rate there, and the JIT
+// GEMM is oneDNN's, on dense tiles: vdpbf16ps is no faster than fp32 FMAs there, and the JIT
 // GEMM's strided tiles miss AMX (kernels_bench, Emerald Rapids, 2 threads: weight gradient
 // 2048x512x512 167 -> 1,319 GFLOP/s, an LM head's data gradient 163 -> 1,848, its forward 419 -> 885).
 //
