@@ -26,7 +26,9 @@
 # The router's d_model x E is 2.6% of the 128-expert model's FLOPs here, about 14x its share in
 # Olmo-core 3's published 8 -> 128 benchmark (d_model = expert_hidden = 4,096): EXTRA="--set
 # model.expert_hidden=1024" brings it to 0.9% (12-14 s steps). Where a difference goes, op by op:
-# the printed command with --ops (moecore bench --versus ... --ops).
+# the printed command with --ops (moecore bench --versus ... --ops). The table's last column
+# divides those FLOPs out (time per model FLOP, `moecore bench`'s FLOPs per token of each size):
+# what the larger expert count costs beyond the work it adds.
 #
 # usage: bench/expert_scaling.sh [moecore binary] ; env ROUNDS (5), STEPS (4), WARMUP (1),
 #        PRECISION (fp32), EXPERTS ("8 32 64 128": the first is A), EXTRA (more --set flags)
@@ -59,7 +61,7 @@ summary() {
     awk -v m="$(median "$1")" 'NR == 1 {lo=$1} {hi=$1} END {printf "%+.1f%% (%+.1f .. %+.1f)", m, lo, hi}'
 }
 metrics=("step times (s)" "fwd+bwd times (s)" "cpu times (s)" "cpu fwd+bwd times (s)")
-declare -A pairs round_medians best_a best_b load_a load_b rows
+declare -A pairs round_medians best_a best_b load_a load_b rows flops
 for ((r = 1; r <= ROUNDS; ++r)); do
   for e in ${EXPERTS#"$first"}; do
     out=$("$BIN" bench "${common[@]}" --set "model.num_experts=$first" --versus "model.num_experts=$e")
@@ -78,6 +80,9 @@ for ((r = 1; r <= ROUNDS; ++r)); do
         best_b[$e]+="$(tr ' ' '\n' <<<"$b" | grep . | sort -g | head -1 | awk -v t="$tokens" '{printf "%.0f", t / $1}') "
       fi
     done
+    # Model FLOPs per token of each (A's line, then B's): B's router does more.
+    fl=$(sed -n 's/^model FLOPs\/token (causal): \([0-9.]*\) M$/\1/p' <<<"$out")
+    flops[$first]=$(sed -n 1p <<<"$fl") flops[$e]=$(sed -n 2p <<<"$fl")
     loads=$(sed -n 's/^expert load ([^)]*): *\([0-9. ]*[0-9]\) *(.*/\1/p' <<<"$out")
     load_a[$e]=$(sed -n 1p <<<"$loads") load_b[$e]=$(sed -n 2p <<<"$loads")
     echo "$line"
@@ -86,6 +91,10 @@ for ((r = 1; r <= ROUNDS; ++r)); do
   done
 done
 
+# Per-token changes (%) as changes in time per FLOP: (1 + c) x fa / fb - 1.
+changes_per_flop() {
+  tr ' ' '\n' <<<"$1" | grep . | awk -v a="$2" -v b="$3" '{printf "%.3f ", 100 * ((1 + $1 / 100) * a / b - 1)}'
+}
 best() { tr ' ' '\n' <<<"$1" | grep . | sort -n | tail -1; }
 # max - min of the rounds' medians, in points
 spread() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk 'NR == 1 {lo=$1} {hi=$1} END {printf "%.1f", hi - lo}'; }
@@ -93,10 +102,15 @@ echo
 echo "each size against $first experts in the same process, steps alternated; B / A - 1 in time per token:"
 echo "median over all $((ROUNDS * STEPS)) pairs (min .. max); the rounds' medians spread over (max - min) points"
 echo
-echo "| experts | rows/expert (mean, per GEMM; at $first) | best tok/s, $first / E | fwd+bwd (wall) | full step (wall) | fwd+bwd (cpu) | full step (cpu) | rounds' spread, wall / cpu fwd+bwd |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "per FLOP: the same change in time per model FLOP (B's time per token x A's FLOPs per token / B's - 1),"
+echo "what is left of it once the router's added FLOPs are paid for"
+echo
+echo "| experts | rows/expert (mean, per GEMM; at $first) | best tok/s, $first / E | fwd+bwd (wall) | full step (wall) | fwd+bwd (cpu) | full step (cpu) | rounds' spread, wall / cpu fwd+bwd | MFLOP/token, $first / E | fwd+bwd (wall) per FLOP |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for e in ${EXPERTS#"$first"}; do
+  per_flop=$(changes_per_flop "${pairs[$e,1]}" "${flops[$first]}" "${flops[$e]}")
   echo "| $e | ${rows[$e]} (${rows[$first]}) | $(best "${best_a[$e]}") / $(best "${best_b[$e]}") |" \
        "$(summary "${pairs[$e,1]}") | $(summary "${pairs[$e,0]}") | $(summary "${pairs[$e,3]}") |" \
-       "$(summary "${pairs[$e,2]}") | $(spread "${round_medians[$e,1]}") / $(spread "${round_medians[$e,3]}") |"
+       "$(summary "${pairs[$e,2]}") | $(spread "${round_medians[$e,1]}") / $(spread "${round_medians[$e,3]}") |" \
+       "${flops[$first]} / ${flops[$e]} | $(summary "$per_flop") |"
 done
